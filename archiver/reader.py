@@ -1,0 +1,391 @@
+"""Open, verify and safely extract archives: zip ``.mar``, ``.tar.gz`` and unpacked folders.
+
+An archive is untrusted input. Every member is checked before a byte is written: its path must
+stay inside the target (no absolute paths, no ``..``, no backslashes, no duplicates), it must be a
+plain file or folder (no links, devices, FIFOs), and counts, sizes and compression ratios must stay
+under ``ExtractLimits``. Extraction writes into a private temp folder and renames it into place,
+counting real bytes as they come out instead of trusting headers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import stat
+import tarfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from archiver.errors import (
+    ArchiverError,
+    BadArchive,
+    DigestMismatch,
+    InvalidManifest,
+    LimitExceeded,
+    UnsafeArchive,
+)
+from archiver.manifest import MANIFEST_PATH, Manifest, parse
+
+GiB = 1 << 30
+MAX_MANIFEST_BYTES = 1 << 20
+_CHUNK_BYTES = 1 << 20
+_RATIO_MIN_BYTES = 1 << 20  # small members compress well legitimately; judge ratios above this
+
+
+@dataclass(frozen=True)
+class ExtractLimits:
+    """Bounds on what an archive may unpack to; raise them only for archives you trust."""
+
+    max_members: int = 100_000
+    max_member_bytes: int = 256 * GiB
+    max_total_bytes: int = 512 * GiB
+    max_ratio: float = 200.0
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    name: str
+    size_bytes: int
+    compressed_bytes: int
+    is_dir: bool = False
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What verification found. ``recorded`` is False for archives without mserve digests."""
+
+    checked: int
+    recorded: bool
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _check_name(path: str, name: str) -> str:
+    """Return the member's normalised relative path, or raise naming the problem."""
+    if "\x00" in name:
+        raise UnsafeArchive(path, name, "has a NUL byte in its name")
+    if "\\" in name:
+        raise UnsafeArchive(path, name, "uses '\\' in its path (only '/' is allowed)")
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise UnsafeArchive(path, name, "has an absolute path")
+    parts = [p for p in PurePosixPath(name).parts if p not in ("", ".")]
+    if ".." in parts:
+        raise UnsafeArchive(path, name, "escapes the target folder with '..'")
+    if not parts:
+        raise UnsafeArchive(path, name, "has an empty path")
+    return "/".join(parts)
+
+
+class _Backend:
+    """Format-specific access: list raw entries, open one member for reading."""
+
+    def entries(self) -> Iterator[tuple[str, int, int, str]]:
+        """Yield (raw name, size, compressed size, kind) where kind is file, dir or a type name."""
+        raise NotImplementedError
+
+    def open(self, raw_name: str) -> IO[bytes]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _ZipBackend(_Backend):
+    def __init__(self, path: Path) -> None:
+        try:
+            self._zf = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise BadArchive(str(path), f"not a readable zip file ({exc})") from exc
+
+    def entries(self) -> Iterator[tuple[str, int, int, str]]:
+        for info in self._zf.infolist():
+            mode = info.external_attr >> 16
+            if info.is_dir():
+                kind = "dir"
+            elif mode and stat.S_ISLNK(mode):
+                kind = "symbolic link"
+            elif mode and stat.S_IFMT(mode) not in (0, stat.S_IFREG):
+                kind = "special file"
+            else:
+                kind = "file"
+            yield info.filename, info.file_size, info.compress_size, kind
+
+    def open(self, raw_name: str) -> IO[bytes]:
+        return self._zf.open(raw_name)
+
+    def close(self) -> None:
+        self._zf.close()
+
+
+class _TarBackend(_Backend):
+    def __init__(self, path: Path) -> None:
+        try:
+            self._tf = tarfile.open(path, "r:*")
+            self._members = {m.name: m for m in self._tf.getmembers()}
+            self._ordered = self._tf.getmembers()
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise BadArchive(str(path), f"not a readable tar file ({exc})") from exc
+        self._compressed = path.stat().st_size
+
+    def entries(self) -> Iterator[tuple[str, int, int, str]]:
+        total = sum(m.size for m in self._ordered) or 1
+        for m in self._ordered:
+            if m.isdir():
+                kind = "dir"
+            elif m.issym() or m.islnk():
+                kind = "symbolic link" if m.issym() else "hard link"
+            elif not m.isreg():
+                kind = "special file"
+            else:
+                kind = "file"
+            # tar.gz compresses the stream, not members: attribute the file size pro rata
+            yield m.name, m.size, max(1, self._compressed * m.size // total), kind
+
+    def open(self, raw_name: str) -> IO[bytes]:
+        fobj = self._tf.extractfile(self._members[raw_name])
+        assert fobj is not None  # regular files only reach here
+        return fobj
+
+    def close(self) -> None:
+        self._tf.close()
+
+
+class _FolderBackend(_Backend):
+    def __init__(self, path: Path) -> None:
+        self._root = path
+
+    def entries(self) -> Iterator[tuple[str, int, int, str]]:
+        for root, dirs, files in os.walk(self._root):
+            dirs.sort()
+            for name in sorted(dirs + files):
+                p = Path(root) / name
+                st = p.lstat()
+                rel = p.relative_to(self._root).as_posix()
+                if stat.S_ISLNK(st.st_mode):
+                    yield rel, 0, 0, "symbolic link"
+                elif stat.S_ISDIR(st.st_mode):
+                    yield rel + "/", 0, 0, "dir"
+                elif stat.S_ISREG(st.st_mode):
+                    yield rel, st.st_size, st.st_size, "file"
+                else:
+                    yield rel, 0, 0, "special file"
+
+    def open(self, raw_name: str) -> IO[bytes]:
+        return open(self._root / raw_name, "rb")
+
+
+def _backend_for(path: Path) -> tuple[str, _Backend]:
+    if path.is_dir():
+        return "folder", _FolderBackend(path)
+    if not path.is_file():
+        raise BadArchive(str(path), "no such file or folder")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic[:2] == b"PK":
+        return "zip", _ZipBackend(path)
+    if magic[:2] == b"\x1f\x8b" or tarfile.is_tarfile(path):
+        return "tgz", _TarBackend(path)
+    raise BadArchive(str(path), "not a zip (.mar), a .tar.gz or a folder")
+
+
+class Archive:
+    """An opened, checked archive. Use ``open_archive``; close it (or use ``with``)."""
+
+    def __init__(self, path: Path, limits: ExtractLimits) -> None:
+        self.path = path
+        self.limits = limits
+        self.format, self._backend = _backend_for(path)
+        try:
+            self._raw_names: dict[str, str] = {}
+            self._members = self._scan()
+            self.manifest = self._read_manifest()
+        except BaseException:
+            self._backend.close()
+            raise
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._backend.close()
+
+    @property
+    def members(self) -> list[MemberInfo]:
+        return list(self._members)
+
+    def _scan(self) -> list[MemberInfo]:
+        where = str(self.path)
+        lim = self.limits
+        raw = list(self._backend.entries())
+        if len(raw) > lim.max_members:
+            raise LimitExceeded(
+                where, "max_members", f"{len(raw)} members, more than max_members={lim.max_members}"
+            )
+        names = [_check_name(where, name) for name, *_ in raw]
+        prefix = self._common_top(names)
+        out: list[MemberInfo] = []
+        total = 0
+        for (raw_name, size, packed, kind), name in zip(raw, names):
+            if kind not in ("file", "dir"):
+                raise UnsafeArchive(where, raw_name, f"is a {kind}; only files and folders are allowed")
+            rel = name[len(prefix):] if prefix else name
+            if not rel:
+                continue  # the top folder itself
+            if rel in self._raw_names:
+                raise UnsafeArchive(where, raw_name, "appears twice")
+            self._raw_names[rel] = raw_name
+            if size > lim.max_member_bytes:
+                raise LimitExceeded(
+                    where, "max_member_bytes",
+                    f"member '{raw_name}' is {size} bytes, more than max_member_bytes={lim.max_member_bytes}",
+                )
+            total += size
+            if total > lim.max_total_bytes:
+                raise LimitExceeded(
+                    where, "max_total_bytes",
+                    f"members add up to more than max_total_bytes={lim.max_total_bytes}",
+                )
+            if size >= _RATIO_MIN_BYTES and size / max(packed, 1) > lim.max_ratio:
+                raise LimitExceeded(
+                    where, "max_ratio",
+                    f"member '{raw_name}' expands {size / max(packed, 1):.0f}x"
+                    f" (max_ratio={lim.max_ratio:g}), a likely zip bomb",
+                )
+            out.append(MemberInfo(rel, size, packed, kind == "dir"))
+        return out
+
+    @staticmethod
+    def _common_top(names: list[str]) -> str:
+        """``x/`` when the manifest sits under one top folder (torch-model-archiver's tgz layout)."""
+        if MANIFEST_PATH in names:
+            return ""
+        tops = {n.split("/", 1)[0] for n in names}
+        if len(tops) == 1:
+            top = tops.pop()
+            if f"{top}/{MANIFEST_PATH}" in names:
+                return f"{top}/"
+        return ""
+
+    @contextmanager
+    def _open(self, name: str) -> Iterator[IO[bytes]]:
+        fobj = self._backend.open(self._raw_names[name])
+        try:
+            yield fobj
+        finally:
+            fobj.close()
+
+    def _read_manifest(self) -> Manifest:
+        where = f"{self.path}:{MANIFEST_PATH}"
+        if MANIFEST_PATH not in self._raw_names:
+            raise InvalidManifest(str(self.path), f"{MANIFEST_PATH} is missing; not a model archive")
+        with self._open(MANIFEST_PATH) as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise InvalidManifest(where, f"larger than {MAX_MANIFEST_BYTES} bytes")
+        return parse(raw, where)
+
+    def read_bytes(self, name: str, max_bytes: int = 16 << 20) -> bytes:
+        """A small member's content (config, requirements), bounded."""
+        if name not in self._raw_names:
+            raise BadArchive(str(self.path), f"no member '{name}'")
+        with self._open(name) as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise LimitExceeded(str(self.path), "max_bytes", f"member '{name}' is over {max_bytes} bytes")
+        return data
+
+    def _stream(self, name: str, sink: IO[bytes] | None, declared: int) -> str:
+        """Copy one member to ``sink`` (or nowhere), return its sha256, refuse more than declared."""
+        digest = hashlib.sha256()
+        seen = 0
+        try:
+            with self._open(name) as src:
+                while chunk := src.read(_CHUNK_BYTES):
+                    seen += len(chunk)
+                    if seen > declared:
+                        raise LimitExceeded(
+                            str(self.path), "declared size",
+                            f"member '{name}' holds more bytes than its header declares ({declared})",
+                        )
+                    digest.update(chunk)
+                    if sink is not None:
+                        sink.write(chunk)
+        except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as exc:
+            if isinstance(exc, ArchiverError):
+                raise
+            raise BadArchive(str(self.path), f"member '{name}' is corrupt ({exc})") from exc
+        return digest.hexdigest()
+
+    def verify(self) -> VerifyReport:
+        """Re-hash every member against the manifest; without digests, still read every byte."""
+        problems: list[str] = []
+        recorded = self.manifest.files
+        files = {m.name: m for m in self._members if not m.is_dir and m.name != MANIFEST_PATH}
+        for field_name, ref in self.manifest.referenced_files().items():
+            if ref not in files:
+                problems.append(f"model.{field_name} names '{ref}', which is not in the archive")
+        for name, member in files.items():
+            try:
+                actual = self._stream(name, None, member.size_bytes)
+            except ArchiverError as exc:
+                problems.append(str(exc))
+                continue
+            if recorded:
+                want = recorded.get(name)
+                if want is None:
+                    problems.append(f"'{name}' is not listed in the manifest (added after archiving?)")
+                elif want.sha256 != actual or want.size_bytes != member.size_bytes:
+                    problems.append(f"'{name}' sha256 {actual[:12]}... != recorded {want.sha256[:12]}...")
+        for name in recorded:
+            if name not in files:
+                problems.append(f"'{name}' is listed in the manifest but missing from the archive")
+        return VerifyReport(checked=len(files), recorded=bool(recorded), problems=problems)
+
+    def verify_or_raise(self) -> VerifyReport:
+        report = self.verify()
+        if not report.ok:
+            raise DigestMismatch(str(self.path), report.problems)
+        return report
+
+    def extract(self, dest: Path) -> Path:
+        """Unpack into ``dest`` (which must not exist) via a temp folder renamed into place."""
+        if dest.exists():
+            raise ArchiverError(f"extraction target already exists: {dest}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        try:
+            for member in self._members:
+                target = tmp / member.name
+                if member.is_dir:
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                with os.fdopen(fd, "wb") as sink:
+                    actual = self._stream(member.name, sink, member.size_bytes)
+                want = self.manifest.files.get(member.name)
+                if want is not None and want.sha256 != actual:
+                    raise DigestMismatch(str(self.path), [f"'{member.name}' does not match its recorded sha256"])
+            os.rename(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return dest
+
+
+def open_archive(path: Path | str, limits: ExtractLimits | None = None) -> Archive:
+    """Open ``path`` (zip ``.mar``, ``.tar.gz`` or folder), check its members and manifest."""
+    return Archive(Path(path), limits or ExtractLimits())

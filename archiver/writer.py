@@ -1,0 +1,234 @@
+"""Write archives: zip ``.mar`` (deflated or stored), ``.tar.gz`` or a plain folder.
+
+Three promises. Streaming: each input is read once in fixed-size chunks, hashed and written in
+the same pass, so a multi-GB weights file never sits in memory. Atomic: everything is built in a
+private temp path next to the target and renamed into place; a failure removes the temp path and
+leaves nothing behind, and without ``force`` an existing target is never replaced, even by a
+concurrent run. Reproducible: with ``SOURCE_DATE_EPOCH`` set, equal inputs give equal bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import secrets
+import shutil
+import stat
+import tarfile
+import time
+import zipfile
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import replace
+from enum import Enum
+from pathlib import Path
+from typing import BinaryIO
+
+from archiver.errors import OutputExists
+from archiver.manifest import MANIFEST_PATH, FileDigest, Manifest, created_on
+from archiver.members import Member
+
+CHUNK_BYTES = 1 << 20
+_ZIP_EPOCH_MIN = 315532800  # 1980-01-01, the earliest time a zip entry can carry
+
+Progress = Callable[[int], None]
+
+
+class ArchiveFormat(str, Enum):
+    DEFAULT = "default"
+    TGZ = "tgz"
+    NO_ARCHIVE = "no-archive"
+    ZIP_STORE = "zip-store"
+
+    @property
+    def suffix(self) -> str:
+        return {"default": ".mar", "zip-store": ".mar", "tgz": ".tar.gz", "no-archive": ""}[
+            self.value
+        ]
+
+
+def target_path(export_dir: Path, model_name: str, fmt: ArchiveFormat) -> Path:
+    return export_dir / f"{model_name}{fmt.suffix}"
+
+
+def source_date_epoch() -> int | None:
+    """``SOURCE_DATE_EPOCH`` as an int, or None when unset (reproducible-builds.org convention)."""
+    raw = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+def _copy_hashing(src: BinaryIO, dst: BinaryIO, progress: Progress | None) -> FileDigest:
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := src.read(CHUNK_BYTES):
+        digest.update(chunk)
+        dst.write(chunk)
+        size += len(chunk)
+        if progress:
+            progress(len(chunk))
+    return FileDigest(sha256=digest.hexdigest(), size_bytes=size)
+
+
+class _HashingReader(io.RawIOBase):
+    """A file reader that hashes what tarfile pulls through it (tarfile reads, we cannot push)."""
+
+    def __init__(self, raw: BinaryIO, progress: Progress | None) -> None:
+        self._raw = raw
+        self._progress = progress
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        n = self._raw.readinto(buffer)  # type: ignore[attr-defined]
+        if n:
+            view = memoryview(buffer)[:n]
+            self.digest.update(view)
+            self.size += n
+            if self._progress:
+                self._progress(n)
+        return n or 0
+
+
+def _write_zip(
+    tmp: Path, members: Sequence[Member], manifest: Manifest, epoch: int, stored: bool,
+    progress: Progress | None,
+) -> dict[str, FileDigest]:
+    date_time = time.gmtime(max(epoch, _ZIP_EPOCH_MIN))[:6]
+    method = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
+    digests: dict[str, FileDigest] = {}
+    with zipfile.ZipFile(tmp, "w", compression=method, compresslevel=None if stored else 6) as zf:
+        for member in members:
+            info = zipfile.ZipInfo(member.arcname, date_time=date_time)
+            info.compress_type = method
+            info.external_attr = (stat.S_IFREG | 0o644) << 16
+            info.create_system = 3  # unix, so the mode bits above are honoured
+            with open(member.source, "rb") as src:
+                info.file_size = os.fstat(src.fileno()).st_size  # lets zipfile pick zip64 up front
+                with zf.open(info, "w") as dst:
+                    digests[member.arcname] = _copy_hashing(src, dst, progress)
+        info = zipfile.ZipInfo(MANIFEST_PATH, date_time=date_time)
+        info.compress_type = method
+        info.external_attr = (stat.S_IFREG | 0o644) << 16
+        info.create_system = 3
+        zf.writestr(info, replace(manifest, files=digests).to_bytes())
+    return digests
+
+
+def _tar_info(name: str, size: int, epoch: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = epoch
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _write_tgz(
+    tmp: Path, members: Sequence[Member], manifest: Manifest, epoch: int, progress: Progress | None
+) -> dict[str, FileDigest]:
+    """Members go under a ``<model-name>/`` folder, the layout TorchServe's tgz loader expects."""
+    top = manifest.model.model_name
+    digests: dict[str, FileDigest] = {}
+    with ExitStack() as stack:
+        raw = stack.enter_context(open(tmp, "wb"))
+        gz = stack.enter_context(gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=epoch))
+        tar = stack.enter_context(tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT))
+        for member in members:
+            with open(member.source, "rb") as src:
+                size = os.fstat(src.fileno()).st_size
+                reader = _HashingReader(src, progress)
+                tar.addfile(
+                    _tar_info(f"{top}/{member.arcname}", size, epoch), io.BufferedReader(reader)
+                )
+                digests[member.arcname] = FileDigest(reader.digest.hexdigest(), reader.size)
+        body = replace(manifest, files=digests).to_bytes()
+        tar.addfile(_tar_info(f"{top}/{MANIFEST_PATH}", len(body), epoch), io.BytesIO(body))
+    return digests
+
+
+def _write_folder(
+    tmp: Path, members: Sequence[Member], manifest: Manifest, progress: Progress | None
+) -> dict[str, FileDigest]:
+    digests: dict[str, FileDigest] = {}
+    tmp.mkdir()
+    for member in members:
+        dest = tmp / member.arcname
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(member.source, "rb") as src, open(dest, "wb") as dst:
+            digests[member.arcname] = _copy_hashing(src, dst, progress)
+    (tmp / "MAR-INF").mkdir(exist_ok=True)
+    (tmp / MANIFEST_PATH).write_bytes(replace(manifest, files=digests).to_bytes())
+    return digests
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _publish(tmp: Path, target: Path, force: bool) -> None:
+    """Move the finished temp output onto ``target``; never replace it unless ``force``."""
+    if tmp.is_dir():
+        if target.exists() or target.is_symlink():
+            if not force:
+                raise OutputExists(str(target))
+            trash = target.with_name(f".{target.name}.old-{secrets.token_hex(4)}")
+            os.rename(target, trash)
+            os.rename(tmp, target)
+            _remove(trash)
+        else:
+            os.rename(tmp, target)
+        return
+    if force:
+        if target.is_dir() and not target.is_symlink():
+            _remove(target)
+        os.replace(tmp, target)
+        return
+    try:
+        os.link(tmp, target)  # atomic "create if absent": a concurrent winner makes this fail
+    except FileExistsError:
+        raise OutputExists(str(target)) from None
+    tmp.unlink()
+
+
+def write_archive(
+    manifest: Manifest,
+    members: Sequence[Member],
+    export_dir: Path,
+    fmt: ArchiveFormat,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Build the archive for ``manifest`` from ``members`` and return the published path.
+
+    ``manifest.files`` is filled in here with the digests computed while writing.
+    """
+    target = target_path(export_dir, manifest.model.model_name, fmt)
+    if not force and (target.exists() or target.is_symlink()):
+        raise OutputExists(str(target))
+    epoch = source_date_epoch()
+    if epoch is not None:
+        manifest = replace(manifest, created_on=created_on(epoch))
+    stamp = epoch if epoch is not None else int(time.time())
+    tmp = export_dir / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        if fmt is ArchiveFormat.TGZ:
+            _write_tgz(tmp, members, manifest, stamp, progress)
+        elif fmt is ArchiveFormat.NO_ARCHIVE:
+            _write_folder(tmp, members, manifest, progress)
+        else:
+            _write_zip(tmp, members, manifest, stamp, fmt is ArchiveFormat.ZIP_STORE, progress)
+        _publish(tmp, target, force)
+    finally:
+        if tmp.exists() or tmp.is_symlink():
+            _remove(tmp)
+    return target

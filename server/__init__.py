@@ -1,0 +1,1 @@
+"""The mserve server process (arrives with issue 3)."""

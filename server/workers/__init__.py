@@ -1,0 +1,1 @@
+"""Worker processes: supervisor (parent side) and the stdlib-only runtime (child side)."""
