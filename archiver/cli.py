@@ -18,7 +18,13 @@ import click
 from archiver import __version__
 from archiver.errors import ArchiverError, ExportPathMissing, OutputExists, UsageError
 from archiver.handler_spec import BUILTIN_HANDLERS, HandlerSpec, parse_handler
-from archiver.manifest import Manifest, ModelInfo, created_on, is_valid_model_name, model_name_pattern
+from archiver.manifest import (
+    Manifest,
+    ModelInfo,
+    created_on,
+    is_valid_model_name,
+    model_name_pattern,
+)
 from archiver.members import MemberSet, split_list
 from archiver.model_config import load_model_config
 from archiver.reader import Archive, open_archive
@@ -144,11 +150,16 @@ def _inspect(path: str, as_json: bool) -> int:
     with open_archive(path) as archive:
         report = archive.verify()
         if as_json:
-            click.echo(json.dumps(_inspect_json(archive, report.problems, report.recorded), indent=2))
+            click.echo(
+                json.dumps(_inspect_json(archive, report.problems, report.recorded), indent=2)
+            )
         else:
             _print_inspect(archive)
             if not report.recorded:
-                status = f"no digests recorded (written by {archive.manifest.writer}); read all {report.checked} files cleanly"
+                status = (
+                    f"no digests recorded (written by {archive.manifest.writer});"
+                    f" read all {report.checked} files cleanly"
+                )
             else:
                 status = f"{report.checked} files match their recorded sha256"
             if report.ok:
@@ -177,10 +188,14 @@ def _inspect_json(archive: Archive, problems: list[str], recorded: bool) -> dict
 def _print_inspect(archive: Archive) -> None:
     m = archive.manifest
     files = [x for x in archive.members if not x.is_dir]
-    click.echo(f"archive:  {archive.path} ({archive.format}, {len(files)} files,"
-               f" {_human(sum(x.size_bytes for x in files))})")
+    click.echo(
+        f"archive:  {archive.path} ({archive.format}, {len(files)} files,"
+        f" {_human(sum(x.size_bytes for x in files))})"
+    )
     click.echo(f"written:  by {m.archiver_version or m.writer} on {m.created_on or 'unknown date'}")
-    click.echo(f"model:    {m.model.model_name} version {m.model.model_version}, runtime {m.runtime}")
+    click.echo(
+        f"model:    {m.model.model_name} version {m.model.model_version}, runtime {m.runtime}"
+    )
     click.echo(f"handler:  {m.model.handler}")
     for key, value in m.referenced_files().items():
         click.echo(f"{key + ':':<17} {value}")
@@ -204,20 +219,49 @@ _FORMATS = [f.value for f in ArchiveFormat]
     epilog="Inspect an archive: model-archiver --inspect x.mar [--json]. See docs/archiver.md.",
 )
 @click.option("--model-name", help="Archive name; also the model's name when served.")
-@click.option("--handler", help="module, module:function, path/to/file.py[:function] or pkg.module:Callable.")
+@click.option(
+    "--handler", help="module, module:function, path/to/file.py[:function] or pkg.module:Callable."
+)
 @click.option("-v", "--version", "version", default="1.0", show_default=True, help="Model version.")
 @click.option("--serialized-file", help="Weights file (state dict, TorchScript, ...).")
 @click.option("--model-file", help="Python file defining the model class (eager mode).")
-@click.option("--extra-files", multiple=True, help="Comma-separated files, folders or globs; folders keep their name and structure.")
-@click.option("-r", "--requirements-file", help="requirements.txt installed into the model's own environment.")
-@click.option("-c", "--config-file", help="Model config YAML (minWorkers, batchSize, ... and handler settings).")
-@click.option("--export-path", default=".", show_default="current folder", help="Existing folder to write into.")
-@click.option("--archive-format", type=click.Choice(_FORMATS), default="default", show_default=True,
-              help="default: zip .mar; zip-store: uncompressed .mar; tgz: .tar.gz; no-archive: folder.")
-@click.option("--runtime", type=click.Choice(["python", "python3"]), default="python", show_default=True)
+@click.option(
+    "--extra-files",
+    multiple=True,
+    help="Comma-separated files, folders or globs; folders keep their name and structure.",
+)
+@click.option(
+    "-r", "--requirements-file", help="requirements.txt installed into the model's own environment."
+)
+@click.option(
+    "-c",
+    "--config-file",
+    help="Model config YAML (minWorkers, batchSize, ... and handler settings).",
+)
+@click.option(
+    "--export-path",
+    default=".",
+    show_default="current folder",
+    help="Existing folder to write into.",
+)
+@click.option(
+    "--archive-format",
+    type=click.Choice(_FORMATS),
+    default="default",
+    show_default=True,
+    help="default: zip .mar; zip-store: uncompressed .mar; tgz: .tar.gz; no-archive: folder.",
+)
+@click.option(
+    "--runtime", type=click.Choice(["python", "python3"]), default="python", show_default=True
+)
 @click.option("-f", "--force", is_flag=True, help="Overwrite an existing archive.")
 @click.option("--model-path", help="MMS style: pack this whole folder at the archive root.")
-@click.option("--inspect", "inspect_path", metavar="ARCHIVE", help="Print an archive's manifest and members and verify every digest.")
+@click.option(
+    "--inspect",
+    "inspect_path",
+    metavar="ARCHIVE",
+    help="Print an archive's manifest and members and verify every digest.",
+)
 @click.option("--json", "as_json", is_flag=True, help="With --inspect: print JSON.")
 def main(inspect_path: str | None, as_json: bool, **options: Any) -> None:
     """Pack a model into a .mar archive, compatible with torch-model-archiver and MMS."""
@@ -226,10 +270,16 @@ def main(inspect_path: str | None, as_json: bool, **options: Any) -> None:
             sys.exit(_inspect(inspect_path, as_json))
         for flag in ("model_name", "handler"):
             if not options[flag]:
-                raise UsageError(f"--{flag.replace('_', '-')} is required", hint="see model-archiver -h")
+                raise UsageError(
+                    f"--{flag.replace('_', '-')} is required", hint="see model-archiver -h"
+                )
         started = time.perf_counter()
         out = build(**options)
-        size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) if out.is_dir() else out.stat().st_size
+        size = (
+            sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+            if out.is_dir()
+            else out.stat().st_size
+        )
         click.echo(f"wrote {out} ({_human(size)}) in {time.perf_counter() - started:.2f} s")
     except ArchiverError as exc:
         click.echo(f"model-archiver: error: {exc}", err=True)

@@ -194,13 +194,19 @@ def parse(raw: bytes, source: str) -> Manifest:
     validate(data, source)
     if not is_valid_model_name(data["model"]["modelName"]):
         raise InvalidManifest(
-            source, f"value {data['model']['modelName']!r} is not a valid model name", field="model.modelName"
+            source,
+            f"value {data['model']['modelName']!r} is not a valid model name",
+            field="model.modelName",
         )
     model_data = dict(data["model"])
     known = {json_key: attr for json_key, attr in _MODEL_KEYS}
     kwargs = {known[k]: model_data.pop(k) for k in list(model_data) if k in known}
     model = ModelInfo(**kwargs, extra=model_data)
-    top = {k: v for k, v in data.items() if k not in ("createdOn", "runtime", "model", "archiverVersion")}
+    top = {
+        k: v
+        for k, v in data.items()
+        if k not in ("createdOn", "runtime", "model", "archiverVersion")
+    }
     files: dict[str, FileDigest] = {}
     if MSERVE_KEY in top:
         for name, d in top[MSERVE_KEY]["files"].items():

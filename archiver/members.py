@@ -24,7 +24,7 @@ _SKIP_SUFFIXES = (".pyc", ".pyo", ".DS_Store")
 
 @dataclass(frozen=True)
 class Member:
-    """One file to pack: where it goes in the archive, where it comes from, and which flag named it."""
+    """One file to pack: its archive path, its source, and the flag that named it."""
 
     arcname: str
     source: Path

@@ -16,6 +16,7 @@ import shutil
 import stat
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -129,9 +130,9 @@ class _ZipBackend(_Backend):
 class _TarBackend(_Backend):
     def __init__(self, path: Path) -> None:
         try:
-            self._tf = tarfile.open(path, "r:*")
-            self._members = {m.name: m for m in self._tf.getmembers()}
+            self._tf = tarfile.open(path, "r:*")  # noqa: SIM115  (closed by close())
             self._ordered = self._tf.getmembers()
+            self._members = {m.name: m for m in self._ordered}
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise BadArchive(str(path), f"not a readable tar file ({exc})") from exc
         self._compressed = path.stat().st_size
@@ -237,10 +238,12 @@ class Archive:
         prefix = self._common_top(names)
         out: list[MemberInfo] = []
         total = 0
-        for (raw_name, size, packed, kind), name in zip(raw, names):
+        for (raw_name, size, packed, kind), name in zip(raw, names, strict=True):
             if kind not in ("file", "dir"):
-                raise UnsafeArchive(where, raw_name, f"is a {kind}; only files and folders are allowed")
-            rel = name[len(prefix):] if prefix else name
+                raise UnsafeArchive(
+                    where, raw_name, f"is a {kind}; only files and folders are allowed"
+                )
+            rel = name[len(prefix) :] if prefix else name
             if not rel:
                 continue  # the top folder itself
             if rel in self._raw_names:
@@ -248,18 +251,22 @@ class Archive:
             self._raw_names[rel] = raw_name
             if size > lim.max_member_bytes:
                 raise LimitExceeded(
-                    where, "max_member_bytes",
-                    f"member '{raw_name}' is {size} bytes, more than max_member_bytes={lim.max_member_bytes}",
+                    where,
+                    "max_member_bytes",
+                    f"member '{raw_name}' is {size} bytes,"
+                    f" more than max_member_bytes={lim.max_member_bytes}",
                 )
             total += size
             if total > lim.max_total_bytes:
                 raise LimitExceeded(
-                    where, "max_total_bytes",
+                    where,
+                    "max_total_bytes",
                     f"members add up to more than max_total_bytes={lim.max_total_bytes}",
                 )
             if size >= _RATIO_MIN_BYTES and size / max(packed, 1) > lim.max_ratio:
                 raise LimitExceeded(
-                    where, "max_ratio",
+                    where,
+                    "max_ratio",
                     f"member '{raw_name}' expands {size / max(packed, 1):.0f}x"
                     f" (max_ratio={lim.max_ratio:g}), a likely zip bomb",
                 )
@@ -268,7 +275,7 @@ class Archive:
 
     @staticmethod
     def _common_top(names: list[str]) -> str:
-        """``x/`` when the manifest sits under one top folder (torch-model-archiver's tgz layout)."""
+        """``x/`` when the manifest sits under one top folder (the tgz layout of TMA and MMS)."""
         if MANIFEST_PATH in names:
             return ""
         tops = {n.split("/", 1)[0] for n in names}
@@ -289,7 +296,9 @@ class Archive:
     def _read_manifest(self) -> Manifest:
         where = f"{self.path}:{MANIFEST_PATH}"
         if MANIFEST_PATH not in self._raw_names:
-            raise InvalidManifest(str(self.path), f"{MANIFEST_PATH} is missing; not a model archive")
+            raise InvalidManifest(
+                str(self.path), f"{MANIFEST_PATH} is missing; not a model archive"
+            )
         with self._open(MANIFEST_PATH) as f:
             raw = f.read(MAX_MANIFEST_BYTES + 1)
         if len(raw) > MAX_MANIFEST_BYTES:
@@ -303,29 +312,36 @@ class Archive:
         with self._open(name) as f:
             data = f.read(max_bytes + 1)
         if len(data) > max_bytes:
-            raise LimitExceeded(str(self.path), "max_bytes", f"member '{name}' is over {max_bytes} bytes")
+            raise LimitExceeded(
+                str(self.path), "max_bytes", f"member '{name}' is over {max_bytes} bytes"
+            )
         return data
 
     def _stream(self, name: str, sink: IO[bytes] | None, declared: int) -> str:
-        """Copy one member to ``sink`` (or nowhere), return its sha256, refuse more than declared."""
+        """Copy one member to ``sink`` (or nowhere); return its sha256; refuse extra bytes.
+
+        Read failures mean a corrupt archive; write failures (disk full) stay ``OSError``.
+        """
         digest = hashlib.sha256()
         seen = 0
-        try:
-            with self._open(name) as src:
-                while chunk := src.read(_CHUNK_BYTES):
-                    seen += len(chunk)
-                    if seen > declared:
-                        raise LimitExceeded(
-                            str(self.path), "declared size",
-                            f"member '{name}' holds more bytes than its header declares ({declared})",
-                        )
-                    digest.update(chunk)
-                    if sink is not None:
-                        sink.write(chunk)
-        except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as exc:
-            if isinstance(exc, ArchiverError):
-                raise
-            raise BadArchive(str(self.path), f"member '{name}' is corrupt ({exc})") from exc
+        with self._open(name) as src:
+            while True:
+                try:
+                    chunk = src.read(_CHUNK_BYTES)
+                except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+                    raise BadArchive(str(self.path), f"member '{name}' is corrupt ({exc})") from exc
+                if not chunk:
+                    break
+                seen += len(chunk)
+                if seen > declared:
+                    raise LimitExceeded(
+                        str(self.path),
+                        "declared size",
+                        f"member '{name}' holds more bytes than its header declares ({declared})",
+                    )
+                digest.update(chunk)
+                if sink is not None:
+                    sink.write(chunk)
         return digest.hexdigest()
 
     def verify(self) -> VerifyReport:
@@ -345,9 +361,13 @@ class Archive:
             if recorded:
                 want = recorded.get(name)
                 if want is None:
-                    problems.append(f"'{name}' is not listed in the manifest (added after archiving?)")
+                    problems.append(
+                        f"'{name}' is not listed in the manifest (added after archiving?)"
+                    )
                 elif want.sha256 != actual or want.size_bytes != member.size_bytes:
-                    problems.append(f"'{name}' sha256 {actual[:12]}... != recorded {want.sha256[:12]}...")
+                    problems.append(
+                        f"'{name}' sha256 {actual[:12]}... != recorded {want.sha256[:12]}..."
+                    )
         for name in recorded:
             if name not in files:
                 problems.append(f"'{name}' is listed in the manifest but missing from the archive")
@@ -378,7 +398,9 @@ class Archive:
                     actual = self._stream(member.name, sink, member.size_bytes)
                 want = self.manifest.files.get(member.name)
                 if want is not None and want.sha256 != actual:
-                    raise DigestMismatch(str(self.path), [f"'{member.name}' does not match its recorded sha256"])
+                    raise DigestMismatch(
+                        str(self.path), [f"'{member.name}' does not match its recorded sha256"]
+                    )
             os.rename(tmp, dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -95,7 +95,11 @@ class _HashingReader(io.RawIOBase):
 
 
 def _write_zip(
-    tmp: Path, members: Sequence[Member], manifest: Manifest, epoch: int, stored: bool,
+    tmp: Path,
+    members: Sequence[Member],
+    manifest: Manifest,
+    epoch: int,
+    stored: bool,
     progress: Progress | None,
 ) -> dict[str, FileDigest]:
     date_time = time.gmtime(max(epoch, _ZIP_EPOCH_MIN))[:6]

@@ -4,7 +4,7 @@
 set -euo pipefail
 . "$(dirname "$0")/venv.sh" test
 # torch is pinned: a bare `torch` may pull a multi-GB CUDA build.
-python -m pip install --quiet "torch==2.13.0"
+python -m pip install --quiet "torch==2.13.0" numpy
 mkdir -p out
 echo "==> making weights"
 python examples/mlp/make_weights.py out/mlp.pt

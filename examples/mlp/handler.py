@@ -8,7 +8,6 @@ import json
 import os
 
 import torch
-
 from model import IN_FEATURES, MLP
 
 _model = None
@@ -19,7 +18,9 @@ def _initialize(context):
     properties = context.system_properties
     model_dir = properties.get("model_dir")
     weights = os.path.join(model_dir, context.manifest["model"]["serializedFile"])
-    threads = (getattr(context, "model_yaml_config", None) or {}).get("handler", {}).get("threads", 1)
+    threads = (
+        (getattr(context, "model_yaml_config", None) or {}).get("handler", {}).get("threads", 1)
+    )
     torch.set_num_threads(int(threads))
     gpu = properties.get("gpu_id")
     device = torch.device(f"cuda:{gpu}" if gpu is not None and torch.cuda.is_available() else "cpu")

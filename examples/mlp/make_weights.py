@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model import MLP  # noqa: E402  (the model file sits next to this script)
+from model import MLP
 
 
 def main() -> None:
