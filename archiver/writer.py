@@ -19,6 +19,7 @@ import stat
 import tarfile
 import time
 import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
@@ -94,6 +95,36 @@ class _HashingReader(io.RawIOBase):
         return n or 0
 
 
+_SAMPLE_BYTES = 256 << 10
+_SAMPLE_MIN_BYTES = 1 << 20
+_STORE_ABOVE_RATIO = 0.9
+
+
+def _worth_deflating(src: BinaryIO, size: int) -> bool:
+    """Deflate only what it shrinks by 10% or more, judged on three samples of the file.
+
+    Float weights barely compress (about 7%) and deflate crawls through them (about 20 MB/s
+    here), so ``default`` stores them and stays fast; text, code and sparse data still shrink.
+    The choice depends on content alone, so it keeps archives reproducible.
+    """
+    if size < _SAMPLE_MIN_BYTES:
+        return True
+    sample = bytearray()
+    for offset in (0, size // 2, size - _SAMPLE_BYTES):
+        src.seek(offset)
+        sample += src.read(_SAMPLE_BYTES)
+    src.seek(0)
+    return len(zlib.compress(sample, 1)) < _STORE_ABOVE_RATIO * len(sample)
+
+
+def _zip_info(name: str, date_time: tuple[int, ...], method: int) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=date_time)
+    info.compress_type = method
+    info.external_attr = (stat.S_IFREG | 0o644) << 16
+    info.create_system = 3  # unix, so the mode bits above are honoured
+    return info
+
+
 def _write_zip(
     tmp: Path,
     members: Sequence[Member],
@@ -103,23 +134,21 @@ def _write_zip(
     progress: Progress | None,
 ) -> dict[str, FileDigest]:
     date_time = time.gmtime(max(epoch, _ZIP_EPOCH_MIN))[:6]
-    method = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
+    default = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
     digests: dict[str, FileDigest] = {}
-    with zipfile.ZipFile(tmp, "w", compression=method, compresslevel=None if stored else 6) as zf:
+    with zipfile.ZipFile(tmp, "w", compression=default) as zf:
         for member in members:
-            info = zipfile.ZipInfo(member.arcname, date_time=date_time)
-            info.compress_type = method
-            info.external_attr = (stat.S_IFREG | 0o644) << 16
-            info.create_system = 3  # unix, so the mode bits above are honoured
             with open(member.source, "rb") as src:
-                info.file_size = os.fstat(src.fileno()).st_size  # lets zipfile pick zip64 up front
+                size = os.fstat(src.fileno()).st_size
+                method = default
+                if not stored and not _worth_deflating(src, size):
+                    method = zipfile.ZIP_STORED
+                info = _zip_info(member.arcname, date_time, method)
+                info.file_size = size  # lets zipfile pick zip64 up front
                 with zf.open(info, "w") as dst:
                     digests[member.arcname] = _copy_hashing(src, dst, progress)
-        info = zipfile.ZipInfo(MANIFEST_PATH, date_time=date_time)
-        info.compress_type = method
-        info.external_attr = (stat.S_IFREG | 0o644) << 16
-        info.create_system = 3
-        zf.writestr(info, replace(manifest, files=digests).to_bytes())
+        body = replace(manifest, files=digests).to_bytes()
+        zf.writestr(_zip_info(MANIFEST_PATH, date_time, default), body)
     return digests
 
 
@@ -141,7 +170,9 @@ def _write_tgz(
     digests: dict[str, FileDigest] = {}
     with ExitStack() as stack:
         raw = stack.enter_context(open(tmp, "wb"))
-        gz = stack.enter_context(gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=epoch))
+        gz = stack.enter_context(
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=epoch, compresslevel=6)
+        )
         tar = stack.enter_context(tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT))
         for member in members:
             with open(member.source, "rb") as src:

@@ -336,3 +336,20 @@ def test_inspect_errors_are_one_line(archiver: ArchiverRunner, tmp_path: Path) -
     )
     result = archiver("--inspect", "missing.mar")
     assert "cannot read archive missing.mar: no such file or folder" in result.output
+
+
+def test_default_stores_incompressible_weights(archiver: ArchiverRunner, tmp_path: Path) -> None:
+    """Random-looking weights are stored (deflate would crawl for ~7%); text still shrinks."""
+    (tmp_path / "h.py").write_text("def handle(data, context):\n    return data\n")
+    (tmp_path / "w.pt").write_bytes(os.urandom(3 << 20))
+    (tmp_path / "vocab.txt").write_text("token\n" * 600_000)
+    result = archiver(
+        "--model-name", "s", "--handler", "h.py", "--serialized-file", "w.pt",
+        "--extra-files", "vocab.txt",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with zipfile.ZipFile(tmp_path / "s.mar") as zf:
+        methods = {i.filename: i.compress_type for i in zf.infolist()}
+    assert methods["w.pt"] == zipfile.ZIP_STORED
+    assert methods["vocab.txt"] == zipfile.ZIP_DEFLATED
+    assert methods["h.py"] == zipfile.ZIP_DEFLATED

@@ -109,7 +109,9 @@ def test_legacy_manifest_without_version_gets_default(tma: CompatTool, model_inp
     made = tma.run("--model-name", "old", "--handler", "handler.py", "-v", "", cwd=model_inputs)
     assert made.returncode == 0, made.stderr
     with open_archive(model_inputs / "old.mar") as archive:
-        assert "modelVersion" not in json.loads(archive.read_bytes("MAR-INF/MANIFEST.json"))["model"]
+        assert (
+            "modelVersion" not in json.loads(archive.read_bytes("MAR-INF/MANIFEST.json"))["model"]
+        )
         assert archive.manifest.model.model_version == "1.0"
 
 
@@ -173,7 +175,9 @@ def test_our_manifest_passes_their_readers(
 
 def test_their_errors_we_fix(tma: CompatTool, archiver: ArchiverRunner, model_inputs: Path) -> None:
     """torch-model-archiver crashes with a traceback on ``file.py:function``; we accept it."""
-    theirs = tma.run("--model-name", "x", "-v", "1", "--handler", "handler.py:handle", cwd=model_inputs)
+    theirs = tma.run(
+        "--model-name", "x", "-v", "1", "--handler", "handler.py:handle", cwd=model_inputs
+    )
     assert theirs.returncode != 0 and "Traceback" in theirs.stderr
     result = archiver("--model-name", "x", "--handler", "handler.py:handle")
     assert result.exit_code == 0, result.output

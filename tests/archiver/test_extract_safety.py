@@ -282,29 +282,33 @@ def test_tgz_bomb_is_refused(tmp_path: Path) -> None:
 # --- 7: counts and sizes ------------------------------------------------------------------------
 
 
+TWENTY_FILES = {f"f{i}.txt": b"x" for i in range(20)}
+THREE_KB = {f"f{i}.bin": noise(1000, i) for i in range(3)}
+
+
 @pytest.mark.parametrize(
-    ("files", "limit", "value", "texts"),
+    ("files", "limit", "needed", "texts"),
     [
-        ({f"f{i}.txt": b"x" for i in range(20)}, "max_members", 10, ["21 members"]),
-        ({"h.py": HANDLER, "big.bin": noise(5000)}, "max_member_bytes", 4999, ["member 'big.bin'"]),
-        ({f"f{i}.bin": noise(1000, i) for i in range(3)}, "max_total_bytes", 3000, []),
+        (TWENTY_FILES, "max_members", 21, ["21 members"]),
+        ({"h.py": HANDLER, "big.bin": noise(5000)}, "max_member_bytes", 5000, ["'big.bin'"]),
+        (THREE_KB, "max_total_bytes", 3000 + len(MANIFEST), ["members add up"]),
     ],
     ids=["members", "member-bytes", "total-bytes"],
 )
 def test_limits_are_enforced_exactly(
-    tmp_path: Path, files: dict[str, bytes], limit: str, value: int, texts: list[str]
+    tmp_path: Path, files: dict[str, bytes], limit: str, needed: int, texts: list[str]
 ) -> None:
+    """One below what the archive needs is refused; exactly what it needs opens."""
     src = make_zip(tmp_path / "many.mar", files.items())
     error = assert_refused(
-        src, LimitExceeded, f"{limit}={value}", *texts, limits=ExtractLimits(**{limit: value})
+        src,
+        LimitExceeded,
+        f"{limit}={needed - 1}",
+        *texts,
+        limits=ExtractLimits(**{limit: needed - 1}),
     )
     assert isinstance(error, LimitExceeded) and error.limit == limit
-    at_limit = {
-        "max_members": len(files) + 1,
-        "max_member_bytes": 5000,
-        "max_total_bytes": sum(map(len, files.values())) + len(MANIFEST),
-    }[limit]
-    with open_archive(src, ExtractLimits(**{limit: at_limit})) as archive:
+    with open_archive(src, ExtractLimits(**{limit: needed})) as archive:
         assert len(archive.members) == len(files) + 1
 
 

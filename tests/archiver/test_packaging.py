@@ -16,7 +16,17 @@ from tests.conftest import REPO
 @pytest.mark.slow
 def test_wheel_ships_schema_and_installed_package_uses_it(tmp_path: Path) -> None:
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(REPO)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -34,14 +44,18 @@ def test_wheel_ships_schema_and_installed_package_uses_it(tmp_path: Path) -> Non
     # Run from an unrelated folder with the unpacked wheel first on the path: the source
     # checkout's copy of the schema is out of reach, so only the packaged one can be found.
     code = (
-        "import archiver, archiver.manifest as m, json\n"
-        "assert archiver.__file__.startswith(%r), archiver.__file__\n"
+        "import archiver, archiver.manifest as m, json, sys\n"
+        "assert archiver.__file__.startswith(sys.argv[1]), archiver.__file__\n"
         "man = m.parse(json.dumps({'model': {'modelName': 'x', 'handler': 'h'}}).encode(), 't')\n"
         "print(m.schema()['title'], man.model.model_version)\n"
-    ) % str(target)
+    )
     env = {**os.environ, "PYTHONPATH": str(target)}
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+        [sys.executable, "-c", code, str(target)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "MAR-INF/MANIFEST.json 1.0"
