@@ -9,6 +9,7 @@ counting real bytes as they come out instead of trusting headers.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import secrets
@@ -17,7 +18,7 @@ import stat
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -34,6 +35,17 @@ from archiver.errors import (
 from archiver.manifest import MANIFEST_PATH, Manifest, parse
 
 GiB = 1 << 30
+# What reading a damaged or unsupported member raises (bad headers, CRC, truncation, an unknown
+# compression method, encryption); turned into BadArchive at this one seam.
+_UNREADABLE = (
+    zipfile.BadZipFile,
+    tarfile.TarError,
+    EOFError,
+    zlib.error,
+    NotImplementedError,
+    RuntimeError,
+    OSError,
+)
 MAX_MANIFEST_BYTES = 1 << 20
 _CHUNK_BYTES = 1 << 20
 _RATIO_MIN_BYTES = 1 << 20  # small members compress well legitimately; judge ratios above this
@@ -81,9 +93,7 @@ def _check_name(path: str, name: str) -> str:
     parts = [p for p in PurePosixPath(name).parts if p not in ("", ".")]
     if ".." in parts:
         raise UnsafeArchive(path, name, "escapes the target folder with '..'")
-    if not parts:
-        raise UnsafeArchive(path, name, "has an empty path")
-    return "/".join(parts)
+    return "/".join(parts)  # "" for the root folder entry ("." or "./")
 
 
 class _Backend:
@@ -98,6 +108,9 @@ class _Backend:
 
     def close(self) -> None:
         pass
+
+    def check_stream(self) -> None:
+        """Check integrity that only shows at the end of the whole file (gzip's CRC)."""
 
 
 class _ZipBackend(_Backend):
@@ -136,6 +149,7 @@ class _TarBackend(_Backend):
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise BadArchive(str(path), f"not a readable tar file ({exc})") from exc
         self._compressed = path.stat().st_size
+        self._path = path
 
     def entries(self) -> Iterator[tuple[str, int, int, str]]:
         total = sum(m.size for m in self._ordered) or 1
@@ -158,6 +172,18 @@ class _TarBackend(_Backend):
 
     def close(self) -> None:
         self._tf.close()
+
+    def check_stream(self) -> None:
+        # tarfile stops reading before the gzip trailer, so a flipped byte would go unnoticed
+        with open(self._path, "rb") as raw:
+            if raw.read(2) != b"\x1f\x8b":
+                return
+        try:
+            with gzip.open(self._path) as stream:
+                while stream.read(_CHUNK_BYTES):
+                    pass
+        except (OSError, EOFError, zlib.error) as exc:
+            raise BadArchive(str(self._path), f"the gzip stream is corrupt ({exc})") from exc
 
 
 class _FolderBackend(_Backend):
@@ -235,7 +261,7 @@ class Archive:
                 where, "max_members", f"{len(raw)} members, more than max_members={lim.max_members}"
             )
         names = [_check_name(where, name) for name, *_ in raw]
-        prefix = self._common_top(names)
+        prefix = self._common_top([n for n in names if n])
         out: list[MemberInfo] = []
         total = 0
         for (raw_name, size, packed, kind), name in zip(raw, names, strict=True):
@@ -245,7 +271,9 @@ class Archive:
                 )
             rel = name[len(prefix) :] if prefix else name
             if not rel:
-                continue  # the top folder itself
+                if kind == "file":
+                    raise UnsafeArchive(where, raw_name, "has an empty path")
+                continue  # the root or top folder entry itself
             if rel in self._raw_names:
                 raise UnsafeArchive(where, raw_name, "appears twice")
             self._raw_names[rel] = raw_name
@@ -271,6 +299,15 @@ class Archive:
                     f" (max_ratio={lim.max_ratio:g}), a likely zip bomb",
                 )
             out.append(MemberInfo(rel, size, packed, kind == "dir"))
+        files = {m.name for m in out if not m.is_dir}
+        for m in out:
+            parts = m.name.split("/")
+            for i in range(1, len(parts)):
+                parent = "/".join(parts[:i])
+                if parent in files:
+                    raise UnsafeArchive(
+                        where, self._raw_names[m.name], f"lies under '{parent}', which is a file"
+                    )
         return out
 
     @staticmethod
@@ -285,11 +322,25 @@ class Archive:
                 return f"{top}/"
         return ""
 
+    def _corrupt(self, name: str, exc: BaseException) -> BadArchive:
+        return BadArchive(str(self.path), f"member '{name}' is corrupt or unsupported ({exc})")
+
     @contextmanager
-    def _open(self, name: str) -> Iterator[IO[bytes]]:
-        fobj = self._backend.open(self._raw_names[name])
+    def _reader(self, name: str) -> Iterator[Callable[[int], bytes]]:
+        """A ``read(n)`` for one member; a failure to open or read it means a bad archive."""
         try:
-            yield fobj
+            fobj = self._backend.open(self._raw_names[name])
+        except _UNREADABLE as exc:
+            raise self._corrupt(name, exc) from exc
+
+        def read(n: int) -> bytes:
+            try:
+                return fobj.read(n)
+            except _UNREADABLE as exc:
+                raise self._corrupt(name, exc) from exc
+
+        try:
+            yield read
         finally:
             fobj.close()
 
@@ -299,8 +350,8 @@ class Archive:
             raise InvalidManifest(
                 str(self.path), f"{MANIFEST_PATH} is missing; not a model archive"
             )
-        with self._open(MANIFEST_PATH) as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        with self._reader(MANIFEST_PATH) as read:
+            raw = read(MAX_MANIFEST_BYTES + 1)
         if len(raw) > MAX_MANIFEST_BYTES:
             raise InvalidManifest(where, f"larger than {MAX_MANIFEST_BYTES} bytes")
         return parse(raw, where)
@@ -309,8 +360,8 @@ class Archive:
         """A small member's content (config, requirements), bounded."""
         if name not in self._raw_names:
             raise BadArchive(str(self.path), f"no member '{name}'")
-        with self._open(name) as f:
-            data = f.read(max_bytes + 1)
+        with self._reader(name) as read:
+            data = read(max_bytes + 1)
         if len(data) > max_bytes:
             raise LimitExceeded(
                 str(self.path), "max_bytes", f"member '{name}' is over {max_bytes} bytes"
@@ -320,18 +371,12 @@ class Archive:
     def _stream(self, name: str, sink: IO[bytes] | None, declared: int) -> str:
         """Copy one member to ``sink`` (or nowhere); return its sha256; refuse extra bytes.
 
-        Read failures mean a corrupt archive; write failures (disk full) stay ``OSError``.
+        Read failures mean a bad archive; write failures (disk full) stay ``OSError``.
         """
         digest = hashlib.sha256()
         seen = 0
-        with self._open(name) as src:
-            while True:
-                try:
-                    chunk = src.read(_CHUNK_BYTES)
-                except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as exc:
-                    raise BadArchive(str(self.path), f"member '{name}' is corrupt ({exc})") from exc
-                if not chunk:
-                    break
+        with self._reader(name) as read:
+            while chunk := read(_CHUNK_BYTES):
                 seen += len(chunk)
                 if seen > declared:
                     raise LimitExceeded(
@@ -344,11 +389,32 @@ class Archive:
                     sink.write(chunk)
         return digest.hexdigest()
 
+    def _files(self) -> dict[str, MemberInfo]:
+        return {m.name: m for m in self._members if not m.is_dir and m.name != MANIFEST_PATH}
+
+    def _unrecorded(self) -> list[str]:
+        """Files the manifest's digests do not account for, both ways (empty without digests)."""
+        recorded, files = self.manifest.files, self._files()
+        if not recorded:
+            return []
+        return [
+            *(
+                f"'{n}' is not listed in the manifest (added after archiving?)"
+                for n in files
+                if n not in recorded
+            ),
+            *(
+                f"'{n}' is listed in the manifest but missing from the archive"
+                for n in recorded
+                if n not in files
+            ),
+        ]
+
     def verify(self) -> VerifyReport:
         """Re-hash every member against the manifest; without digests, still read every byte."""
         problems: list[str] = []
         recorded = self.manifest.files
-        files = {m.name: m for m in self._members if not m.is_dir and m.name != MANIFEST_PATH}
+        files = self._files()
         for field_name, ref in self.manifest.referenced_files().items():
             if ref not in files:
                 problems.append(f"model.{field_name} names '{ref}', which is not in the archive")
@@ -358,19 +424,16 @@ class Archive:
             except ArchiverError as exc:
                 problems.append(str(exc))
                 continue
-            if recorded:
-                want = recorded.get(name)
-                if want is None:
-                    problems.append(
-                        f"'{name}' is not listed in the manifest (added after archiving?)"
-                    )
-                elif want.sha256 != actual or want.size_bytes != member.size_bytes:
-                    problems.append(
-                        f"'{name}' sha256 {actual[:12]}... != recorded {want.sha256[:12]}..."
-                    )
-        for name in recorded:
-            if name not in files:
-                problems.append(f"'{name}' is listed in the manifest but missing from the archive")
+            want = recorded.get(name)
+            if want is not None and (want.sha256 != actual or want.size_bytes != member.size_bytes):
+                problems.append(
+                    f"'{name}' sha256 {actual[:12]}... != recorded {want.sha256[:12]}..."
+                )
+        problems.extend(self._unrecorded())
+        try:
+            self._backend.check_stream()
+        except ArchiverError as exc:
+            problems.append(str(exc))
         return VerifyReport(checked=len(files), recorded=bool(recorded), problems=problems)
 
     def verify_or_raise(self) -> VerifyReport:
@@ -384,6 +447,9 @@ class Archive:
         if dest.exists():
             raise ArchiverError(f"extraction target already exists: {dest}")
         dest.parent.mkdir(parents=True, exist_ok=True)
+        unrecorded = self._unrecorded()
+        if unrecorded:
+            raise DigestMismatch(str(self.path), unrecorded)
         tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         tmp.mkdir()
         try:
@@ -401,6 +467,7 @@ class Archive:
                     raise DigestMismatch(
                         str(self.path), [f"'{member.name}' does not match its recorded sha256"]
                     )
+            self._backend.check_stream()
             os.rename(tmp, dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

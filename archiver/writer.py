@@ -21,6 +21,7 @@ import time
 import zipfile
 import zlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import replace
 from enum import Enum
@@ -61,14 +62,22 @@ def source_date_epoch() -> int | None:
 
 
 def _copy_hashing(src: BinaryIO, dst: BinaryIO, progress: Progress | None) -> FileDigest:
+    """Copy and sha256 in one pass. The hash of chunk n runs on a helper thread while chunk n is
+    written (hashlib and zlib release the GIL), so hashing costs little on top of the write."""
     digest = hashlib.sha256()
     size = 0
-    while chunk := src.read(CHUNK_BYTES):
-        digest.update(chunk)
-        dst.write(chunk)
-        size += len(chunk)
-        if progress:
-            progress(len(chunk))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256") as hasher:
+        pending: Future[None] | None = None
+        while chunk := src.read(CHUNK_BYTES):
+            if pending is not None:
+                pending.result()
+            pending = hasher.submit(digest.update, chunk)
+            dst.write(chunk)
+            size += len(chunk)
+            if progress:
+                progress(len(chunk))
+        if pending is not None:
+            pending.result()
     return FileDigest(sha256=digest.hexdigest(), size_bytes=size)
 
 
