@@ -353,3 +353,38 @@ def test_default_stores_incompressible_weights(archiver: ArchiverRunner, tmp_pat
     assert methods["w.pt"] == zipfile.ZIP_STORED
     assert methods["vocab.txt"] == zipfile.ZIP_DEFLATED
     assert methods["h.py"] == zipfile.ZIP_DEFLATED
+
+
+@pytest.mark.slow
+def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    """Big inputs draw a progress bar on a TTY; piped output (CI, scripts) stays quiet."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    (tmp_path / "h.py").write_text("def handle(data, context):\n    return data\n")
+    with open(tmp_path / "big.pt", "wb") as f:
+        f.truncate(80 << 20)
+    cmd = [ARCHIVER_SCRIPT, "--model-name", "p", "--handler", "h.py", "--serialized-file", "big.pt"]
+    piped = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)
+    assert piped.returncode == 0
+    assert piped.stderr == ""
+
+    main_fd, tty_fd = pty.openpty()
+    # a real terminal has a size; a fresh pty is 0x0, which tqdm draws as an empty bar
+    fcntl.ioctl(tty_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen([*cmd, "-f"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=tty_fd)
+    os.close(tty_fd)
+    seen = b""
+    while True:
+        try:
+            data = os.read(main_fd, 4096)
+        except OSError:  # the terminal closed: the process is done with it
+            break
+        if not data:
+            break
+        seen += data
+    assert proc.wait(timeout=60) == 0
+    os.close(main_fd)
+    assert b"archiving p" in seen and b"/80.0M" in seen, seen[-300:]
