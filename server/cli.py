@@ -1,13 +1,191 @@
-"""``mserve`` entry point. The server itself is not built yet (issue 3)."""
+"""``mserve``: start (as a daemon or in the foreground), stop, and show status.
+
+``--start`` returns once the APIs answer and the startup models are loaded or have clearly
+failed; the daemon keeps a pid file, a status file (with the ports actually bound, so port 0
+works) and a log folder under the run dir.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from server.config import ServerConfig, load_config
+from server.errors import MserveError
+from server.main import PID_FILE, STATUS_FILE, StartupModel, run_server
+
+START_WAIT_S = 600.0
+STOP_WAIT_S = 60.0
 
 
-def main() -> None:
-    print(
-        "mserve: the server is not implemented yet; use model-archiver to build archives for now",
-        file=sys.stderr,
-    )
-    sys.exit(2)
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"mserve: {message}", err=True)
+    sys.exit(code)
+
+
+def parse_models(values: list[str]) -> list[StartupModel]:
+    """``NAME=PATH``, ``PATH``, comma lists, as TorchServe accepts them."""
+    out = []
+    for value in values:
+        for item in value.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            name, sep, url = item.partition("=")
+            out.append(StartupModel(name=name, url=url) if sep else StartupModel(None, item))
+    return out
+
+
+def _read_status(config: ServerConfig) -> dict[str, Any] | None:
+    try:
+        return json.loads((config.run_path / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _running_pid(config: ServerConfig) -> int | None:
+    try:
+        pid = int((config.run_path / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    click.echo(f"mserve {status.get('version')} pid {status['pid']}: {status['state']}")
+    for api in ("inference", "management", "metrics"):
+        click.echo(f"  {api:<10} http://{status.get(api)}")
+    for name, state in sorted(status.get("models", {}).items()):
+        click.echo(f"  model {name}: {state}")
+    click.echo(f"  logs       {status.get('log_dir')}")
+
+
+def _start_daemon(config: ServerConfig, argv: list[str]) -> None:
+    config.log_path.mkdir(parents=True, exist_ok=True)
+    out_path = config.log_path / "mserve.out"
+    with open(out_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "server.cli", *argv, "--foreground", "--quiet"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + START_WAIT_S
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            tail = out_path.read_text(errors="replace").splitlines()[-15:]
+            _fail(f"server exited with code {code} during start:\n" + "\n".join(tail))
+        status = _read_status(config)
+        if status and status.get("pid") == proc.pid and status.get("state") == "ready":
+            _print_status(status)
+            failed = [n for n, s in status.get("models", {}).items() if s != "ready"]
+            if failed:
+                click.echo(f"mserve: {len(failed)} startup model(s) failed; see above", err=True)
+            return
+        time.sleep(0.05)
+    _fail(f"server did not become ready within {START_WAIT_S:g} s; see {out_path}")
+
+
+def _stop(config: ServerConfig) -> None:
+    pid = _running_pid(config)
+    if pid is None:
+        _fail(f"mserve is not running (no live pid in {config.run_path / PID_FILE})")
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            click.echo(f"mserve stopped (pid {pid})")
+            return
+        time.sleep(0.05)
+    click.echo(f"mserve: pid {pid} ignored SIGTERM for {STOP_WAIT_S:g} s; killing it", err=True)
+    os.kill(pid, signal.SIGKILL)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--start", is_flag=True, help="Start the server (a daemon unless --foreground).")
+@click.option("--stop", is_flag=True, help="Stop the running server.")
+@click.option("--status", "show_status", is_flag=True, help="Show the running server's state.")
+@click.option("--foreground", is_flag=True, help="With --start: stay attached (containers).")
+@click.option(
+    "--models", multiple=True, help="NAME=PATH or PATH, several allowed; 'all' loads the store."
+)
+@click.option("--model-store", help="Folder of archives (registration by name).")
+@click.option(
+    "--config", "config_file", type=click.Path(path_type=Path), help="Server config YAML."
+)
+@click.option("--run-dir", help="Pid, status, logs and unpack cache (default ~/.mserve).")
+@click.option("--log-dir", help="Log folder (default <run-dir>/logs).")
+@click.option("--quiet", is_flag=True, hidden=True)
+@click.argument("more_models", nargs=-1)
+def main(
+    start: bool,
+    stop: bool,
+    show_status: bool,
+    foreground: bool,
+    models: tuple[str, ...],
+    model_store: str | None,
+    config_file: Path | None,
+    run_dir: str | None,
+    log_dir: str | None,
+    quiet: bool,
+    more_models: tuple[str, ...],
+) -> None:
+    """Serve model archives (.mar) with TorchServe's REST APIs."""
+    try:
+        config = load_config(
+            config_file, {"model_store": model_store, "run_dir": run_dir, "log_dir": log_dir}
+        )
+        if sum((start, stop, show_status)) != 1:
+            _fail("say one of --start, --stop or --status (see mserve -h)", 2)
+        if stop:
+            _stop(config)
+            return
+        if show_status:
+            status = _read_status(config) if _running_pid(config) else None
+            if status is None:
+                _fail("mserve is not running", 3)
+            assert status is not None
+            _print_status(status)
+            return
+        if more_models and not models:
+            _fail(f"unexpected arguments {' '.join(more_models)} (models go after --models)", 2)
+        startup = parse_models([*models, *more_models])
+        if [m.url for m in startup] == ["all"]:
+            if config.store_path is None:
+                _fail("--models all needs --model-store", 2)
+            from server.store import store_archives
+
+            startup = [StartupModel(None, str(p)) for p in store_archives(config.store_path)]
+        pid = _running_pid(config)
+        if pid is not None:
+            _fail(f"mserve is already running (pid {pid}, run dir {config.run_path})")
+        if not foreground:
+            argv = [a for a in sys.argv[1:]]
+            _start_daemon(config, argv)
+            return
+        sys.exit(run_server(config, startup, foreground=not quiet))
+    except MserveError as exc:
+        _fail(exc.message)
+
+
+if __name__ == "__main__":
+    main()

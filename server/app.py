@@ -1,0 +1,281 @@
+"""The HTTP APIs: inference (8080), management (8081) and metrics (8082), TorchServe's paths.
+
+The inference path parses only what routing needs; the body stays raw bytes and travels to the
+worker in one batch frame. Errors keep TorchServe's JSON shape ``{"code", "type", "message"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from server.errors import BadRequest, InternalError, ModelNotFound, MserveError
+from server.registry import RegisterRequest, Registry
+from server.workers.protocol import RequestItem
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+REGISTRY_KEY = web.AppKey("registry", Registry)
+
+
+def _error_response(status: int, type_: str, message: str) -> web.Response:
+    return web.json_response({"code": status, "type": type_, "message": message}, status=status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except MserveError as exc:
+        return _error_response(exc.status, exc.type, exc.message)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error_response(
+            413,
+            "RequestTooLarge",
+            f"request body is larger than max_request_size_bytes={exc.max_size}",  # type: ignore[attr-defined]
+        )
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error_response(exc.status, type(exc).__name__.removeprefix("HTTP"), exc.reason)
+    except Exception:  # the API edge: log it, answer 500, keep serving
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        error = InternalError("internal server error; see the server log")
+        return _error_response(error.status, error.type, error.message)
+
+
+class Metrics:
+    """Prometheus metrics of the frontend; gauges are read from the registry at scrape time."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.prom = CollectorRegistry()
+        self.requests = Counter(
+            "mserve_requests", "Inference requests answered", ["model", "version", "code"],
+            registry=self.prom,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "mserve_request_latency_seconds", "Inference latency, frontend to frontend",
+            ["model"], registry=self.prom,
+        )  # fmt: skip
+        self._registry = registry
+        self.prom.register(self)  # type: ignore[arg-type]
+
+    def collect(self) -> Any:
+        queue = GaugeMetricFamily("mserve_queue_depth", "Jobs waiting", labels=["model", "version"])
+        workers = GaugeMetricFamily(
+            "mserve_workers_ready", "Ready workers", labels=["model", "version"]
+        )
+        for mv in self._registry.all():
+            queue.add_metric([mv.name, mv.version], len(mv.queue))
+            workers.add_metric([mv.name, mv.version], mv.ready_workers())
+        yield queue
+        yield workers
+
+
+def _int_param(request: web.Request, name: str, minimum: int = 0) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"parameter '{name}' should be an integer, found {raw!r}") from None
+    if value < minimum:
+        raise BadRequest(f"parameter '{name}' should be >= {minimum}, found {value}")
+    return value
+
+
+def _bool_param(request: web.Request, name: str, default: bool) -> bool:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise BadRequest(f"parameter '{name}' should be true or false, found {raw!r}")
+
+
+# --- inference -----------------------------------------------------------------------------
+
+
+async def ping(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY_KEY]
+    healthy = all(mv.healthy() for mv in registry.all())
+    return web.json_response(
+        {"status": "Healthy" if healthy else "Unhealthy"}, status=200 if healthy else 500
+    )
+
+
+async def predict(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY_KEY]
+    metrics: Metrics = request.app["metrics"]
+    name = request.match_info["model"]
+    model = registry.get(name, request.match_info.get("version"))
+    started = time.perf_counter()
+    body = await request.read()
+    item = RequestItem(
+        request_id=uuid.uuid4().hex,
+        content_type=request.headers.get("Content-Type", ""),
+        headers=[[k, v] for k, v in request.headers.items()],
+        body=body,
+        params=dict(request.query),
+    )
+    try:
+        result = await model.submit(item)
+    except MserveError as exc:
+        metrics.requests.labels(model.name, model.version, str(exc.status)).inc()
+        raise
+    headers = {k: v for k, v in result.headers}
+    headers["Content-Type"] = result.content_type or "application/octet-stream"
+    headers["X-Request-Id"] = item.request_id
+    metrics.requests.labels(model.name, model.version, str(result.status)).inc()
+    metrics.latency.labels(model.name).observe(time.perf_counter() - started)
+    return web.Response(status=result.status, body=result.body, headers=headers)
+
+
+# --- management ----------------------------------------------------------------------------
+
+
+async def list_models(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY_KEY]
+    limit = _int_param(request, "limit", 1) or 100
+    start = _int_param(request, "next_page_token") or 0
+    names = sorted(registry.models)
+    page = names[start : start + limit]
+    out: dict[str, Any] = {
+        "models": [{"modelName": n, "modelUrl": registry.get(n).url} for n in page]
+    }
+    if start + limit < len(names):
+        out["nextPageToken"] = str(start + limit)
+    return web.json_response(out)
+
+
+async def register(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY_KEY]
+    url = request.query.get("url")
+    if not url:
+        raise BadRequest("parameter 'url' is required: the archive's name in the model store")
+    delay = _int_param(request, "max_batch_delay")
+    timeout = _int_param(request, "response_timeout", 1)
+    req = RegisterRequest(
+        url=url,
+        model_name=request.query.get("model_name") or None,
+        handler=request.query.get("handler") or None,
+        batch_size=_int_param(request, "batch_size", 1),
+        max_batch_delay_ms=delay,
+        response_timeout_s=float(timeout) if timeout is not None else None,
+        initial_workers=_int_param(request, "initial_workers"),
+        synchronous=_bool_param(request, "synchronous", True),
+    )
+    model = await registry.register(req)
+    workers = model.settings.min_workers
+    if req.synchronous:
+        message = (
+            f'Model "{model.name}" Version: {model.version} registered with'
+            f" {workers} initial workers"
+        )
+        return web.json_response({"status": message})
+    return web.json_response(
+        {"status": f'Model "{model.name}" Version: {model.version} registered; starting {workers}'
+         " workers"},
+        status=202,
+    )  # fmt: skip
+
+
+async def describe(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY_KEY]
+    name = request.match_info["model"]
+    version = request.match_info.get("version")
+    models = registry.versions(name) if version == "all" else [registry.get(name, version)]
+    return web.json_response([m.describe() for m in models])
+
+
+async def scale(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY_KEY]
+    model = registry.get(request.match_info["model"], request.match_info.get("version"))
+    min_worker = _int_param(request, "min_worker")
+    max_worker = _int_param(request, "max_worker")
+    if min_worker is None:
+        min_worker = model.settings.min_workers
+    if max_worker is not None and max_worker < min_worker:
+        raise BadRequest(f"max_worker ({max_worker}) is less than min_worker ({min_worker})")
+    synchronous = _bool_param(request, "synchronous", False)
+    await model.scale(min_worker, max_worker, synchronous)
+    if synchronous:
+        return web.json_response(
+            {"status": f"Workers scaled to {min_worker} for model: {model.name}"}
+        )
+    return web.json_response({"status": "Processing worker updates..."}, status=202)
+
+
+async def unregister(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY_KEY]
+    model = await registry.unregister(
+        request.match_info["model"], request.match_info.get("version")
+    )
+    return web.json_response(
+        {"status": f'Model "{model.name}" version {model.version} unregistered'}
+    )
+
+
+async def set_default(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY_KEY]
+    name, version = request.match_info["model"], request.match_info["version"]
+    registry.set_default(name, version)
+    return web.json_response(
+        {"status": f'Default version successfully updated for model "{name}" to "{version}"'}
+    )
+
+
+async def not_found(request: web.Request) -> web.Response:
+    raise ModelNotFound(f"no such path: {request.method} {request.path}")
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    metrics: Metrics = request.app["metrics"]
+    return web.Response(
+        body=generate_latest(metrics.prom),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
+
+
+def _app(registry: Registry, metrics: Metrics, max_request_bytes: int) -> web.Application:
+    app = web.Application(middlewares=[errors_middleware], client_max_size=max_request_bytes)
+    app[REGISTRY_KEY] = registry
+    app["metrics"] = metrics
+    return app
+
+
+def build_apps(
+    registry: Registry, metrics: Metrics, max_request_bytes: int
+) -> tuple[web.Application, web.Application, web.Application]:
+    inference = _app(registry, metrics, max_request_bytes)
+    inference.router.add_get("/ping", ping)
+    for method in ("POST", "PUT"):
+        inference.router.add_route(method, "/predictions/{model}", predict)
+        inference.router.add_route(method, "/predictions/{model}/{version}", predict)
+    inference.router.add_get("/models", list_models)
+
+    management = _app(registry, metrics, 1 << 20)
+    management.router.add_post("/models", register)
+    management.router.add_get("/models", list_models)
+    management.router.add_get("/models/{model}", describe)
+    management.router.add_get("/models/{model}/{version}", describe)
+    management.router.add_put("/models/{model}", scale)
+    management.router.add_put("/models/{model}/{version}", scale)
+    management.router.add_delete("/models/{model}", unregister)
+    management.router.add_delete("/models/{model}/{version}", unregister)
+    management.router.add_put("/models/{model}/{version}/set-default", set_default)
+
+    metrics_app = _app(registry, metrics, 1 << 16)
+    metrics_app.router.add_get("/metrics", metrics_endpoint)
+    return inference, management, metrics_app

@@ -1,0 +1,113 @@
+"""Per-model job queue and batch gathering.
+
+The queue only *signals* waiting dispatchers; a woken dispatcher pops jobs itself. So a
+dispatcher that is cancelled or retired while waiting can never take a job with it, and no job is
+lost. A batch flushes at ``batch_size`` jobs or ``max_batch_delay_ms`` after its first job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass, field
+
+from server.workers.protocol import RequestItem, ResponseItem
+
+
+@dataclass
+class Job:
+    item: RequestItem
+    future: asyncio.Future[ResponseItem]
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+
+class QueueFull(Exception):
+    pass
+
+
+class JobQueue:
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def put(self, job: Job) -> None:
+        if len(self._jobs) >= self.maxsize:
+            raise QueueFull
+        self._jobs.append(job)
+        self._wake(1)
+
+    def pop(self) -> Job | None:
+        while self._jobs:
+            job = self._jobs.popleft()
+            if not job.future.done():  # the client went away: costs no worker time
+                return job
+        return None
+
+    def _wake(self, n: int | None) -> None:
+        woken = 0
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+                woken += 1
+                if n is not None and woken >= n:
+                    break
+
+    def wake_all(self) -> None:
+        """Make every waiting dispatcher re-check its own state (retire, shutdown)."""
+        self._wake(None)
+
+    async def wait(self, timeout_s: float | None = None) -> None:
+        """Return when a job may be available, on ``wake_all``, or after ``timeout_s``."""
+        if self._jobs:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            if timeout_s is None:
+                await waiter
+            else:
+                await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._waiters.remove(waiter)
+
+    def fail_all(self, error: BaseException) -> int:
+        failed = 0
+        while self._jobs:
+            job = self._jobs.popleft()
+            if not job.future.done():
+                job.future.set_exception(error)
+                failed += 1
+        return failed
+
+
+async def gather_batch(
+    queue: JobQueue, batch_size: int, max_delay_s: float, stopping: asyncio.Event
+) -> list[Job] | None:
+    """Up to ``batch_size`` jobs, waiting at most ``max_delay_s`` after the first; None if
+    ``stopping`` was set before a first job arrived."""
+    while True:
+        if stopping.is_set():
+            return None
+        first = queue.pop()
+        if first is not None:
+            break
+        await queue.wait()
+    jobs = [first]
+    deadline = time.monotonic() + max_delay_s
+    while len(jobs) < batch_size:
+        job = queue.pop()
+        if job is not None:
+            jobs.append(job)
+            continue
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        await queue.wait(remaining)
+    return jobs

@@ -1,0 +1,162 @@
+"""The server config: one typed object from defaults, a YAML file, ``MSERVE_*`` variables and flags.
+
+Precedence, lowest to highest: built-in defaults < YAML file (``--config``) < environment
+(``MSERVE_<KEY>``, e.g. ``MSERVE_JOB_QUEUE_SIZE=50``) < command-line flags. Unknown keys are errors
+naming the key and where it came from. Every listener binds to 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+from server.errors import ConfigError
+
+ENV_PREFIX = "MSERVE_"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    inference_address: str = "127.0.0.1:8080"
+    management_address: str = "127.0.0.1:8081"
+    metrics_address: str = "127.0.0.1:8082"
+    model_store: str | None = None
+    run_dir: str = "~/.mserve"
+    log_dir: str | None = None
+    number_of_gpu: int | None = None
+    default_workers_per_model: int = 1
+    batch_size: int = 1
+    max_batch_delay_ms: int = 100
+    response_timeout_s: float = 120.0
+    startup_timeout_s: float = 120.0
+    job_queue_size: int = 100
+    max_request_size_bytes: int = 6_553_500
+    max_response_size_bytes: int = 6_553_500
+    allowed_paths: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir).expanduser().resolve()
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.log_dir).expanduser().resolve() if self.log_dir else self.run_path / "logs"
+
+    @property
+    def store_path(self) -> Path | None:
+        return Path(self.model_store).expanduser().resolve() if self.model_store else None
+
+
+def _types() -> dict[str, Any]:
+    return get_type_hints(ServerConfig)
+
+
+def parse_address(value: str, key: str) -> tuple[str, int]:
+    """``host:port`` (port 0 = any free port); a bare port means 127.0.0.1."""
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", value
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{key}: {value!r} is not host:port") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"{key}: port {number} is out of range 0-65535")
+    return host.strip("[]") or "127.0.0.1", number
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    """Convert ``value`` to the field's type; strings from env and flags are parsed."""
+    hint = _types()[key]
+    text = str(hint)
+    if value is None:
+        if "None" in text:
+            return None
+        raise ConfigError(f"{source}: '{key}' must not be empty")
+    try:
+        if "tuple" in text:
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(str(v).strip() for v in items if str(v).strip())
+        if "int" in text and "float" not in text:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            number = int(value)
+            if number < 0:
+                raise ValueError
+            return number
+        if "float" in text:
+            if isinstance(value, bool):
+                raise ValueError
+            number = float(value)
+            if number <= 0:
+                raise ValueError
+            return number
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ValueError
+        return str(value)
+    except (TypeError, ValueError):
+        kind = "a non-negative integer" if "int" in text else "a positive number"
+        kind = "a list" if "tuple" in text else kind if "str" not in text else "a string"
+        raise ConfigError(f"{source}: '{key}' should be {kind}, found {value!r}") from None
+
+
+def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:
+    known = {f.name for f in fields(ServerConfig)}
+    values: dict[str, Any] = {}
+    for source, layer in layers:
+        for key, value in layer.items():
+            if key not in known:
+                raise ConfigError(
+                    f"{source}: unknown key '{key}'; known keys: {', '.join(sorted(known))}"
+                )
+            values[key] = _coerce(key, value, source)
+    config = dataclasses.replace(ServerConfig(), **values)
+    for key in ("inference_address", "management_address", "metrics_address"):
+        parse_address(getattr(config, key), key)
+    return config
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of keys")
+    return data
+
+
+def from_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """``MSERVE_<KEY>`` variables, lower-cased to keys (unknown ones are reported by _merge)."""
+    skip = {"MSERVE_CONFIG"}  # names the file itself
+    return {
+        k[len(ENV_PREFIX) :].lower(): v
+        for k, v in environ.items()
+        if k.startswith(ENV_PREFIX) and k not in skip
+    }
+
+
+def load_config(
+    config_file: Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ServerConfig:
+    env = os.environ if environ is None else environ
+    if config_file is None and env.get("MSERVE_CONFIG"):
+        config_file = Path(env["MSERVE_CONFIG"])
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if config_file is not None:
+        layers.append((f"config file {config_file}", load_yaml(config_file)))
+    layers.append(("environment (MSERVE_*)", from_environ(env)))
+    layers.append(("command line", {k: v for k, v in (flags or {}).items() if v is not None}))
+    return _merge(layers)

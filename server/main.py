@@ -1,0 +1,198 @@
+"""The mserve process: listeners, startup models, status file, signals and ordered shutdown.
+
+Signal handlers only set an event; the main coroutine acts on it (a second signal forces exit).
+Shutdown order: stop accepting, let in-flight requests finish against a deadline, stop workers,
+remove the status and pid files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from logging.handlers import RotatingFileHandler
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from archiver import __version__
+from server.app import Metrics, build_apps
+from server.config import ServerConfig, parse_address
+from server.devices import GpuAllocator, detect_gpu_count
+from server.errors import MserveError
+from server.registry import RegisterRequest, Registry
+
+log = logging.getLogger("mserve")
+
+SHUTDOWN_DRAIN_S = 10.0
+STATUS_FILE = "status.json"
+PID_FILE = "mserve.pid"
+LOCK_FILE = "mserve.lock"
+
+
+@dataclass(frozen=True)
+class StartupModel:
+    name: str | None
+    url: str
+
+
+class AlreadyRunning(MserveError):
+    pass
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def setup_logging(config: ServerConfig, foreground: bool) -> None:
+    config.log_path.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    main = RotatingFileHandler(config.log_path / "mserve.log", maxBytes=50 << 20, backupCount=5)
+    main.setFormatter(fmt)
+    root.addHandler(main)
+    if foreground:
+        console = logging.StreamHandler()
+        console.setFormatter(fmt)
+        root.addHandler(console)
+    access = logging.getLogger("mserve.access")
+    access.propagate = False
+    handler = RotatingFileHandler(config.log_path / "access.log", maxBytes=50 << 20, backupCount=5)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+class Server:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        gpus = config.number_of_gpu
+        self.gpus = GpuAllocator(detect_gpu_count() if gpus is None else gpus)
+        self.registry = Registry(config, self.gpus, __version__)
+        self.metrics = Metrics(self.registry)
+        self.runners: list[web.AppRunner] = []
+        self.addresses: dict[str, str] = {}
+        self.models_status: dict[str, str] = {}
+        self.state = "starting"
+        self.stop_event = asyncio.Event()
+        self.started = time.time()
+
+    @property
+    def status_path(self) -> Path:
+        return self.config.run_path / STATUS_FILE
+
+    def write_status(self) -> None:
+        write_json_atomic(
+            self.status_path,
+            {
+                "pid": os.getpid(),
+                "state": self.state,
+                "version": __version__,
+                "started": self.started,
+                "inference": self.addresses.get("inference"),
+                "management": self.addresses.get("management"),
+                "metrics": self.addresses.get("metrics"),
+                "gpus": self.gpus.count,
+                "models": self.models_status,
+                "log_dir": str(self.config.log_path),
+            },
+        )
+
+    async def listen(self) -> None:
+        apps = build_apps(self.registry, self.metrics, self.config.max_request_size_bytes)
+        access = logging.getLogger("mserve.access")
+        for name, app in zip(("inference", "management", "metrics"), apps, strict=True):
+            host, port = parse_address(getattr(self.config, f"{name}_address"), name)
+            runner = web.AppRunner(
+                app, access_log=access if name != "metrics" else None, handle_signals=False
+            )
+            await runner.setup()
+            site = web.TCPSite(runner, host, port, reuse_address=True)
+            await site.start()
+            self.runners.append(runner)
+            bound = runner.addresses[0]
+            self.addresses[name] = f"{bound[0]}:{bound[1]}"
+            log.info("%s API listening on http://%s", name, self.addresses[name])
+
+    async def load_startup_models(self, models: list[StartupModel]) -> None:
+        async def one(m: StartupModel) -> None:
+            label = m.name or m.url
+            try:
+                mv = await self.registry.register(
+                    RegisterRequest(url=m.url, model_name=m.name, trusted=True, at_startup=True)
+                )
+                self.models_status[mv.name] = "ready"
+            except MserveError as exc:
+                log.error("startup model %s failed: %s", label, exc.message)
+                self.models_status[label] = f"failed: {exc.message}"
+
+        await asyncio.gather(*(one(m) for m in models))
+
+    def _on_signal(self, signum: int) -> None:
+        if self.stop_event.is_set():
+            log.warning("second %s: exiting now", signal.Signals(signum).name)
+            os._exit(1)
+        log.info("received %s: shutting down", signal.Signals(signum).name)
+        self.stop_event.set()
+
+    async def run(self, models: list[StartupModel]) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            await self.listen()
+            self.write_status()
+            await self.load_startup_models(models)
+            self.state = "ready"
+            self.write_status()
+            log.info("mserve %s ready", __version__)
+            await self.stop_event.wait()
+        finally:
+            await self.shutdown()
+
+    async def shutdown(self) -> None:
+        self.state = "stopping"
+        self.write_status()
+        for runner in self.runners:  # stop accepting; in-flight requests get the deadline
+            for site in list(runner.sites):
+                await site.stop()
+        await asyncio.gather(*(mv.stop(SHUTDOWN_DRAIN_S) for mv in self.registry.all()))
+        for runner in self.runners:
+            await runner.cleanup()
+        log.info("mserve stopped")
+
+
+def hold_lock(run_dir: Path) -> int:
+    """An exclusive lock for the server's life: a second server on one run dir is refused."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise AlreadyRunning(f"mserve is already running with run dir {run_dir}") from None
+    return fd
+
+
+def run_server(config: ServerConfig, models: list[StartupModel], foreground: bool) -> int:
+    lock = hold_lock(config.run_path)
+    setup_logging(config, foreground)
+    pid_path = config.run_path / PID_FILE
+    pid_path.write_text(str(os.getpid()))
+    server = Server(config)
+    try:
+        asyncio.run(server.run(models))
+    finally:
+        for path in (pid_path, server.status_path):
+            path.unlink(missing_ok=True)
+        os.close(lock)
+    return 0

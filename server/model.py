@@ -1,0 +1,347 @@
+"""One registered model version: its settings, its job queue and its supervised workers.
+
+Each worker slot is a task that starts a worker, serves batches from the queue while it lives,
+and restarts it with capped exponential backoff when it dies. Scaling adds slots or retires
+them; a retiring worker finishes its batch first, and idle workers are retired before busy ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from server.batching import Job, JobQueue, QueueFull, gather_batch
+from server.devices import GpuAllocator, worker_env_for
+from server.errors import (
+    HandlerError,
+    InvalidModel,
+    MserveError,
+    ServiceUnavailable,
+    WorkerDied,
+    WorkerTimeout,
+)
+from server.workers.process import Worker, WorkerSpec, WorkerState
+from server.workers.protocol import RequestItem, ResponseItem
+
+log = logging.getLogger(__name__)
+
+_worker_ids = itertools.count(9000)  # TorchServe numbers workers from 9000
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+FAILURES_TO_GIVE_UP = 5
+FAILURE_WINDOW_S = 120.0
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Effective settings; ``sources`` says where each came from (api, archive, server)."""
+
+    batch_size: int
+    max_batch_delay_ms: int
+    response_timeout_s: float
+    startup_timeout_s: float
+    min_workers: int
+    max_workers: int
+    job_queue_size: int
+    device_ids: tuple[int, ...] | None
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Slot:
+    retire: asyncio.Event = field(default_factory=asyncio.Event)
+    worker: Worker | None = None
+    first_start: asyncio.Future[None] | None = None
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def idle(self) -> bool:
+        return self.worker is None or self.worker.state is not WorkerState.BUSY
+
+
+class ModelVersion:
+    def __init__(
+        self,
+        *,
+        name: str,
+        version: str,
+        url: str,
+        model_dir: Path,
+        manifest: dict[str, Any],
+        handler: str,
+        settings: ModelSettings,
+        model_yaml_config: dict[str, Any],
+        python: str,
+        gpus: GpuAllocator,
+        server_version: str,
+        max_payload_bytes: int,
+        loaded_at_startup: bool,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.url = url
+        self.model_dir = model_dir
+        self.manifest = manifest
+        self.handler = handler
+        self.settings = settings
+        self.model_yaml_config = model_yaml_config
+        self.python = python
+        self.gpus = gpus
+        self.server_version = server_version
+        self.max_payload_bytes = max_payload_bytes
+        self.loaded_at_startup = loaded_at_startup
+        self.queue = JobQueue(settings.job_queue_size)
+        self.slots: list[_Slot] = []
+        self.failed: str | None = None
+        self.recent_failures: list[float] = []
+        self.registered_at = time.time()
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def ready_workers(self) -> int:
+        return sum(
+            1
+            for s in self.slots
+            if s.worker is not None and s.worker.state in (WorkerState.READY, WorkerState.BUSY)
+        )
+
+    def healthy(self) -> bool:
+        return self.failed is None and self.ready_workers() >= self.settings.min_workers
+
+    async def submit(self, item: RequestItem) -> ResponseItem:
+        if self.failed is not None:
+            raise ServiceUnavailable(f"model {self.label} has failed: {self.failed}")
+        if not self.slots:
+            raise ServiceUnavailable(f"model {self.label} has no workers; scale it up first")
+        job = Job(item, asyncio.get_running_loop().create_future())
+        try:
+            self.queue.put(job)
+        except QueueFull:
+            raise ServiceUnavailable(
+                f"model {self.label} queue is full (job_queue_size={self.queue.maxsize})"
+            ) from None
+        return await job.future
+
+    # --- workers ----------------------------------------------------------------------------
+
+    def _spec(self, gpu: int | None) -> WorkerSpec:
+        init = {
+            "model_name": self.name,
+            "model_version": self.version,
+            "model_dir": str(self.model_dir),
+            "handler": self.handler,
+            "manifest": self.manifest,
+            "batch_size": self.settings.batch_size,
+            "gpu_id": None if gpu is None else 0,  # the only GPU it can see is cuda:0
+            "server_name": "mserve",
+            "server_version": self.server_version,
+            "limit_max_image_pixels": True,
+            "model_yaml_config": self.model_yaml_config,
+        }
+        return WorkerSpec(
+            python=self.python,
+            model_dir=self.model_dir,
+            init=init,
+            env=worker_env_for(gpu),
+            max_payload_bytes=self.max_payload_bytes,
+        )
+
+    def _note_failure(self, message: str) -> None:
+        now = time.monotonic()
+        self.recent_failures = [t for t in self.recent_failures if now - t < FAILURE_WINDOW_S]
+        self.recent_failures.append(now)
+        if len(self.recent_failures) >= FAILURES_TO_GIVE_UP and self.failed is None:
+            self.failed = (
+                f"{len(self.recent_failures)} worker failures within {FAILURE_WINDOW_S:g} s;"
+                f" last: {message}"
+            )
+            log.error("model %s marked failed: %s", self.label, self.failed)
+            self.queue.fail_all(ServiceUnavailable(f"model {self.label} has failed"))
+
+    async def _run_slot(self, slot: _Slot) -> None:
+        backoff = BACKOFF_START_S
+        while not slot.retire.is_set() and self.failed is None:
+            worker = Worker(
+                str(next(_worker_ids)),
+                self.label,
+                gpu := self.gpus.assign(self.settings.device_ids),
+                self._spec(gpu),
+            )
+            slot.worker = worker
+            try:
+                await worker.start(self.settings.startup_timeout_s)
+            except InvalidModel as exc:
+                log.error("model %s: %s", self.label, exc.message)
+                if slot.first_start is not None and not slot.first_start.done():
+                    slot.first_start.set_exception(exc)
+                    return
+                self._note_failure(exc.message)
+                await self._sleep_unless_retired(slot, backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                continue
+            if slot.first_start is not None and not slot.first_start.done():
+                slot.first_start.set_result(None)
+            ended = await self._serve(slot, worker)
+            if ended is None:
+                break  # retired
+            log.warning("model %s: %s; restarting in %.1f s", self.label, ended, backoff)
+            self._note_failure(ended)
+            await self._sleep_unless_retired(slot, backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+        if slot.worker is not None and slot.worker.state is not WorkerState.STOPPED:
+            await slot.worker.stop(5.0)
+
+    async def _sleep_unless_retired(self, slot: _Slot, delay_s: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(slot.retire.wait(), delay_s)
+
+    async def _serve(self, slot: _Slot, worker: Worker) -> str | None:
+        """Serve batches until retired (None) or the worker is lost (returns why)."""
+        delay_s = self.settings.max_batch_delay_ms / 1000
+        while True:
+            jobs = await gather_batch(self.queue, self.settings.batch_size, delay_s, slot.retire)
+            if jobs is None:
+                return None
+            live = [j for j in jobs if not j.future.done()]
+            if not live:
+                continue
+            try:
+                results = await worker.run_batch(
+                    [j.item for j in live], self.settings.response_timeout_s
+                )
+            except HandlerError as exc:
+                _fail(live, exc)
+                continue
+            except (WorkerDied, WorkerTimeout) as exc:
+                _fail(live, exc)
+                return exc.message
+            for job, result in zip(live, results, strict=False):
+                if not job.future.done():
+                    job.future.set_result(result)
+
+    def _add_slot(self) -> _Slot:
+        slot = _Slot(first_start=asyncio.get_running_loop().create_future())
+        slot.task = asyncio.create_task(self._run_slot(slot), name=f"{self.label}-slot")
+        self.slots.append(slot)
+        return slot
+
+    async def scale(
+        self, min_workers: int, max_workers: int | None, synchronous: bool, source: str = "api"
+    ) -> None:
+        """Bring the worker count to ``min_workers``; with ``synchronous`` wait for them."""
+        self.settings = _replace(
+            self.settings,
+            source,
+            min_workers=min_workers,
+            max_workers=max(max_workers or 0, min_workers),
+        )
+        self.failed = None
+        self.recent_failures = []
+        new = [self._add_slot() for _ in range(min_workers - len(self.slots))]
+        retire = len(self.slots) - min_workers
+        retired: list[_Slot] = []
+        if retire > 0:
+            order = sorted(self.slots, key=lambda s: not s.idle)  # idle ones first
+            retired = order[:retire]
+            for slot in retired:
+                slot.retire.set()
+                self.slots.remove(slot)
+            self.queue.wake_all()
+        if synchronous:
+            await self._await_started(new)
+            await asyncio.gather(*(s.task for s in retired if s.task is not None))
+
+    async def _await_started(self, slots: list[_Slot]) -> None:
+        starts = [s.first_start for s in slots if s.first_start is not None]
+        outcomes = await asyncio.gather(*starts, return_exceptions=True)
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        if errors:
+            for slot in slots:
+                slot.retire.set()
+                if slot in self.slots:
+                    self.slots.remove(slot)
+            self.queue.wake_all()
+            first = errors[0]
+            raise first if isinstance(first, MserveError) else InvalidModel(str(first))
+
+    async def stop(self, deadline_s: float) -> None:
+        """Stop every worker; queued jobs fail with 503 (in-flight batches finish first)."""
+        slots, self.slots = self.slots, []
+        for slot in slots:
+            slot.retire.set()
+        self.queue.wake_all()
+        tasks = [s.task for s in slots if s.task is not None]
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=deadline_s)
+            for task in pending:
+                task.cancel()
+            for slot in slots:
+                if slot.worker is not None:
+                    await slot.worker.kill()
+        self.queue.fail_all(ServiceUnavailable(f"model {self.label} was unregistered"))
+
+    def describe(self) -> dict[str, Any]:
+        s = self.settings
+        workers = []
+        for slot in self.slots:
+            w = slot.worker
+            if w is None:
+                continue
+            workers.append(
+                {
+                    "id": w.id,
+                    "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(w.started_at))
+                    + "Z",
+                    "status": "UNLOADING" if w.state is WorkerState.STOPPING else w.state.value,
+                    "memoryUsage": w.rss_bytes(),
+                    "pid": w.pid,
+                    "gpu": w.gpu is not None,
+                    "gpuId": w.gpu,
+                    "gpuUsage": "N/A",
+                }
+            )
+        return {
+            "modelName": self.name,
+            "modelVersion": self.version,
+            "modelUrl": self.url,
+            "runtime": self.manifest.get("runtime", "python"),
+            "handler": self.handler,
+            "minWorkers": s.min_workers,
+            "maxWorkers": s.max_workers,
+            "batchSize": s.batch_size,
+            "maxBatchDelay": s.max_batch_delay_ms,
+            "responseTimeout": s.response_timeout_s,
+            "startupTimeout": s.startup_timeout_s,
+            "jobQueueSize": s.job_queue_size,
+            "queueDepth": len(self.queue),
+            "deviceIds": list(s.device_ids) if s.device_ids else None,
+            "settingSources": s.sources,
+            "loadedAtStartup": self.loaded_at_startup,
+            "status": "FAILED" if self.failed else ("READY" if self.healthy() else "LOADING"),
+            "failure": self.failed,
+            "workers": workers,
+        }
+
+
+def _fail(jobs: list[Job], error: BaseException) -> None:
+    for job in jobs:
+        if not job.future.done():
+            job.future.set_exception(error)
+
+
+def _replace(settings: ModelSettings, source: str | None, **changes: Any) -> ModelSettings:
+    sources = dict(settings.sources)
+    for key, value in changes.items():
+        if value != getattr(settings, key) and source is not None:
+            sources[key] = source
+    return replace(settings, **changes, sources=sources)

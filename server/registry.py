@@ -1,0 +1,171 @@
+"""Registered models and versions, and the registration flow.
+
+Setting precedence, highest first: registration API parameters, the archive's model config
+(TorchServe names: batchSize, maxBatchDelay, ...), the server config. Describe shows each
+effective value and, under ``settingSources``, where it came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from server.config import ServerConfig
+from server.devices import GpuAllocator
+from server.errors import (
+    ModelAlreadyExists,
+    ModelNotFound,
+    ModelVersionNotFound,
+)
+from server.model import ModelSettings, ModelVersion
+from server.store import resolve_url, unpack
+from server.workers.process import default_python
+
+log = logging.getLogger(__name__)
+
+# (setting, archive model-config key, server config attribute)
+_SETTINGS = (
+    ("batch_size", "batchSize", "batch_size"),
+    ("max_batch_delay_ms", "maxBatchDelay", "max_batch_delay_ms"),
+    ("response_timeout_s", "responseTimeout", "response_timeout_s"),
+    ("startup_timeout_s", "startupTimeout", "startup_timeout_s"),
+    ("job_queue_size", "jobQueueSize", "job_queue_size"),
+    ("min_workers", "minWorkers", "default_workers_per_model"),
+    ("max_workers", "maxWorkers", "default_workers_per_model"),
+)
+
+
+@dataclass(frozen=True)
+class RegisterRequest:
+    url: str
+    model_name: str | None = None
+    handler: str | None = None
+    batch_size: int | None = None
+    max_batch_delay_ms: int | None = None
+    response_timeout_s: float | None = None
+    initial_workers: int | None = None
+    synchronous: bool = True
+    trusted: bool = False  # the operator's --models flag may name any local path
+    at_startup: bool = False
+
+
+def effective_settings(
+    request: RegisterRequest, archive_config: dict[str, Any], config: ServerConfig
+) -> ModelSettings:
+    api = {
+        "batch_size": request.batch_size,
+        "max_batch_delay_ms": request.max_batch_delay_ms,
+        "response_timeout_s": request.response_timeout_s,
+        "min_workers": request.initial_workers,
+    }
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, archive_key, server_attr in _SETTINGS:
+        if api.get(name) is not None:
+            values[name], sources[name] = api[name], "api"
+        elif archive_config.get(archive_key) is not None:
+            values[name], sources[name] = archive_config[archive_key], "archive"
+        else:
+            values[name], sources[name] = getattr(config, server_attr), "server"
+    values["max_workers"] = max(values["max_workers"], values["min_workers"])
+    device_ids = archive_config.get("deviceIds")
+    return ModelSettings(
+        **values,
+        device_ids=tuple(device_ids) if device_ids else None,
+        sources=sources,
+    )
+
+
+class Registry:
+    def __init__(self, config: ServerConfig, gpus: GpuAllocator, server_version: str) -> None:
+        self.config = config
+        self.gpus = gpus
+        self.server_version = server_version
+        self.models: dict[str, dict[str, ModelVersion]] = {}
+        self.defaults: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+
+    def get(self, name: str, version: str | None = None) -> ModelVersion:
+        versions = self.models.get(name)
+        if not versions:
+            raise ModelNotFound(f"Model not found: {name}")
+        key = version or self.defaults[name]
+        if key not in versions:
+            raise ModelVersionNotFound(f"Model version {key} does not exist for model {name}")
+        return versions[key]
+
+    def versions(self, name: str) -> list[ModelVersion]:
+        if name not in self.models:
+            raise ModelNotFound(f"Model not found: {name}")
+        return list(self.models[name].values())
+
+    def all(self) -> list[ModelVersion]:
+        return [mv for versions in self.models.values() for mv in versions.values()]
+
+    async def register(self, request: RegisterRequest) -> ModelVersion:
+        cfg = self.config
+        path = resolve_url(request.url, cfg.store_path, cfg.allowed_paths, request.trusted)
+        unpacked = await asyncio.to_thread(unpack, path, request.url, cfg.run_path / "unpacked")
+        manifest = unpacked.manifest
+        name = request.model_name or manifest.model.model_name
+        version = manifest.model.model_version
+        settings = effective_settings(request, unpacked.model_config, cfg)
+        if settings.device_ids and self.gpus.count:
+            self.gpus.assign(settings.device_ids)  # validates the ids before any worker starts
+        async with self._lock:
+            if version in self.models.get(name, {}):
+                raise ModelAlreadyExists(f"Model version {version} for model {name} already exists")
+            model = ModelVersion(
+                name=name,
+                version=version,
+                url=request.url,
+                model_dir=unpacked.model_dir,
+                manifest=manifest.to_json(),
+                handler=request.handler or manifest.model.handler,
+                settings=settings,
+                model_yaml_config=unpacked.model_config,
+                python=default_python(),
+                gpus=self.gpus,
+                server_version=self.server_version,
+                max_payload_bytes=settings.batch_size
+                * max(cfg.max_request_size_bytes, cfg.max_response_size_bytes)
+                + (1 << 20),
+                loaded_at_startup=request.at_startup,
+            )
+            self.models.setdefault(name, {})[version] = model
+            self.defaults.setdefault(name, version)
+        log.info(
+            "registering %s (%s) from %s with %d worker(s)",
+            model.label, model.handler, request.url, settings.min_workers,
+        )  # fmt: skip
+        try:
+            await model.scale(
+                settings.min_workers, settings.max_workers, request.synchronous, source=None
+            )
+        except BaseException:
+            await self._drop(model)
+            raise
+        return model
+
+    async def _drop(self, model: ModelVersion) -> None:
+        await model.stop(5.0)
+        versions = self.models.get(model.name, {})
+        if versions.get(model.version) is model:
+            del versions[model.version]
+        if not versions:
+            self.models.pop(model.name, None)
+            self.defaults.pop(model.name, None)
+        elif self.defaults.get(model.name) == model.version:
+            self.defaults[model.name] = next(iter(versions))
+
+    async def unregister(self, name: str, version: str | None) -> ModelVersion:
+        model = self.get(name, version)  # no version: the default one, as TorchServe does
+        await self._drop(model)
+        log.info("unregistered %s", model.label)
+        return model
+
+    def set_default(self, name: str, version: str) -> None:
+        self.get(name, version)
+        self.defaults[name] = version

@@ -1,0 +1,345 @@
+"""What a handler sees as ``context``: model facts, per-request headers and response settings.
+
+This runs inside a worker process, in the model's own Python environment: standard library only,
+Python 3.8+, nothing done at import time.
+
+The attribute and method names are the ones TorchServe and MMS handlers already call
+(``context.system_properties["gpu_id"]``, ``context.get_request_header(0, "x-id")``,
+``context.set_response_status(404, "no such user", idx=1)``, ``context.metrics.add_time(...)``).
+The runtime calls :meth:`Context.start_batch` before each batch and reads the response settings
+back with the ``get_response_*`` methods after the handler returns.
+"""
+
+from __future__ import annotations
+
+import collections
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+# Units TorchServe accepts for the typed helpers; add_metric takes any unit.
+_TIME_UNITS = ("ms", "s")
+_SIZE_UNITS = ("MB", "kB", "GB", "B")
+_CONTENT_TYPE = "content-type"
+
+
+def _text(value: Any) -> str:
+    """A header name or value as ``str``; the protocol may hand us bytes."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
+
+
+class RequestProcessor:
+    """One request of the batch: its headers in, the status and headers it should get out.
+
+    ``context.request_processor[idx]`` is one of these, for handlers written against TorchServe's
+    object of that name. Header lookups ignore case; repeated request headers are joined with
+    ``", "`` as HTTP allows.
+    """
+
+    def __init__(self, request_id: str, headers: Iterable[Sequence[Any]] = ()) -> None:
+        self.request_id = request_id
+        self._headers: dict[str, str] = {}  # original spelling of the first occurrence -> value
+        self._names: dict[str, str] = {}  # lower-case -> original spelling
+        for pair in headers:
+            name, value = _text(pair[0]), _text(pair[1])
+            key = name.lower()
+            if key in self._names:
+                first = self._names[key]
+                self._headers[first] = self._headers[first] + ", " + value
+            else:
+                self._names[key] = name
+                self._headers[name] = value
+        self._status_code = 200
+        self._reason_phrase = ""
+        self._content_type: str | None = None
+        self._response_headers: dict[str, str] = {}
+
+    # Request side.
+    def get_request_property(self, key: str) -> str | None:
+        name = self._names.get(key.lower())
+        return None if name is None else self._headers[name]
+
+    def get_request_properties(self) -> dict[str, str]:
+        return dict(self._headers)
+
+    # Response side.
+    def report_status(self, code: int, reason_phrase: str | None = "") -> None:
+        if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
+            raise ValueError(f"response status must be an int from 100 to 599, got {code!r}")
+        self._status_code = code
+        self._reason_phrase = "" if reason_phrase is None else str(reason_phrase)
+
+    def get_response_status_code(self) -> int:
+        return self._status_code
+
+    def get_response_status_phrase(self) -> str:
+        return self._reason_phrase
+
+    def add_response_property(self, key: str, value: str) -> None:
+        """Set a response header; ``Content-Type`` goes to the content-type slot instead."""
+        name = str(key)
+        if name.lower() == _CONTENT_TYPE:
+            self._content_type = str(value)
+            return
+        for existing in list(self._response_headers):
+            if existing.lower() == name.lower():
+                del self._response_headers[existing]
+        self._response_headers[name] = str(value)
+
+    def get_response_headers(self) -> dict[str, str]:
+        """Response headers the handler set, without ``Content-Type`` (see content type)."""
+        return dict(self._response_headers)
+
+    def get_response_header(self, key: str) -> str | None:
+        if key.lower() == _CONTENT_TYPE:
+            return self._content_type
+        for name, value in self._response_headers.items():
+            if name.lower() == key.lower():
+                return value
+        return None
+
+    def get_response_content_type(self) -> str | None:
+        return self._content_type
+
+
+class Metrics:
+    """Custom metrics a handler records; the runtime drains them after each batch.
+
+    Each entry is a plain dict: ``name``, ``value`` (int or float), ``unit``, ``kind`` (``time``,
+    ``counter``, ``size``, ``percent`` or ``metric``), ``request_id`` (None when no ``idx`` was
+    given) and ``dimensions`` (a list of ``[name, value]`` pairs). At most ``max_entries`` are
+    kept; the oldest go first and :attr:`dropped` counts them.
+    """
+
+    def __init__(self, max_entries: int = 1000) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+        self._entries: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_entries)
+        self._request_ids: dict[int, str] = {}
+        self.dropped = 0
+
+    def set_request_ids(self, request_ids: Mapping[int, str]) -> None:
+        """Tell the metrics which request each batch index is (the runtime does, per batch)."""
+        self._request_ids = dict(request_ids)
+
+    def add_time(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        unit: str = "ms",
+        dimensions: Iterable[Any] | None = None,
+    ) -> None:
+        if unit not in _TIME_UNITS:
+            raise ValueError(
+                f"time metric {name!r}: unit must be one of {_TIME_UNITS}, got {unit!r}"
+            )
+        self._add("time", name, value, unit, idx, dimensions)
+
+    def add_counter(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        dimensions: Iterable[Any] | None = None,
+    ) -> None:
+        self._add("counter", name, value, "count", idx, dimensions)
+
+    def add_size(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        unit: str = "MB",
+        dimensions: Iterable[Any] | None = None,
+    ) -> None:
+        if unit not in _SIZE_UNITS:
+            raise ValueError(
+                f"size metric {name!r}: unit must be one of {_SIZE_UNITS}, got {unit!r}"
+            )
+        self._add("size", name, value, unit, idx, dimensions)
+
+    def add_percent(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        dimensions: Iterable[Any] | None = None,
+    ) -> None:
+        self._add("percent", name, value, "percent", idx, dimensions)
+
+    def add_metric(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        unit: str | None = "",
+        dimensions: Iterable[Any] | None = None,
+    ) -> None:
+        """A metric of any unit. ``idx`` comes before ``unit``, in TorchServe's order."""
+        self._add("metric", name, value, "" if unit is None else str(unit), idx, dimensions)
+
+    def drain(self) -> list[dict[str, Any]]:
+        """Return the recorded entries, oldest first, and forget them."""
+        entries = list(self._entries)
+        self._entries.clear()
+        return entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _add(
+        self,
+        kind: str,
+        name: str,
+        value: Any,
+        unit: str,
+        idx: int | None,
+        dimensions: Iterable[Any] | None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"metric name must be a non-empty str, got {name!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"metric {name!r}: value must be a number, got {type(value).__name__} {value!r}"
+            )
+        number = int(value) if isinstance(value, numbers.Integral) else float(value)
+        request_id = None
+        if idx is not None:
+            if idx not in self._request_ids:
+                raise IndexError(
+                    f"metric {name!r}: idx {idx!r} is not a request of this batch "
+                    f"(batch has {len(self._request_ids)} requests)"
+                )
+            request_id = self._request_ids[idx]
+        if len(self._entries) == self._entries.maxlen:
+            self.dropped += 1
+        self._entries.append(
+            {
+                "name": name,
+                "value": number,
+                "unit": unit,
+                "kind": kind,
+                "request_id": request_id,
+                "dimensions": _dimension_pairs(name, dimensions),
+            }
+        )
+
+
+def _dimension_pairs(metric: str, dimensions: Iterable[Any] | None) -> list[list[str]]:
+    """Accept ``[(name, value), ...]``, a mapping, or objects with ``.name`` and ``.value``."""
+    if dimensions is None:
+        return []
+    items = dimensions.items() if isinstance(dimensions, Mapping) else dimensions
+    pairs = []
+    for item in items:
+        if hasattr(item, "name") and hasattr(item, "value"):
+            pairs.append([str(item.name), str(item.value)])
+        elif isinstance(item, (tuple, list)) and len(item) == 2:
+            pairs.append([str(item[0]), str(item[1])])
+        else:
+            raise ValueError(
+                f"metric {metric!r}: a dimension must be a (name, value) pair, got {item!r}"
+            )
+    return pairs
+
+
+class Context:
+    """The ``context`` argument of ``handle(data, context)``.
+
+    Model-level facts are fixed at load time; per-request state is replaced by
+    :meth:`start_batch`. ``idx`` is always the request's index in the batch list.
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        model_dir: str,
+        manifest: dict[str, Any],
+        batch_size: int,
+        gpu_id: int | None,
+        server_name: str,
+        server_version: str,
+        limit_max_image_pixels: bool = True,
+        model_yaml_config: dict[str, Any] | None = None,
+        metrics: Any = None,
+    ) -> None:
+        self.model_name = model_name
+        self.manifest = manifest
+        self.system_properties: dict[str, Any] = {
+            "model_dir": model_dir,
+            "gpu_id": gpu_id,
+            "batch_size": batch_size,
+            "server_name": server_name,
+            "server_version": server_version,
+            "limit_max_image_pixels": limit_max_image_pixels,
+        }
+        self.model_yaml_config: dict[str, Any] = (
+            dict(model_yaml_config) if model_yaml_config else {}
+        )
+        self.metrics = Metrics() if metrics is None else metrics
+        self.request_ids: dict[int, str] = {}
+        self.request_processor: list[RequestProcessor] = []
+
+    def start_batch(self, requests: Sequence[Any]) -> None:
+        """Make ``requests`` (each with ``.request_id`` and ``.headers``) the current batch.
+
+        Clears every response status, header and content type the previous batch set.
+        """
+        self.request_processor = [RequestProcessor(r.request_id, r.headers) for r in requests]
+        self.request_ids = {i: r.request_id for i, r in enumerate(self.request_processor)}
+        if isinstance(self.metrics, Metrics):
+            self.metrics.set_request_ids(self.request_ids)
+
+    def _request(self, idx: int) -> RequestProcessor:
+        count = len(self.request_processor)
+        if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < count:
+            raise IndexError(
+                f"request index {idx!r} is out of range: the current batch has {count} "
+                f"request{'' if count == 1 else 's'} (valid: 0 to {count - 1})"
+                if count
+                else f"request index {idx!r} is out of range: there is no current batch"
+            )
+        return self.request_processor[idx]
+
+    # Requests.
+    def get_request_id(self, idx: int = 0) -> str:
+        return self._request(idx).request_id
+
+    def get_request_header(self, idx: int, key: str) -> str | None:
+        """The value of request header ``key`` (any case), or None when it was not sent."""
+        return self._request(idx).get_request_property(key)
+
+    def get_all_request_header(self, idx: int) -> dict[str, str]:
+        return self._request(idx).get_request_properties()
+
+    # Responses.
+    def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
+        self._request(idx).report_status(code, phrase)
+
+    def set_all_response_status(self, code: int = 200, phrase: str = "") -> None:
+        for request in self.request_processor:
+            request.report_status(code, phrase)
+
+    def get_response_status(self, idx: int) -> tuple[int, str]:
+        """``(code, phrase)``; ``(200, "")`` unless the handler set it."""
+        request = self._request(idx)
+        return request.get_response_status_code(), request.get_response_status_phrase()
+
+    def set_response_header(self, idx: int, key: str, value: str) -> None:
+        """Set one response header; setting ``Content-Type`` here equals
+        :meth:`set_response_content_type`."""
+        self._request(idx).add_response_property(key, value)
+
+    def get_response_headers(self, idx: int) -> dict[str, str]:
+        """Headers set for request ``idx``, without ``Content-Type``: that one is
+        :meth:`get_response_content_type`, so the runtime sends it exactly once."""
+        return self._request(idx).get_response_headers()
+
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        self._request(idx).add_response_property(_CONTENT_TYPE, value)
+
+    def get_response_content_type(self, idx: int) -> str | None:
+        return self._request(idx).get_response_content_type()

@@ -1,0 +1,271 @@
+"""Request bodies in, handler outputs out: the ``data[i]`` dict and the response bytes.
+
+This runs inside a worker process, in the model's own Python environment: standard library only,
+Python 3.8+, nothing done at import time.
+
+:func:`decode_request` builds the dict a TorchServe handler gets for one request:
+
+- ``"body"``: always present. JSON (``application/json`` or any ``+json`` type) is parsed;
+  ``text/*`` becomes ``str`` (the ``charset`` parameter, default UTF-8, undecodable bytes
+  replaced); everything else, and every form request, is the raw ``bytes``.
+- Form requests (``multipart/form-data``, ``application/x-www-form-urlencoded``) add one key per
+  field. A file part is ``bytes``; a text field is ``str``. A field named ``body`` replaces the raw
+  body. When a name repeats, the last value wins (as in TorchServe).
+- Query parameters are added under their own names unless a field (or ``body``) has that name.
+
+:func:`encode_output` turns one element of the handler's returned list into response bytes and a
+content type. A malformed request or an output we cannot encode raises :class:`PayloadError`; the
+runtime answers that one request (400 for requests) and carries on with the rest of the batch.
+"""
+
+from __future__ import annotations
+
+import binascii
+import email.message
+import email.parser
+import email.utils
+import json
+import quopri
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+OCTET_STREAM = "application/octet-stream"
+TEXT_PLAIN = "text/plain; charset=utf-8"
+JSON = "application/json"
+
+
+class PayloadError(ValueError):
+    """A request body that does not match its content type, or an output we cannot send."""
+
+
+# Reading requests.
+
+
+def decode_request(
+    content_type: str,
+    headers: Iterable[Any] | Mapping[str, Any],
+    body: bytes | bytearray | memoryview,
+    params: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The ``data[i]`` dict for one request.
+
+    ``content_type`` is the request's Content-Type header as sent (parameters included); when it
+    is empty, the one in ``headers`` (``[name, value]`` pairs or a mapping) is used.
+    """
+    if not content_type:
+        content_type = _find_header(headers, "content-type") or ""
+    raw = body if isinstance(body, bytes) else bytes(body)
+    mime, params_of_type = _parse_content_type(content_type)
+
+    if mime == "multipart/form-data":
+        data: dict[str, Any] = {"body": raw}
+        data.update(_decode_multipart(raw, content_type, params_of_type))
+    elif mime == "application/x-www-form-urlencoded":
+        data = {"body": raw}
+        data.update(_decode_urlencoded(raw, params_of_type.get("charset"), content_type))
+    elif _is_json(mime):
+        data = {"body": _decode_json(raw, params_of_type.get("charset"), content_type)}
+    elif mime.startswith("text/"):
+        data = {"body": _decode_text(raw, params_of_type.get("charset"), content_type)}
+    else:
+        data = {"body": raw}
+
+    for name, value in (params or {}).items():
+        if name not in data:
+            data[name] = value
+    return data
+
+
+def _find_header(headers: Iterable[Any] | Mapping[str, Any], wanted: str) -> str | None:
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    for name, value in pairs:
+        name = name.decode("latin-1") if isinstance(name, (bytes, bytearray)) else str(name)
+        if name.lower() == wanted:
+            if isinstance(value, (bytes, bytearray)):
+                return bytes(value).decode("latin-1")
+            return str(value)
+    return None
+
+
+def _parse_content_type(content_type: str) -> tuple[str, dict[str, str]]:
+    """``("type/subtype", {param: value})``, lower-case type and parameter names."""
+    mime = content_type.split(";", 1)[0].strip().lower()
+    if ";" not in content_type:
+        return mime, {}
+    message = email.message.Message()
+    message["content-type"] = content_type
+    params = {}
+    for name, value in message.get_params(failobj=[])[1:]:
+        params[name.lower()] = email.utils.collapse_rfc2231_value(value)
+    return mime, params
+
+
+def _is_json(mime: str) -> bool:
+    return mime == JSON or (mime.startswith("application/") and mime.endswith("+json"))
+
+
+def _decode_with(raw: bytes, charset: str, errors: str, content_type: str) -> str:
+    try:
+        return raw.decode(charset, errors=errors)
+    except LookupError:
+        raise PayloadError(
+            f"unknown charset {charset!r} in Content-Type {content_type!r}"
+        ) from None
+
+
+def _decode_text(raw: bytes, charset: str | None, content_type: str) -> str:
+    return _decode_with(raw, charset or "utf-8", "replace", content_type)
+
+
+def _decode_json(raw: bytes, charset: str | None, content_type: str) -> Any:
+    if not raw.strip():
+        raise PayloadError(f"request body is empty but Content-Type is {content_type!r}")
+    try:
+        if charset:
+            return json.loads(_decode_with(raw, charset, "strict", content_type))
+        return json.loads(raw)  # detects UTF-8, UTF-16 and UTF-32
+    except UnicodeDecodeError as exc:
+        raise PayloadError(
+            f"request body is not valid {charset or 'UTF-8'} text "
+            f"(Content-Type {content_type!r}): {exc.reason} at byte {exc.start}"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise PayloadError(
+            f"request body is not valid JSON (Content-Type {content_type!r}): {exc}"
+        ) from None
+
+
+def _decode_urlencoded(raw: bytes, charset: str | None, content_type: str) -> dict[str, str]:
+    encoding = charset or "utf-8"
+    text = _decode_with(raw, encoding, "replace", content_type)
+    return dict(urllib.parse.parse_qsl(text, keep_blank_values=True, encoding=encoding))
+
+
+# multipart/form-data. The stdlib ``email`` package reads each part's headers (quoting, RFC 2231
+# filenames, charsets); the part boundaries are found with bytes.find, since the email feed parser
+# goes line by line in Python and spends about a second per 10 MB of upload.
+
+
+def _decode_multipart(
+    raw: bytes, content_type: str, params_of_type: dict[str, str]
+) -> dict[str, Any]:
+    boundary = params_of_type.get("boundary")
+    if not boundary:
+        raise PayloadError(f"multipart request has no boundary in Content-Type {content_type!r}")
+    dash = b"--" + boundary.encode("latin-1", errors="replace")
+    delimiter = b"\r\n" + dash
+    if raw.startswith(dash):
+        pos = len(dash)
+    else:
+        first = raw.find(delimiter)
+        if first < 0:
+            raise PayloadError(
+                f"multipart body does not contain its boundary {boundary!r} "
+                f"(Content-Type {content_type!r})"
+            )
+        pos = first + len(delimiter)
+
+    fields: dict[str, Any] = {}
+    number = 0
+    while True:
+        if raw.startswith(b"--", pos):
+            return fields  # the closing delimiter; anything after it is an epilogue
+        line_end = raw.find(b"\r\n", pos)
+        if line_end < 0 or raw[pos:line_end].strip(b" \t"):
+            raise PayloadError(f"multipart body is malformed after boundary {number}")
+        start = line_end + 2
+        end = raw.find(delimiter, start)
+        if end < 0:
+            raise PayloadError(
+                f"multipart body ends inside part {number + 1}: no closing boundary "
+                f"(the upload may be truncated)"
+            )
+        number += 1
+        name, value = _decode_part(raw, start, end, number)
+        fields[name] = value
+        pos = end + len(delimiter)
+
+
+def _decode_part(raw: bytes, start: int, end: int, number: int) -> tuple[str, Any]:
+    if raw.startswith(b"\r\n", start):
+        header_block, content_start = "", start + 2
+    else:
+        header_end = raw.find(b"\r\n\r\n", start, end)
+        if header_end < 0:
+            raise PayloadError(f"multipart part {number} has no blank line after its headers")
+        header_block = raw[start:header_end].decode("utf-8", errors="replace")
+        content_start = header_end + 4
+    headers = email.parser.HeaderParser().parsestr(header_block + "\r\n\r\n")
+
+    name = headers.get_param("name", header="content-disposition")
+    if not isinstance(name, str) or not name:
+        raise PayloadError(
+            f"multipart part {number} has no name (expected Content-Disposition: form-data; "
+            f'name="..."), found {headers.get("content-disposition")!r}'
+        )
+    content = raw[content_start:end]
+    encoding = (headers.get("content-transfer-encoding") or "").strip().lower()
+    if encoding == "base64":
+        try:
+            content = binascii.a2b_base64(content)
+        except binascii.Error as exc:
+            raise PayloadError(f"multipart field {name!r}: bad base64: {exc}") from None
+    elif encoding == "quoted-printable":
+        content = quopri.decodestring(content)
+
+    mime = headers.get_content_type()  # text/plain when the part does not say
+    if headers.get_filename() is not None or not (
+        mime.startswith("text/") or _is_json(mime) or mime == "application/x-www-form-urlencoded"
+    ):
+        return name, content  # a file, or a field that declares binary content
+    charset = headers.get_content_charset() or "utf-8"
+    return name, _decode_with(content, charset, "replace", headers.get("content-type", mime))
+
+
+# Writing responses.
+
+
+def encode_output(value: Any, content_type_override: str = "") -> tuple[bytes, str]:
+    """Response bytes and content type for one handler output.
+
+    Bytes-like values go out as they are (``application/octet-stream``), ``str`` as UTF-8
+    (``text/plain; charset=utf-8``), anything else as compact JSON (``application/json``).
+    ``content_type_override`` (what the handler set through the context) replaces the content
+    type, never the encoding.
+    """
+    if isinstance(value, bytes):
+        body, content_type = value, OCTET_STREAM
+    elif isinstance(value, (bytearray, memoryview)):
+        body, content_type = bytes(value), OCTET_STREAM
+    elif isinstance(value, str):
+        body, content_type = value.encode("utf-8"), TEXT_PLAIN
+    else:
+        body, content_type = _encode_json(value), JSON
+    return body, content_type_override or content_type
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
+def _refuse(value: Any) -> Any:
+    hint = " (convert it with .tolist() first)" if hasattr(value, "tolist") else ""
+    raise PayloadError(
+        f"handler output contains a {_type_name(value)}, which cannot be sent as JSON{hint}; "
+        f"return bytes, str, or JSON values (dict, list, str, int, float, bool, None)"
+    )
+
+
+def _encode_json(value: Any) -> bytes:
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_refuse)
+    except PayloadError:
+        raise
+    except (TypeError, ValueError) as exc:  # non-str dict keys, circular references
+        raise PayloadError(
+            f"handler output of type {_type_name(value)} cannot be sent as JSON: {exc}"
+        ) from None
+    return text.encode("utf-8")

@@ -1,0 +1,282 @@
+"""Parent side of one worker process: spawn, handshake, run batches, stop.
+
+The channel is a Unix socketpair: the child inherits one end as a file descriptor (no socket
+paths to clean up or guess), and exits when it reads EOF, so no worker outlives the server.
+Everything that crosses it is a frame from ``server.workers.protocol``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from server.errors import HandlerError, InvalidModel, WorkerDied, WorkerTimeout
+from server.workers import protocol
+from server.workers.protocol import Frame, Kind, RequestItem, ResponseItem
+
+log = logging.getLogger(__name__)
+
+STDERR_TAIL_LINES = 50
+_READ_BYTES = 1 << 18
+
+
+class WorkerState(str, Enum):
+    STARTING = "STARTING"
+    READY = "READY"
+    BUSY = "BUSY"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker needs to start: interpreter, model folder, and the INIT message body."""
+
+    python: str
+    model_dir: Path
+    init: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)
+    max_payload_bytes: int = 2**31 - 1
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "is still running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+class Worker:
+    """One worker process. ``start`` returns once the handler is loaded; ``run_batch`` is called
+    by exactly one dispatcher at a time."""
+
+    def __init__(self, worker_id: str, model_label: str, gpu: int | None, spec: WorkerSpec) -> None:
+        self.id = worker_id
+        self.model_label = model_label
+        self.gpu = gpu
+        self.spec = spec
+        self.state = WorkerState.STARTING
+        self.started_at = time.time()
+        self.load_s: float | None = None
+        self.style: str | None = None
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._decoder = protocol.Decoder(spec.max_payload_bytes)
+        self._frames: collections.deque[Frame] = collections.deque()
+        self._pipes: list[asyncio.Task[None]] = []
+        self._batch_ids = 0
+        self._log = logging.getLogger(f"mserve.model.{model_label}")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode if self._proc else None
+
+    def rss_bytes(self) -> int:
+        try:
+            return psutil.Process(self.pid).memory_info().rss if self.pid else 0
+        except psutil.Error:
+            return 0
+
+    def exit_text(self) -> str:
+        return f"worker {self.id} (pid {self.pid}) {describe_exit(self.returncode)}"
+
+    async def _pipe(self, stream: asyncio.StreamReader, level: int) -> None:
+        """Re-log the worker's output line by line under the model's name, keeping a tail."""
+        while line := await stream.readline():
+            text = line.decode("utf-8", "replace").rstrip()
+            self.stderr_tail.append(text)
+            self._log.log(level, "[worker %s] %s", self.id, text)
+
+    async def _next_frame(self) -> Frame:
+        assert self._reader is not None
+        while not self._frames:
+            data = await self._reader.read(_READ_BYTES)
+            if not data:
+                await self._wait_exit(2.0)
+                raise WorkerDied(self.exit_text())
+            self._frames.extend(self._decoder.feed(data))
+        return self._frames.popleft()
+
+    async def _send(self, frame: Frame) -> None:
+        assert self._writer is not None
+        self._writer.writelines(protocol.encode(frame))
+        await self._writer.drain()
+
+    async def start(self, timeout_s: float) -> None:
+        """Spawn, say INIT, wait for READY; raise ``InvalidModel`` with the worker's own error."""
+        parent, child = socket.socketpair()
+        env = {**os.environ, **self.spec.env}
+        cmd = [self.spec.python, "-u", "-m", "server.workers.runtime", "--fd", str(child.fileno())]
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                cwd=str(self.spec.model_dir),
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(child.fileno(),),
+                start_new_session=True,  # its own process group: we kill the whole tree
+            )
+        finally:
+            child.close()
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._pipes = [
+            asyncio.create_task(self._pipe(self._proc.stdout, logging.INFO)),
+            asyncio.create_task(self._pipe(self._proc.stderr, logging.INFO)),
+        ]
+        self._reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        log.info(
+            "worker %s of %s started, pid %s, gpu %s", self.id, self.model_label, self.pid, self.gpu
+        )
+        try:
+            await asyncio.wait_for(self._handshake(), timeout_s)
+        except asyncio.TimeoutError:
+            await self.kill()
+            raise InvalidModel(
+                f"worker {self.id} of {self.model_label} did not load its handler within"
+                f" startup_timeout_s={timeout_s:g}"
+            ) from None
+        except WorkerDied as exc:
+            raise InvalidModel(
+                f"{exc.message} while loading; last output:\n{self.tail()}"
+            ) from None
+
+    async def _handshake(self) -> None:
+        hello = await self._next_frame()
+        if hello.kind != Kind.HELLO or hello.meta.get("protocol") != protocol.PROTOCOL_VERSION:
+            raise InvalidModel(f"worker {self.id} spoke an unexpected protocol: {hello.meta}")
+        await self._send(Frame(Kind.INIT, self.spec.init))
+        reply = await self._next_frame()
+        if reply.kind == Kind.LOAD_FAILED:
+            await self.stop(2.0)
+            raise InvalidModel(
+                f"handler of {self.model_label} failed to load: {reply.meta.get('error')}\n"
+                f"{reply.meta.get('traceback', '')}".rstrip()
+            )
+        if reply.kind != Kind.READY:
+            raise InvalidModel(f"worker {self.id} sent {reply.kind!r} instead of READY")
+        self.load_s = reply.meta.get("load_s")
+        self.style = reply.meta.get("style")
+        self.state = WorkerState.READY
+        log.info(
+            "worker %s of %s ready in %.2f s (handler style %s)",
+            self.id, self.model_label, time.time() - self.started_at, self.style,
+        )  # fmt: skip
+
+    def tail(self, lines: int = 20) -> str:
+        return "\n".join(list(self.stderr_tail)[-lines:])
+
+    async def run_batch(self, items: list[RequestItem], timeout_s: float) -> list[ResponseItem]:
+        """Send one batch, wait for its result. A timeout kills the worker (504 to callers)."""
+        self._batch_ids += 1
+        batch_id = self._batch_ids
+        self.state = WorkerState.BUSY
+        try:
+            await self._send(protocol.batch_frame(batch_id, items))
+            reply = await asyncio.wait_for(self._next_frame(), timeout_s)
+        except asyncio.TimeoutError:
+            await self.kill()
+            raise WorkerTimeout(
+                f"worker {self.id} of {self.model_label} did not answer within"
+                f" response_timeout_s={timeout_s:g}; it was killed and will be replaced"
+            ) from None
+        except (ConnectionError, BrokenPipeError):
+            await self._wait_exit(2.0)
+            raise WorkerDied(self.exit_text()) from None
+        finally:
+            if self.state is WorkerState.BUSY:
+                self.state = WorkerState.READY
+        if reply.kind == Kind.BATCH_FAILED:
+            raise HandlerError(f"handler of {self.model_label} failed: {reply.meta.get('error')}")
+        if reply.kind != Kind.RESULT:
+            raise WorkerDied(f"worker {self.id} sent {reply.kind!r} instead of a result")
+        got_id, responses = protocol.parse_result(reply)
+        if got_id != batch_id or len(responses) != len(items):
+            raise WorkerDied(
+                f"worker {self.id} answered batch {got_id} with {len(responses)} items"
+            )
+        return responses
+
+    async def _wait_exit(self, timeout_s: float) -> None:
+        if self._proc is None:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._proc.wait(), timeout_s)
+
+    async def kill(self) -> None:
+        """SIGKILL the worker's whole process tree (a handler may have started children)."""
+        if self._proc is None or self._proc.returncode is not None:
+            await self._close()
+            return
+        try:
+            tree = psutil.Process(self._proc.pid).children(recursive=True)
+        except psutil.Error:
+            tree = []
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        await self._wait_exit(5.0)
+        await self._close()
+
+    async def stop(self, deadline_s: float) -> None:
+        """Close the channel (the worker exits on EOF), SIGTERM at the deadline, then SIGKILL."""
+        self.state = WorkerState.STOPPING
+        if self._writer is not None:
+            self._writer.close()
+        if self._proc is not None and self._proc.returncode is None:
+            try:
+                await asyncio.wait_for(self._proc.wait(), deadline_s)
+            except asyncio.TimeoutError:
+                log.warning(
+                    "worker %s ignored channel close for %.1f s; SIGTERM", self.id, deadline_s
+                )
+                self._proc.terminate()
+                try:
+                    await asyncio.wait_for(self._proc.wait(), 2.0)
+                except asyncio.TimeoutError:
+                    log.warning("worker %s ignored SIGTERM; SIGKILL", self.id)
+                    await self.kill()
+        await self._close()
+        self.state = WorkerState.STOPPED
+
+    async def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        for task in self._pipes:
+            try:
+                await asyncio.wait_for(task, 1.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                task.cancel()
+        self._pipes = []
+        self.state = WorkerState.STOPPED
+
+
+def default_python() -> str:
+    return sys.executable

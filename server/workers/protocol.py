@@ -1,0 +1,430 @@
+"""The frame codec spoken between the server and its worker processes.
+
+Sans-IO on purpose: both sides own their own transport (asyncio streams in the server, a blocking
+socket in the worker), and a codec that only turns bytes into frames can be tested byte for byte
+and reused by a worker written in another language. It runs inside every model's environment, so
+it imports the standard library only and keeps to Python 3.8. The wire format is described in
+``docs/protocol.md``; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+MAGIC = b"MS"
+# magic, version, kind, flags, meta_len, payload_len, then 2 reserved zero bytes ("2x" packs zeros
+# and unpacks to nothing) so the header is 16 bytes and meta starts aligned.
+HEADER = struct.Struct(">2sBBHII2x")
+RESERVED = slice(14, 16)
+
+# Meta is control data; 16 MiB is far beyond any real batch description, yet small enough that a
+# corrupt length cannot make a peer buffer gigabytes of JSON.
+MAX_META_BYTES = 16 * 1024 * 1024
+MAX_U32 = 2**32 - 1
+# 2 GiB - 1 by default so lengths stay valid signed 32-bit ints for workers in other languages.
+DEFAULT_MAX_PAYLOAD_BYTES = 2**31 - 1
+MIN_STATUS = 100
+MAX_STATUS = 599
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1
+    INIT = 2
+    READY = 3
+    LOAD_FAILED = 4
+    BATCH = 5
+    RESULT = 6
+    BATCH_FAILED = 7
+
+
+class ProtocolError(Exception):
+    """The bytes on a worker channel are not a valid frame, or a frame cannot be put on the wire.
+
+    Either way the channel can no longer be trusted: the owner closes it and fails what was in
+    flight, rather than trying to resynchronise on a stream with no frame boundaries left.
+    """
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: Kind
+    meta: dict[str, Any]
+    # Decoded frames carry a bytearray (filled in place, never copied again); callers may pass any
+    # contiguous bytes-like object so that large bodies need not be copied to be sent.
+    payload: bytes | bytearray | memoryview = b""
+
+
+@dataclass(frozen=True)
+class RequestItem:
+    request_id: str
+    content_type: str
+    headers: list[list[str]]
+    body: bytes | bytearray | memoryview
+    params: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ResponseItem:
+    status: int
+    body: bytes | bytearray | memoryview
+    content_type: str = ""
+    headers: list[list[str]] = field(default_factory=list)
+
+
+def encode(frame: Frame) -> list[bytes | bytearray | memoryview]:
+    """Return the frame as [header + meta, payload] so a large payload is written, never copied.
+
+    The payload element is left out when the payload is empty, so ``writelines`` and ``sendmsg``
+    callers need no special case.
+    """
+    kind = _kind(frame.kind)
+    meta = _encode_meta(kind, frame.meta)
+    payload = frame.payload
+    view = _byte_view(payload, f"{kind.name} frame payload")
+    if len(view) > MAX_U32:
+        raise ProtocolError(_too_big("payload_len", len(view), MAX_U32))
+    head = HEADER.pack(MAGIC, PROTOCOL_VERSION, kind, 0, len(meta), len(view)) + meta
+    if not view:
+        return [head]
+    return [head, payload if isinstance(payload, (bytes, bytearray)) else view]
+
+
+def encode_bytes(frame: Frame) -> bytes:
+    """One buffer, for tests and for callers whose transport takes a single write."""
+    return b"".join(encode(frame))
+
+
+class Decoder:
+    """Turns a byte stream cut at arbitrary points into whole frames.
+
+    Each incoming byte is copied once: header and meta into a small buffer, the payload into a
+    bytearray of its own that becomes the frame's payload as it is, so a large payload costs one
+    copy and no re-scanning however finely the transport splits it. The payload buffer grows as
+    data arrives rather than being allocated from the announced length, so a peer that announces
+    2 GiB and sends little costs little, and a big frame never stalls the caller's event loop on
+    one huge zero-filled allocation. After a ProtocolError the decoder refuses all further input,
+    because the stream has no way to find the next frame boundary.
+    """
+
+    def __init__(self, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+        if (
+            not isinstance(max_payload_bytes, int)
+            or isinstance(max_payload_bytes, bool)
+            or not 0 <= max_payload_bytes <= MAX_U32
+        ):
+            raise ValueError(f"max_payload_bytes must be an int in 0..{MAX_U32}")
+        self.max_payload_bytes = max_payload_bytes
+        self._head = bytearray()  # header, then header + meta, of the frame being read
+        self._kind: Kind | None = None
+        self._meta_len = 0
+        self._payload_len = 0
+        self._meta: dict[str, Any] | None = None
+        self._payload = bytearray()
+        self._error: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        return len(self._head) + len(self._payload)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        if self._error is not None:
+            raise ProtocolError(f"decoder stopped after an earlier error: {self._error}")
+        frames: list[Frame] = []
+        with memoryview(data) as raw, raw.cast("B") as view:
+            try:
+                self._consume(view, frames)
+            except ProtocolError as exc:
+                self._error = exc
+                raise
+        return frames
+
+    def _consume(self, view: memoryview, frames: list[Frame]) -> None:
+        pos, end = 0, len(view)
+        while True:
+            if self._meta is None:
+                want = HEADER.size if self._kind is None else HEADER.size + self._meta_len
+                take = min(want - len(self._head), end - pos)
+                self._head += view[pos : pos + take]
+                pos += take
+                if len(self._head) < want:
+                    return
+                if self._kind is None:
+                    self._read_header()
+                    continue
+                self._meta = _decode_meta(self._kind, self._head, HEADER.size)
+            take = min(self._payload_len - len(self._payload), end - pos)
+            if take:
+                self._payload += view[pos : pos + take]
+                pos += take
+            if len(self._payload) < self._payload_len:
+                return
+            assert self._kind is not None
+            frames.append(Frame(self._kind, self._meta, self._payload))
+            self._head = bytearray()
+            self._kind, self._meta = None, None
+            self._payload = bytearray()
+
+    def _read_header(self) -> None:
+        magic, version, kind, flags, meta_len, payload_len = HEADER.unpack(self._head)
+        if magic != MAGIC:
+            raise ProtocolError(
+                f"bad frame magic {magic!r}, expected {MAGIC!r}: the peer is not speaking "
+                f"the mserve worker protocol"
+            )
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"unsupported protocol version {version}, this side speaks {PROTOCOL_VERSION}"
+            )
+        self._kind = _kind(kind)
+        if flags != 0:
+            raise ProtocolError(f"frame flags must be 0 (reserved), got 0x{flags:04x}")
+        if any(self._head[RESERVED]):
+            raise ProtocolError(
+                f"frame header bytes 14-15 are reserved and must be 0, got "
+                f"0x{self._head[RESERVED].hex()}"
+            )
+        if meta_len > MAX_META_BYTES:
+            raise ProtocolError(_too_big("meta_len", meta_len, MAX_META_BYTES))
+        if payload_len > self.max_payload_bytes:
+            raise ProtocolError(_too_big("payload_len", payload_len, self.max_payload_bytes))
+        self._meta_len = meta_len
+        self._payload_len = payload_len
+
+
+def batch_frame(batch_id: int, items: Sequence[RequestItem]) -> Frame:
+    """Build a BATCH frame; fields are checked here so a bad item fails in the server, not later
+    in a worker far from its cause."""
+    _check_uint(batch_id, "BATCH batch_id")
+    entries = []
+    bodies = []
+    for i, item in enumerate(items):
+        where = f"BATCH requests[{i}]"
+        body = _byte_view(item.body, f"{where}.body")
+        entries.append(
+            {
+                "id": _check_str(item.request_id, f"{where}.request_id"),
+                "content_type": _check_str(item.content_type, f"{where}.content_type"),
+                "headers": _check_pairs(item.headers, f"{where}.headers"),
+                "params": _check_params(item.params, f"{where}.params"),
+                "size": len(body),
+            }
+        )
+        bodies.append(body)
+    return Frame(Kind.BATCH, {"batch_id": batch_id, "requests": entries}, b"".join(bodies))
+
+
+def parse_batch(frame: Frame) -> tuple[int, list[RequestItem]]:
+    """Bodies come back as memoryview slices of the payload, so a batch of large inputs is never
+    copied again inside the worker."""
+    batch_id, entries, bodies = _split(frame, Kind.BATCH, "requests")
+    items = []
+    for i, entry in enumerate(entries):
+        where = f"BATCH requests[{i}]"
+        items.append(
+            RequestItem(
+                request_id=_check_str(_required(entry, "id", where), f"{where}.id"),
+                content_type=_check_str(entry.get("content_type", ""), f"{where}.content_type"),
+                headers=_check_pairs(entry.get("headers", []), f"{where}.headers"),
+                body=bodies[i],
+                params=_check_params(entry.get("params", {}), f"{where}.params"),
+            )
+        )
+    return batch_id, items
+
+
+def result_frame(batch_id: int, items: Sequence[ResponseItem]) -> Frame:
+    _check_uint(batch_id, "RESULT batch_id")
+    entries = []
+    bodies = []
+    for i, item in enumerate(items):
+        where = f"RESULT responses[{i}]"
+        body = _byte_view(item.body, f"{where}.body")
+        entries.append(
+            {
+                "status": _check_status(item.status, f"{where}.status"),
+                "content_type": _check_str(item.content_type, f"{where}.content_type"),
+                "headers": _check_pairs(item.headers, f"{where}.headers"),
+                "size": len(body),
+            }
+        )
+        bodies.append(body)
+    return Frame(Kind.RESULT, {"batch_id": batch_id, "responses": entries}, b"".join(bodies))
+
+
+def parse_result(frame: Frame) -> tuple[int, list[ResponseItem]]:
+    batch_id, entries, bodies = _split(frame, Kind.RESULT, "responses")
+    items = []
+    for i, entry in enumerate(entries):
+        where = f"RESULT responses[{i}]"
+        items.append(
+            ResponseItem(
+                status=_check_status(_required(entry, "status", where), f"{where}.status"),
+                body=bodies[i],
+                content_type=_check_str(entry.get("content_type", ""), f"{where}.content_type"),
+                headers=_check_pairs(entry.get("headers", []), f"{where}.headers"),
+            )
+        )
+    return batch_id, items
+
+
+def _kind(value: object) -> Kind:
+    try:
+        return Kind(value)  # type: ignore[arg-type]
+    except ValueError:
+        known = ", ".join(f"{k.value} ({k.name})" for k in Kind)
+        raise ProtocolError(f"unknown frame kind {value!r}, expected one of {known}") from None
+
+
+def _too_big(name: str, value: int, limit: int) -> str:
+    return f"frame {name} {value} bytes exceeds the limit of {limit} bytes"
+
+
+def _encode_meta(kind: Kind, meta: object) -> bytes:
+    if not isinstance(meta, dict):
+        raise ProtocolError(
+            f"{kind.name} frame meta must be a dict (a JSON object), got {type(meta).__name__}"
+        )
+    try:
+        text = json.dumps(meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"{kind.name} frame meta is not JSON-serialisable: {exc}") from exc
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates are how Python carries undecodable bytes (e.g. a raw header byte);
+        # \u escapes are plain ASCII on the wire and bring the same string back on the other side.
+        data = json.dumps(meta, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    if len(data) > MAX_META_BYTES:
+        raise ProtocolError(_too_big("meta_len", len(data), MAX_META_BYTES))
+    return data
+
+
+def _reject_constant(name: str) -> None:
+    raise ProtocolError(f"frame meta contains {name}, which is not valid JSON")
+
+
+def _decode_meta(kind: Kind, buf: bytearray, start: int) -> dict[str, Any]:
+    try:
+        text = buf[start:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"{kind.name} frame meta is not valid UTF-8: {exc}") from None
+    try:
+        meta = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise ProtocolError(f"{kind.name} frame meta is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(f"{kind.name} frame meta nests too deeply to decode") from None
+    if not isinstance(meta, dict):
+        raise ProtocolError(
+            f"{kind.name} frame meta must be a JSON object, got a JSON {_json_type(meta)}"
+        )
+    return meta
+
+
+def _json_type(value: object) -> str:
+    names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return names.get(type(value), "null")
+
+
+def _byte_view(obj: object, what: str) -> memoryview:
+    try:
+        view = memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        raise ProtocolError(f"{what} must be bytes-like, got {type(obj).__name__}") from None
+    if not view.c_contiguous:
+        raise ProtocolError(f"{what} must be a contiguous buffer")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _split(
+    frame: Frame, kind: Kind, key: str
+) -> tuple[int, list[dict[str, Any]], list[memoryview]]:
+    """Check the meta that batch and result frames share and cut the payload into bodies."""
+    if frame.kind != kind:
+        raise ProtocolError(f"expected a {kind.name} frame, got {_kind(frame.kind).name}")
+    meta = frame.meta
+    batch_id = _check_uint(
+        _required(meta, "batch_id", f"{kind.name} meta"), f"{kind.name} batch_id"
+    )
+    entries = _required(meta, key, f"{kind.name} meta")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ProtocolError(f"{kind.name} meta {key!r} must be a list of objects")
+    sizes = [
+        _check_uint(
+            _required(entry, "size", f"{kind.name} {key}[{i}]"), f"{kind.name} {key}[{i}].size"
+        )
+        for i, entry in enumerate(entries)
+    ]
+    view = _byte_view(frame.payload, f"{kind.name} frame payload")
+    if sum(sizes) != len(view):
+        raise ProtocolError(
+            f"{kind.name} {batch_id}: {key} sizes add up to {sum(sizes)} bytes but the payload "
+            f"holds {len(view)} bytes"
+        )
+    bodies = []
+    offset = 0
+    for size in sizes:
+        bodies.append(view[offset : offset + size])
+        offset += size
+    return batch_id, entries, bodies
+
+
+def _required(obj: dict[str, Any], key: str, where: str) -> Any:
+    if key not in obj:
+        raise ProtocolError(f"{where} lacks the required field {key!r}")
+    return obj[key]
+
+
+def _check_uint(value: object, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProtocolError(f"{where} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _check_status(value: object, where: str) -> int:
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not MIN_STATUS <= value <= MAX_STATUS
+    ):
+        raise ProtocolError(
+            f"{where} must be an HTTP status in {MIN_STATUS}..{MAX_STATUS}, got {value!r}"
+        )
+    return value
+
+
+def _check_str(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise ProtocolError(f"{where} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _check_pairs(value: object, where: str) -> list[list[str]]:
+    if not isinstance(value, (list, tuple)):
+        raise ProtocolError(f"{where} must be a list of [name, value] pairs")
+    pairs = []
+    for i, pair in enumerate(value):
+        if (
+            not isinstance(pair, (list, tuple))
+            or len(pair) != 2
+            or not all(isinstance(part, str) for part in pair)
+        ):
+            raise ProtocolError(
+                f"{where}[{i}] must be a [name, value] pair of strings, got {pair!r}"
+            )
+        pairs.append([pair[0], pair[1]])
+    return pairs
+
+
+def _check_params(value: object, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ProtocolError(f"{where} must be an object mapping names to string values")
+    return value

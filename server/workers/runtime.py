@@ -1,0 +1,186 @@
+"""Child side of a worker: say hello, load the handler once, then serve batches until EOF.
+
+Runs inside the model's own environment, so it imports the standard library and its sibling
+modules only. A handler exception fails its batch (traceback to stderr, which the server re-logs)
+and never the worker. Started as ``python -m server.workers.runtime --fd N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from .context import Context
+from .loader import HandlerLoadError, LoadedHandler, load_handler
+from .payload import PayloadError, decode_request, encode_output
+from .protocol import (
+    PROTOCOL_VERSION,
+    Decoder,
+    Frame,
+    Kind,
+    ResponseItem,
+    encode,
+    parse_batch,
+    result_frame,
+)
+
+_RECV_BYTES = 1 << 18
+
+
+class Channel:
+    """Blocking frame I/O over the inherited socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.decoder = Decoder()
+        self.pending: list[Frame] = []
+
+    def send(self, frame: Frame) -> None:
+        for buffer in encode(frame):
+            self.sock.sendall(buffer)
+
+    def receive(self) -> Frame | None:
+        """The next frame, or None when the server closed the channel."""
+        while not self.pending:
+            data = self.sock.recv(_RECV_BYTES)
+            if not data:
+                return None
+            self.pending.extend(self.decoder.feed(data))
+        return self.pending.pop(0)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _serve_batch(frame: Frame, handler: LoadedHandler, context: Context) -> Frame:
+    batch_id, items = parse_batch(frame)
+    responses: list[ResponseItem | None] = [None] * len(items)
+    good, data = [], []
+    for i, item in enumerate(items):
+        try:
+            data.append(decode_request(item.content_type, item.headers, item.body, item.params))
+            good.append(i)
+        except PayloadError as exc:
+            responses[i] = ResponseItem(400, str(exc).encode(), "text/plain; charset=utf-8")
+    if good:
+        context.start_batch([items[i] for i in good])
+        try:
+            outputs = handler.handle(data, context)
+        except Exception as exc:  # the per-batch boundary: the worker keeps serving
+            traceback.print_exc()
+            return Frame(
+                Kind.BATCH_FAILED,
+                {
+                    "batch_id": batch_id,
+                    "error": _error_text(exc),
+                    "traceback": traceback.format_exc(),
+                },
+            )
+        if not isinstance(outputs, list) or len(outputs) != len(data):
+            found = (
+                "None"
+                if outputs is None
+                else (
+                    f"{len(outputs)} results"
+                    if isinstance(outputs, list)
+                    else type(outputs).__name__
+                )
+            )
+            message = (
+                "handler must return a list with one result per request:"
+                f" got {found} for a batch of {len(data)}"
+            )
+            print(message, file=sys.stderr)
+            return Frame(
+                Kind.BATCH_FAILED, {"batch_id": batch_id, "error": message, "traceback": ""}
+            )
+        for j, i in enumerate(good):
+            status, _phrase = context.get_response_status(j)
+            try:
+                body, content_type = encode_output(
+                    outputs[j], context.get_response_content_type(j) or ""
+                )
+            except PayloadError as exc:
+                print(f"request {items[i].request_id}: {exc}", file=sys.stderr)
+                responses[i] = ResponseItem(500, str(exc).encode(), "text/plain; charset=utf-8")
+                continue
+            headers = [[k, v] for k, v in context.get_response_headers(j).items()]
+            responses[i] = ResponseItem(status, body, content_type, headers)
+    return result_frame(batch_id, [r for r in responses if r is not None])
+
+
+def _load(init: dict, channel: Channel) -> tuple | None:
+    started = time.monotonic()
+    model_dir = init["model_dir"]
+    sys.path.insert(0, model_dir)  # under -I nothing else puts the model on the path
+    os.chdir(model_dir)
+    context = Context(
+        model_name=init["model_name"],
+        model_dir=model_dir,
+        manifest=init["manifest"],
+        batch_size=init["batch_size"],
+        gpu_id=init.get("gpu_id"),
+        server_name=init.get("server_name", "mserve"),
+        server_version=init.get("server_version", ""),
+        limit_max_image_pixels=init.get("limit_max_image_pixels", True),
+        model_yaml_config=init.get("model_yaml_config"),
+    )
+    try:
+        handler = load_handler(init["handler"], model_dir, context)
+    except HandlerLoadError as exc:
+        channel.send(Frame(Kind.LOAD_FAILED, {"error": str(exc), "traceback": ""}))
+        return None
+    except BaseException as exc:  # the user's module raised while importing or initialising
+        text = traceback.format_exc()
+        print(text, file=sys.stderr)
+        channel.send(Frame(Kind.LOAD_FAILED, {"error": _error_text(exc), "traceback": text}))
+        return None
+    channel.send(
+        Frame(Kind.READY, {"load_s": round(time.monotonic() - started, 4), "style": handler.style})
+    )
+    return handler, context
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mserve-worker")
+    parser.add_argument("--fd", type=int, required=True, help="inherited Unix socket")
+    args = parser.parse_args(argv)
+    channel = Channel(socket.socket(fileno=args.fd))
+    channel.send(
+        Frame(
+            Kind.HELLO,
+            {
+                "protocol": PROTOCOL_VERSION,
+                "pid": os.getpid(),
+                "python": platform.python_version(),
+                "runtime": "mserve-worker",
+            },
+        )
+    )
+    init = channel.receive()
+    if init is None or init.kind != Kind.INIT:
+        return 0
+    loaded: Any = _load(init.meta, channel)
+    if loaded is None:
+        return 1
+    handler, context = loaded
+    try:
+        while True:
+            frame = channel.receive()
+            if frame is None:
+                return 0  # the server closed the channel: we must not outlive it
+            if frame.kind == Kind.BATCH:
+                channel.send(_serve_batch(frame, handler, context))
+    finally:
+        handler.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
