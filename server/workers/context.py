@@ -38,11 +38,11 @@ class RequestProcessor:
     ``", "`` as HTTP allows.
     """
 
-    def __init__(self, request_id: str, headers: Iterable[Sequence[Any]] = ()) -> None:
+    def __init__(self, request_id: str, headers: Iterable[Sequence[Any]] | None = ()) -> None:
         self.request_id = request_id
         self._headers: dict[str, str] = {}  # original spelling of the first occurrence -> value
         self._names: dict[str, str] = {}  # lower-case -> original spelling
-        for pair in headers:
+        for pair in headers or ():
             name, value = _text(pair[0]), _text(pair[1])
             key = name.lower()
             if key in self._names:

@@ -96,8 +96,10 @@ def _parse_content_type(content_type: str) -> tuple[str, dict[str, str]]:
     message = email.message.Message()
     message["content-type"] = content_type
     params = {}
-    for name, value in message.get_params(failobj=[])[1:]:
-        params[name.lower()] = email.utils.collapse_rfc2231_value(value)
+    for name, value in message.get_params(failobj=[])[1:]:  # values come unquoted
+        if not isinstance(value, str):  # RFC 2231: (charset, language, text)
+            value = email.utils.collapse_rfc2231_value(value)
+        params[name.lower()] = value
     return mime, params
 
 
@@ -127,7 +129,7 @@ def _decode_json(raw: bytes, charset: str | None, content_type: str) -> Any:
         return json.loads(raw)  # detects UTF-8, UTF-16 and UTF-32
     except UnicodeDecodeError as exc:
         raise PayloadError(
-            f"request body is not valid {charset or 'UTF-8'} text "
+            f"request body is not valid {exc.encoding} text "
             f"(Content-Type {content_type!r}): {exc.reason} at byte {exc.start}"
         ) from None
     except json.JSONDecodeError as exc:

@@ -118,7 +118,11 @@ class Worker:
             if not data:
                 await self._wait_exit(2.0)
                 raise WorkerDied(self.exit_text())
-            self._frames.extend(self._decoder.feed(data))
+            try:
+                self._frames.extend(self._decoder.feed(data))
+            except protocol.ProtocolError as exc:
+                await self.kill()
+                raise WorkerDied(f"worker {self.id} broke the protocol ({exc}); killed") from exc
         return self._frames.popleft()
 
     async def _send(self, frame: Frame) -> None:
@@ -130,7 +134,11 @@ class Worker:
         """Spawn, say INIT, wait for READY; raise ``InvalidModel`` with the worker's own error."""
         parent, child = socket.socketpair()
         env = {**os.environ, **self.spec.env}
-        cmd = [self.spec.python, "-u", "-m", "server.workers.runtime", "--fd", str(child.fileno())]
+        # -I: the model folder (cwd) must not shadow our own modules on sys.path
+        cmd = [
+            self.spec.python, "-I", "-u", "-m", "server.workers.runtime",
+            "--fd", str(child.fileno()),
+        ]  # fmt: skip
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *cmd,
@@ -215,7 +223,11 @@ class Worker:
             raise HandlerError(f"handler of {self.model_label} failed: {reply.meta.get('error')}")
         if reply.kind != Kind.RESULT:
             raise WorkerDied(f"worker {self.id} sent {reply.kind!r} instead of a result")
-        got_id, responses = protocol.parse_result(reply)
+        try:
+            got_id, responses = protocol.parse_result(reply)
+        except protocol.ProtocolError as exc:
+            await self.kill()
+            raise WorkerDied(f"worker {self.id} sent a malformed result ({exc}); killed") from exc
         if got_id != batch_id or len(responses) != len(items):
             raise WorkerDied(
                 f"worker {self.id} answered batch {got_id} with {len(responses)} items"

@@ -24,6 +24,7 @@ from .protocol import (
     Decoder,
     Frame,
     Kind,
+    ProtocolError,
     ResponseItem,
     encode,
     parse_batch,
@@ -113,7 +114,14 @@ def _serve_batch(frame: Frame, handler: LoadedHandler, context: Context) -> Fram
                 continue
             headers = [[k, v] for k, v in context.get_response_headers(j).items()]
             responses[i] = ResponseItem(status, body, content_type, headers)
-    return result_frame(batch_id, [r for r in responses if r is not None])
+    try:
+        return result_frame(batch_id, [r for r in responses if r is not None])
+    except ProtocolError as exc:  # e.g. a status outside 100-599 set by the handler
+        print(f"cannot send the handler's results: {exc}", file=sys.stderr)
+        return Frame(
+            Kind.BATCH_FAILED,
+            {"batch_id": batch_id, "error": f"invalid handler result: {exc}", "traceback": ""},
+        )
 
 
 def _load(init: dict, channel: Channel) -> tuple | None:

@@ -1,0 +1,1 @@
+"""A model that ships a top-level package named like mserve's own."""

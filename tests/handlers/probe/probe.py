@@ -1,0 +1,66 @@
+"""A module-function handler that reports what it sees and fails on request (fault injection).
+
+The JSON body's "cmd" picks the behaviour for that request: raise, wrong_length, status,
+header, sleep, exit. Otherwise it answers a report of its environment and context.
+"""
+
+import json
+import os
+import time
+
+INIT_CALLS = []
+
+
+def _report(row, context, i, n):
+    body = row.get("body")
+    shown = {"bytes": len(body)} if isinstance(body, (bytes, bytearray)) else body
+    return {
+        "pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "gpu_id": context.system_properties["gpu_id"],
+        "batch_size": context.system_properties["batch_size"],
+        "server_name": context.system_properties["server_name"],
+        "model_dir": context.system_properties["model_dir"],
+        "model_name": context.model_name,
+        "manifest_model": context.manifest["model"]["modelName"],
+        "yaml": context.model_yaml_config,
+        "request_id": context.get_request_id(i),
+        "x_test": context.get_request_header(i, "X-Test"),
+        "body_type": type(body).__name__,
+        "body": shown,
+        "keys": sorted(row),
+        "batch_len": n,
+        "init_calls": len(INIT_CALLS),
+        "cwd": os.getcwd(),
+    }
+
+
+def handle(data, context):
+    if data is None:
+        INIT_CALLS.append(1)
+        return None
+    out = []
+    for i, row in enumerate(data):
+        body = row.get("body")
+        cmd = body.get("cmd") if isinstance(body, dict) else None
+        if cmd == "raise":
+            raise RuntimeError("probe was asked to fail")
+        if cmd == "wrong_length":
+            return out
+        if cmd == "exit":
+            os._exit(3)
+        if cmd == "sleep":
+            time.sleep(float(body.get("s", 1)))
+        if cmd == "status":
+            context.set_response_status(418, "I'm a teapot", i)
+        if cmd == "header":
+            context.set_response_header(i, "X-Probe", "yes")
+            context.set_response_content_type(i, "text/x-probe")
+            out.append("probe says hi")
+            continue
+        if cmd == "bytes":
+            out.append(bytes(range(256)))
+            continue
+        out.append(_report(row, context, i, len(data)))
+    json.dumps(out, default=str)
+    return out

@@ -1,0 +1,159 @@
+"""Real mserve servers for end-to-end tests: daemon start, free ports, stop on teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from archiver import __version__  # noqa: F401  (the package under test is importable)
+from tests.conftest import ARCHIVER_SCRIPT
+
+HANDLERS = Path(__file__).resolve().parent.parent / "handlers"
+MSERVE = str(Path(sys.executable).parent / "mserve")
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def http(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+         timeout: float = 60.0) -> Reply:  # fmt: skip
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return Reply(resp.status, dict(resp.headers), resp.read())
+    except urllib.error.HTTPError as exc:
+        return Reply(exc.code, dict(exc.headers), exc.read())
+
+
+@dataclass
+class Server:
+    run_dir: Path
+    status: dict[str, Any]
+    cli_args: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return int(self.status["pid"])
+
+    def url(self, api: str, path: str) -> str:
+        return f"http://{self.status[api]}{path}"
+
+    def predict(self, model: str, body: bytes | dict[str, Any] | str, *, version: str | None = None,
+                headers: dict[str, str] | None = None) -> Reply:  # fmt: skip
+        path = f"/predictions/{model}" + (f"/{version}" if version else "")
+        hdrs = dict(headers or {})
+        if isinstance(body, dict):
+            data, hdrs = json.dumps(body).encode(), {"Content-Type": "application/json", **hdrs}
+        elif isinstance(body, str):
+            data, hdrs = body.encode(), {"Content-Type": "text/plain", **hdrs}
+        else:
+            data = body
+        return http("POST", self.url("inference", path), data, hdrs)
+
+    def manage(self, method: str, path: str) -> Reply:
+        return http(method, self.url("management", path), b"" if method != "GET" else None)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [MSERVE, *args, "--run-dir", str(self.run_dir)], capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+
+    def worker_pids(self, model: str) -> list[int]:
+        return [w["pid"] for w in self.manage("GET", f"/models/{model}").json()[0]["workers"]]
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is as good as dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def make_archive(tmp_path: Path) -> Callable[..., Path]:
+    """Archive a fixture handler folder with the real model-archiver CLI."""
+    store = tmp_path / "store"
+    store.mkdir(exist_ok=True)
+
+    def make(folder: str, handler: str, name: str, *extra: str) -> Path:
+        args = [
+            ARCHIVER_SCRIPT, "--model-name", name, "--handler", handler,
+            "--model-path", str(HANDLERS / folder), "--export-path", str(store), "-f", *extra,
+        ]  # fmt: skip
+        out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return store / f"{name}.mar"
+
+    return make
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    started: list[Server] = []
+
+    def start(*models: str, config: dict[str, Any] | None = None, expect_ok: bool = True,
+              extra: tuple[str, ...] = ()) -> Server:  # fmt: skip
+        run_dir = tmp_path / f"run{len(started)}"
+        settings = {
+            "inference_address": "127.0.0.1:0",
+            "management_address": "127.0.0.1:0",
+            "metrics_address": "127.0.0.1:0",
+            "model_store": str(tmp_path / "store"),
+            **(config or {}),
+        }
+        (tmp_path / "store").mkdir(exist_ok=True)
+        cfg = tmp_path / f"mserve{len(started)}.yaml"
+        cfg.write_text(yaml.safe_dump(settings))
+        args = ["--start", "--config", str(cfg), "--run-dir", str(run_dir), *extra]
+        if models:
+            args += ["--models", *models]
+        out = subprocess.run([MSERVE, *args], capture_output=True, text=True, timeout=300)
+        if expect_ok:
+            assert out.returncode == 0, out.stdout + out.stderr
+        status = json.loads((run_dir / "status.json").read_text())
+        server = Server(run_dir, status, ["--config", str(cfg)])
+        server.start_output = out.stdout + out.stderr  # type: ignore[attr-defined]
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        if pid_alive(server.pid):
+            server.cli("--stop")
+        if pid_alive(server.pid):
+            os.kill(server.pid, signal.SIGKILL)

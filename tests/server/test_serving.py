@@ -1,0 +1,333 @@
+"""End to end: real mserve daemons, real workers, real archives, real sockets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+from tests.server.conftest import MSERVE, http, pid_alive, wait_until
+
+
+def test_start_predict_status_stop(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    assert "model probe: ready" in server.start_output
+    reply = server.predict("probe", {"hello": "world"}, headers={"X-Test": "42"})
+    assert reply.status == 200, reply.body
+    assert reply.headers["Content-Type"] == "application/json"
+    report = reply.json()
+    assert report["body"] == {"hello": "world"}
+    assert report["body_type"] == "dict"
+    assert report["x_test"] == "42"
+    assert report["init_calls"] == 1  # module:function got its one call with data=None
+    assert report["server_name"] == "mserve"
+    assert report["manifest_model"] == "probe"
+    assert report["request_id"] == reply.headers["X-Request-Id"]
+    assert Path(report["cwd"]) == Path(report["model_dir"])
+    assert http("GET", server.url("inference", "/ping")).json() == {"status": "Healthy"}
+
+    status = server.cli("--status")
+    assert status.returncode == 0 and "model probe: ready" in status.stdout
+    again = server.cli("--start", *server.cli_args)
+    assert again.returncode == 1
+    assert f"mserve is already running (pid {server.pid}" in again.stderr
+    workers = server.worker_pids("probe")
+    stopped = server.cli("--stop")
+    assert stopped.returncode == 0 and "mserve stopped" in stopped.stdout
+    assert not pid_alive(server.pid)
+    wait_until(lambda: not any(pid_alive(p) for p in workers), 10, "workers to exit")
+    assert not (server.run_dir / "status.json").exists()
+    nothing = server.cli("--stop")
+    assert nothing.returncode == 1 and "mserve is not running" in nothing.stderr
+    assert server.cli("--status").returncode == 3
+
+
+def test_request_bodies_reach_the_handler_as_torchserve_gives_them(make_archive, start_server):
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    text = server.predict("probe", "héllo").json()
+    assert (text["body_type"], text["body"]) == ("str", "héllo")
+    raw = server.predict("probe", b"\x00\x01\x02", headers={"Content-Type": "image/png"}).json()
+    assert (raw["body_type"], raw["body"]) == ("bytes", {"bytes": 3})
+    form = http(
+        "POST", server.url("inference", "/predictions/probe?topk=3"), b"a=1&b=two",
+        {"Content-Type": "application/x-www-form-urlencoded"},
+    ).json()  # fmt: skip
+    assert {"a", "b", "body", "topk"} <= set(form["keys"])
+    boundary = "XyZ"
+    multipart = (
+        f"--{boundary}\r\nContent-Disposition: form-data; name=\"data\"; filename=\"x.bin\"\r\n"
+        f"Content-Type: application/octet-stream\r\n\r\n"
+    ).encode() + bytes(range(256)) + (
+        f"\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"label\"\r\n\r\ncat\r\n"
+        f"--{boundary}--\r\n"
+    ).encode()  # fmt: skip
+    reply = server.predict(
+        "probe", multipart, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    ).json()
+    assert {"body", "data", "label"} <= set(reply["keys"])
+    binary = server.predict("probe", {"cmd": "bytes"})
+    assert binary.body == bytes(range(256))
+    assert binary.headers["Content-Type"] == "application/octet-stream"
+    bad = server.predict("probe", b"{not json", headers={"Content-Type": "application/json"})
+    assert bad.status == 400
+
+
+def test_context_response_controls(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    teapot = server.predict("probe", {"cmd": "status"})
+    assert teapot.status == 418
+    custom = server.predict("probe", {"cmd": "header"})
+    assert custom.status == 200
+    assert custom.headers["X-Probe"] == "yes"
+    assert custom.headers["Content-Type"] == "text/x-probe"
+    assert custom.body == b"probe says hi"
+
+
+def test_handler_failures_answer_5xx_and_the_worker_keeps_serving(make_archive, start_server):
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    pid = server.worker_pids("probe")[0]
+    boom = server.predict("probe", {"cmd": "raise"})
+    assert boom.status == 500
+    assert boom.json()["type"] == "HandlerError"
+    assert "RuntimeError: probe was asked to fail" in boom.json()["message"]
+    short = server.predict("probe", {"cmd": "wrong_length"})
+    assert short.status == 500
+    assert "one result per request: got 0 results for a batch of 1" in short.json()["message"]
+    assert server.predict("probe", {"ok": 1}).status == 200
+    assert server.worker_pids("probe") == [pid]
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    assert "RuntimeError: probe was asked to fail" in log  # traceback re-logged under the model
+    assert "Traceback" in log
+
+
+def test_worker_crash_is_reported_and_replaced(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    old = server.worker_pids("probe")[0]
+    crash = server.predict("probe", {"cmd": "exit"})
+    assert crash.status == 500
+    assert crash.json()["type"] == "WorkerDied"
+    assert f"(pid {old}) exited with code 3" in crash.json()["message"]
+
+    def replaced() -> bool:
+        pids = server.worker_pids("probe")
+        return bool(pids) and pids[0] != old and server.predict("probe", {}).status == 200
+
+    wait_until(replaced, 30, "a replacement worker")
+
+
+def test_errors_keep_torchserve_shape(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    missing = server.predict("nope", {})
+    assert missing.status == 404
+    assert missing.json() == {
+        "code": 404,
+        "type": "ModelNotFound",
+        "message": "Model not found: nope",
+    }
+    version = server.predict("probe", {}, version="9.9")
+    assert version.status == 404 and version.json()["type"] == "ModelVersionNotFound"
+    assert http("GET", server.url("inference", "/nowhere")).json()["code"] == 404
+
+
+def test_handler_entry_styles(make_archive, start_server) -> None:
+    make_archive("cls_handler", "cls_handler", "cls")
+    make_archive("pkg_handler", "mypkg.service:Service", "dotted")
+    make_archive("echo_fn", "echo:handle", "fn")
+    server = start_server("cls=cls.mar", "dotted=dotted.mar", "fn=fn.mar")
+    for name in ("cls", "dotted", "fn"):
+        reply = server.predict(name, "abc")
+        assert reply.status == 200, (name, reply.body)
+    styles = {
+        name: server.manage("GET", f"/models/{name}").json()[0]["status"]
+        for name in ("cls", "dotted", "fn")
+    }
+    assert set(styles.values()) == {"READY"}
+
+
+def test_load_failures_are_clear(make_archive, start_server) -> None:
+    make_archive("bad_import", "broken", "broken")
+    make_archive("clash", "handler:handle", "clash")
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    broken = server.manage("POST", "/models?url=broken.mar")
+    assert broken.status == 400, broken.body
+    assert broken.json()["type"] == "InvalidModel"
+    assert "ModuleNotFoundError" in broken.json()["message"]
+    assert "not found" not in broken.json()["message"].split("ModuleNotFoundError")[0]
+    clash = server.manage("POST", "/models?url=clash.mar")
+    assert clash.status == 400
+    assert "'server'" in clash.json()["message"] and "clashes" in clash.json()["message"]
+    assert server.manage("GET", "/models").json()["models"] == [
+        {"modelName": "probe", "modelUrl": "probe.mar"}
+    ]
+    assert server.predict("probe", {}).status == 200  # other models untouched
+
+
+def test_startup_model_failure_is_reported_not_fatal(make_archive, start_server) -> None:
+    make_archive("bad_import", "broken", "broken")
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("broken=broken.mar", "probe=probe.mar")
+    assert "model broken: failed:" in server.start_output
+    assert "ModuleNotFoundError" in server.start_output
+    assert server.predict("probe", {}).status == 200
+
+
+def test_gpus_round_robin_and_device_ids(make_archive, start_server, tmp_path: Path) -> None:
+    """No GPU here: number_of_gpu makes the server assign two; the handler reports what it sees."""
+    make_archive("probe", "probe:handle", "a")
+    make_archive("probe", "probe:handle", "b")
+    (tmp_path / "pinned.yaml").write_text("deviceIds: [1]\nminWorkers: 2\n")
+    make_archive("probe", "probe:handle", "pinned", "-c", str(tmp_path / "pinned.yaml"))
+    server = start_server(config={"number_of_gpu": 2})
+    for name in ("a", "b"):
+        assert server.manage("POST", f"/models?url={name}.mar&initial_workers=2").status == 200
+    assert server.manage("POST", "/models?url=pinned.mar").status == 200
+    seen = {}
+    for name in ("a", "b", "pinned"):
+        workers = server.manage("GET", f"/models/{name}").json()[0]["workers"]
+        seen[name] = [w["gpuId"] for w in workers]
+    assert seen["a"] + seen["b"] == [0, 1, 0, 1]
+    assert seen["pinned"] == [1, 1]
+    report = server.predict("pinned", {}).json()
+    assert report["cuda_visible_devices"] == "1"
+    assert report["gpu_id"] == 0  # the one GPU it can see is cuda:0
+
+
+def test_cpu_only_server_hides_gpus(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar", config={"number_of_gpu": 0})
+    report = server.predict("probe", {}).json()
+    assert report["gpu_id"] is None
+    assert report["cuda_visible_devices"] == ""
+
+
+def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    (tmp_path / "v2.yaml").write_text("batchSize: 4\nmaxBatchDelay: 20\n")
+    make_archive("probe", "probe:handle", "probe2", "-v", "2.0", "-c", str(tmp_path / "v2.yaml"))
+    make_archive("echo_fn", "echo:handle", "echo")
+    server = start_server()
+    reg = server.manage("POST", "/models?url=probe.mar&initial_workers=1&synchronous=true")
+    assert reg.status == 200
+    assert reg.json()["status"] == 'Model "probe" Version: 1.0 registered with 1 initial workers'
+    dup = server.manage("POST", "/models?url=probe.mar")
+    assert dup.status == 409 and dup.json()["type"] == "ModelAlreadyExists"
+    v2 = server.manage("POST", "/models?url=probe2.mar&model_name=probe&batch_size=2")
+    assert v2.status == 200
+    described = server.manage("GET", "/models/probe/2.0").json()[0]
+    assert described["batchSize"] == 2 and described["settingSources"]["batch_size"] == "api"
+    assert described["maxBatchDelay"] == 20
+    assert described["settingSources"]["max_batch_delay_ms"] == "archive"
+    assert (
+        described["responseTimeout"] == 120
+        and described["settingSources"]["response_timeout_s"] == "server"
+    )
+    assert len(server.manage("GET", "/models/probe/all").json()) == 2
+    assert server.predict("probe", {}, version="2.0").json()["batch_size"] == 2
+    assert server.predict("probe", {}).json()["batch_size"] == 1  # default is the first version
+    assert server.manage("PUT", "/models/probe/2.0/set-default").status == 200
+    assert server.predict("probe", {}).json()["batch_size"] == 2
+    assert server.manage("POST", "/models?url=echo.mar").status == 200
+    page = server.manage("GET", "/models?limit=1").json()
+    assert page == {"models": [{"modelName": "echo", "modelUrl": "echo.mar"}], "nextPageToken": "1"}
+    page2 = server.manage("GET", "/models?limit=1&next_page_token=1").json()
+    assert page2 == {"models": [{"modelName": "probe", "modelUrl": "probe2.mar"}]}  # the default
+    bad = server.manage("PUT", "/models/probe?min_worker=abc")
+    assert bad.status == 400 and "'min_worker' should be an integer" in bad.json()["message"]
+    scaled = server.manage("PUT", "/models/probe/2.0?min_worker=3&synchronous=true")
+    assert scaled.status == 200
+    assert len(server.worker_pids("probe")) == 3
+    assert server.manage("PUT", "/models/probe/2.0?min_worker=1&synchronous=true").status == 200
+    assert len(server.worker_pids("probe")) == 1
+    gone = server.manage("DELETE", "/models/probe/1.0")
+    assert gone.status == 200
+    assert server.predict("probe", {}, version="1.0").status == 404
+    assert server.manage("DELETE", "/models/probe").status == 200
+    assert server.predict("probe", {}).status == 404
+    outside = server.manage("POST", f"/models?url={tmp_path / 'store' / 'echo.mar'}x")
+    assert outside.status in (403, 404)
+
+
+def test_registration_url_must_stay_in_the_store(make_archive, start_server, tmp_path) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server()
+    elsewhere = tmp_path / "elsewhere.mar"
+    elsewhere.write_bytes((tmp_path / "store" / "probe.mar").read_bytes())
+    denied = server.manage("POST", f"/models?url={elsewhere}")
+    assert denied.status == 403 and denied.json()["type"] == "ArchiveNotAllowed"
+    dots = server.manage("POST", "/models?url=../elsewhere.mar")
+    assert dots.status == 403
+    missing = server.manage("POST", "/models?url=nope.mar")
+    assert missing.status == 404
+    assert server.manage("POST", "/models").status == 400
+
+
+def test_scale_under_traffic_loses_nothing(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    stop = threading.Event()
+    results: list[int] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            results.append(server.predict("probe", {"n": 1}).status)
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        for n in (3, 1, 4, 2, 1):
+            reply = server.manage("PUT", f"/models/probe?min_worker={n}&synchronous=true")
+            assert reply.status == 200, reply.body
+            assert len(server.worker_pids("probe")) == n
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert len(results) > 50
+    assert set(results) == {200}, {code: results.count(code) for code in set(results)}
+
+
+def test_models_all_and_config_errors(make_archive, start_server, tmp_path: Path) -> None:
+    make_archive("probe", "probe:handle", "one")
+    make_archive("echo_fn", "echo:handle", "two")
+    server = start_server("all")
+    names = [m["modelName"] for m in server.manage("GET", "/models").json()["models"]]
+    assert names == ["one", "two"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("job_queue: 5\n")
+    out = subprocess.run(
+        [MSERVE, "--start", "--config", str(bad), "--run-dir", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert f"config file {bad}: unknown key 'job_queue'" in out.stderr
+
+
+def test_workers_exit_when_the_server_is_killed(make_archive, start_server) -> None:
+    import os
+    import signal
+
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    server.manage("PUT", "/models/probe?min_worker=2&synchronous=true")
+    workers = server.worker_pids("probe")
+    os.kill(server.pid, signal.SIGKILL)
+    wait_until(lambda: not any(pid_alive(p) for p in workers), 10, "orphaned workers to exit")
+
+
+def test_metrics_endpoint(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    server.predict("probe", {})
+    text = http("GET", server.url("metrics", "/metrics")).body.decode()
+    assert 'mserve_requests_total{code="200",model="probe",version="1.0"} 1.0' in text
+    assert 'mserve_workers_ready{model="probe",version="1.0"} 1.0' in text
+    json.dumps(text)

@@ -1,0 +1,711 @@
+"""The worker frame codec, at byte level: exact bytes, every split point, every error message."""
+
+from __future__ import annotations
+
+import array
+import time
+
+import pytest
+
+from server.workers.protocol import (
+    HEADER,
+    MAX_META_BYTES,
+    PROTOCOL_VERSION,
+    Decoder,
+    Frame,
+    Kind,
+    ProtocolError,
+    RequestItem,
+    ResponseItem,
+    batch_frame,
+    encode,
+    encode_bytes,
+    parse_batch,
+    parse_result,
+    result_frame,
+)
+
+HELLO_META = {"protocol": 1, "pid": 4242, "python": "3.11.7", "runtime": "mserve-worker"}
+ALL_BYTES = bytes(range(256))
+
+
+def decode_all(data: bytes, **kwargs: int) -> list[Frame]:
+    decoder = Decoder(**kwargs)
+    frames = decoder.feed(data)
+    assert decoder.buffered == 0
+    return frames
+
+
+def raw_frame(
+    meta: bytes = b"{}",
+    payload: bytes = b"",
+    *,
+    magic: bytes = b"MS",
+    version: int = PROTOCOL_VERSION,
+    kind: int = Kind.READY,
+    flags: int = 0,
+    meta_len: int | None = None,
+    payload_len: int | None = None,
+) -> bytes:
+    """Bytes as a (possibly broken) peer would send them, bypassing the encoder's checks."""
+    meta_len = len(meta) if meta_len is None else meta_len
+    payload_len = len(payload) if payload_len is None else payload_len
+    return HEADER.pack(magic, version, kind, flags, meta_len, payload_len) + meta + payload
+
+
+# -- exact bytes ---------------------------------------------------------------------------------
+
+
+def test_hello_frame_bytes_are_exact() -> None:
+    meta = b'{"protocol":1,"pid":4242,"python":"3.11.7","runtime":"mserve-worker"}'
+    header = bytes.fromhex("4d53 01 01 0000 00000045 00000000 0000")
+    assert len(meta) == 0x45
+    assert encode_bytes(Frame(Kind.HELLO, HELLO_META)) == header + meta
+
+
+def test_batch_frame_bytes_match_the_worked_example_in_the_docs() -> None:
+    expected = bytes.fromhex(
+        "4d53 01 05 0000 00000065 00000002 0000"
+        "7b22 6261 7463 685f 6964 223a 372c 2272 6571 7565 7374 7322 3a5b 7b22 6964 223a"
+        "2272 3122 2c22 636f 6e74 656e 745f 7479 7065 223a 2274 6578 742f 706c 6169 6e22"
+        "2c22 6865 6164 6572 7322 3a5b 5d2c 2270 6172 616d 7322 3a7b 7d2c 2273 697a 6522"
+        "3a32 7d5d 7d"
+        "6869"
+    )
+    frame = batch_frame(7, [RequestItem("r1", "text/plain", [], b"hi")])
+    assert encode_bytes(frame) == expected
+
+
+def test_header_is_16_bytes_with_the_documented_fields() -> None:
+    assert HEADER.size == 16
+    packed = HEADER.pack(b"MS", 1, 5, 0, 0x01020304, 0x0A0B0C0D)
+    assert packed == bytes.fromhex("4d53 01 05 0000 01020304 0a0b0c0d 0000")
+    assert HEADER.unpack(packed) == (b"MS", 1, 5, 0, 0x01020304, 0x0A0B0C0D)
+
+
+def test_encode_returns_header_and_payload_without_copying_the_payload() -> None:
+    payload = b"x" * 1000
+    parts = encode(Frame(Kind.BATCH, {"batch_id": 1}, payload))
+    assert len(parts) == 2
+    assert parts[1] is payload
+    assert parts[0][:2] == b"MS" and parts[0][16:] == b'{"batch_id":1}'
+
+
+def test_encode_omits_an_empty_payload() -> None:
+    parts = encode(Frame(Kind.READY, {"load_s": 0.5, "style": "handler class"}))
+    assert len(parts) == 1
+
+
+def test_encode_accepts_any_contiguous_buffer_as_payload() -> None:
+    ints = array.array("i", [1, 2, 3])
+    parts = encode(Frame(Kind.RESULT, {}, memoryview(ints)))
+    assert HEADER.unpack(parts[0][:16])[5] == 3 * ints.itemsize
+    assert bytes(parts[1]) == ints.tobytes()
+    assert parts[1].obj is ints
+
+
+def test_non_ascii_meta_travels_as_utf8() -> None:
+    data = encode_bytes(Frame(Kind.LOAD_FAILED, {"error": "modèle 模型", "traceback": ""}))
+    assert "modèle 模型".encode() in data
+    assert decode_all(data)[0].meta["error"] == "modèle 模型"
+
+
+def test_lone_surrogates_survive_the_trip_as_ascii_escapes() -> None:
+    # How Python holds a header byte that was not valid UTF-8 (surrogateescape).
+    value = b"caf\xe9".decode("utf-8", "surrogateescape")
+    data = encode_bytes(Frame(Kind.INIT, {"header": value}))
+    assert data[16:] == b'{"header":"caf\\udce9"}'
+    assert decode_all(data)[0].meta == {"header": value}
+
+
+# -- round trips and stream splitting ------------------------------------------------------------
+
+EXAMPLES = {
+    Kind.HELLO: Frame(Kind.HELLO, HELLO_META),
+    Kind.INIT: Frame(Kind.INIT, {"model": "m", "gpu_id": None, "nested": {"a": [1, 2.5, True]}}),
+    Kind.READY: Frame(Kind.READY, {"load_s": 1.25, "style": "module function"}),
+    Kind.LOAD_FAILED: Frame(Kind.LOAD_FAILED, {"error": "boom", "traceback": "Traceback..."}),
+    Kind.BATCH: batch_frame(3, [RequestItem("a", "", [], ALL_BYTES)]),
+    Kind.RESULT: result_frame(3, [ResponseItem(200, b"ok")]),
+    Kind.BATCH_FAILED: Frame(Kind.BATCH_FAILED, {"batch_id": 3, "error": "e", "traceback": "t"}),
+}
+
+
+def test_every_kind_has_an_example() -> None:
+    assert set(EXAMPLES) == set(Kind)
+
+
+@pytest.mark.parametrize("kind", list(Kind), ids=lambda k: k.name)
+def test_round_trip(kind: Kind) -> None:
+    frame = EXAMPLES[kind]
+    (decoded,) = decode_all(encode_bytes(frame))
+    assert decoded == frame
+    assert type(decoded.kind) is Kind and decoded.kind is kind
+    assert isinstance(decoded.payload, bytearray)
+    assert bytes(decoded.payload) == bytes(frame.payload)
+
+
+def test_a_payload_on_a_control_kind_round_trips() -> None:
+    frame = Frame(Kind.INIT, {}, b"\x00extra")
+    assert decode_all(encode_bytes(frame)) == [frame]
+
+
+STREAM_FRAMES = [
+    EXAMPLES[Kind.HELLO],
+    batch_frame(
+        9,
+        [
+            RequestItem("r1", "application/octet-stream", [["X-Ünï", "値"]], ALL_BYTES),
+            RequestItem("r2", "", [], b""),
+        ],
+    ),
+    Frame(Kind.READY, {}),
+]
+STREAM = b"".join(encode_bytes(f) for f in STREAM_FRAMES)
+FRAME_ENDS = [
+    sum(len(encode_bytes(f)) for f in STREAM_FRAMES[: i + 1]) for i in range(len(STREAM_FRAMES))
+]
+
+
+def expected_buffered(offset: int) -> int:
+    return offset - max([end for end in FRAME_ENDS if end <= offset], default=0)
+
+
+def test_stream_split_at_every_offset() -> None:
+    for i in range(len(STREAM) + 1):
+        decoder = Decoder()
+        first = decoder.feed(STREAM[:i])
+        assert first == STREAM_FRAMES[: sum(end <= i for end in FRAME_ENDS)], i
+        assert decoder.buffered == expected_buffered(i), i
+        assert first + decoder.feed(STREAM[i:]) == STREAM_FRAMES, i
+        assert decoder.buffered == 0
+
+
+def test_stream_fed_one_byte_at_a_time() -> None:
+    decoder = Decoder()
+    frames = []
+    for i in range(len(STREAM)):
+        frames += decoder.feed(STREAM[i : i + 1])
+        assert decoder.buffered == expected_buffered(i + 1)
+    assert frames == STREAM_FRAMES
+    assert parse_batch(frames[1])[1][0].headers == [["X-Ünï", "値"]]
+
+
+def test_feed_takes_bytearray_and_memoryview_and_keeps_no_reference_to_them() -> None:
+    decoder = Decoder()
+    chunk = bytearray(STREAM[:100])
+    frames = decoder.feed(chunk)
+    del chunk[:]  # would raise BufferError if the decoder still held a view of it
+    frames += decoder.feed(memoryview(STREAM)[100:])
+    assert frames == STREAM_FRAMES
+    assert decoder.feed(b"") == []
+
+
+def test_decoded_payload_is_independent_of_the_input_buffer() -> None:
+    data = bytearray(encode_bytes(Frame(Kind.INIT, {}, b"abc")))
+    (frame,) = Decoder().feed(data)
+    data[-3:] = b"xyz"
+    assert frame.payload == b"abc"
+
+
+def test_large_payload_in_64k_chunks_decodes_in_linear_time() -> None:
+    size = 100 * 1024 * 1024
+    payload = ALL_BYTES * (size // len(ALL_BYTES))
+    item = ResponseItem(200, payload, "application/octet-stream")
+    data = memoryview(encode_bytes(result_frame(1, [item])))
+    decoder = Decoder()
+    frames = []
+    started = time.perf_counter()
+    for offset in range(0, len(data), 64 * 1024):
+        frames += decoder.feed(data[offset : offset + 64 * 1024])
+    elapsed = time.perf_counter() - started
+    (frame,) = frames
+    assert frame.payload == payload
+    assert parse_result(frame)[1][0].body == payload
+    # Typically ~0.1 s; re-copying the buffer per chunk would take minutes. Loose for slow CI.
+    assert elapsed < 5.0
+
+
+# -- decode errors -------------------------------------------------------------------------------
+
+DECODE_ERRORS = [
+    (
+        "magic",
+        raw_frame(magic=b"GE"),
+        "bad frame magic b'GE', expected b'MS': the peer is not speaking the mserve worker protocol",
+    ),
+    ("version", raw_frame(version=2), "unsupported protocol version 2, this side speaks 1"),
+    (
+        "kind 0",
+        raw_frame(kind=0),
+        "unknown frame kind 0, expected one of 1 (HELLO), 2 (INIT), 3 (READY), 4 (LOAD_FAILED), "
+        "5 (BATCH), 6 (RESULT), 7 (BATCH_FAILED)",
+    ),
+    ("kind 8", raw_frame(kind=8), "unknown frame kind 8, expected one of 1 (HELLO), "),
+    ("flags", raw_frame(flags=0x8001), "frame flags must be 0 (reserved), got 0x8001"),
+    (
+        "reserved",
+        raw_frame()[:15] + b"\x07" + b"{}",
+        "frame header bytes 14-15 are reserved and must be 0, got 0x0007",
+    ),
+    (
+        "meta_len",
+        raw_frame(meta_len=MAX_META_BYTES + 1),
+        "frame meta_len 16777217 bytes exceeds the limit of 16777216 bytes",
+    ),
+    (
+        "utf-8",
+        raw_frame(b'{"a":"\xff"}'),
+        "READY frame meta is not valid UTF-8: 'utf-8' codec can't decode byte 0xff in position 6",
+    ),
+    (
+        "empty meta",
+        raw_frame(b""),
+        "READY frame meta is not valid JSON: Expecting value: line 1 column 1 (char 0)",
+    ),
+    (
+        "truncated json",
+        raw_frame(b'{"a":'),
+        "READY frame meta is not valid JSON: Expecting value: line 1 column 6 (char 5)",
+    ),
+    (
+        "bom",
+        raw_frame(b"\xef\xbb\xbf{}"),
+        "READY frame meta is not valid JSON: Unexpected UTF-8 BOM",
+    ),
+    ("nan", raw_frame(b'{"load_s":NaN}'), "frame meta contains NaN, which is not valid JSON"),
+    (
+        "infinity",
+        raw_frame(b'{"load_s":-Infinity}'),
+        "frame meta contains -Infinity, which is not valid JSON",
+    ),
+    ("array", raw_frame(b"[1,2]"), "READY frame meta must be a JSON object, got a JSON array"),
+    ("null", raw_frame(b"null"), "READY frame meta must be a JSON object, got a JSON null"),
+    ("string", raw_frame(b'"{}"'), "READY frame meta must be a JSON object, got a JSON string"),
+    ("number", raw_frame(b"1"), "READY frame meta must be a JSON object, got a JSON number"),
+    ("deep", raw_frame(b"[" * 100_000), "READY frame meta nests too deeply to decode"),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"), [c[1:] for c in DECODE_ERRORS], ids=[c[0] for c in DECODE_ERRORS]
+)
+def test_decode_error(data: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        Decoder().feed(data)
+    assert str(info.value).startswith(message)
+
+
+def test_payload_over_the_decoders_limit() -> None:
+    with pytest.raises(ProtocolError) as info:
+        Decoder(max_payload_bytes=10).feed(raw_frame(payload=b"x" * 11))
+    assert str(info.value) == "frame payload_len 11 bytes exceeds the limit of 10 bytes"
+    assert len(decode_all(raw_frame(payload=b"x" * 10), max_payload_bytes=10)[0].payload) == 10
+
+
+def test_default_payload_limit_is_2_gib_minus_1() -> None:
+    header = raw_frame(payload_len=2**31)
+    with pytest.raises(
+        ProtocolError, match="payload_len 2147483648 bytes exceeds the limit of 2147483647 bytes"
+    ):
+        Decoder().feed(header)
+
+
+def test_header_errors_need_only_the_header() -> None:
+    # A bad length is refused before any of the meta or payload it announces is awaited.
+    decoder = Decoder(max_payload_bytes=1024)
+    assert decoder.feed(raw_frame(payload_len=2**32 - 1)[:15]) == []
+    with pytest.raises(
+        ProtocolError, match="payload_len 4294967295 bytes exceeds the limit of 1024"
+    ):
+        decoder.feed(raw_frame(payload_len=2**32 - 1)[15:16])
+
+
+def test_a_failed_decoder_refuses_further_input() -> None:
+    decoder = Decoder()
+    with pytest.raises(ProtocolError):
+        decoder.feed(raw_frame(version=9))
+    with pytest.raises(ProtocolError) as info:
+        decoder.feed(encode_bytes(Frame(Kind.READY, {})))
+    assert str(info.value) == (
+        "decoder stopped after an earlier error: unsupported protocol version 9, this side speaks 1"
+    )
+
+
+def test_an_error_drops_the_frames_completed_in_the_same_feed() -> None:
+    # Documented: the channel is closed on any ProtocolError, so nothing after it is trusted.
+    decoder = Decoder()
+    with pytest.raises(ProtocolError, match="bad frame magic"):
+        decoder.feed(encode_bytes(Frame(Kind.READY, {})) + raw_frame(magic=b"XX"))
+
+
+def test_encode_takes_a_plain_int_kind() -> None:
+    assert decode_all(encode_bytes(Frame(3, {})))[0].kind is Kind.READY  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("limit", [-1, 2**32, 1.5, True])
+def test_decoder_limit_must_fit_u32(limit: object) -> None:
+    with pytest.raises(ValueError, match=r"max_payload_bytes must be an int in 0\.\.4294967295"):
+        Decoder(max_payload_bytes=limit)  # type: ignore[arg-type]
+
+
+# -- encode errors -------------------------------------------------------------------------------
+
+ENCODE_ERRORS = [
+    ("kind", Frame(9, {}), "unknown frame kind 9, expected one of 1 (HELLO)"),  # type: ignore[arg-type]
+    (
+        "meta list",
+        Frame(Kind.INIT, [1]),
+        "INIT frame meta must be a dict (a JSON object), got list",
+    ),  # type: ignore[arg-type]
+    (
+        "meta object",
+        Frame(Kind.INIT, {"a": object()}),
+        "INIT frame meta is not JSON-serialisable: Object of type object is not JSON serializable",
+    ),
+    (
+        "meta nan",
+        Frame(Kind.READY, {"load_s": float("nan")}),
+        "READY frame meta is not JSON-serialisable: Out of range float values are not JSON compliant",
+    ),
+    (
+        "payload str",
+        Frame(Kind.BATCH, {}, "text"),
+        "BATCH frame payload must be bytes-like, got str",
+    ),  # type: ignore[arg-type]
+    (
+        "payload strided",
+        Frame(Kind.BATCH, {}, memoryview(b"abcd")[::2]),
+        "BATCH frame payload must be a contiguous buffer",
+    ),
+    (
+        "meta size",
+        Frame(Kind.INIT, {"a": "x" * MAX_META_BYTES}),
+        "frame meta_len 16777224 bytes exceeds the limit of 16777216 bytes",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"), [c[1:] for c in ENCODE_ERRORS], ids=[c[0] for c in ENCODE_ERRORS]
+)
+def test_encode_error(frame: Frame, message: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        encode(frame)
+    assert str(info.value).startswith(message)
+
+
+# -- batch and result layout ---------------------------------------------------------------------
+
+REQUESTS = [
+    RequestItem("r-empty", "", [], b""),
+    RequestItem(
+        "r-binary",
+        "application/octet-stream",
+        [["Content-Type", "application/octet-stream"], ["X-Trace", "1"], ["X-Trace", "2"]],
+        ALL_BYTES,
+        {"version": "2", "q": "naïve"},
+    ),
+    RequestItem(
+        "r-unicode", "text/plain; charset=utf-8", [["X-Ünicode", "日本語 ✓"]], "π".encode()
+    ),
+    RequestItem("r-empty-2", "", [], bytearray()),
+]
+RESPONSES = [
+    ResponseItem(200, b""),
+    ResponseItem(200, ALL_BYTES, "application/octet-stream", [["X-Score", "0.9"]]),
+    ResponseItem(507, "ß".encode(), "text/plain", [["X-Ünicode", "日本語"]]),
+]
+
+
+def test_batch_meta_layout() -> None:
+    frame = batch_frame(42, REQUESTS[:2])
+    assert frame.kind is Kind.BATCH
+    assert frame.meta == {
+        "batch_id": 42,
+        "requests": [
+            {"id": "r-empty", "content_type": "", "headers": [], "params": {}, "size": 0},
+            {
+                "id": "r-binary",
+                "content_type": "application/octet-stream",
+                "headers": [
+                    ["Content-Type", "application/octet-stream"],
+                    ["X-Trace", "1"],
+                    ["X-Trace", "2"],
+                ],
+                "params": {"version": "2", "q": "naïve"},
+                "size": 256,
+            },
+        ],
+    }
+    assert frame.payload == ALL_BYTES
+
+
+def test_result_meta_layout() -> None:
+    frame = result_frame(42, RESPONSES[1:])
+    assert frame.meta == {
+        "batch_id": 42,
+        "responses": [
+            {
+                "status": 200,
+                "content_type": "application/octet-stream",
+                "headers": [["X-Score", "0.9"]],
+                "size": 256,
+            },
+            {
+                "status": 507,
+                "content_type": "text/plain",
+                "headers": [["X-Ünicode", "日本語"]],
+                "size": 2,
+            },
+        ],
+    }
+    assert frame.payload == ALL_BYTES + "ß".encode()
+
+
+def test_batch_round_trip_through_bytes() -> None:
+    (frame,) = decode_all(encode_bytes(batch_frame(42, REQUESTS)))
+    batch_id, items = parse_batch(frame)
+    assert batch_id == 42
+    assert items == REQUESTS
+    for item in items:
+        assert isinstance(item.body, memoryview)
+        assert item.body.obj is frame.payload
+
+
+def test_result_round_trip_through_bytes() -> None:
+    (frame,) = decode_all(encode_bytes(result_frame(7, RESPONSES)))
+    batch_id, items = parse_result(frame)
+    assert batch_id == 7
+    assert items == RESPONSES
+    assert [bytes(i.body) for i in items] == [bytes(r.body) for r in RESPONSES]
+    assert all(item.body.obj is frame.payload for item in items)  # type: ignore[union-attr]
+
+
+def test_parse_batch_slices_a_bytes_payload_without_copying() -> None:
+    frame = batch_frame(1, REQUESTS)
+    _, items = parse_batch(frame)
+    assert all(isinstance(i.body, memoryview) and i.body.obj is frame.payload for i in items)
+
+
+def test_empty_batch_round_trips() -> None:
+    (frame,) = decode_all(encode_bytes(batch_frame(0, [])))
+    assert parse_batch(frame) == (0, [])
+    assert parse_result(result_frame(0, [])) == (0, [])
+
+
+def test_optional_fields_default_when_absent() -> None:
+    batch = Frame(Kind.BATCH, {"batch_id": 1, "requests": [{"id": "a", "size": 1, "new": 1}]}, b"x")
+    assert parse_batch(batch) == (1, [RequestItem("a", "", [], b"x", {})])
+    result = Frame(Kind.RESULT, {"batch_id": 1, "responses": [{"status": 204, "size": 0}]})
+    assert parse_result(result) == (1, [ResponseItem(204, b"", "", [])])
+
+
+def test_tuple_headers_are_sent_as_pairs() -> None:
+    frame = batch_frame(1, [RequestItem("a", "", [("K", "v")], b"")])  # type: ignore[list-item]
+    assert frame.meta["requests"][0]["headers"] == [["K", "v"]]
+
+
+PARSE_ERRORS = [
+    (
+        "wrong kind",
+        Frame(Kind.RESULT, {"batch_id": 1, "responses": []}),
+        parse_batch,
+        "expected a BATCH frame, got RESULT",
+    ),
+    (
+        "no batch_id",
+        Frame(Kind.BATCH, {"requests": []}),
+        parse_batch,
+        "BATCH meta lacks the required field 'batch_id'",
+    ),
+    (
+        "batch_id str",
+        Frame(Kind.BATCH, {"batch_id": "1", "requests": []}),
+        parse_batch,
+        "BATCH batch_id must be a non-negative integer, got '1'",
+    ),
+    (
+        "batch_id bool",
+        Frame(Kind.RESULT, {"batch_id": True, "responses": []}),
+        parse_result,
+        "RESULT batch_id must be a non-negative integer, got True",
+    ),
+    (
+        "no requests",
+        Frame(Kind.BATCH, {"batch_id": 1}),
+        parse_batch,
+        "BATCH meta lacks the required field 'requests'",
+    ),
+    (
+        "requests dict",
+        Frame(Kind.BATCH, {"batch_id": 1, "requests": {}}),
+        parse_batch,
+        "BATCH meta 'requests' must be a list of objects",
+    ),
+    (
+        "no size",
+        Frame(Kind.BATCH, {"batch_id": 1, "requests": [{"id": "a"}]}),
+        parse_batch,
+        "BATCH requests[0] lacks the required field 'size'",
+    ),
+    (
+        "negative size",
+        Frame(Kind.RESULT, {"batch_id": 1, "responses": [{"status": 200, "size": -1}]}),
+        parse_result,
+        "RESULT responses[0].size must be a non-negative integer, got -1",
+    ),
+    (
+        "float size",
+        Frame(Kind.BATCH, {"batch_id": 1, "requests": [{"id": "a", "size": 1.0}]}, b"x"),
+        parse_batch,
+        "BATCH requests[0].size must be a non-negative integer, got 1.0",
+    ),
+    (
+        "sizes short",
+        Frame(
+            Kind.BATCH,
+            {"batch_id": 5, "requests": [{"id": "a", "size": 1}, {"id": "b", "size": 1}]},
+            b"abc",
+        ),
+        parse_batch,
+        "BATCH 5: requests sizes add up to 2 bytes but the payload holds 3 bytes",
+    ),
+    (
+        "sizes long",
+        Frame(Kind.RESULT, {"batch_id": 5, "responses": [{"status": 200, "size": 4}]}, b"abc"),
+        parse_result,
+        "RESULT 5: responses sizes add up to 4 bytes but the payload holds 3 bytes",
+    ),
+    (
+        "no id",
+        Frame(Kind.BATCH, {"batch_id": 1, "requests": [{"size": 0}]}),
+        parse_batch,
+        "BATCH requests[0] lacks the required field 'id'",
+    ),
+    (
+        "id int",
+        Frame(Kind.BATCH, {"batch_id": 1, "requests": [{"id": 3, "size": 0}]}),
+        parse_batch,
+        "BATCH requests[0].id must be a string, got int",
+    ),
+    (
+        "content_type null",
+        Frame(
+            Kind.BATCH, {"batch_id": 1, "requests": [{"id": "a", "size": 0, "content_type": None}]}
+        ),
+        parse_batch,
+        "BATCH requests[0].content_type must be a string, got NoneType",
+    ),
+    (
+        "header triple",
+        Frame(
+            Kind.BATCH,
+            {"batch_id": 1, "requests": [{"id": "a", "size": 0, "headers": [["a", "b", "c"]]}]},
+        ),
+        parse_batch,
+        "BATCH requests[0].headers[0] must be a [name, value] pair of strings, got ['a', 'b', 'c']",
+    ),
+    (
+        "headers object",
+        Frame(
+            Kind.RESULT,
+            {"batch_id": 1, "responses": [{"status": 200, "size": 0, "headers": {"a": "b"}}]},
+        ),
+        parse_result,
+        "RESULT responses[0].headers must be a list of [name, value] pairs",
+    ),
+    (
+        "param int",
+        Frame(
+            Kind.BATCH, {"batch_id": 1, "requests": [{"id": "a", "size": 0, "params": {"n": 1}}]}
+        ),
+        parse_batch,
+        "BATCH requests[0].params must be an object mapping names to string values",
+    ),
+    (
+        "no status",
+        Frame(Kind.RESULT, {"batch_id": 1, "responses": [{"size": 0}]}),
+        parse_result,
+        "RESULT responses[0] lacks the required field 'status'",
+    ),
+    (
+        "status 99",
+        Frame(Kind.RESULT, {"batch_id": 1, "responses": [{"status": 99, "size": 0}]}),
+        parse_result,
+        "RESULT responses[0].status must be an HTTP status in 100..599, got 99",
+    ),
+    (
+        "status str",
+        Frame(Kind.RESULT, {"batch_id": 1, "responses": [{"status": "200", "size": 0}]}),
+        parse_result,
+        "RESULT responses[0].status must be an HTTP status in 100..599, got '200'",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("frame", "parse", "message"), [c[1:] for c in PARSE_ERRORS], ids=[c[0] for c in PARSE_ERRORS]
+)
+def test_parse_error(frame: Frame, parse: object, message: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse(frame)  # type: ignore[operator]
+    assert str(info.value) == message
+
+
+BUILD_ERRORS = [
+    (
+        "batch_id",
+        lambda: batch_frame(-1, []),
+        "BATCH batch_id must be a non-negative integer, got -1",
+    ),
+    (
+        "body str",
+        lambda: batch_frame(1, [RequestItem("a", "", [], "text")]),
+        "BATCH requests[0].body must be bytes-like, got str",
+    ),
+    (
+        "request_id",
+        lambda: batch_frame(1, [RequestItem(1, "", [], b"")]),
+        "BATCH requests[0].request_id must be a string, got int",
+    ),
+    (
+        "header pair",
+        lambda: batch_frame(1, [RequestItem("a", "", [["k"]], b"")]),
+        "BATCH requests[0].headers[0] must be a [name, value] pair of strings, got ['k']",
+    ),
+    (
+        "header bytes",
+        lambda: batch_frame(1, [RequestItem("a", "", [[b"k", b"v"]], b"")]),
+        "BATCH requests[0].headers[0] must be a [name, value] pair of strings, got [b'k', b'v']",
+    ),
+    (
+        "params",
+        lambda: batch_frame(1, [RequestItem("a", "", [], b"", {"n": None})]),
+        "BATCH requests[0].params must be an object mapping names to string values",
+    ),
+    (
+        "result body",
+        lambda: result_frame(1, [ResponseItem(200, {"a": 1})]),
+        "RESULT responses[0].body must be bytes-like, got dict",
+    ),
+    (
+        "status",
+        lambda: result_frame(1, [ResponseItem(600, b"")]),
+        "RESULT responses[0].status must be an HTTP status in 100..599, got 600",
+    ),
+    (
+        "content_type",
+        lambda: result_frame(1, [ResponseItem(200, b"", None)]),
+        "RESULT responses[0].content_type must be a string, got NoneType",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"), [c[1:] for c in BUILD_ERRORS], ids=[c[0] for c in BUILD_ERRORS]
+)
+def test_build_error(build: object, message: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        build()  # type: ignore[operator]
+    assert str(info.value) == message
