@@ -4,6 +4,16 @@
 # 1.0.3) are installed by the tests themselves into .cache/compat on first use.
 set -euo pipefail
 . "$(dirname "$0")/venv.sh" test
+# The worker runtime must keep working on old Pythons inside model environments; test it on 3.8
+# when this machine has one (pyenv installs it under ~/.pyenv/versions).
+if [ -z "${MSERVE_TEST_OLD_PYTHON:-}" ]; then
+    for candidate in "$(command -v python3.8 || true)" "$HOME"/.pyenv/versions/3.8*/bin/python; do
+        if [ -n "$candidate" ] && [ -x "$candidate" ]; then
+            export MSERVE_TEST_OLD_PYTHON="$candidate"
+            break
+        fi
+    done
+fi
 echo "==> ruff"
 ruff check .
 echo "==> pytest"

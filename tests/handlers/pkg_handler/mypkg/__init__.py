@@ -1,0 +1,1 @@
+"""A package in the model folder, imported as mypkg.service."""
