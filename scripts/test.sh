@@ -6,10 +6,10 @@ set -euo pipefail
 . "$(dirname "$0")/venv.sh" test
 # The worker runtime must keep working on old Pythons inside model environments; test it on 3.8
 # when this machine has one (pyenv installs it under ~/.pyenv/versions).
-if [ -z "${MSERVE_TEST_OLD_PYTHON:-}" ]; then
+if [ -z "${OLD_PYTHON_FOR_WORKER_TESTS:-}" ]; then
     for candidate in "$(command -v python3.8 || true)" "$HOME"/.pyenv/versions/3.8*/bin/python; do
         if [ -n "$candidate" ] && [ -x "$candidate" ]; then
-            export MSERVE_TEST_OLD_PYTHON="$candidate"
+            export OLD_PYTHON_FOR_WORKER_TESTS="$candidate"
             break
         fi
     done

@@ -112,8 +112,9 @@ def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:
     for source, layer in layers:
         for key, value in layer.items():
             if key not in known:
+                name = f"{ENV_PREFIX}{key.upper()}" if source.startswith("environment") else key
                 raise ConfigError(
-                    f"{source}: unknown key '{key}'; known keys: {', '.join(sorted(known))}"
+                    f"{source}: unknown key '{name}'; known keys: {', '.join(sorted(known))}"
                 )
             values[key] = _coerce(key, value, source)
     config = dataclasses.replace(ServerConfig(), **values)

@@ -406,7 +406,7 @@ def test_loaded_package_in_a_fresh_interpreter(tmp_path: Path) -> None:
 
 def _old_python() -> str | None:
     """The oldest Python a model environment may use, when this machine has it."""
-    for candidate in (os.environ.get("MSERVE_TEST_OLD_PYTHON"), shutil.which("python3.8")):
+    for candidate in (os.environ.get("OLD_PYTHON_FOR_WORKER_TESTS"), shutil.which("python3.8")):
         if not candidate:
             continue
         probe = subprocess.run(
@@ -422,7 +422,7 @@ def _old_python() -> str | None:
 def test_sdk_runs_on_python_3_8(tmp_path: Path) -> None:
     python = _old_python()
     if python is None:
-        pytest.skip("no Python 3.8 here (set MSERVE_TEST_OLD_PYTHON to one)")
+        pytest.skip("no Python 3.8 here (set OLD_PYTHON_FOR_WORKER_TESTS to one)")
     args = _copy_workers_and_script(tmp_path)
     result = subprocess.run([python, *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,234 @@
+"""Serving benchmark: echo and a small torch MLP through a real mserve, figures printed.
+
+Usage: python scripts/bench_server.py [--duration 10] [--quick]
+
+Measures requests/s and p50/p99 latency at 1, 16 and 64 connections with 1 and 2 workers
+(wrk when installed, else a bounded Python load generator), cold start (``mserve --start`` to
+the first successful prediction), the frontend's RSS, and the time to scale the MLP from 1 to 4
+workers synchronously. The MLP: Linear 256-1024, ReLU, 1024-1024, ReLU, 1024-10, float32, seed 0,
+one torch thread per worker; body ``{"data": [256 floats]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+ECHO_HANDLER = """
+def handle(data, context):
+    if not data:
+        return None
+    return [row.get("body") for row in data]
+"""
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if out.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def build_archives(work: Path, with_mlp: bool) -> None:
+    store = work / "store"
+    store.mkdir()
+    (work / "echo.py").write_text(ECHO_HANDLER)
+    run([str(BIN / "model-archiver"), "--model-name", "echo", "--handler", str(work / "echo.py"),
+         "--export-path", str(store)])  # fmt: skip
+    if with_mlp:
+        mlp = REPO / "examples" / "mlp"
+        run([sys.executable, str(mlp / "make_weights.py"), str(work / "mlp.pt")])
+        run([str(BIN / "model-archiver"), "--model-name", "mlp", "--handler",
+             str(mlp / "handler.py") + ":handle", "--model-file", str(mlp / "model.py"),
+             "--serialized-file", str(work / "mlp.pt"), "--export-path", str(store)])  # fmt: skip
+
+
+class Server:
+    def __init__(self, work: Path, models: list[str]) -> None:
+        self.run_dir = work / "run"
+        config = work / "mserve.yaml"
+        config.write_text(
+            "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
+            f"metrics_address: 127.0.0.1:0\nmodel_store: {work / 'store'}\n"
+        )
+        started = time.perf_counter()
+        run([str(BIN / "mserve"), "--start", "--config", str(config), "--run-dir",
+             str(self.run_dir), "--models", *models])  # fmt: skip
+        self.status = json.loads((self.run_dir / "status.json").read_text())
+        self.host, port = self.status["inference"].rsplit(":", 1)
+        self.port = int(port)
+        self.ready_s = time.perf_counter() - started
+
+    def request(
+        self, method: str, path: str, body: bytes = b"", api: str = "inference"
+    ) -> tuple[int, bytes]:
+        host, port = self.status[api].rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        conn.request(method, path, body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp.status, data
+
+    def stop(self) -> None:
+        subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(self.run_dir)],
+                       capture_output=True, timeout=120)  # fmt: skip
+
+
+def wrk_load(server: Server, path: str, body: bytes, conns: int, duration: int) -> dict[str, float]:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(
+            'wrk.method = "POST"\n'
+            f"wrk.body = {json.dumps(body.decode())}\n"
+            'wrk.headers["Content-Type"] = "application/json"\n'
+        )
+    url = f"http://{server.host}:{server.port}{path}"
+    out = run(["wrk", "-t", str(min(2, conns)), "-c", str(conns), "-d", f"{duration}s",
+               "--latency", "-s", script.name, url])  # fmt: skip
+    os.unlink(script.name)
+    text = out.stdout
+
+    def latency_ms(label: str) -> float:
+        m = re.search(rf"^\s*{label}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+        assert m, text
+        scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
+        return float(m.group(1)) * scale
+
+    found = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    assert found, text
+    rps = float(found.group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    return {"rps": rps, "p50": latency_ms("50"), "p99": latency_ms("99"),
+            "errors": float(errors.group(1)) if errors else 0.0}  # fmt: skip
+
+
+def python_load(
+    server: Server, path: str, body: bytes, conns: int, duration: int
+) -> dict[str, float]:
+    """Fallback when wrk is missing: one keep-alive connection per thread."""
+    latencies: list[float] = []
+    errors = [0]
+    deadline = time.perf_counter() + duration
+    lock = threading.Lock()
+
+    def worker() -> None:
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+        mine = []
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            mine.append(time.perf_counter() - t0)
+            if resp.status != 200:
+                errors[0] += 1
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=worker) for _ in range(conns)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {"rps": len(latencies) / elapsed, "p50": latencies[len(latencies) // 2] * 1000,
+            "p99": latencies[int(len(latencies) * 0.99)] * 1000,
+            "errors": float(errors[0])}  # fmt: skip
+
+
+def scale(server: Server, model: str, workers: int) -> float:
+    started = time.perf_counter()
+    status, body = server.request(
+        "PUT", f"/models/{model}?min_worker={workers}&synchronous=true", api="management"
+    )
+    assert status == 200, body
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="3 s runs, 16 connections only")
+    args = parser.parse_args()
+    duration = 3 if args.quick else args.duration
+    conn_levels = [16] if args.quick else [1, 16, 64]
+    try:
+        import torch  # noqa: F401
+
+        with_mlp = True
+    except ImportError:
+        with_mlp = False
+        print("torch is not installed: MLP figures skipped (pip install torch==2.13.0)")
+    load = wrk_load if shutil.which("wrk") else python_load
+    print(
+        f"load generator: {'wrk' if load is wrk_load else 'python threads'}; {duration} s per run"
+    )
+
+    work = Path(tempfile.mkdtemp(prefix="bench-server-"))
+    try:
+        build_archives(work, with_mlp)
+        # cold start: start command to the first successful prediction
+        t0 = time.perf_counter()
+        server = Server(work, ["echo=echo.mar"])
+        status, _ = server.request("POST", "/predictions/echo", b'{"x": 1}')
+        cold = time.perf_counter() - t0
+        assert status == 200
+        print(
+            f"cold start to first answer (echo): {cold:.2f} s"
+            f" (start returned after {server.ready_s:.2f} s)"
+        )
+        bodies = {"echo": json.dumps({"data": [0.5] * 256}).encode()}
+        models = ["echo"]
+        if with_mlp:
+            path = "/models?url=mlp.mar&initial_workers=1"
+            s, b = server.request("POST", path, api="management")
+            assert s == 200, b
+            bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
+            models.append("mlp")
+        print(
+            f"{'model':<6} {'workers':>7} {'conns':>5} {'req/s':>8} {'p50 ms':>7}"
+            f" {'p99 ms':>7} {'errors':>6}"
+        )
+        for model in models:
+            for workers in (1, 2):
+                scale(server, model, workers)
+                server.request("POST", f"/predictions/{model}", bodies[model])
+                for conns in conn_levels:
+                    r = load(server, f"/predictions/{model}", bodies[model], conns, duration)
+                    print(f"{model:<6} {workers:>7} {conns:>5} {r['rps']:>8.0f} {r['p50']:>7.2f}"
+                          f" {r['p99']:>7.2f} {int(r['errors']):>6}")  # fmt: skip
+            scale(server, model, 1)
+        rss = psutil.Process(server.status["pid"]).memory_info().rss
+        print(f"frontend RSS after load: {rss / 2**20:.0f} MiB")
+        if with_mlp:
+            times = []
+            for _ in range(3):
+                times.append(scale(server, "mlp", 4))
+                scale(server, "mlp", 1)
+            runs = ", ".join(f"{t:.2f}" for t in times)
+            median = statistics.median(times)
+            print(f"scale mlp 1 -> 4 workers, synchronous: median {median:.2f} s (runs: {runs})")
+        server.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
