@@ -7,8 +7,8 @@ worker in one batch frame. Errors keep TorchServe's JSON shape ``{"code", "type"
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -123,7 +123,7 @@ async def predict(request: web.Request) -> web.Response:
     started = time.perf_counter()
     body = await request.read()
     item = RequestItem(
-        request_id=uuid.uuid4().hex,
+        request_id=os.urandom(16).hex(),  # as unique as uuid4, at a fraction of the cost
         content_type=request.headers.get("Content-Type", ""),
         headers=[[k, v] for k, v in request.headers.items()],
         body=body,

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -39,6 +39,7 @@ class ServerConfig:
     max_request_size_bytes: int = 6_553_500
     max_response_size_bytes: int = 6_553_500
     allowed_paths: tuple[str, ...] = field(default_factory=tuple)
+    access_log: bool = True
 
     @property
     def run_path(self) -> Path:
@@ -71,39 +72,65 @@ def parse_address(value: str, key: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", number
 
 
+def _base_type(hint: Any) -> tuple[Any, bool]:
+    """(the field's type without None, whether None is allowed)."""
+    args = get_args(hint)
+    if type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return hint, False
+
+
+_EXPECTED = {
+    bool: "true or false",
+    int: "a non-negative integer",
+    float: "a positive number",
+    str: "a string",
+}
+
+
 def _coerce(key: str, value: Any, source: str) -> Any:
     """Convert ``value`` to the field's type; strings from env and flags are parsed."""
-    hint = _types()[key]
-    text = str(hint)
+    kind, optional = _base_type(_types()[key])
     if value is None:
-        if "None" in text:
+        if optional:
             return None
         raise ConfigError(f"{source}: '{key}' must not be empty")
     try:
-        if "tuple" in text:
-            items = value.split(",") if isinstance(value, str) else list(value)
-            return tuple(str(v).strip() for v in items if str(v).strip())
-        if "int" in text and "float" not in text:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("true", "1", "yes", "on"):
+                return True
+            if text in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
             number = int(value)
             if number < 0:
                 raise ValueError
             return number
-        if "float" in text:
+        if kind is float:
             if isinstance(value, bool):
                 raise ValueError
             number = float(value)
             if number <= 0:
                 raise ValueError
             return number
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        if get_origin(kind) is tuple:
+            if isinstance(value, str):
+                value = value.split(",")
+            if not isinstance(value, (list, tuple)):
+                raise ValueError
+            return tuple(str(v).strip() for v in value if str(v).strip())
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError
         return str(value)
     except (TypeError, ValueError):
-        kind = "a non-negative integer" if "int" in text else "a positive number"
-        kind = "a list" if "tuple" in text else kind if "str" not in text else "a string"
-        raise ConfigError(f"{source}: '{key}' should be {kind}, found {value!r}") from None
+        expected = _EXPECTED.get(kind, "a list")
+        raise ConfigError(f"{source}: '{key}' should be {expected}, found {value!r}") from None
 
 
 def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:

@@ -26,8 +26,9 @@ def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
 def test_config_file_from_environment(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("allowed_paths: [/srv/models, /data]\n")
-    config = load_config(None, {}, {"MSERVE_CONFIG": str(cfg)})
+    config = load_config(None, {}, {"MSERVE_CONFIG": str(cfg), "MSERVE_ACCESS_LOG": "off"})
     assert config.allowed_paths == ("/srv/models", "/data")
+    assert config.access_log is False
 
 
 @pytest.mark.parametrize(
@@ -44,6 +45,8 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
         ),
         ("metrics_address: 127.0.0.1:70000\n", {}, "port 70000 is out of range"),
         ("- a\n", {}, "expected a mapping of keys"),
+        ("access_log: maybe\n", {}, "'access_log' should be true or false, found 'maybe'"),
+        ("allowed_paths: 5\n", {}, "'allowed_paths' should be a list, found 5"),
         ("a: [\n", {}, "is not valid YAML"),
     ],
 )
