@@ -7,7 +7,6 @@ works) and a log folder under the run dir.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,7 +19,7 @@ import click
 
 from server.config import ServerConfig, load_config
 from server.errors import MserveError
-from server.main import PID_FILE, STATUS_FILE, StartupModel, run_server
+from server.rundir import PID_FILE, StartupModel, read_status, running_pid
 
 START_WAIT_S = 600.0
 STOP_WAIT_S = 60.0
@@ -45,24 +44,11 @@ def parse_models(values: list[str]) -> list[StartupModel]:
 
 
 def _read_status(config: ServerConfig) -> dict[str, Any] | None:
-    try:
-        return json.loads((config.run_path / STATUS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_status(config.run_path)
 
 
 def _running_pid(config: ServerConfig) -> int | None:
-    try:
-        pid = int((config.run_path / PID_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        return pid
-    return pid
+    return running_pid(config.run_path)
 
 
 def _print_status(status: dict[str, Any]) -> None:
@@ -98,7 +84,7 @@ def _start_daemon(config: ServerConfig, argv: list[str]) -> None:
             if failed:
                 click.echo(f"mserve: {len(failed)} startup model(s) failed; see above", err=True)
             return
-        time.sleep(0.05)
+        time.sleep(0.01)
     _fail(f"server did not become ready within {START_WAIT_S:g} s; see {out_path}")
 
 
@@ -182,6 +168,8 @@ def main(
             argv = [a for a in sys.argv[1:]]
             _start_daemon(config, argv)
             return
+        from server.main import run_server  # heavy (aiohttp): only the server process needs it
+
         sys.exit(run_server(config, startup, foreground=not quiet))
     except MserveError as exc:
         _fail(exc.message)

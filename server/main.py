@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import json
 import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
-from typing import Any
 
 import uvloop
 from aiohttp import web
@@ -28,6 +25,7 @@ from server.config import ServerConfig, parse_address
 from server.devices import GpuAllocator, detect_gpu_count
 from server.errors import MserveError
 from server.registry import RegisterRequest, Registry
+from server.rundir import LOCK_FILE, PID_FILE, STATUS_FILE, StartupModel, write_json_atomic
 
 log = logging.getLogger("mserve")
 
@@ -35,25 +33,9 @@ SHUTDOWN_DRAIN_S = 10.0
 # client, request line, status, bytes, seconds; the time stamp comes from the log formatter
 ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf'
 
-STATUS_FILE = "status.json"
-PID_FILE = "mserve.pid"
-LOCK_FILE = "mserve.lock"
-
-
-@dataclass(frozen=True)
-class StartupModel:
-    name: str | None
-    url: str
-
 
 class AlreadyRunning(MserveError):
     pass
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
 
 
 def setup_logging(config: ServerConfig, foreground: bool) -> None:

@@ -1,0 +1,50 @@
+"""What lives in the run dir, shared by the server process and the light ``mserve`` CLI.
+
+Kept free of heavy imports so ``mserve --start/--stop/--status`` start in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATUS_FILE = "status.json"
+PID_FILE = "mserve.pid"
+LOCK_FILE = "mserve.lock"
+
+
+@dataclass(frozen=True)
+class StartupModel:
+    name: str | None
+    url: str
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def running_pid(run_dir: Path) -> int | None:
+    """The server's pid from the pid file, if that process is alive."""
+    try:
+        pid = int((run_dir / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid
