@@ -40,6 +40,8 @@ class ServerConfig:
     max_response_size_bytes: int = 6_553_500
     allowed_paths: tuple[str, ...] = field(default_factory=tuple)
     access_log: bool = True
+    fork_workers: bool = True
+    worker_preload: tuple[str, ...] = ("torch", "numpy")
 
     @property
     def run_path(self) -> Path:

@@ -26,6 +26,7 @@ from server.devices import GpuAllocator, detect_gpu_count
 from server.errors import MserveError
 from server.registry import RegisterRequest, Registry
 from server.rundir import LOCK_FILE, PID_FILE, STATUS_FILE, StartupModel, write_json_atomic
+from server.workers.launch import Launcher
 
 log = logging.getLogger("mserve")
 
@@ -65,7 +66,8 @@ class Server:
         self.config = config
         gpus = config.number_of_gpu
         self.gpus = GpuAllocator(detect_gpu_count() if gpus is None else gpus)
-        self.registry = Registry(config, self.gpus, __version__)
+        self.launcher = Launcher(config.fork_workers, config.worker_preload)
+        self.registry = Registry(config, self.gpus, __version__, self.launcher)
         self.metrics = Metrics(self.registry)
         self.runners: list[web.AppRunner] = []
         self.addresses: dict[str, str] = {}
@@ -157,6 +159,7 @@ class Server:
             for site in list(runner.sites):
                 await site.stop()
         await asyncio.gather(*(mv.stop(SHUTDOWN_DRAIN_S) for mv in self.registry.all()))
+        await self.launcher.close()
         for runner in self.runners:
             await runner.cleanup()
         log.info("mserve stopped")

@@ -26,6 +26,7 @@ from server.errors import (
     WorkerDied,
     WorkerTimeout,
 )
+from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
 from server.workers.protocol import RequestItem, ResponseItem
 
@@ -79,6 +80,7 @@ class ModelVersion:
         model_yaml_config: dict[str, Any],
         python: str,
         gpus: GpuAllocator,
+        launcher: Launcher,
         server_version: str,
         max_payload_bytes: int,
         loaded_at_startup: bool,
@@ -93,6 +95,7 @@ class ModelVersion:
         self.model_yaml_config = model_yaml_config
         self.python = python
         self.gpus = gpus
+        self.launcher = launcher
         self.server_version = server_version
         self.max_payload_bytes = max_payload_bytes
         self.loaded_at_startup = loaded_at_startup
@@ -179,7 +182,7 @@ class ModelVersion:
             )
             slot.worker = worker
             try:
-                await worker.start(self.settings.startup_timeout_s)
+                await worker.start(self.settings.startup_timeout_s, self.launcher)
             except InvalidModel as exc:
                 log.error("model %s: %s", self.label, exc.message)
                 if slot.first_start is not None and not slot.first_start.done():

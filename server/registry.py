@@ -21,6 +21,7 @@ from server.errors import (
 )
 from server.model import ModelSettings, ModelVersion
 from server.store import resolve_url, unpack
+from server.workers.launch import Launcher
 from server.workers.process import default_python
 
 log = logging.getLogger(__name__)
@@ -79,9 +80,12 @@ def effective_settings(
 
 
 class Registry:
-    def __init__(self, config: ServerConfig, gpus: GpuAllocator, server_version: str) -> None:
+    def __init__(
+        self, config: ServerConfig, gpus: GpuAllocator, server_version: str, launcher: Launcher
+    ) -> None:
         self.config = config
         self.gpus = gpus
+        self.launcher = launcher
         self.server_version = server_version
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.defaults: dict[str, str] = {}
@@ -128,6 +132,7 @@ class Registry:
                 model_yaml_config=unpacked.model_config,
                 python=default_python(),
                 gpus=self.gpus,
+                launcher=self.launcher,
                 server_version=self.server_version,
                 max_payload_bytes=settings.batch_size
                 * max(cfg.max_request_size_bytes, cfg.max_response_size_bytes)

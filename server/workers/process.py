@@ -25,6 +25,7 @@ import psutil
 
 from server.errors import HandlerError, InvalidModel, WorkerDied, WorkerTimeout
 from server.workers import protocol
+from server.workers.launch import Launcher, Process
 from server.workers.protocol import Frame, Kind, RequestItem, ResponseItem
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class Worker:
         self.load_s: float | None = None
         self.style: str | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: Process | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._decoder = protocol.Decoder(spec.max_payload_bytes)
@@ -130,25 +131,12 @@ class Worker:
         self._writer.writelines(protocol.encode(frame))
         await self._writer.drain()
 
-    async def start(self, timeout_s: float) -> None:
+    async def start(self, timeout_s: float, launcher: Launcher) -> None:
         """Spawn, say INIT, wait for READY; raise ``InvalidModel`` with the worker's own error."""
         parent, child = socket.socketpair()
-        env = {**os.environ, **self.spec.env}
-        # -I: the model folder (cwd) must not shadow our own modules on sys.path
-        cmd = [
-            self.spec.python, "-I", "-u", "-m", "server.workers.runtime",
-            "--fd", str(child.fileno()),
-        ]  # fmt: skip
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *cmd,
-                cwd=str(self.spec.model_dir),
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=(child.fileno(),),
-                start_new_session=True,  # its own process group: we kill the whole tree
+            self._proc = await launcher.launch(
+                self.spec.python, str(self.spec.model_dir), self.spec.env, child.fileno()
             )
         finally:
             child.close()

@@ -331,3 +331,54 @@ def test_metrics_endpoint(make_archive, start_server) -> None:
     assert 'mserve_requests_total{code="200",model="probe",version="1.0"} 1.0' in text
     assert 'mserve_workers_ready{model="probe",version="1.0"} 1.0' in text
     json.dumps(text)
+
+
+def _template_ready(server) -> bool:
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    return "worker template for" in log and "ready (pid" in log
+
+
+def test_scaled_workers_fork_from_a_warm_template(make_archive, start_server) -> None:
+    import psutil
+
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar", config={"number_of_gpu": 2})
+    wait_until(lambda: _template_ready(server), 120, "the worker template")
+    first = server.worker_pids("probe")[0]
+    assert server.manage("PUT", "/models/probe?min_worker=3&synchronous=true").status == 200
+    pids = server.worker_pids("probe")
+    forked = [p for p in pids if p != first]
+    parents = {psutil.Process(p).ppid() for p in forked}
+    assert len(parents) == 1 and parents != {server.pid}  # children of the template
+    template = parents.pop()
+    assert "server.workers.template" in " ".join(psutil.Process(template).cmdline())
+    gpus = sorted(w["gpuId"] for w in server.manage("GET", "/models/probe").json()[0]["workers"])
+    assert gpus == [0, 0, 1]
+    seen = set()
+    for _ in range(30):
+        report = server.predict("probe", {}).json()
+        seen.add((report["pid"], report["cuda_visible_devices"], report["gpu_id"]))
+    assert {(pid, gpu_id) for pid, _, gpu_id in seen} <= {(p, 0) for p in pids}
+    assert {cvd for _, cvd, _ in seen} <= {"0", "1"}
+    # a forked worker that dies is reported with its real exit code, then replaced
+    for _ in range(50):
+        crash = server.predict("probe", {"cmd": "exit"})
+        assert crash.status == 500
+        if any(f"(pid {p}) exited with code 3" in crash.json()["message"] for p in forked):
+            break
+    else:
+        raise AssertionError("no forked worker took the crash request")
+    wait_until(lambda: len(server.worker_pids("probe")) == 3 and server.predict("probe", {}).status == 200, 30, "recovery")  # fmt: skip
+    workers = server.worker_pids("probe")
+    server.cli("--stop")
+    wait_until(lambda: not pid_alive(template) and not any(pid_alive(p) for p in workers), 10, "template and workers to exit")  # fmt: skip
+
+
+def test_exec_only_when_fork_is_off(make_archive, start_server) -> None:
+    import psutil
+
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar", config={"fork_workers": False})
+    assert server.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
+    assert {psutil.Process(p).ppid() for p in server.worker_pids("probe")} == {server.pid}
+    assert not _template_ready(server)

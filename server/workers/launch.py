@@ -1,0 +1,270 @@
+"""How worker processes come to life: forked from a warm template, or a fresh interpreter.
+
+``ForkServer`` keeps one template process per interpreter (per model environment) and asks it
+to fork workers; a worker then costs milliseconds instead of an interpreter start plus the
+model's imports. If the template cannot start, workers fall back to ``exec``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+# Imported once in each template when the environment has them (never CUDA initialisation).
+DEFAULT_PRELOAD = ("torch", "numpy")
+
+
+class Process(Protocol):
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    stdout: asyncio.StreamReader | None
+    stderr: asyncio.StreamReader | None
+
+    async def wait(self) -> int: ...
+
+    def terminate(self) -> None: ...
+
+
+def worker_command(python: str, fd: int) -> list[str]:
+    # -I: the model folder (cwd) must not shadow our own modules on sys.path
+    return [python, "-I", "-u", "-m", "server.workers.runtime", "--fd", str(fd)]
+
+
+async def exec_worker(python: str, cwd: str, env: dict[str, str], fd: int) -> Process:
+    return await asyncio.create_subprocess_exec(
+        *worker_command(python, fd),
+        cwd=cwd,
+        env={**os.environ, **env},
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        pass_fds=(fd,),
+        start_new_session=True,  # its own process group: we kill the whole tree
+    )
+
+
+class ForkedProcess:
+    """A worker forked by a template: exit status arrives from the template."""
+
+    def __init__(self, pid: int, stdout: asyncio.StreamReader, stderr: asyncio.StreamReader,
+                 exited: asyncio.Future[int]) -> None:  # fmt: skip
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self._exited = exited
+
+    @property
+    def returncode(self) -> int | None:
+        return self._exited.result() if self._exited.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def terminate(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+
+
+async def _pipe_reader(fd: int) -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
+    return reader
+
+
+class Template:
+    def __init__(self, python: str, preload: tuple[str, ...]) -> None:
+        self.python = python
+        self.preload = preload
+        self.proc: asyncio.subprocess.Process | None = None
+        self._sock: socket.socket | None = None
+        self._buffer = bytearray()
+        self._ids = 0
+        self._spawned: dict[int, asyncio.Future[int]] = {}
+        self._exits: dict[int, asyncio.Future[int]] = {}
+        self._ready: asyncio.Future[dict[str, Any]] | None = None
+        self._log_task: asyncio.Task[None] | None = None
+
+    async def start(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        parent, child = socket.socketpair()
+        self._sock = parent
+        self._ready = loop.create_future()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.python, "-I", "-u", "-m", "server.workers.template",
+                "--fd", str(child.fileno()), "--preload", ",".join(self.preload),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(child.fileno(),),
+                start_new_session=True,
+            )  # fmt: skip
+        finally:
+            child.close()
+        assert self.proc.stderr is not None
+        self._log_task = asyncio.create_task(self._relog(self.proc.stderr))
+        loop.add_reader(parent.fileno(), self._on_readable)
+        hello = await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+        log.info(
+            "worker template for %s ready (pid %s, preloaded: %s)",
+            self.python, hello.get("pid"), ", ".join(hello.get("preloaded", [])) or "nothing",
+        )  # fmt: skip
+
+    async def _relog(self, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            log.warning("[template %s] %s", self.python, line.decode(errors="replace").rstrip())
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None and self._sock is not None
+
+    def _on_readable(self) -> None:
+        assert self._sock is not None
+        try:
+            data = self._sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not data:
+            self._closed(ConnectionError("worker template exited"))
+            return
+        self._buffer.extend(data)
+        while b"\n" in self._buffer:
+            line, _, rest = bytes(self._buffer).partition(b"\n")
+            self._buffer[:] = rest
+            self._dispatch(json.loads(line))
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        if message.get("ready") and self._ready is not None and not self._ready.done():
+            self._ready.set_result(message)
+        elif "spawned" in message:
+            future = self._spawned.pop(message["spawned"], None)
+            if future is not None and not future.done():
+                future.set_result(message["pid"])
+        elif "exited" in message:
+            pid = message["exited"]
+            future = self._exits.setdefault(pid, asyncio.get_running_loop().create_future())
+            if not future.done():
+                future.set_result(message["returncode"])
+
+    def _closed(self, error: Exception) -> None:
+        if self._sock is not None:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        for future in [*self._spawned.values(), *([self._ready] if self._ready else [])]:
+            if not future.done():
+                future.set_exception(error)
+        for future in self._exits.values():  # children of a dead template: status unknown
+            if not future.done():
+                future.set_result(-signal.SIGKILL)
+
+    async def spawn(self, cwd: str, env: dict[str, str], fd: int) -> ForkedProcess:
+        assert self._sock is not None
+        loop = asyncio.get_running_loop()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self._ids += 1
+        spawned = loop.create_future()
+        self._spawned[self._ids] = spawned
+        message = json.dumps({"op": "spawn", "id": self._ids, "cwd": cwd, "env": env}).encode()
+        try:
+            self._sock.sendmsg(
+                [message + b"\n"],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _fd_bytes([fd, out_w, err_w]))],
+            )
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        pid = await asyncio.wait_for(spawned, 30)
+        exited = self._exits.setdefault(pid, loop.create_future())
+        return ForkedProcess(pid, await _pipe_reader(out_r), await _pipe_reader(err_r), exited)
+
+    async def stop(self) -> None:
+        if self._sock is not None:
+            self._closed(ConnectionError("worker template stopped"))
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        if self._log_task is not None:
+            await self._log_task
+
+
+def _fd_bytes(fds: list[int]) -> bytes:
+    import array
+
+    return array.array("i", fds).tobytes()
+
+
+class Launcher:
+    """Starts workers for every model: forked from a per-interpreter template when one is warm.
+
+    The first workers of an environment start with ``exec`` while its template warms up in the
+    background (importing torch takes seconds), so a cold start never waits for the template;
+    later workers (scale-ups, restarts) are forked from it in milliseconds.
+    """
+
+    def __init__(self, use_templates: bool = True, preload: tuple[str, ...] = DEFAULT_PRELOAD):
+        self.use_templates = use_templates
+        self.preload = preload
+        self._templates: dict[str, Template] = {}
+        self._warming: dict[str, asyncio.Task[None]] = {}
+
+    async def _warm(self, python: str) -> None:
+        template = Template(python, self.preload)
+        try:
+            await template.start(timeout_s=300)
+        except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
+            log.warning("worker template for %s failed (%s); workers start with exec",
+                        python, exc)  # fmt: skip
+            await template.stop()
+            return
+        self._templates[python] = template
+
+    def _ready_template(self, python: str) -> Template | None:
+        template = self._templates.get(python)
+        if template is not None and template.alive:
+            return template
+        task = self._warming.get(python)
+        if task is None or (task.done() and template is not None):  # first time, or it died
+            self._templates.pop(python, None)
+            self._warming[python] = asyncio.create_task(self._warm(python), name="template")
+        return None
+
+    async def launch(self, python: str, cwd: str, env: dict[str, str], fd: int) -> Process:
+        template = self._ready_template(python) if self.use_templates else None
+        if template is not None:
+            try:
+                return await template.spawn(cwd, env, fd)
+            except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
+                log.warning("fork from the worker template failed (%s); using exec", exc)
+        return await exec_worker(python, cwd, env, fd)
+
+    async def wait_warm(self) -> None:
+        """For tests and benchmarks: wait until every template being warmed is ready."""
+        await asyncio.gather(*self._warming.values())
+
+    async def close(self) -> None:
+        for task in self._warming.values():
+            task.cancel()
+        await asyncio.gather(*self._warming.values(), return_exceptions=True)
+        for template in self._templates.values():
+            await template.stop()
+        self._templates.clear()
+        self._warming.clear()
