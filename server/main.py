@@ -110,7 +110,13 @@ class Server:
             )
             await runner.setup()
             site = web.TCPSite(runner, host, port, reuse_address=True)
-            await site.start()
+            try:
+                await site.start()
+            except OSError as exc:
+                raise MserveError(
+                    f"cannot listen on {host}:{port} for the {name} API: {exc.strerror}"
+                    f" (set {name}_address to another port, or 0 for any free port)"
+                ) from exc
             self.runners.append(runner)
             bound = runner.addresses[0]
             self.addresses[name] = f"{bound[0]}:{bound[1]}"

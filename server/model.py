@@ -232,8 +232,11 @@ class ModelVersion:
                 if not job.future.done():
                     job.future.set_result(result)
 
-    def _add_slot(self) -> _Slot:
-        slot = _Slot(first_start=asyncio.get_running_loop().create_future())
+    def _add_slot(self, wait: bool) -> _Slot:
+        # only a synchronous caller waits on the first start; otherwise failures take the
+        # normal restart-with-backoff path instead of ending the slot
+        first = asyncio.get_running_loop().create_future() if wait else None
+        slot = _Slot(first_start=first)
         slot.task = asyncio.create_task(self._run_slot(slot), name=f"{self.label}-slot")
         self.slots.append(slot)
         return slot
@@ -250,7 +253,7 @@ class ModelVersion:
         )
         self.failed = None
         self.recent_failures = []
-        new = [self._add_slot() for _ in range(min_workers - len(self.slots))]
+        new = [self._add_slot(synchronous) for _ in range(min_workers - len(self.slots))]
         retire = len(self.slots) - min_workers
         retired: list[_Slot] = []
         if retire > 0:

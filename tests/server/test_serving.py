@@ -382,3 +382,36 @@ def test_exec_only_when_fork_is_off(make_archive, start_server) -> None:
     assert server.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
     assert {psutil.Process(p).ppid() for p in server.worker_pids("probe")} == {server.pid}
     assert not _template_ready(server)
+
+
+def test_port_in_use_is_reported_plainly(start_server, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = tmp_path / "busy.yaml"
+        cfg.write_text(f"inference_address: 127.0.0.1:{port}\nmanagement_address: 127.0.0.1:0\n"
+                       "metrics_address: 127.0.0.1:0\n")  # fmt: skip
+        out = subprocess.run(
+            [MSERVE, "--start", "--config", str(cfg), "--run-dir", str(tmp_path / "r")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert out.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port} for the inference API" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_async_registration_retries_instead_of_failing(make_archive, start_server) -> None:
+    make_archive("bad_import", "broken", "broken")
+    server = start_server()
+    reply = server.manage("POST", "/models?url=broken.mar&synchronous=false")
+    assert reply.status == 202
+    wait_until(
+        lambda: server.manage("GET", "/models/broken").json()[0]["status"] == "FAILED",
+        60, "the model to be marked failed after repeated load failures",
+    )  # fmt: skip
+    described = server.manage("GET", "/models/broken").json()[0]
+    assert "worker failures within" in described["failure"]
+    assert http("GET", server.url("inference", "/ping")).status == 500
