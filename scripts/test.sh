@@ -7,8 +7,8 @@ set -euo pipefail
 # The worker runtime must keep working on old Pythons inside model environments; test it on 3.8
 # when this machine has one (pyenv installs it under ~/.pyenv/versions).
 if [ -z "${OLD_PYTHON_FOR_WORKER_TESTS:-}" ]; then
-    for candidate in "$(command -v python3.8 || true)" "$HOME"/.pyenv/versions/3.8*/bin/python; do
-        if [ -n "$candidate" ] && [ -x "$candidate" ]; then
+    for candidate in "$HOME"/.pyenv/versions/3.8*/bin/python "$(command -v python3.8 || true)"; do
+        if [ -n "$candidate" ] && "$candidate" -c 'import sys' >/dev/null 2>&1; then
             export OLD_PYTHON_FOR_WORKER_TESTS="$candidate"
             break
         fi

@@ -66,7 +66,22 @@ class Metrics:
             ["model"], registry=self.prom,
         )  # fmt: skip
         self._registry = registry
+        self._counters: dict[tuple[str, str, int], Any] = {}
+        self._timers: dict[str, Any] = {}
         self.prom.register(self)  # type: ignore[arg-type]
+
+    def answered(self, model: str, version: str, code: int, seconds: float | None) -> None:
+        """Count one answer; label children are cached (``labels()`` costs more than ``inc()``)."""
+        key = (model, version, code)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self.requests.labels(model, version, str(code))
+        counter.inc()
+        if seconds is not None:
+            timer = self._timers.get(model)
+            if timer is None:
+                timer = self._timers[model] = self.latency.labels(model)
+            timer.observe(seconds)
 
     def collect(self) -> Any:
         queue = GaugeMetricFamily("mserve_queue_depth", "Jobs waiting", labels=["model", "version"])
@@ -132,13 +147,12 @@ async def predict(request: web.Request) -> web.Response:
     try:
         result = await model.submit(item)
     except MserveError as exc:
-        metrics.requests.labels(model.name, model.version, str(exc.status)).inc()
+        metrics.answered(model.name, model.version, exc.status, None)
         raise
     headers = {k: v for k, v in result.headers}
     headers["Content-Type"] = result.content_type or "application/octet-stream"
     headers["X-Request-Id"] = item.request_id
-    metrics.requests.labels(model.name, model.version, str(result.status)).inc()
-    metrics.latency.labels(model.name).observe(time.perf_counter() - started)
+    metrics.answered(model.name, model.version, result.status, time.perf_counter() - started)
     return web.Response(status=result.status, body=result.body, headers=headers)
 
 

@@ -54,7 +54,7 @@ class ModelSettings:
     sources: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: slots live in sets
 class _Slot:
     retire: asyncio.Event = field(default_factory=asyncio.Event)
     worker: Worker | None = None
@@ -101,6 +101,7 @@ class ModelVersion:
         self.loaded_at_startup = loaded_at_startup
         self.queue = JobQueue(settings.job_queue_size)
         self.slots: list[_Slot] = []
+        self._retiring: set[_Slot] = set()
         self.failed: str | None = None
         self.recent_failures: list[float] = []
         self.registered_at = time.time()
@@ -262,6 +263,9 @@ class ModelVersion:
             for slot in retired:
                 slot.retire.set()
                 self.slots.remove(slot)
+                self._retiring.add(slot)  # owned until its worker has stopped
+                if slot.task is not None:
+                    slot.task.add_done_callback(lambda _t, s=slot: self._retiring.discard(s))
             self.queue.wake_all()
         if synchronous:
             await self._await_started(new)
@@ -282,7 +286,7 @@ class ModelVersion:
 
     async def stop(self, deadline_s: float) -> None:
         """Stop every worker; queued jobs fail with 503 (in-flight batches finish first)."""
-        slots, self.slots = self.slots, []
+        slots, self.slots = [*self.slots, *self._retiring], []
         for slot in slots:
             slot.retire.set()
         self.queue.wake_all()

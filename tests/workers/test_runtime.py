@@ -1,0 +1,111 @@
+"""The worker runtime driven directly over its socket, on this Python and on the oldest one a
+model environment may use (3.8), from a plain copy of the child-side modules only."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from server.workers import protocol
+from server.workers.protocol import Frame, Kind, RequestItem
+
+REPO = Path(__file__).resolve().parent.parent.parent
+CHILD_SIDE = ("__init__.py", "runtime.py", "protocol.py", "context.py", "payload.py", "loader.py",
+              "template.py")  # fmt: skip
+HANDLERS = REPO / "tests" / "handlers"
+
+
+def _pythons() -> list[str]:
+    found = [sys.executable]
+    candidates = [os.environ.get("OLD_PYTHON_FOR_WORKER_TESTS"), *map(str, Path.home().glob(".pyenv/versions/3.8*/bin/python"))]  # fmt: skip
+    for candidate in candidates:
+        if candidate and subprocess.run([candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"], capture_output=True).returncode == 0:  # fmt: skip
+            found.append(candidate)
+            break
+    return found
+
+
+def _plain_copy(tmp: Path) -> Path:
+    """Only the child-side modules, as a model environment would see them: no server deps."""
+    root = tmp / "lib"
+    (root / "server" / "workers").mkdir(parents=True)
+    (root / "server" / "__init__.py").write_text("")
+    for name in CHILD_SIDE:
+        shutil.copy(REPO / "server" / "workers" / name, root / "server" / "workers" / name)
+    return root
+
+
+class Peer:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.decoder = protocol.Decoder()
+        self.frames: list[Frame] = []
+
+    def send(self, frame: Frame) -> None:
+        self.sock.sendall(protocol.encode_bytes(frame))
+
+    def receive(self) -> Frame:
+        while not self.frames:
+            data = self.sock.recv(65536)
+            assert data, "worker closed the channel"
+            self.frames.extend(self.decoder.feed(data))
+        return self.frames.pop(0)
+
+
+@pytest.mark.parametrize(
+    "python", _pythons(), ids=lambda p: "this-python" if p == sys.executable else "python3.8"
+)
+def test_runtime_hello_load_batch_and_exit(tmp_path: Path, python: str) -> None:
+    lib = _plain_copy(tmp_path)
+    model = HANDLERS / "probe"
+    parent, child = socket.socketpair()
+    # -I ignores PYTHONPATH and the cwd, so put the plain copy first on the path by hand
+    boot = (
+        "import sys, runpy; sys.path.insert(0, sys.argv.pop(1));"
+        " runpy.run_module('server.workers.runtime', run_name='__main__')"
+    )
+    proc = subprocess.Popen(
+        [python, "-I", "-u", "-c", boot, str(lib), "--fd", str(child.fileno())],
+        cwd=tmp_path, pass_fds=(child.fileno(),), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    child.close()
+    peer = Peer(parent)
+    try:
+        hello = peer.receive()
+        assert hello.kind == Kind.HELLO and hello.meta["pid"] == proc.pid
+        init = {"model_name": "probe", "model_dir": str(model), "handler": "probe:handle",
+                "manifest": {"model": {"modelName": "probe"}}, "batch_size": 2, "gpu_id": None}  # fmt: skip
+        peer.send(Frame(Kind.INIT, init))
+        ready = peer.receive()
+        assert ready.kind == Kind.READY, ready.meta
+        assert ready.meta["style"] == "module-function"
+        items = [
+            RequestItem("r1", "application/json", [["X-Test", "a"]], b'{"k": 1}'),
+            RequestItem("r2", "text/plain", [], b"hi"),
+        ]
+        peer.send(protocol.batch_frame(7, items))
+        batch_id, results = protocol.parse_result(peer.receive())
+        assert batch_id == 7
+        import json
+
+        first, second = (json.loads(bytes(r.body)) for r in results)
+        assert (first["body"], first["x_test"], first["batch_len"]) == ({"k": 1}, "a", 2)
+        assert (second["body"], second["request_id"]) == ("hi", "r2")
+        peer.send(
+            protocol.batch_frame(
+                8, [RequestItem("r3", "application/json", [], b'{"cmd": "raise"}')]
+            )
+        )
+        failed = peer.receive()
+        assert failed.kind == Kind.BATCH_FAILED and failed.meta["batch_id"] == 8
+        assert "RuntimeError: probe was asked to fail" in failed.meta["error"]
+    finally:
+        parent.close()  # the worker must exit when its channel closes
+    assert proc.wait(timeout=20) == 0
+    assert b"probe was asked to fail" in proc.stderr.read()  # the traceback went to stderr
