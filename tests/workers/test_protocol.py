@@ -709,3 +709,17 @@ def test_build_error(build: object, message: str) -> None:
     with pytest.raises(ProtocolError) as info:
         build()  # type: ignore[operator]
     assert str(info.value) == message
+
+
+def test_unchecked_batch_frame_matches_the_checked_one() -> None:
+    """The server's hot path skips the checks but must put the same bytes on the wire."""
+    items = [
+        RequestItem(
+            "r1", "application/json", [["Host", "x"], ["X-A", "é"]], b'{"a": 1}', {"q": "1"}
+        ),
+        RequestItem("r2", "", [], memoryview(b"\x00\x01"), {}),
+    ]
+    for batch in (items, items[:1]):
+        checked = encode_bytes(batch_frame(3, batch))
+        unchecked = encode_bytes(batch_frame(3, batch, check=False))
+        assert checked == unchecked
