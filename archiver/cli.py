@@ -32,6 +32,7 @@ from archiver.writer import ArchiveFormat, target_path, write_archive
 
 PROGRESS_MIN_BYTES = 64 << 20  # smaller inputs archive too fast for a bar to help
 ARCHIVER_VERSION = f"mserve-{__version__}"
+WHEELHOUSE_DIR = "wheels"  # where --wheelhouse lands in the archive; named in the manifest
 
 
 def _warn(message: str) -> None:
@@ -78,6 +79,7 @@ def build(
     runtime: str,
     force: bool,
     model_path: str | None,
+    wheelhouse: str | None = None,
 ) -> Path:
     """Validate every input first, then write; a mistake leaves nothing behind."""
     if not is_valid_model_name(model_name):
@@ -114,6 +116,12 @@ def build(
         members.add_file(spec.source_file, "--handler")
     members.add_extra(split_list(extra_files))
     _resolve_handler_module(spec, members)
+    extra: dict[str, Any] = {}
+    if wheelhouse:
+        if not requirements_file:
+            raise UsageError("--wheelhouse needs -r/--requirements-file: the wheels install it")
+        members.add_folder(Path(wheelhouse), WHEELHOUSE_DIR, "--wheelhouse")
+        extra = {"mserve": {"wheelhouse": WHEELHOUSE_DIR}}
 
     manifest = Manifest(
         model=ModelInfo(
@@ -128,6 +136,7 @@ def build(
         runtime=runtime,
         created_on=created_on(),
         archiver_version=ARCHIVER_VERSION,
+        extra=extra,
     )
     todo = members.members()
     total = sum(m.source.stat().st_size for m in todo)
@@ -256,6 +265,11 @@ _FORMATS = [f.value for f in ArchiveFormat]
 )
 @click.option("-f", "--force", is_flag=True, help="Overwrite an existing archive.")
 @click.option("--model-path", help="MMS style: pack this whole folder at the archive root.")
+@click.option(
+    "--wheelhouse",
+    help="Folder of wheels for the requirements (pip download -d DIR -r"
+    " requirements.txt): the server then installs offline, from the archive.",
+)
 @click.option(
     "--inspect",
     "inspect_path",

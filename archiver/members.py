@@ -100,6 +100,12 @@ class MemberSet:
         for member in _folder_members(folder, "", "--model-path"):
             self.add(member)
 
+    def add_folder(self, folder: Path, prefix: str, origin: str) -> None:
+        if not folder.is_dir():
+            raise InputNotFound(f"{origin} folder", str(folder))
+        for member in _folder_members(folder, prefix, origin):
+            self.add(member)
+
     def add_extra(self, items: Iterable[str]) -> None:
         for item in items:
             for path in _expand(item):

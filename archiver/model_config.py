@@ -44,6 +44,7 @@ SERVER_KEYS: dict[str, dict[str, Any]] = {
     "maxNumSequence": _INT1,
     "asyncCommunication": _BOOL,
     "useVenv": _BOOL,
+    "isolatedEnv": _BOOL,  # mserve: the model's environment does not see the server's packages
     "handler": {"type": "object"},
 }
 

@@ -6,6 +6,7 @@ worker in one batch frame. Errors keep TorchServe's JSON shape ``{"code", "type"
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -250,6 +251,27 @@ async def set_default(request: web.Request) -> web.Response:
     )
 
 
+async def environments(request: web.Request) -> web.Response:
+    """The per-model environment cache: where, how big, which entries registered models use."""
+    registry = request.app[REGISTRY_KEY]
+    entries = await asyncio.to_thread(registry.envs.entries)
+    in_use = registry.envs_in_use()
+    return web.json_response(
+        {
+            "root": str(registry.envs.root),
+            "totalBytes": sum(int(e["size_bytes"]) for e in entries),  # type: ignore[call-overload]
+            "environments": [{**e, "inUse": e["key"] in in_use} for e in entries],
+        }
+    )
+
+
+async def prune_environments(request: web.Request) -> web.Response:
+    """Remove every cached environment that no registered model uses."""
+    registry = request.app[REGISTRY_KEY]
+    removed = await asyncio.to_thread(registry.envs.prune, registry.envs_in_use())
+    return web.json_response({"removed": removed})
+
+
 async def not_found(request: web.Request) -> web.Response:
     raise ModelNotFound(f"no such path: {request.method} {request.path}")
 
@@ -289,6 +311,8 @@ def build_apps(
     management.router.add_delete("/models/{model}", unregister)
     management.router.add_delete("/models/{model}/{version}", unregister)
     management.router.add_put("/models/{model}/{version}/set-default", set_default)
+    management.router.add_get("/environments", environments)
+    management.router.add_delete("/environments", prune_environments)
 
     metrics_app = _app(registry, metrics, 1 << 16)
     metrics_app.router.add_get("/metrics", metrics_endpoint)

@@ -40,6 +40,8 @@ class ServerConfig:
     max_response_size_bytes: int = 6_553_500
     allowed_paths: tuple[str, ...] = field(default_factory=tuple)
     access_log: bool = True
+    install_py_dep_per_model: bool = True
+    env_dir: str | None = None
     fork_workers: bool = True
     worker_preload: tuple[str, ...] = ("torch", "numpy")
 
@@ -50,6 +52,10 @@ class ServerConfig:
     @property
     def log_path(self) -> Path:
         return Path(self.log_dir).expanduser().resolve() if self.log_dir else self.run_path / "logs"
+
+    @property
+    def env_path(self) -> Path:
+        return Path(self.env_dir).expanduser().resolve() if self.env_dir else self.run_path / "envs"
 
     @property
     def store_path(self) -> Path | None:

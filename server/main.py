@@ -164,6 +164,7 @@ class Server:
         for runner in self.runners:  # stop accepting; in-flight requests get the deadline
             for site in list(runner.sites):
                 await site.stop()
+        await self.registry.close()
         await asyncio.gather(*(mv.stop(SHUTDOWN_DRAIN_S) for mv in self.registry.all()))
         await self.launcher.close()
         for runner in self.runners:

@@ -105,6 +105,8 @@ class ModelVersion:
         self.failed: str | None = None
         self.recent_failures: list[float] = []
         self.registered_at = time.time()
+        self.stage: str | None = None  # what a loading model is doing (building environment, ...)
+        self.env_key: str | None = None
 
     @property
     def label(self) -> str:
@@ -338,7 +340,10 @@ class ModelVersion:
             "settingSources": s.sources,
             "loadedAtStartup": self.loaded_at_startup,
             "status": "FAILED" if self.failed else ("READY" if self.healthy() else "LOADING"),
+            "stage": self.stage,
             "failure": self.failed,
+            "python": self.python,
+            "environment": self.env_key,
             "workers": workers,
         }
 

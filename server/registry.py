@@ -12,12 +12,16 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from archiver import Manifest
 from server.config import ServerConfig
 from server.devices import GpuAllocator
+from server.envs import EnvCache, EnvRequest, normalise_requirements
 from server.errors import (
+    InvalidModel,
     ModelAlreadyExists,
     ModelNotFound,
     ModelVersionNotFound,
+    MserveError,
 )
 from server.model import ModelSettings, ModelVersion
 from server.store import resolve_url, unpack
@@ -90,6 +94,8 @@ class Registry:
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.defaults: dict[str, str] = {}
         self._lock = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
+        self.envs = EnvCache(config.env_path)
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
         versions = self.models.get(name)
@@ -145,14 +151,79 @@ class Registry:
             "registering %s (%s) from %s with %d worker(s)",
             model.label, model.handler, request.url, settings.min_workers,
         )  # fmt: skip
-        try:
-            await model.scale(
-                settings.min_workers, settings.max_workers, request.synchronous, source=None
-            )
-        except BaseException:
-            await self._drop(model)
-            raise
+        env = self._env_request(model, unpacked.manifest, unpacked.model_config, request)
+        if request.synchronous:
+            try:
+                await self._prepare(model, env, request)
+            except BaseException:
+                await self._drop(model)
+                raise
+        else:
+            task = asyncio.create_task(self._prepare_in_background(model, env, request))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         return model
+
+    def _env_request(
+        self,
+        model: ModelVersion,
+        manifest: Manifest,
+        config: dict[str, Any],
+        request: RegisterRequest,
+    ) -> EnvRequest | None:
+        """What the model's own environment must hold, or None to run on the server's python."""
+        req_name = manifest.model.requirements_file
+        if not req_name or not self.config.install_py_dep_per_model:
+            return None
+        try:
+            text = (model.model_dir / req_name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidModel(f"cannot read {req_name} from {request.url}: {exc}") from exc
+        if not normalise_requirements(text):
+            return None
+        wheels = (manifest.extra.get("mserve") or {}).get("wheelhouse")
+        return EnvRequest(
+            requirements=text,
+            model_label=model.label,
+            wheelhouse=(model.model_dir / wheels) if wheels else None,
+            isolated=bool(config.get("isolatedEnv", False)),
+        )
+
+    async def _prepare(
+        self, model: ModelVersion, env: EnvRequest | None, request: RegisterRequest
+    ) -> None:
+        if env is not None:
+            model.stage = "building environment"
+            model.env_key = self.envs.key(env)
+            model.python = await asyncio.to_thread(self.envs.ensure, env)
+        model.stage = "starting workers"
+        await model.scale(model.settings.min_workers, model.settings.max_workers, True, source=None)
+        model.stage = None
+
+    async def _prepare_in_background(
+        self, model: ModelVersion, env: EnvRequest | None, request: RegisterRequest
+    ) -> None:
+        try:
+            if env is not None:
+                model.stage = "building environment"
+                model.env_key = self.envs.key(env)
+                model.python = await asyncio.to_thread(self.envs.ensure, env)
+            model.stage = None
+            await model.scale(
+                model.settings.min_workers, model.settings.max_workers, False, source=None
+            )
+        except MserveError as exc:
+            model.stage = None
+            model.failed = exc.message
+            log.error("model %s failed to load: %s", model.label, exc.message)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    def envs_in_use(self) -> set[str]:
+        return {mv.env_key for mv in self.all() if mv.env_key}
 
     async def _drop(self, model: ModelVersion) -> None:
         await model.stop(5.0)

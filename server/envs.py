@@ -1,0 +1,272 @@
+"""Per-model Python environments: built once per key, cached, shared, never half-used.
+
+Key: interpreter, normalised requirements, options (isolated, wheelhouse contents), installer
+and the worker runtime's version. Build: under a per-key file lock, in a temp folder next to the
+cache entry (debris of killed builds is swept first), probe-import the runtime, write metadata
+last, then rename into place; an entry without metadata is never used.
+
+Default environments see the server's own packages *behind* their own (a ``.pth`` that appends
+the server's site-packages), so a 2 GB torch is not reinstalled per model while the model's pins
+win; ``isolated`` ones do not. Either way the worker runtime is importable through a ``.pth`` to
+a folder that holds only the stdlib-only runtime, not the server and its dependencies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import filelock
+
+from archiver import __version__
+from server.errors import InvalidModel
+
+log = logging.getLogger(__name__)
+
+SCHEMA = 1
+META_FILE = ".mserve-env.json"
+TAIL_LINES = 25
+CHILD_SIDE = ("__init__.py", "runtime.py", "protocol.py", "context.py", "payload.py",
+              "loader.py", "template.py")  # fmt: skip
+WORKERS_DIR = Path(__file__).resolve().parent / "workers"
+
+
+@dataclass(frozen=True)
+class EnvRequest:
+    requirements: str
+    model_label: str
+    wheelhouse: Path | None = None
+    isolated: bool = False
+
+
+class EnvBuildError(InvalidModel):
+    """The installer failed; the message carries its last lines."""
+
+
+def normalise_requirements(text: str) -> str:
+    """Comments, blank lines and order do not change what gets installed."""
+    lines = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if line and not line.startswith("#"):
+            lines.append(re.sub(r"\s+", " ", line))
+    return "\n".join(sorted(lines))
+
+
+def find_uv() -> str | None:
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return shutil.which("uv")
+
+
+def _installer_version(uv: str | None) -> str:
+    if uv is None:
+        return "pip"
+    out = subprocess.run([uv, "--version"], capture_output=True, text=True, timeout=30)
+    return out.stdout.strip() or "uv"
+
+
+def _wheelhouse_digest(folder: Path | None) -> str:
+    if folder is None:
+        return ""
+    entries = sorted((p.name, p.stat().st_size) for p in folder.iterdir() if p.is_file())
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+
+
+def _base_site_packages() -> list[str]:
+    """Where the server's own packages live (a venv's, not the base interpreter's)."""
+    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    paths += site.getsitepackages()
+    seen: list[str] = []
+    for p in paths:
+        if p not in seen and Path(p).is_dir():
+            seen.append(p)
+    return seen
+
+
+class EnvCache:
+    def __init__(self, root: Path, python: str = sys.executable, use_uv: bool = True) -> None:
+        self.root = root
+        self.python = python
+        self.uv = find_uv() if use_uv else None
+        self._installer = _installer_version(self.uv)
+
+    # --- keys and paths ---------------------------------------------------------------------
+
+    def key(self, request: EnvRequest) -> str:
+        identity = {
+            "schema": SCHEMA,
+            "python": os.path.realpath(self.python),
+            "python_version": sys.version,
+            "requirements": normalise_requirements(request.requirements),
+            "isolated": request.isolated,
+            "wheelhouse": _wheelhouse_digest(request.wheelhouse),
+            "installer": self._installer,
+            "runtime": __version__,
+            "base": [] if request.isolated else _base_site_packages(),
+        }
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
+    def path(self, key: str) -> Path:
+        return self.root / key
+
+    def env_python(self, key: str) -> str:
+        return str(self.path(key) / "bin" / "python")
+
+    def ready(self, key: str) -> bool:
+        return (self.path(key) / META_FILE).is_file()
+
+    def runtime_dir(self) -> Path:
+        """A folder with only the stdlib worker runtime, importable as ``server.workers``."""
+        folder = self.root / f"runtime-{__version__}"
+        if not (folder / "server" / "workers" / "runtime.py").is_file():
+            tmp = self.root / f".tmp-runtime-{os.getpid()}-{secrets.token_hex(4)}"
+            (tmp / "server" / "workers").mkdir(parents=True)
+            (tmp / "server" / "__init__.py").write_text('"""mserve worker runtime only."""\n')
+            for name in CHILD_SIDE:
+                shutil.copy(WORKERS_DIR / name, tmp / "server" / "workers" / name)
+            try:
+                os.rename(tmp, folder)
+            except OSError:  # another process won the race; theirs is identical
+                shutil.rmtree(tmp, ignore_errors=True)
+        return folder
+
+    # --- building ---------------------------------------------------------------------------
+
+    def ensure(self, request: EnvRequest, on_line: Callable[[str], None] | None = None) -> str:
+        """The environment's python, building it if needed (blocking: run in a thread)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        key = self.key(request)
+        if self.ready(key):
+            return self.env_python(key)
+        with filelock.FileLock(str(self.root / f".{key}.lock")):
+            if self.ready(key):  # another process built it while we waited
+                return self.env_python(key)
+            for debris in self.root.glob(f".tmp-{key}-*"):
+                shutil.rmtree(debris, ignore_errors=True)  # a killed build; safe under the lock
+            tmp = self.root / f".tmp-{key}-{os.getpid()}-{secrets.token_hex(4)}"
+            try:
+                started = time.monotonic()
+                self._build(tmp, request, on_line or (lambda line: None))
+                meta = {
+                    "key": key,
+                    "created": time.time(),
+                    "build_s": round(time.monotonic() - started, 3),
+                    "requirements": normalise_requirements(request.requirements),
+                    "isolated": request.isolated,
+                    "installer": self._installer,
+                    "first_model": request.model_label,
+                }
+                (tmp / META_FILE).write_text(json.dumps(meta, indent=2))  # written last
+                os.rename(tmp, self.path(key))
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            log.info("environment %s for %s built in %.2f s", key[:12], request.model_label,
+                     meta["build_s"])  # fmt: skip
+        return self.env_python(key)
+
+    def _run(self, cmd: list[str], what: str, on_line: Callable[[str], None], label: str) -> None:
+        tail: deque[str] = deque(maxlen=TAIL_LINES)
+        env = {**os.environ, "UV_COMPILE_BYTECODE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env)  # fmt: skip
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail.append(line)
+            log.debug("[%s %s] %s", label, what, line)
+            on_line(line)
+        if proc.wait() != 0:
+            raise EnvBuildError(
+                f"{what} failed for {label} (exit code {proc.returncode}); installer output:\n"
+                + "\n".join(tail)
+            )
+
+    def _build(self, tmp: Path, request: EnvRequest, on_line: Callable[[str], None]) -> None:
+        label = request.model_label
+        if self.uv:
+            self._run([self.uv, "venv", "--quiet", "--relocatable", "--python", self.python,
+                       str(tmp)], "creating the environment", on_line, label)  # fmt: skip
+        else:
+            self._run([self.python, "-m", "venv", str(tmp)], "creating the environment",
+                      on_line, label)  # fmt: skip
+        python = str(tmp / "bin" / "python")
+        purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+        site_dir = Path(
+            subprocess.run([python, "-c", purelib], capture_output=True, text=True,
+                           check=True).stdout.strip()
+        )  # fmt: skip
+        # .pth files run in name order: the runtime first, then (layered) the server's packages,
+        # both after the environment's own site-packages, so the model's pins win.
+        (site_dir / "00-mserve-runtime.pth").write_text(f"{self.runtime_dir()}\n")
+        if not request.isolated:
+            (site_dir / "zz-mserve-base.pth").write_text("\n".join(_base_site_packages()) + "\n")
+        req_file = tmp / "requirements.txt"
+        req_file.write_text(request.requirements)
+        offline: list[str] = []
+        if request.wheelhouse is not None:
+            offline = ["--no-index", "--find-links", str(request.wheelhouse)]
+        if self.uv:
+            cmd = [self.uv, "pip", "install", "--python", python, "--compile-bytecode",
+                   *(["--offline"] if offline else []), *offline, "-r", str(req_file)]  # fmt: skip
+        else:
+            cmd = [python, "-m", "pip", "install", *offline, "-r", str(req_file)]
+        self._run(cmd, "installing requirements", on_line, label)
+        probe = subprocess.run([python, "-I", "-c", "import server.workers.runtime"],
+                               capture_output=True, text=True)  # fmt: skip
+        if probe.returncode != 0:
+            raise EnvBuildError(f"the worker runtime does not import in the new environment for"
+                                f" {label}: {probe.stderr.strip()[-500:]}")  # fmt: skip
+
+    # --- housekeeping -----------------------------------------------------------------------
+
+    def entries(self) -> list[dict[str, object]]:
+        out = []
+        if not self.root.is_dir():
+            return out
+        for meta_file in sorted(self.root.glob(f"*/{META_FILE}")):
+            meta = json.loads(meta_file.read_text())
+            meta["size_bytes"] = _tree_size(meta_file.parent)
+            out.append(meta)
+        return out
+
+    def prune(self, in_use: set[str]) -> list[str]:
+        removed = []
+        for meta in self.entries():
+            key = str(meta["key"])
+            if key in in_use:
+                continue
+            with filelock.FileLock(str(self.root / f".{key}.lock")):
+                trash = self.root / f".tmp-{key}-pruned-{secrets.token_hex(4)}"
+                os.rename(self.path(key), trash)  # unusable at once, then removed
+                shutil.rmtree(trash, ignore_errors=True)
+            removed.append(key)
+        return removed
+
+
+def _tree_size(folder: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total

@@ -1,0 +1,125 @@
+"""Per-model environments: real uv builds from hand-made wheels, no index access."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from server.envs import EnvCache, EnvRequest
+from tests.server.conftest import wait_until
+from tests.wheels import make_wheel
+
+PKG = "mservetestpkg"
+
+
+def _wheelhouse(tmp_path: Path, version: str) -> Path:
+    folder = tmp_path / f"wheels-{version}"
+    make_wheel(folder, PKG, version, f"VERSION = {version!r}\n")
+    return folder
+
+
+def _archive(make_archive, tmp_path: Path, name: str, requirement: str, version: str, *extra):
+    reqs = tmp_path / f"{name}-requirements.txt"
+    reqs.write_text(requirement + "\n")
+    wheels = _wheelhouse(tmp_path, version)
+    return make_archive("versioned", "vhandler:handle", name, "-r", str(reqs),
+                        "--wheelhouse", str(wheels), *extra)  # fmt: skip
+
+
+def test_two_versions_side_by_side_and_reuse(make_archive, start_server, tmp_path: Path) -> None:
+    _archive(make_archive, tmp_path, "old", f"{PKG}==1.0", "1.0")
+    _archive(make_archive, tmp_path, "new", f"{PKG}==2.0", "2.0")
+    _archive(make_archive, tmp_path, "again", f"# same set\n{PKG}==1.0", "1.0")
+    server = start_server("old=old.mar", "new=new.mar")
+    old, new = server.predict("old", {}).json(), server.predict("new", {}).json()
+    assert (old["version"], new["version"]) == ("1.0", "2.0")
+    assert old["python"] != new["python"] and old["python"] != sys.executable
+    described = {n: server.manage("GET", f"/models/{n}").json()[0] for n in ("old", "new")}
+    assert described["old"]["environment"] != described["new"]["environment"]
+
+    assert server.manage("POST", "/models?url=again.mar").status == 200
+    again = server.manage("GET", "/models/again").json()[0]
+    assert again["environment"] == described["old"]["environment"]  # reused, nothing new
+    listing = server.manage("GET", "/environments").json()
+    assert len(listing["environments"]) == 2
+    assert listing["totalBytes"] > 0
+    assert all(e["inUse"] for e in listing["environments"])
+
+    assert server.manage("DELETE", "/models/new").status == 200
+    pruned = server.manage("DELETE", "/environments").json()
+    assert pruned["removed"] == [described["new"]["environment"]]
+    assert server.predict("old", {}).json()["version"] == "1.0"
+
+
+def test_failed_install_is_a_clear_registration_error(make_archive, start_server, tmp_path) -> None:
+    _archive(make_archive, tmp_path, "broken", f"{PKG}==9.9", "1.0")
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    reply = server.manage("POST", "/models?url=broken.mar")
+    assert reply.status == 400
+    message = reply.json()["message"]
+    assert "installing requirements failed for broken:1.0" in message
+    assert f"{PKG}==9.9" in message  # the installer's own words on what failed
+    assert server.predict("probe", {}).status == 200
+    envs = Path(server.run_dir) / "envs"
+    assert not [p for p in envs.iterdir() if p.name.startswith(".tmp-") and p.is_dir()]
+
+
+def test_layered_env_sees_server_packages_isolated_does_not(tmp_path: Path) -> None:
+    cache = EnvCache(tmp_path / "envs")
+    wheels = _wheelhouse(tmp_path, "1.0")
+    probe = "import server.workers.runtime, mservetestpkg; import yaml"
+    layered = cache.ensure(EnvRequest(f"{PKG}==1.0", "m:1", wheels))
+    assert subprocess.run([layered, "-I", "-c", probe], capture_output=True).returncode == 0
+    isolated = cache.ensure(EnvRequest(f"{PKG}==1.0", "m:1", wheels, isolated=True))
+    assert isolated != layered
+    out = subprocess.run([isolated, "-I", "-c", probe], capture_output=True, text=True)
+    assert "No module named 'yaml'" in out.stderr  # runtime and its own package import, not ours
+
+
+_BUILD = """
+import sys
+from pathlib import Path
+from server.envs import EnvCache, EnvRequest
+cache = EnvCache(Path(sys.argv[1]), use_uv=sys.argv[3] == "uv")
+print(cache.ensure(EnvRequest("mservetestpkg==1.0", "m:1", Path(sys.argv[2]))))
+"""
+
+
+def _builder(root: Path, wheels: Path, installer: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", _BUILD, str(root), str(wheels), installer],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_concurrent_builds_of_one_key_end_in_one_env(tmp_path: Path) -> None:
+    wheels = _wheelhouse(tmp_path, "1.0")
+    procs = [_builder(tmp_path / "envs", wheels, "uv") for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert len({out.strip() for out, _ in outs}) == 1
+    assert len(EnvCache(tmp_path / "envs").entries()) == 1
+
+
+@pytest.mark.slow
+def test_killed_build_is_never_used_and_is_swept(tmp_path: Path) -> None:
+    wheels = _wheelhouse(tmp_path, "1.0")
+    root = tmp_path / "envs"
+    proc = _builder(root, wheels, "pip")  # venv + pip: slow enough to kill halfway
+    wait_until(lambda: root.is_dir() and any(p.name.startswith(".tmp-") for p in root.iterdir()
+                                             if not p.name.startswith(".tmp-runtime")), 60, "a build to start")  # fmt: skip
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    cache = EnvCache(root, use_uv=False)
+    key = cache.key(EnvRequest(f"{PKG}==1.0", "m:1", wheels))
+    assert not cache.ready(key) and not cache.path(key).exists()
+    python = cache.ensure(EnvRequest(f"{PKG}==1.0", "m:1", wheels))
+    assert cache.ready(key)
+    assert subprocess.run([python, "-I", "-c", "import mservetestpkg"]).returncode == 0
+    assert not [p for p in root.iterdir() if p.name.startswith(f".tmp-{key}")]
