@@ -7,6 +7,7 @@ works) and a log folder under the run dir.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import click
 
 from server.config import ServerConfig, load_config
 from server.errors import MserveError
-from server.rundir import PID_FILE, StartupModel, read_status, running_pid
+from server.rundir import ENV_META_FILE, PID_FILE, StartupModel, read_status, running_pid
 
 START_WAIT_S = 600.0
 STOP_WAIT_S = 60.0
@@ -58,6 +59,22 @@ def _print_status(status: dict[str, Any]) -> None:
     for name, state in sorted(status.get("models", {}).items()):
         click.echo(f"  model {name}: {state}")
     click.echo(f"  logs       {status.get('log_dir')}")
+    if status.get("env_dir"):
+        click.echo(f"  envs       {status['env_dir']} ({_env_summary(Path(status['env_dir']))})")
+
+
+def _env_summary(root: Path) -> str:
+    """Count and size of the per-model environment cache (prune: DELETE /environments)."""
+    if not root.is_dir():
+        return "empty"
+    envs = [p for p in root.iterdir() if (p / ENV_META_FILE).is_file()]
+    total = 0
+    for env in envs:
+        for folder, _dirs, files in os.walk(env):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(folder, name)).st_size
+    return f"{len(envs)} environments, {total / 2**20:.1f} MiB"
 
 
 def _start_daemon(config: ServerConfig, argv: list[str]) -> None:

@@ -42,6 +42,7 @@ class ServerConfig:
     access_log: bool = True
     install_py_dep_per_model: bool = True
     env_dir: str | None = None
+    protected_packages: tuple[str, ...] = ("torch",)
     fork_workers: bool = True
     worker_preload: tuple[str, ...] = ("torch", "numpy")
 

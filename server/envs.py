@@ -35,11 +35,11 @@ import filelock
 
 from archiver import __version__
 from server.errors import InvalidModel
+from server.rundir import ENV_META_FILE as META_FILE
 
 log = logging.getLogger(__name__)
 
 SCHEMA = 1
-META_FILE = ".mserve-env.json"
 TAIL_LINES = 25
 CHILD_SIDE = ("__init__.py", "runtime.py", "protocol.py", "context.py", "payload.py",
               "loader.py", "template.py")  # fmt: skip
@@ -91,6 +91,36 @@ def _wheelhouse_digest(folder: Path | None) -> str:
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
 
 
+_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def protected_constraints(names: tuple[str, ...]) -> list[str]:
+    """Exact versions of the protected base packages and everything they need, as installer
+    constraints: a model pin that would break them (say typing-extensions==4.5.0 under torch)
+    is refused at install time, while pins of unrelated packages still install."""
+    from importlib import metadata
+
+    pins: dict[str, str] = {}
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        key = name.lower().replace("_", "-")
+        if key in pins:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        pins[key] = f"{dist.metadata['Name']}=={dist.version}"
+        for req in dist.requires or []:
+            if "extra ==" in req.replace('"', "").replace("'", ""):
+                continue  # optional extras are not part of what the base needs
+            match = _NAME.match(req)
+            if match:
+                todo.append(match.group(1))
+    return sorted(pins.values())
+
+
 def _base_site_packages() -> list[str]:
     """Where the server's own packages live (a venv's, not the base interpreter's)."""
     paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
@@ -103,9 +133,16 @@ def _base_site_packages() -> list[str]:
 
 
 class EnvCache:
-    def __init__(self, root: Path, python: str = sys.executable, use_uv: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        python: str = sys.executable,
+        use_uv: bool = True,
+        protected: tuple[str, ...] = ("torch",),
+    ) -> None:
         self.root = root
         self.python = python
+        self.protected = protected
         self.uv = find_uv() if use_uv else None
         self._installer = _installer_version(self.uv)
 
@@ -122,6 +159,7 @@ class EnvCache:
             "installer": self._installer,
             "runtime": __version__,
             "base": [] if request.isolated else _base_site_packages(),
+            "constraints": [] if request.isolated else protected_constraints(self.protected),
         }
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -193,7 +231,7 @@ class EnvCache:
         for line in proc.stdout:
             line = line.rstrip()
             tail.append(line)
-            log.debug("[%s %s] %s", label, what, line)
+            log.info("[%s] %s: %s", label, what, line)
             on_line(line)
         if proc.wait() != 0:
             raise EnvBuildError(
@@ -225,11 +263,17 @@ class EnvCache:
         offline: list[str] = []
         if request.wheelhouse is not None:
             offline = ["--no-index", "--find-links", str(request.wheelhouse)]
+        constraints: list[str] = []
+        pins = [] if request.isolated else protected_constraints(self.protected)
+        if pins:
+            (tmp / "constraints.txt").write_text("\n".join(pins) + "\n")
+            constraints = ["-c", str(tmp / "constraints.txt")]
         if self.uv:
             cmd = [self.uv, "pip", "install", "--python", python, "--compile-bytecode",
-                   *(["--offline"] if offline else []), *offline, "-r", str(req_file)]  # fmt: skip
+                   *(["--offline"] if offline else []), *offline, *constraints,
+                   "-r", str(req_file)]  # fmt: skip
         else:
-            cmd = [python, "-m", "pip", "install", *offline, "-r", str(req_file)]
+            cmd = [python, "-m", "pip", "install", *offline, *constraints, "-r", str(req_file)]
         self._run(cmd, "installing requirements", on_line, label)
         probe = subprocess.run([python, "-I", "-c", "import server.workers.runtime"],
                                capture_output=True, text=True)  # fmt: skip

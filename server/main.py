@@ -94,6 +94,7 @@ class Server:
                 "gpus": self.gpus.count,
                 "models": self.models_status,
                 "log_dir": str(self.config.log_path),
+                "env_dir": str(self.config.env_path),
             },
         )
 

@@ -95,7 +95,7 @@ class Registry:
         self.defaults: dict[str, str] = {}
         self._lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
-        self.envs = EnvCache(config.env_path)
+        self.envs = EnvCache(config.env_path, protected=config.protected_packages)
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
         versions = self.models.get(name)

@@ -14,6 +14,7 @@ from typing import Any
 STATUS_FILE = "status.json"
 PID_FILE = "mserve.pid"
 LOCK_FILE = "mserve.lock"
+ENV_META_FILE = ".mserve-env.json"  # written last into a finished per-model environment
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from server.envs import EnvCache, EnvRequest
+from server.envs import EnvBuildError, EnvCache, EnvRequest
 from tests.server.conftest import wait_until
 from tests.wheels import make_wheel
 
@@ -86,7 +86,7 @@ def test_layered_env_sees_server_packages_isolated_does_not(tmp_path: Path) -> N
 _BUILD = """
 import sys
 from pathlib import Path
-from server.envs import EnvCache, EnvRequest
+from server.envs import EnvBuildError, EnvCache, EnvRequest
 cache = EnvCache(Path(sys.argv[1]), use_uv=sys.argv[3] == "uv")
 print(cache.ensure(EnvRequest("mservetestpkg==1.0", "m:1", Path(sys.argv[2]))))
 """
@@ -123,3 +123,25 @@ def test_killed_build_is_never_used_and_is_swept(tmp_path: Path) -> None:
     assert cache.ready(key)
     assert subprocess.run([python, "-I", "-c", "import mservetestpkg"]).returncode == 0
     assert not [p for p in root.iterdir() if p.name.startswith(f".tmp-{key}")]
+
+
+def test_pin_that_would_break_a_protected_base_package_is_refused(tmp_path: Path) -> None:
+    """PyYAML stands in for torch here (torch is not installed in CI): protecting it makes a
+    model's conflicting pin fail at install time, naming the conflict; other pins install."""
+    from importlib import metadata
+
+    wheels = _wheelhouse(tmp_path, "1.0")
+    make_wheel(wheels, "PyYAML", "5.0", "")  # a version the server does not run
+    cache = EnvCache(tmp_path / "envs", protected=("PyYAML",))
+
+    with pytest.raises(EnvBuildError) as info:
+        cache.ensure(EnvRequest(f"{PKG}==1.0\nPyYAML==5.0", "m:1", wheels))
+    assert "installing requirements failed for m:1" in info.value.message
+    assert "pyyaml" in info.value.message.lower()
+    assert (
+        f"PyYAML=={metadata.version('PyYAML')}" in info.value.message
+        or "constraint" in info.value.message.lower()
+        or "unsatisfiable" in info.value.message
+    )
+    ok = cache.ensure(EnvRequest(f"{PKG}==1.0", "m:1", wheels))
+    assert subprocess.run([ok, "-I", "-c", "import mservetestpkg, yaml"]).returncode == 0

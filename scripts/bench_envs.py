@@ -1,0 +1,98 @@
+"""Per-model environment figures: cold and warm creation with uv and with venv + pip, and
+registration-to-ready of a model with requirements through a real mserve.
+
+Usage: python scripts/bench_envs.py [--repeats 3]
+
+The requirement set is three small local wheels installed offline from a wheelhouse, so the
+figures measure the installers, not the network. Cold: a fresh cache folder; warm: the same key
+again (a cache hit). Medians of the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from server.envs import EnvCache, EnvRequest
+from tests.wheels import make_wheel
+
+BIN = Path(sys.executable).parent
+PACKAGES = [("benchpkg_a", "1.0"), ("benchpkg_b", "2.1"), ("benchpkg_c", "0.3")]
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-envs-"))
+    try:
+        wheels = work / "wheels"
+        for name, version in PACKAGES:
+            make_wheel(wheels, name, version, f"VERSION = {version!r}\n" + "X = 1\n" * 2000)
+        requirements = "\n".join(f"{n}=={v}" for n, v in PACKAGES)
+        request = EnvRequest(requirements, "bench:1", wheels)
+        print(
+            f"requirement set: {len(PACKAGES)} local wheels, offline; {args.repeats} runs, medians"
+        )
+        for installer in ("uv", "pip"):
+            cold, warm = [], []
+            for i in range(args.repeats):
+                cache = EnvCache(work / f"cache-{installer}-{i}", use_uv=installer == "uv")
+                cold.append(timed(lambda c=cache: c.ensure(request)))
+                warm.append(timed(lambda c=cache: c.ensure(request)))
+            label = "uv venv + uv pip" if installer == "uv" else "python -m venv + pip"
+            print(f"{label:<22} cold {statistics.median(cold):6.2f} s   warm "
+                  f"{statistics.median(warm) * 1000:6.1f} ms")  # fmt: skip
+
+        # registration to ready through mserve, with a cold and then a warm cache
+        (work / "h.py").write_text(
+            "import benchpkg_a\n\ndef handle(data, context):\n"
+            "    return [benchpkg_a.VERSION for _ in data or []]\n"
+        )
+        (work / "requirements.txt").write_text(requirements + "\n")
+        store = work / "store"
+        store.mkdir()
+        for name in ("m1", "m2"):
+            subprocess.run([str(BIN / "model-archiver"), "--model-name", name, "--handler",
+                            str(work / "h.py"), "-r", str(work / "requirements.txt"),
+                            "--wheelhouse", str(wheels), "--export-path", str(store)],
+                           check=True, capture_output=True)  # fmt: skip
+        cfg = work / "mserve.yaml"
+        cfg.write_text("inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
+                       f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\n")  # fmt: skip
+        run = work / "run"
+        subprocess.run([str(BIN / "mserve"), "--start", "--config", str(cfg), "--run-dir",
+                        str(run)], check=True, capture_output=True)  # fmt: skip
+        status = json.loads((run / "status.json").read_text())
+        import urllib.request
+
+        try:
+            for name, what in (("m1", "cold cache"), ("m2", "warm cache")):
+                req = urllib.request.Request(
+                    f"http://{status['management']}/models?url={name}.mar", method="POST"
+                )
+                took = timed(lambda r=req: urllib.request.urlopen(r, timeout=300).read())
+                print(f"registration to ready, model with requirements, {what}: {took:.2f} s")
+        finally:
+            subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(run)],
+                           capture_output=True)  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
