@@ -43,6 +43,14 @@ def test_two_versions_side_by_side_and_reuse(make_archive, start_server, tmp_pat
     described = {n: server.manage("GET", f"/models/{n}").json()[0] for n in ("old", "new")}
     assert described["old"]["environment"] != described["new"]["environment"]
 
+    # workers forked from the environment's own warm template see that environment too
+    log = server.run_dir / "logs" / "mserve.log"
+    wait_until(lambda: f"worker template for {old['python']} ready" in log.read_text(), 60,
+               "the environment's worker template")  # fmt: skip
+    assert server.manage("PUT", "/models/old?min_worker=3&synchronous=true").status == 200
+    seen = {tuple(server.predict("old", {}).json().values()) for _ in range(20)}
+    assert seen == {("1.0", old["python"])}
+
     assert server.manage("POST", "/models?url=again.mar").status == 200
     again = server.manage("GET", "/models/again").json()[0]
     assert again["environment"] == described["old"]["environment"]  # reused, nothing new
