@@ -20,6 +20,7 @@ from server.batching import Job, JobQueue, QueueFull, gather_batch
 from server.devices import GpuAllocator, worker_env_for
 from server.errors import (
     HandlerError,
+    InternalError,
     InvalidModel,
     MserveError,
     ServiceUnavailable,
@@ -185,7 +186,13 @@ class ModelVersion:
             )
             slot.worker = worker
             try:
-                await worker.start(self.settings.startup_timeout_s, self.launcher)
+                try:
+                    await worker.start(self.settings.startup_timeout_s, self.launcher)
+                except OSError as exc:  # the interpreter could not even be started
+                    await worker.kill()
+                    raise InvalidModel(
+                        f"cannot start a worker for {self.label} with {self.python}: {exc}"
+                    ) from exc
             except InvalidModel as exc:
                 log.error("model %s: %s", self.label, exc.message)
                 if slot.first_start is not None and not slot.first_start.done():
@@ -231,6 +238,11 @@ class ModelVersion:
             except (WorkerDied, WorkerTimeout) as exc:
                 _fail(live, exc)
                 return exc.message
+            except Exception as exc:  # the supervisor's task guard: never strand a caller
+                log.exception("model %s: unexpected error running a batch", self.label)
+                _fail(live, InternalError(f"internal error running the batch: {exc!r}"))
+                await worker.kill()
+                return f"unexpected error {exc!r}"
             for job, result in zip(live, results, strict=False):
                 if not job.future.done():
                     job.future.set_result(result)
