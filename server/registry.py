@@ -151,7 +151,11 @@ class Registry:
             "registering %s (%s) from %s with %d worker(s)",
             model.label, model.handler, request.url, settings.min_workers,
         )  # fmt: skip
-        env = self._env_request(model, unpacked.manifest, unpacked.model_config, request)
+        try:
+            env = self._env_request(model, unpacked.manifest, unpacked.model_config, request)
+        except BaseException:
+            await self._drop(model)
+            raise
         if request.synchronous:
             try:
                 await self._prepare(model, env, request)

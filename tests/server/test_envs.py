@@ -153,3 +153,14 @@ def test_pin_that_would_break_a_protected_base_package_is_refused(tmp_path: Path
     )
     ok = cache.ensure(EnvRequest(f"{PKG}==1.0", "m:1", wheels))
     assert subprocess.run([ok, "-I", "-c", "import mservetestpkg, yaml"]).returncode == 0
+
+
+def test_unreadable_requirements_leave_nothing_registered(make_archive, start_server, tmp_path):
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_bytes(b"\xff\xfe not utf-8")
+    make_archive("versioned", "vhandler:handle", "garbled", "-r", str(reqs))
+    server = start_server()
+    reply = server.manage("POST", "/models?url=garbled.mar")
+    assert reply.status == 400
+    assert "cannot read requirements.txt from garbled.mar" in reply.json()["message"]
+    assert server.manage("GET", "/models/garbled").status == 404
