@@ -241,6 +241,30 @@ def batch_frame(batch_id: int, items: Sequence[RequestItem], *, check: bool = Tr
 def parse_batch(frame: Frame) -> tuple[int, list[RequestItem]]:
     """Bodies come back as memoryview slices of the payload, so a batch of large inputs is never
     copied again inside the worker."""
+    fast = _fast_split(frame, Kind.BATCH, "requests")
+    if fast is not None:
+        batch_id, entries, bodies = fast
+        items = []
+        for entry, body in zip(entries, bodies):
+            request_id = entry.get("id")
+            content_type = entry.get("content_type", "")
+            headers = entry.get("headers", [])
+            params = entry.get("params", {})
+            if (
+                type(request_id) is not str
+                or type(content_type) is not str
+                or not _pairs_ok(headers)
+                or type(params) is not dict
+                or not all(type(k) is str and type(v) is str for k, v in params.items())
+            ):
+                return _parse_batch_checked(frame)
+            items.append(RequestItem(request_id, content_type, headers, body, params))
+        return batch_id, items
+    return _parse_batch_checked(frame)
+
+
+def _parse_batch_checked(frame: Frame) -> tuple[int, list[RequestItem]]:
+    """The slow path: every field checked, with a message that names the bad one."""
     batch_id, entries, bodies = _split(frame, Kind.BATCH, "requests")
     items = []
     for i, entry in enumerate(entries):
@@ -277,6 +301,27 @@ def result_frame(batch_id: int, items: Sequence[ResponseItem]) -> Frame:
 
 
 def parse_result(frame: Frame) -> tuple[int, list[ResponseItem]]:
+    fast = _fast_split(frame, Kind.RESULT, "responses")
+    if fast is not None:
+        batch_id, entries, bodies = fast
+        items = []
+        for entry, body in zip(entries, bodies):
+            status = entry.get("status")
+            content_type = entry.get("content_type", "")
+            headers = entry.get("headers", [])
+            if (
+                type(status) is not int
+                or not MIN_STATUS <= status <= MAX_STATUS
+                or type(content_type) is not str
+                or not _pairs_ok(headers)
+            ):
+                return _parse_result_checked(frame)
+            items.append(ResponseItem(status, body, content_type, headers))
+        return batch_id, items
+    return _parse_result_checked(frame)
+
+
+def _parse_result_checked(frame: Frame) -> tuple[int, list[ResponseItem]]:
     batch_id, entries, bodies = _split(frame, Kind.RESULT, "responses")
     items = []
     for i, entry in enumerate(entries):
@@ -371,6 +416,44 @@ def _byte_view(obj: object, what: str) -> memoryview:
     if not view.c_contiguous:
         raise ProtocolError(f"{what} must be a contiguous buffer")
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _pairs_ok(value: object) -> bool:
+    return type(value) is list and all(
+        type(p) is list and len(p) == 2 and type(p[0]) is str and type(p[1]) is str for p in value
+    )
+
+
+def _fast_split(
+    frame: Frame, kind: Kind, key: str
+) -> tuple[int, list[dict[str, Any]], list[memoryview]] | None:
+    """``_split`` for well-formed frames, building no error text; None sends the caller to the
+    checked path, which raises the precise error (or accepts an unusual but valid frame)."""
+    if frame.kind is not kind:
+        return None
+    meta = frame.meta
+    batch_id = meta.get("batch_id")
+    entries = meta.get(key)
+    payload = frame.payload
+    if (
+        type(batch_id) is not int
+        or batch_id < 0
+        or type(entries) is not list
+        or type(payload) not in (bytes, bytearray)
+    ):
+        return None
+    view = memoryview(payload)
+    bodies = []
+    offset = 0
+    for entry in entries:
+        size = entry.get("size") if type(entry) is dict else None
+        if type(size) is not int or size < 0:
+            return None
+        bodies.append(view[offset : offset + size])
+        offset += size
+    if offset != len(view):
+        return None
+    return batch_id, entries, bodies
 
 
 def _split(
