@@ -17,7 +17,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from server.errors import BadRequest, InternalError, ModelNotFound, MserveError
+from server.errors import BadRequest, InternalError, ModelNotFound, MserveError, ResponseTooLarge
 from server.registry import RegisterRequest, Registry
 from server.workers.protocol import RequestItem
 
@@ -25,10 +25,16 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REGISTRY_KEY = web.AppKey("registry", Registry)
+LIMITS_KEY = web.AppKey("max_response_bytes", int)
+REQUEST_LIMIT_KEY = web.AppKey("max_request_bytes", int)
 
 
-def _error_response(status: int, type_: str, message: str) -> web.Response:
-    return web.json_response({"code": status, "type": type_, "message": message}, status=status)
+def _error_response(
+    status: int, type_: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response(
+        {"code": status, "type": type_, "message": message}, status=status, headers=headers
+    )
 
 
 @web.middleware
@@ -36,12 +42,13 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except MserveError as exc:
-        return _error_response(exc.status, exc.type, exc.message)
-    except web.HTTPRequestEntityTooLarge as exc:
+        return _error_response(exc.status, exc.type, exc.message, exc.headers())
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[REQUEST_LIMIT_KEY]
         return _error_response(
             413,
             "RequestTooLarge",
-            f"request body is larger than max_request_size_bytes={exc.max_size}",  # type: ignore[attr-defined]
+            f"request body is larger than max_request_size_bytes={limit}",
         )
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -150,6 +157,13 @@ async def predict(request: web.Request) -> web.Response:
     except MserveError as exc:
         metrics.answered(model.name, model.version, exc.status, None)
         raise
+    limit = request.app[LIMITS_KEY]
+    if len(result.body) > limit:
+        metrics.answered(model.name, model.version, 413, None)
+        raise ResponseTooLarge(
+            f"the response of {model.label} is {len(result.body)} bytes, more than"
+            f" max_response_size_bytes={limit}"
+        )
     headers = {k: v for k, v in result.headers}
     headers["Content-Type"] = result.content_type or "application/octet-stream"
     headers["X-Request-Id"] = item.request_id
@@ -286,15 +300,17 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 def _app(registry: Registry, metrics: Metrics, max_request_bytes: int) -> web.Application:
     app = web.Application(middlewares=[errors_middleware], client_max_size=max_request_bytes)
+    app[REQUEST_LIMIT_KEY] = max_request_bytes
     app[REGISTRY_KEY] = registry
     app["metrics"] = metrics
     return app
 
 
 def build_apps(
-    registry: Registry, metrics: Metrics, max_request_bytes: int
+    registry: Registry, metrics: Metrics, max_request_bytes: int, max_response_bytes: int
 ) -> tuple[web.Application, web.Application, web.Application]:
     inference = _app(registry, metrics, max_request_bytes)
+    inference[LIMITS_KEY] = max_response_bytes
     inference.router.add_get("/ping", ping)
     for method in ("POST", "PUT"):
         inference.router.add_route(method, "/predictions/{model}", predict)

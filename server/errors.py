@@ -20,6 +20,10 @@ class MserveError(Exception):
     def type(self) -> str:
         return type(self).__name__
 
+    def headers(self) -> dict[str, str]:
+        """Extra HTTP headers for this error's response."""
+        return {}
+
     def body(self) -> dict[str, object]:
         return {"code": self.status, "type": self.type, "message": self.message}
 
@@ -59,12 +63,28 @@ class ArchiveNotAllowed(MserveError):
 
 
 class ServiceUnavailable(MserveError):
-    """No worker can take the request (none started, all failed, or the queue is full)."""
+    """No worker can take the request (none started, or the model failed)."""
 
     status = 503
 
 
+class TooManyRequests(MserveError):
+    """The model's queue is full (``job_queue_size``): try again shortly."""
+
+    status = 429
+    retry_after_s = 1
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
 class RequestTooLarge(MserveError):
+    status = 413
+
+
+class ResponseTooLarge(MserveError):
+    """The handler's answer is over ``max_response_size_bytes``; 413, as for requests."""
+
     status = 413
 
 

@@ -99,7 +99,12 @@ class Server:
         )
 
     async def listen(self) -> None:
-        apps = build_apps(self.registry, self.metrics, self.config.max_request_size_bytes)
+        apps = build_apps(
+            self.registry,
+            self.metrics,
+            self.config.max_request_size_bytes,
+            self.config.max_response_size_bytes,
+        )
         access = logging.getLogger("mserve.access")
         for name, app in zip(("inference", "management", "metrics"), apps, strict=True):
             host, port = parse_address(getattr(self.config, f"{name}_address"), name)
@@ -108,6 +113,9 @@ class Server:
                 access_log=access if name != "metrics" and self.config.access_log else None,
                 access_log_format=ACCESS_LOG_FORMAT,
                 handle_signals=False,
+                # a client that goes away cancels its request: a queued job is then skipped
+                # and costs no worker time
+                handler_cancellation=name == "inference",
             )
             await runner.setup()
             site = web.TCPSite(runner, host, port, reuse_address=True)

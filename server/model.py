@@ -24,6 +24,7 @@ from server.errors import (
     InvalidModel,
     MserveError,
     ServiceUnavailable,
+    TooManyRequests,
     WorkerDied,
     WorkerTimeout,
 )
@@ -134,7 +135,7 @@ class ModelVersion:
         try:
             self.queue.put(job)
         except QueueFull:
-            raise ServiceUnavailable(
+            raise TooManyRequests(
                 f"model {self.label} queue is full (job_queue_size={self.queue.maxsize})"
             ) from None
         return await job.future

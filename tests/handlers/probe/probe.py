@@ -1,7 +1,7 @@
 """A module-function handler that reports what it sees and fails on request (fault injection).
 
 The JSON body's "cmd" picks the behaviour for that request: raise, wrong_length, status,
-header, sleep, exit. Otherwise it answers a report of its environment and context.
+header, sleep, touch, bytes, exit. Otherwise it answers a report of its environment and context.
 """
 
 import json
@@ -51,6 +51,9 @@ def handle(data, context):
             os._exit(3)
         if cmd == "sleep":
             time.sleep(float(body.get("s", 1)))
+        if cmd == "touch":  # leaves a trace, so a test can tell whether a request ran
+            with open(body["path"], "w") as f:
+                f.write(context.get_request_id(i))
         if cmd == "status":
             context.set_response_status(418, "I'm a teapot", i)
         if cmd == "header":

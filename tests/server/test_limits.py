@@ -1,0 +1,89 @@
+"""Limits and timeouts through a real server: 413, 429 with Retry-After, 504, disconnects."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+from tests.server.conftest import wait_until
+
+
+def test_request_and_response_size_limits(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server(
+        "probe=probe.mar",
+        config={"max_request_size_bytes": 1000, "max_response_size_bytes": 100},
+    )
+    big = server.predict("probe", b"x" * 2000, headers={"Content-Type": "application/octet-stream"})
+    assert big.status == 413
+    assert "max_request_size_bytes=1000" in big.json()["message"]
+    answer = server.predict("probe", {"cmd": "bytes"})  # 256 bytes back
+    assert answer.status == 413
+    assert answer.json()["type"] == "ResponseTooLarge"
+    assert "256 bytes, more than max_response_size_bytes=100" in answer.json()["message"]
+    assert server.predict("probe", {"cmd": "header"}).status == 200  # small answers still pass
+
+
+def test_full_queue_answers_429_at_once_while_accepted_requests_succeed(make_archive, start_server):
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar", config={"job_queue_size": 2})
+    results: list[tuple[int, str | None, float]] = []
+
+    def call() -> None:
+        started = time.monotonic()
+        reply = server.predict("probe", {"cmd": "sleep", "s": 0.5})
+        results.append((reply.status, reply.headers.get("Retry-After"), time.monotonic() - started))
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    codes = sorted(code for code, _, _ in results)
+    assert set(codes) == {200, 429}, codes
+    assert codes.count(200) >= 3  # one running, two queued
+    rejected = [r for r in results if r[0] == 429]
+    assert all(retry == "1" for _, retry, _ in rejected)
+    assert all(took < 0.4 for _, _, took in rejected)  # refused at once, not after waiting
+
+
+def test_response_timeout_answers_504_and_replaces_the_worker(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server()
+    assert server.manage("POST", "/models?url=probe.mar&response_timeout=1").status == 200
+    old = server.worker_pids("probe")[0]
+    started = time.monotonic()
+    slow = server.predict("probe", {"cmd": "sleep", "s": 30})
+    took = time.monotonic() - started
+    assert slow.status == 504
+    assert "response_timeout_s=1" in slow.json()["message"]
+    assert took < 5  # at the deadline, not when the handler would have finished
+    wait_until(lambda: server.predict("probe", {}).status == 200, 30, "a fresh worker")
+    assert server.worker_pids("probe") != [old]
+
+
+def test_client_that_left_before_dispatch_costs_no_worker_time(
+    make_archive, start_server, tmp_path: Path
+):
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    busy = threading.Thread(target=server.predict, args=("probe", {"cmd": "sleep", "s": 1.5}))
+    busy.start()
+    time.sleep(0.3)  # the only worker is now busy; the next request waits in the queue
+    trace = tmp_path / "ran.txt"
+    body = json.dumps({"cmd": "touch", "path": str(trace)}).encode()
+    host, port = server.status["inference"].rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /predictions/probe HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(0.2)  # queued behind the busy worker; now the client goes away
+    busy.join(timeout=30)
+    assert server.predict("probe", {}).status == 200  # the queue moved past it
+    time.sleep(0.3)
+    assert not trace.exists()
