@@ -239,6 +239,7 @@ async def scale(request: web.Request) -> web.Response:
         raise BadRequest(f"max_worker ({max_worker}) is less than min_worker ({min_worker})")
     synchronous = _bool_param(request, "synchronous", False)
     await model.scale(min_worker, max_worker, synchronous)
+    registry.changed()
     if synchronous:
         return web.json_response(
             {"status": f"Workers scaled to {min_worker} for model: {model.name}"}

@@ -137,6 +137,13 @@ def _stop(config: ServerConfig) -> None:
 )
 @click.option("--run-dir", help="Pid, status, logs and unpack cache (default ~/.mserve).")
 @click.option("--log-dir", help="Log folder (default <run-dir>/logs).")
+@click.option(
+    "--ncs",
+    "--no-config-snapshot",
+    "no_snapshot",
+    is_flag=True,
+    help="Neither restore nor save the snapshot of registered models.",
+)
 @click.option("--quiet", is_flag=True, hidden=True)
 @click.argument("more_models", nargs=-1)
 def main(
@@ -149,13 +156,20 @@ def main(
     config_file: Path | None,
     run_dir: str | None,
     log_dir: str | None,
+    no_snapshot: bool,
     quiet: bool,
     more_models: tuple[str, ...],
 ) -> None:
     """Serve model archives (.mar) with TorchServe's REST APIs."""
     try:
         config = load_config(
-            config_file, {"model_store": model_store, "run_dir": run_dir, "log_dir": log_dir}
+            config_file,
+            {
+                "model_store": model_store,
+                "run_dir": run_dir,
+                "log_dir": log_dir,
+                "snapshot": False if no_snapshot else None,
+            },
         )
         if sum((start, stop, show_status)) != 1:
             _fail("say one of --start, --stop or --status (see mserve -h)", 2)

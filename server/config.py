@@ -40,6 +40,7 @@ class ServerConfig:
     max_response_size_bytes: int = 6_553_500
     allowed_paths: tuple[str, ...] = field(default_factory=tuple)
     access_log: bool = True
+    snapshot: bool = True
     install_py_dep_per_model: bool = True
     env_dir: str | None = None
     protected_packages: tuple[str, ...] = ("torch",)

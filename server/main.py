@@ -20,12 +20,14 @@ import uvloop
 from aiohttp import web
 
 from archiver import __version__
+from server import snapshot
 from server.app import Metrics, build_apps
 from server.config import ServerConfig, parse_address
 from server.devices import GpuAllocator, detect_gpu_count
 from server.errors import MserveError
 from server.registry import RegisterRequest, Registry
 from server.rundir import LOCK_FILE, PID_FILE, STATUS_FILE, StartupModel, write_json_atomic
+from server.snapshot import SNAPSHOT_FILE
 from server.workers.launch import Launcher
 
 log = logging.getLogger("mserve")
@@ -131,6 +133,27 @@ class Server:
             self.addresses[name] = f"{bound[0]}:{bound[1]}"
             log.info("%s API listening on http://%s", name, self.addresses[name])
 
+    async def restore_snapshot(self) -> None:
+        if not self.config.snapshot:
+            return
+        requests, defaults = snapshot.load(self.config.run_path / SNAPSHOT_FILE)
+        if not requests:
+            return
+        log.info("restoring %d model version(s) from the snapshot", len(requests))
+
+        async def one(request: RegisterRequest) -> None:
+            try:
+                mv = await self.registry.register(request)
+                self.models_status[mv.name] = "ready"
+            except MserveError as exc:
+                log.error("snapshot model %s failed to restore: %s", request.url, exc.message)
+                self.models_status[request.model_name or request.url] = f"failed: {exc.message}"
+
+        await asyncio.gather(*(one(r) for r in requests))
+        for name, version in defaults.items():
+            if version in self.registry.models.get(name, {}):
+                self.registry.defaults[name] = version
+
     async def load_startup_models(self, models: list[StartupModel]) -> None:
         async def one(m: StartupModel) -> None:
             label = m.name or m.url
@@ -159,7 +182,17 @@ class Server:
         try:
             await self.listen()
             self.write_status()
-            await self.load_startup_models(models)
+            await self.restore_snapshot()
+            restored = {mv.name for mv in self.registry.all()} | {
+                mv.url for mv in self.registry.all()
+            }
+            await self.load_startup_models(
+                [m for m in models if m.name not in restored and m.url not in restored]
+            )
+            if self.config.snapshot:
+                path = self.config.run_path / SNAPSHOT_FILE
+                self.registry.on_change = lambda: snapshot.save(self.registry, path)
+                self.registry.changed()
             self.state = "ready"
             self.write_status()
             log.info("mserve %s ready", __version__)

@@ -109,6 +109,8 @@ class ModelVersion:
         self.registered_at = time.time()
         self.stage: str | None = None  # what a loading model is doing (building environment, ...)
         self.env_key: str | None = None
+        self.trusted = False  # registered by the operator (--models, snapshot), not the API
+        self.handler_overridden = False
 
     @property
     def label(self) -> str:

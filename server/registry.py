@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,7 @@ class RegisterRequest:
     max_batch_delay_ms: int | None = None
     response_timeout_s: float | None = None
     initial_workers: int | None = None
+    max_workers: int | None = None
     synchronous: bool = True
     trusted: bool = False  # the operator's --models flag may name any local path
     at_startup: bool = False
@@ -64,6 +66,7 @@ def effective_settings(
         "max_batch_delay_ms": request.max_batch_delay_ms,
         "response_timeout_s": request.response_timeout_s,
         "min_workers": request.initial_workers,
+        "max_workers": request.max_workers,
     }
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -95,6 +98,7 @@ class Registry:
         self.defaults: dict[str, str] = {}
         self._lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
+        self.on_change: Callable[[], None] | None = None  # the snapshot writer, when enabled
         self.envs = EnvCache(config.env_path, protected=config.protected_packages)
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
@@ -145,6 +149,8 @@ class Registry:
                 + (1 << 20),
                 loaded_at_startup=request.at_startup,
             )
+            model.trusted = request.trusted
+            model.handler_overridden = request.handler is not None
             self.models.setdefault(name, {})[version] = model
             self.defaults.setdefault(name, version)
         log.info(
@@ -162,7 +168,9 @@ class Registry:
             except BaseException:
                 await self._drop(model)
                 raise
+            self.changed()
         else:
+            self.changed()
             task = asyncio.create_task(self._prepare_in_background(model, env, request))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -226,6 +234,14 @@ class Registry:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
 
+    def changed(self) -> None:
+        """Registered models, versions, defaults or worker counts changed."""
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except OSError as exc:  # a full disk must not fail the API call that got here
+                log.error("could not save the snapshot: %s", exc)
+
     def envs_in_use(self) -> set[str]:
         return {mv.env_key for mv in self.all() if mv.env_key}
 
@@ -243,9 +259,11 @@ class Registry:
     async def unregister(self, name: str, version: str | None) -> ModelVersion:
         model = self.get(name, version)  # no version: the default one, as TorchServe does
         await self._drop(model)
+        self.changed()
         log.info("unregistered %s", model.label)
         return model
 
     def set_default(self, name: str, version: str) -> None:
         self.get(name, version)
         self.defaults[name] = version
+        self.changed()

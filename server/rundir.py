@@ -5,6 +5,7 @@ Kept free of heavy imports so ``mserve --start/--stop/--status`` start in millis
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from dataclasses import dataclass
@@ -36,8 +37,27 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def server_holds_lock(run_dir: Path) -> bool:
+    """The server holds an exclusive lock on the run dir for its whole life; the kernel drops it
+    when the process dies, so this is right even after kill -9, with an unreaped zombie or a
+    reused pid."""
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we may have taken
+    return False
+
+
 def running_pid(run_dir: Path) -> int | None:
-    """The server's pid from the pid file, if that process is alive."""
+    """The server's pid from the pid file, if a server is alive on this run dir."""
+    if not server_holds_lock(run_dir):
+        return None
     try:
         pid = int((run_dir / PID_FILE).read_text().strip())
     except (OSError, ValueError):

@@ -127,8 +127,8 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
 
     def start(*models: str, config: dict[str, Any] | None = None, expect_ok: bool = True,
-              extra: tuple[str, ...] = ()) -> Server:  # fmt: skip
-        run_dir = tmp_path / f"run{len(started)}"
+              extra: tuple[str, ...] = (), run_dir: Path | None = None) -> Server:  # fmt: skip
+        run_dir = run_dir or tmp_path / f"run{len(started)}"
         settings = {
             "inference_address": "127.0.0.1:0",
             "management_address": "127.0.0.1:0",

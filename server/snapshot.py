@@ -1,0 +1,74 @@
+"""The snapshot: registered models, versions, defaults and worker counts, saved atomically on
+every change and restored at the next start, so a restart (even after kill -9) loses nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from server.registry import RegisterRequest, Registry
+from server.rundir import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FILE = "snapshot.json"
+FORMAT = 1
+
+
+def save(registry: Registry, path: Path) -> None:
+    models = []
+    for mv in registry.all():
+        s = mv.settings
+        models.append(
+            {
+                "url": mv.url,
+                "name": mv.name,
+                "version": mv.version,
+                "default": registry.defaults.get(mv.name) == mv.version,
+                "handler": mv.handler if mv.handler_overridden else None,
+                "min_workers": s.min_workers,
+                "max_workers": s.max_workers,
+                "batch_size": s.batch_size if s.sources.get("batch_size") == "api" else None,
+                "max_batch_delay_ms": s.max_batch_delay_ms
+                if s.sources.get("max_batch_delay_ms") == "api"
+                else None,
+                "response_timeout_s": s.response_timeout_s
+                if s.sources.get("response_timeout_s") == "api"
+                else None,
+                "trusted": mv.trusted,
+            }
+        )
+    write_json_atomic(path, {"format": FORMAT, "saved": time.time(), "models": models})
+
+
+def load(path: Path) -> tuple[list[RegisterRequest], dict[str, str]]:
+    """Registration requests and default versions from the snapshot; nothing if there is none."""
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return [], {}
+    except (OSError, ValueError) as exc:
+        log.error("snapshot %s is unreadable (%s); starting without it", path, exc)
+        return [], {}
+    requests, defaults = [], {}
+    for m in data.get("models", []):
+        requests.append(
+            RegisterRequest(
+                url=m["url"],
+                model_name=m["name"],
+                handler=m.get("handler"),
+                batch_size=m.get("batch_size"),
+                max_batch_delay_ms=m.get("max_batch_delay_ms"),
+                response_timeout_s=m.get("response_timeout_s"),
+                initial_workers=m.get("min_workers"),
+                max_workers=m.get("max_workers"),
+                trusted=bool(m.get("trusted")),
+                at_startup=True,
+            )
+        )
+        if m.get("default"):
+            defaults[m["name"]] = m["version"]
+    return requests, defaults

@@ -1,0 +1,65 @@
+"""Snapshot: kill -9 the server under load, start it again, every model comes back as it was."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from tests.server.conftest import pid_alive, wait_until
+
+
+def test_restart_after_kill_restores_models_versions_defaults_and_workers(
+    make_archive, start_server, tmp_path
+):
+    make_archive("probe", "probe:handle", "probe")
+    make_archive("probe", "probe:handle", "probe2", "-v", "2.0")
+    make_archive("echo_fn", "echo:handle", "echo")
+    first = start_server("probe=probe.mar")
+    assert (
+        first.manage("POST", "/models?url=probe2.mar&model_name=probe&batch_size=2").status == 200
+    )
+    assert first.manage("PUT", "/models/probe/2.0/set-default").status == 200
+    assert first.manage("PUT", "/models/probe/2.0?min_worker=2&synchronous=true").status == 200
+    assert first.manage("POST", "/models?url=echo.mar").status == 200
+
+    stop = threading.Event()
+    codes: list[int] = []
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                codes.append(first.predict("probe", {}).status)
+            except OSError:
+                return
+
+    clients = [threading.Thread(target=load) for _ in range(4)]
+    for c in clients:
+        c.start()
+    wait_until(lambda: len(codes) > 20, 30, "traffic")
+    os.kill(first.pid, signal.SIGKILL)
+    stop.set()
+    for c in clients:
+        c.join(timeout=30)
+    wait_until(lambda: not pid_alive(first.pid), 10, "the server to die")
+
+    second = start_server("probe=probe.mar", run_dir=first.run_dir)
+    assert second.pid != first.pid
+    described = {m["modelVersion"]: m for m in second.manage("GET", "/models/probe/all").json()}
+    assert set(described) == {"1.0", "2.0"}
+    assert len(described["2.0"]["workers"]) == 2
+    assert described["2.0"]["batchSize"] == 2
+    assert described["1.0"]["loadedAtStartup"] is True
+    assert second.predict("probe", {}).json()["batch_size"] == 2  # 2.0 is still the default
+    assert second.predict("echo", "hi").status == 200
+    assert "model probe: ready" in second.start_output
+
+
+def test_no_config_snapshot_flag(make_archive, start_server) -> None:
+    make_archive("echo_fn", "echo:handle", "echo")
+    first = start_server()
+    assert first.manage("POST", "/models?url=echo.mar").status == 200
+    assert first.cli("--stop").returncode == 0
+    second = start_server(run_dir=first.run_dir, extra=("--ncs",))
+    assert second.manage("GET", "/models").json() == {"models": []}
+    assert '"echo"' in (first.run_dir / "snapshot.json").read_text()  # left as it was
