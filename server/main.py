@@ -168,6 +168,19 @@ class Server:
 
         await asyncio.gather(*(one(m) for m in models))
 
+    async def _drain(self, deadline_s: float) -> None:
+        """Let queued and running requests finish, up to the deadline; the rest get 503."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        while loop.time() < deadline:
+            pending = sum(mv.pending() for mv in self.registry.all())
+            if pending == 0:
+                return
+            await asyncio.sleep(0.02)
+        log.warning(
+            "shutdown drain deadline (%.0f s) passed with requests still pending", deadline_s
+        )
+
     def _on_signal(self, signum: int) -> None:
         if self.stop_event.is_set():
             log.warning("second %s: exiting now", signal.Signals(signum).name)
@@ -203,9 +216,10 @@ class Server:
     async def shutdown(self) -> None:
         self.state = "stopping"
         self.write_status()
-        for runner in self.runners:  # stop accepting; in-flight requests get the deadline
+        for runner in self.runners:  # stop accepting new connections
             for site in list(runner.sites):
                 await site.stop()
+        await self._drain(SHUTDOWN_DRAIN_S)
         await self.registry.close()
         await asyncio.gather(*(mv.stop(SHUTDOWN_DRAIN_S) for mv in self.registry.all()))
         await self.launcher.close()

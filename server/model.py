@@ -125,6 +125,13 @@ class ModelVersion:
             if s.worker is not None and s.worker.state in (WorkerState.READY, WorkerState.BUSY)
         )
 
+    def pending(self) -> int:
+        """Requests queued or being run by a worker."""
+        busy = sum(
+            1 for s in self.slots if s.worker is not None and s.worker.state is WorkerState.BUSY
+        )
+        return len(self.queue) + busy
+
     def healthy(self) -> bool:
         return self.failed is None and self.ready_workers() >= self.settings.min_workers
 

@@ -63,3 +63,26 @@ def test_no_config_snapshot_flag(make_archive, start_server) -> None:
     second = start_server(run_dir=first.run_dir, extra=("--ncs",))
     assert second.manage("GET", "/models").json() == {"models": []}
     assert '"echo"' in (first.run_dir / "snapshot.json").read_text()  # left as it was
+
+
+def test_sigterm_drains_running_and_queued_requests(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    results: list[int] = []
+
+    def call() -> None:
+        results.append(server.predict("probe", {"cmd": "sleep", "s": 0.6}).status)
+
+    clients = [threading.Thread(target=call) for _ in range(3)]  # one runs, two queue
+    for c in clients:
+        c.start()
+    wait_until(
+        lambda: server.manage("GET", "/models/probe").json()[0]["queueDepth"] >= 1, 10, "a queue"
+    )
+    os.kill(server.pid, signal.SIGTERM)
+    for c in clients:
+        c.join(timeout=30)
+    assert results == [200, 200, 200]
+    wait_until(lambda: not pid_alive(server.pid), 30, "the server to exit")
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    assert "received SIGTERM: shutting down" in log and "mserve stopped" in log
