@@ -111,6 +111,7 @@ class ModelVersion:
         self.env_key: str | None = None
         self.trusted = False  # registered by the operator (--models, snapshot), not the API
         self.handler_overridden = False
+        self.last_output = ""  # the last lines a failed worker printed, for describe
 
     @property
     def label(self) -> str:
@@ -205,6 +206,7 @@ class ModelVersion:
                     ) from exc
             except InvalidModel as exc:
                 log.error("model %s: %s", self.label, exc.message)
+                self.last_output = worker.tail()
                 if slot.first_start is not None and not slot.first_start.done():
                     slot.first_start.set_exception(exc)
                     return
@@ -218,6 +220,7 @@ class ModelVersion:
             if ended is None:
                 break  # retired
             log.warning("model %s: %s; restarting in %.1f s", self.label, ended, backoff)
+            self.last_output = worker.tail()
             self._note_failure(ended)
             await self._sleep_unless_retired(slot, backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
@@ -364,6 +367,7 @@ class ModelVersion:
             "status": "FAILED" if self.failed else ("READY" if self.healthy() else "LOADING"),
             "stage": self.stage,
             "failure": self.failed,
+            "lastOutput": self.last_output.splitlines() if self.failed else None,
             "python": self.python,
             "environment": self.env_key,
             "workers": workers,

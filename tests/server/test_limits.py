@@ -87,3 +87,40 @@ def test_client_that_left_before_dispatch_costs_no_worker_time(
     assert server.predict("probe", {}).status == 200  # the queue moved past it
     time.sleep(0.3)
     assert not trace.exists()
+
+
+def test_sigkill_a_worker_with_64_requests_in_flight(make_archive, start_server) -> None:
+    """Every request gets an answer (200, or a 500 naming the dead worker), none hangs, and the
+    worker count recovers."""
+    import os
+    import signal
+
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar", config={"job_queue_size": 200})
+    assert server.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
+    victim = server.worker_pids("probe")[0]
+    answers: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def call() -> None:
+        reply = server.predict("probe", {"cmd": "sleep", "s": 0.05})
+        with lock:
+            answers.append((reply.status, reply.body.decode(errors="replace")))
+
+    clients = [threading.Thread(target=call) for _ in range(64)]
+    for c in clients:
+        c.start()
+    time.sleep(0.3)
+    os.kill(victim, signal.SIGKILL)
+    for c in clients:
+        c.join(timeout=60)
+    assert not any(c.is_alive() for c in clients), "a request hung"
+    codes = [code for code, _ in answers]
+    failed = [body for code, body in answers if code != 200]
+    print(f"\nfault run: sent 64, succeeded {codes.count(200)}, failed {len(failed)}, hung 0")
+    assert len(answers) == 64
+    assert set(codes) <= {200, 500}
+    assert all(f"(pid {victim}) was killed by SIGKILL" in body for body in failed)
+    wait_until(lambda: len(server.worker_pids("probe")) == 2 and victim not in server.worker_pids("probe")
+               and all(w["status"] == "READY" for w in server.manage("GET", "/models/probe").json()[0]["workers"]),
+               30, "the worker count to recover")  # fmt: skip

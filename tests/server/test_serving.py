@@ -414,4 +414,5 @@ def test_async_registration_retries_instead_of_failing(make_archive, start_serve
     )  # fmt: skip
     described = server.manage("GET", "/models/broken").json()[0]
     assert "worker failures within" in described["failure"]
+    assert any("ModuleNotFoundError" in line for line in described["lastOutput"])
     assert http("GET", server.url("inference", "/ping")).status == 500
