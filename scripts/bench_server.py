@@ -153,6 +153,29 @@ def python_load(
             "errors": float(errors[0])}  # fmt: skip
 
 
+def bare_mlp(batch: int, seconds: float = 3.0) -> float:
+    """Samples/s of the MLP alone in a loop, JSON in and out, one thread: the ceiling."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "examples" / "mlp"))
+    from model import MLP
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = MLP().eval()
+    body = json.dumps({"data": [0.01 * i for i in range(256)]})
+    done = 0
+    deadline = time.perf_counter() + seconds
+    started = time.perf_counter()
+    with torch.inference_mode():
+        while time.perf_counter() < deadline:
+            rows = [json.loads(body)["data"] for _ in range(batch)]
+            out = model(torch.tensor(rows, dtype=torch.float32)).tolist()
+            json.dumps(out)
+            done += batch
+    return done / (time.perf_counter() - started)
+
+
 def scale(server: Server, model: str, workers: int) -> float:
     started = time.perf_counter()
     status, body = server.request(
@@ -215,6 +238,15 @@ def main() -> None:
                     print(f"{model:<6} {workers:>7} {conns:>5} {r['rps']:>8.0f} {r['p50']:>7.2f}"
                           f" {r['p99']:>7.2f} {int(r['errors']):>6}")  # fmt: skip
             scale(server, model, 1)
+        if with_mlp:  # dynamic batching: batch 8, 5 ms delay, 64 connections
+            path = "/models?url=mlp.mar&model_name=mlp8&batch_size=8&max_batch_delay=5"
+            s, b = server.request("POST", path, api="management")
+            assert s == 200, b
+            for workers in (1, 2):
+                scale(server, "mlp8", workers)
+                r = load(server, "/predictions/mlp8", bodies["mlp"], 64, duration)
+                print(f"{'mlp b8':<6} {workers:>7} {64:>5} {r['rps']:>8.0f} {r['p50']:>7.2f}"
+                      f" {r['p99']:>7.2f} {int(r['errors']):>6}")  # fmt: skip
         rss = psutil.Process(server.status["pid"]).memory_info().rss
         print(f"frontend RSS after load: {rss / 2**20:.0f} MiB")
         if with_mlp:
@@ -226,6 +258,9 @@ def main() -> None:
             median = statistics.median(times)
             print(f"scale mlp 1 -> 4 workers, synchronous: median {median:.2f} s (runs: {runs})")
         server.stop()
+        if with_mlp:
+            for batch in (1, 8):
+                print(f"bare MLP loop, batch {batch}: {bare_mlp(batch):.0f} samples/s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
