@@ -86,3 +86,30 @@ def test_sigterm_drains_running_and_queued_requests(make_archive, start_server) 
     wait_until(lambda: not pid_alive(server.pid), 30, "the server to exit")
     log = (server.run_dir / "logs" / "mserve.log").read_text()
     assert "received SIGTERM: shutting down" in log and "mserve stopped" in log
+
+
+def test_second_signal_forces_exit(make_archive, start_server) -> None:
+    import time
+
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    errors: list[BaseException] = []
+
+    def slow_call() -> None:
+        try:
+            server.predict("probe", {"cmd": "sleep", "s": 8})
+        except OSError as exc:  # the forced exit drops this connection: expected
+            errors.append(exc)
+
+    slow = threading.Thread(target=slow_call)
+    slow.start()
+    wait_until(lambda: server.manage("GET", "/models/probe").json()[0]["workers"][0]["status"] == "BUSY", 10, "a busy worker")  # fmt: skip
+    os.kill(server.pid, signal.SIGTERM)  # drains: would wait for the 8 s request
+    time.sleep(0.5)
+    assert pid_alive(server.pid)
+    started = time.monotonic()
+    os.kill(server.pid, signal.SIGTERM)
+    wait_until(lambda: not pid_alive(server.pid), 5, "the forced exit")
+    assert time.monotonic() - started < 3
+    slow.join(timeout=30)
+    assert len(errors) == 1  # the in-flight request was cut off, not answered
