@@ -14,6 +14,7 @@ a folder that holds only the stdlib-only runtime, not the server and its depende
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -144,7 +145,11 @@ class EnvCache:
         self.python = python
         self.protected = protected
         self.uv = find_uv() if use_uv else None
-        self._installer = _installer_version(self.uv)
+
+    @functools.cached_property
+    def _installer(self) -> str:
+        """Asked of the installer on first use, not at server start (it costs a process)."""
+        return _installer_version(self.uv)
 
     # --- keys and paths ---------------------------------------------------------------------
 
