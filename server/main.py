@@ -208,6 +208,8 @@ class Server:
                 self.registry.changed()
             self.state = "ready"
             self.write_status()
+            if self.config.fork_workers:
+                self.launcher.allow_warming()
             log.info("mserve %s ready", __version__)
             await self.stop_event.wait()
         finally:

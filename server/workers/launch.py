@@ -225,6 +225,15 @@ class Launcher:
         self.preload = preload
         self._templates: dict[str, Template] = {}
         self._warming: dict[str, asyncio.Task[None]] = {}
+        self._seen: set[str] = set()
+        # Templates import torch (seconds of CPU): warm none while the server is starting, so
+        # they never slow the first workers down; ``allow_warming`` is called once it is ready.
+        self._may_warm = False
+
+    def allow_warming(self) -> None:
+        self._may_warm = True
+        for python in self._seen:
+            self._ready_template(python)
 
     async def _warm(self, python: str) -> None:
         template = Template(python, self.preload)
@@ -238,9 +247,12 @@ class Launcher:
         self._templates[python] = template
 
     def _ready_template(self, python: str) -> Template | None:
+        self._seen.add(python)
         template = self._templates.get(python)
         if template is not None and template.alive:
             return template
+        if not self._may_warm:
+            return None
         task = self._warming.get(python)
         if task is None or (task.done() and template is not None):  # first time, or it died
             self._templates.pop(python, None)
