@@ -129,7 +129,7 @@ class Worker:
 
     async def _send(self, frame: Frame) -> None:
         assert self._writer is not None
-        self._writer.writelines(protocol.encode(frame))
+        self._writer.writelines(protocol.encode_for_send(frame))
         await self._writer.drain()
 
     async def start(self, timeout_s: float, launcher: Launcher) -> None:

@@ -26,7 +26,7 @@ from .protocol import (
     Kind,
     ProtocolError,
     ResponseItem,
-    encode,
+    encode_for_send,
     parse_batch,
     result_frame,
 )
@@ -46,7 +46,7 @@ class Channel:
         self._view = memoryview(self._buffer)
 
     def send(self, frame: Frame) -> None:
-        for buffer in encode(frame):
+        for buffer in encode_for_send(frame):
             self.sock.sendall(buffer)
 
     def receive(self) -> Frame | None:

@@ -723,3 +723,14 @@ def test_unchecked_batch_frame_matches_the_checked_one() -> None:
         checked = encode_bytes(batch_frame(3, batch))
         unchecked = encode_bytes(batch_frame(3, batch, check=False))
         assert checked == unchecked
+
+
+def test_small_frames_go_out_as_one_buffer_large_ones_uncopied() -> None:
+    from server.workers.protocol import JOIN_BELOW_BYTES, encode_for_send
+
+    small = Frame(Kind.RESULT, {"batch_id": 1, "responses": []}, b"x" * 10)
+    (joined,) = encode_for_send(small)
+    assert joined == encode_bytes(small)
+    payload = b"y" * JOIN_BELOW_BYTES
+    big = encode_for_send(Frame(Kind.RESULT, {"batch_id": 1, "responses": []}, payload))
+    assert len(big) == 2 and big[1] is payload
