@@ -436,12 +436,6 @@ class Archive:
             problems.append(str(exc))
         return VerifyReport(checked=len(files), recorded=bool(recorded), problems=problems)
 
-    def verify_or_raise(self) -> VerifyReport:
-        report = self.verify()
-        if not report.ok:
-            raise DigestMismatch(str(self.path), report.problems)
-        return report
-
     def extract(self, dest: Path) -> Path:
         """Unpack into ``dest`` (which must not exist) via a temp folder renamed into place."""
         if dest.exists():

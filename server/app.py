@@ -17,7 +17,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from server.errors import BadRequest, InternalError, ModelNotFound, MserveError, ResponseTooLarge
+from server.errors import (
+    BadRequest,
+    InternalError,
+    ModelNotFound,
+    MserveError,
+    RequestTooLarge,
+    ResponseTooLarge,
+)
 from server.registry import RegisterRequest, Registry
 from server.workers.protocol import RequestItem
 
@@ -45,11 +52,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return _error_response(exc.status, exc.type, exc.message, exc.headers())
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[REQUEST_LIMIT_KEY]
-        return _error_response(
-            413,
-            "RequestTooLarge",
-            f"request body is larger than max_request_size_bytes={limit}",
-        )
+        error = RequestTooLarge(f"request body is larger than max_request_size_bytes={limit}")
+        return _error_response(error.status, error.type, error.message)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

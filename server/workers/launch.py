@@ -268,10 +268,6 @@ class Launcher:
                 log.warning("fork from the worker template failed (%s); using exec", exc)
         return await exec_worker(python, cwd, env, fd)
 
-    async def wait_warm(self) -> None:
-        """For tests and benchmarks: wait until every template being warmed is ready."""
-        await asyncio.gather(*self._warming.values())
-
     async def close(self) -> None:
         for task in self._warming.values():
             task.cancel()
