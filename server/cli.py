@@ -44,14 +44,6 @@ def parse_models(values: list[str]) -> list[StartupModel]:
     return out
 
 
-def _read_status(config: ServerConfig) -> dict[str, Any] | None:
-    return read_status(config.run_path)
-
-
-def _running_pid(config: ServerConfig) -> int | None:
-    return running_pid(config.run_path)
-
-
 def _print_status(status: dict[str, Any]) -> None:
     click.echo(f"mserve {status.get('version')} pid {status['pid']}: {status['state']}")
     for api in ("inference", "management", "metrics"):
@@ -94,7 +86,7 @@ def _start_daemon(config: ServerConfig, argv: list[str]) -> None:
         if code is not None:
             tail = out_path.read_text(errors="replace").splitlines()[-15:]
             _fail(f"server exited with code {code} during start:\n" + "\n".join(tail))
-        status = _read_status(config)
+        status = read_status(config.run_path)
         if status and status.get("pid") == proc.pid and status.get("state") == "ready":
             _print_status(status)
             failed = [n for n, s in status.get("models", {}).items() if s != "ready"]
@@ -106,7 +98,7 @@ def _start_daemon(config: ServerConfig, argv: list[str]) -> None:
 
 
 def _stop(config: ServerConfig) -> None:
-    pid = _running_pid(config)
+    pid = running_pid(config.run_path)
     if pid is None:
         _fail(f"mserve is not running (no live pid in {config.run_path / PID_FILE})")
     assert pid is not None
@@ -177,7 +169,7 @@ def main(
             _stop(config)
             return
         if show_status:
-            status = _read_status(config) if _running_pid(config) else None
+            status = read_status(config.run_path) if running_pid(config.run_path) else None
             if status is None:
                 _fail("mserve is not running", 3)
             assert status is not None
@@ -192,7 +184,7 @@ def main(
             from server.store import store_archives
 
             startup = [StartupModel(None, str(p)) for p in store_archives(config.store_path)]
-        pid = _running_pid(config)
+        pid = running_pid(config.run_path)
         if pid is not None:
             _fail(f"mserve is already running (pid {pid}, run dir {config.run_path})")
         if not foreground:

@@ -164,14 +164,14 @@ class Registry:
             raise
         if request.synchronous:
             try:
-                await self._prepare(model, env, request)
+                await self._prepare(model, env, wait=True)
             except BaseException:
                 await self._drop(model)
                 raise
             self.changed()
         else:
             self.changed()
-            task = asyncio.create_task(self._prepare_in_background(model, env, request))
+            task = asyncio.create_task(self._prepare_in_background(model, env))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         return model
@@ -201,29 +201,19 @@ class Registry:
             isolated=bool(config.get("isolatedEnv", False)),
         )
 
-    async def _prepare(
-        self, model: ModelVersion, env: EnvRequest | None, request: RegisterRequest
-    ) -> None:
+    async def _prepare(self, model: ModelVersion, env: EnvRequest | None, wait: bool) -> None:
+        """Build (or reuse) the model's environment, then start its workers."""
         if env is not None:
             model.stage = "building environment"
             model.env_key = self.envs.key(env)
             model.python = await asyncio.to_thread(self.envs.ensure, env)
-        model.stage = "starting workers"
-        await model.scale(model.settings.min_workers, model.settings.max_workers, True, source=None)
+        model.stage = "starting workers" if wait else None
+        await model.scale(model.settings.min_workers, model.settings.max_workers, wait, source=None)
         model.stage = None
 
-    async def _prepare_in_background(
-        self, model: ModelVersion, env: EnvRequest | None, request: RegisterRequest
-    ) -> None:
+    async def _prepare_in_background(self, model: ModelVersion, env: EnvRequest | None) -> None:
         try:
-            if env is not None:
-                model.stage = "building environment"
-                model.env_key = self.envs.key(env)
-                model.python = await asyncio.to_thread(self.envs.ensure, env)
-            model.stage = None
-            await model.scale(
-                model.settings.min_workers, model.settings.max_workers, False, source=None
-            )
+            await self._prepare(model, env, wait=False)
         except MserveError as exc:
             model.stage = None
             model.failed = exc.message

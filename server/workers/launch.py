@@ -7,6 +7,7 @@ model's imports. If the template cannot start, workers fall back to ``exec``.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import json
@@ -207,8 +208,6 @@ class Template:
 
 
 def _fd_bytes(fds: list[int]) -> bytes:
-    import array
-
     return array.array("i", fds).tobytes()
 
 

@@ -395,30 +395,13 @@ def test_wheelhouse_is_packed_and_named_in_the_manifest(
 ) -> None:
     (model_inputs / "wh").mkdir()
     (model_inputs / "wh" / "pkg-1.0-py3-none-any.whl").write_bytes(b"PK\x05\x06" + b"\0" * 18)
-    alone = archiver("--model-name", "w", "--handler", "handler.py", "--wheelhouse", "wh")
+    base = ("--model-name", "w", "--handler", "handler.py")
+    alone = archiver(*base, "--wheelhouse", "wh")
     assert alone.exit_code == 2
     assert "--wheelhouse needs -r/--requirements-file" in alone.output
-    missing = archiver(
-        "--model-name",
-        "w",
-        "--handler",
-        "handler.py",
-        "-r",
-        "requirements.txt",
-        "--wheelhouse",
-        "nope",
-    )
+    missing = archiver(*base, "-r", "requirements.txt", "--wheelhouse", "nope")
     assert missing.exit_code == 3 and "--wheelhouse folder not found: nope" in missing.output
-    made = archiver(
-        "--model-name",
-        "w",
-        "--handler",
-        "handler.py",
-        "-r",
-        "requirements.txt",
-        "--wheelhouse",
-        "wh",
-    )
+    made = archiver(*base, "-r", "requirements.txt", "--wheelhouse", "wh")
     assert made.exit_code == 0, made.output
     with open_archive(model_inputs / "w.mar") as archive:
         assert "wheels/pkg-1.0-py3-none-any.whl" in {m.name for m in archive.members}
