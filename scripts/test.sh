@@ -4,6 +4,10 @@
 # 1.0.3) are installed by the tests themselves into .cache/compat on first use.
 set -euo pipefail
 . "$(dirname "$0")/venv.sh" test
+# The handler-style, built-in handler and example tests run real torch models. torch is pinned:
+# a bare `torch` may pull a multi-GB CUDA build.
+echo "==> installing torch, numpy, pillow for the model tests"
+python -m pip install --quiet "torch==2.13.0" "numpy>=1.24" "pillow>=10.0"
 # The worker runtime must keep working on old Pythons inside model environments; test it on 3.8
 # when this machine has one (pyenv installs it under ~/.pyenv/versions).
 if [ -z "${OLD_PYTHON_FOR_WORKER_TESTS:-}" ]; then
