@@ -17,7 +17,7 @@ import click
 
 from archiver import __version__
 from archiver.errors import ArchiverError, ExportPathMissing, OutputExists, UsageError
-from archiver.handler_spec import BUILTIN_HANDLERS, HandlerSpec, parse_handler
+from archiver.handler_spec import BUILTIN_HANDLERS, HANDLER_STYLES, HandlerSpec, parse_handler
 from archiver.manifest import (
     Manifest,
     ModelInfo,
@@ -80,6 +80,7 @@ def build(
     force: bool,
     model_path: str | None,
     wheelhouse: str | None = None,
+    handler_style: str = "auto",
 ) -> Path:
     """Validate every input first, then write; a mistake leaves nothing behind."""
     if not is_valid_model_name(model_name):
@@ -121,7 +122,9 @@ def build(
         if not requirements_file:
             raise UsageError("--wheelhouse needs -r/--requirements-file: the wheels install it")
         members.add_folder(Path(wheelhouse), WHEELHOUSE_DIR, "--wheelhouse")
-        extra = {"mserve": {"wheelhouse": WHEELHOUSE_DIR}}
+        extra.setdefault("mserve", {})["wheelhouse"] = WHEELHOUSE_DIR
+    if handler_style != "auto":  # absent means: the worker detects the style
+        extra.setdefault("mserve", {})["handlerStyle"] = handler_style
 
     manifest = Manifest(
         model=ModelInfo(
@@ -269,6 +272,14 @@ _FORMATS = [f.value for f in ArchiveFormat]
     "--wheelhouse",
     help="Folder of wheels for the requirements (pip download -d DIR -r"
     " requirements.txt): the server then installs offline, from the archive.",
+)
+@click.option(
+    "--handler-style",
+    type=click.Choice(["auto", *HANDLER_STYLES]),
+    default="auto",
+    show_default=True,
+    help="How the server calls the handler; auto detects it from what the module defines."
+    " Name it when detection would guess wrong.",
 )
 @click.option(
     "--inspect",

@@ -143,18 +143,48 @@ async def ping(request: web.Request) -> web.Response:
 
 
 async def predict(request: web.Request) -> web.Response:
+    """``/predictions/{model}[/{version}]`` and the v2 ``infer`` path."""
+    return await _infer(request, "")
+
+
+async def explain(request: web.Request) -> web.Response:
+    """``/explanations/...``: the ``explain`` operation; like TorchServe, the request also
+    carries an ``explain: True`` header, which handlers written for it look at."""
+    return await _infer(request, "explain", [["explain", "True"]])
+
+
+async def operation(request: web.Request) -> web.Response:
+    """``/v2/models/{model}[/versions/{version}]/{operation}``: a custom operation
+    (``op_<name>`` of a v2 model class); ``infer``/``predict`` predict, ``explain`` explains."""
+    op = request.match_info["operation"]
+    if op in ("infer", "predict"):
+        return await _infer(request, "")
+    if op == "explain":
+        return await explain(request)
+    if not op.isidentifier():
+        raise BadRequest(f"operation {op!r} is not a valid name (letters, digits and '_')")
+    return await _infer(request, op)
+
+
+async def _infer(
+    request: web.Request, op: str, extra_headers: list[list[str]] | None = None
+) -> web.Response:
     registry = request.app[REGISTRY_KEY]
     metrics: Metrics = request.app["metrics"]
     name = request.match_info["model"]
     model = registry.get(name, request.match_info.get("version"))
     started = time.perf_counter()
     body = await request.read()
+    headers = [[k, v] for k, v in request.headers.items()]
+    if extra_headers:
+        headers += extra_headers
     item = RequestItem(
         request_id=os.urandom(16).hex(),  # as unique as uuid4, at a fraction of the cost
         content_type=request.headers.get("Content-Type", ""),
-        headers=[[k, v] for k, v in request.headers.items()],
+        headers=headers,
         body=body,
         params=dict(request.query),
+        op=op,
     )
     try:
         result = await model.submit(item)
@@ -168,11 +198,48 @@ async def predict(request: web.Request) -> web.Response:
             f"the response of {model.label} is {len(result.body)} bytes, more than"
             f" max_response_size_bytes={limit}"
         )
-    headers = {k: v for k, v in result.headers}
-    headers["Content-Type"] = result.content_type or "application/octet-stream"
-    headers["X-Request-Id"] = item.request_id
+    out_headers = {k: v for k, v in result.headers}
+    out_headers["Content-Type"] = result.content_type or "application/octet-stream"
+    out_headers["X-Request-Id"] = item.request_id
     metrics.answered(model.name, model.version, result.status, time.perf_counter() - started)
-    return web.Response(status=result.status, body=result.body, headers=headers)
+    return web.Response(status=result.status, body=result.body, headers=out_headers)
+
+
+async def v2_model_ready(request: web.Request) -> web.Response:
+    """KServe v2 model readiness: 200 when a worker is ready, else 503."""
+    model = request.app[REGISTRY_KEY].get(
+        request.match_info["model"], request.match_info.get("version")
+    )
+    ready = model.failed is None and model.ready_workers() > 0
+    return web.json_response(
+        {"name": model.name, "version": model.version, "ready": ready},
+        status=200 if ready else 503,
+    )
+
+
+async def v2_model_metadata(request: web.Request) -> web.Response:
+    """KServe v2 model metadata; tensor shapes are the handler's business, so none are listed."""
+    registry = request.app[REGISTRY_KEY]
+    name = request.match_info["model"]
+    model = registry.get(name, request.match_info.get("version"))
+    return web.json_response(
+        {
+            "name": model.name,
+            "versions": [mv.version for mv in registry.versions(name)],
+            "platform": "mserve",
+            "inputs": [],
+            "outputs": [],
+        }
+    )
+
+
+async def v2_health(request: web.Request) -> web.Response:
+    """``/v2/health/live`` answers while the server runs; ``/v2/health/ready`` as ``/ping``."""
+    if request.match_info["probe"] == "live":
+        return web.json_response({"live": True})
+    registry = request.app[REGISTRY_KEY]
+    ready = all(mv.healthy() for mv in registry.all())
+    return web.json_response({"ready": ready}, status=200 if ready else 503)
 
 
 # --- management ----------------------------------------------------------------------------
@@ -320,6 +387,15 @@ def build_apps(
     for method in ("POST", "PUT"):
         inference.router.add_route(method, "/predictions/{model}", predict)
         inference.router.add_route(method, "/predictions/{model}/{version}", predict)
+        inference.router.add_route(method, "/explanations/{model}", explain)
+        inference.router.add_route(method, "/explanations/{model}/{version}", explain)
+    v2_model = "/v2/models/{model}"
+    v2_version = "/v2/models/{model}/versions/{version}"
+    for prefix in (v2_model, v2_version):
+        inference.router.add_get(prefix, v2_model_metadata)
+        inference.router.add_get(prefix + "/ready", v2_model_ready)
+        inference.router.add_post(prefix + "/{operation}", operation)
+    inference.router.add_get("/v2/health/{probe:live|ready}", v2_health)
     inference.router.add_get("/models", list_models)
 
     management = _app(registry, metrics, 1 << 20)

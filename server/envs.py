@@ -43,8 +43,36 @@ log = logging.getLogger(__name__)
 SCHEMA = 1
 TAIL_LINES = 25
 CHILD_SIDE = ("__init__.py", "runtime.py", "protocol.py", "context.py", "payload.py",
-              "loader.py", "template.py")  # fmt: skip
+              "loader.py", "template.py", "sdk")  # fmt: skip
 WORKERS_DIR = Path(__file__).resolve().parent / "workers"
+
+
+def _child_side_files() -> list[Path]:
+    """The worker-side modules (the ``sdk`` package whole), relative to ``WORKERS_DIR``."""
+    files = []
+    for name in CHILD_SIDE:
+        path = WORKERS_DIR / name
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return [f.relative_to(WORKERS_DIR) for f in files]
+
+
+@functools.cache
+def runtime_digest() -> str:
+    """Hash of the worker-side code, so a changed runtime never reuses a stale copy."""
+    digest = hashlib.sha256()
+    for rel in _child_side_files():
+        digest.update(str(rel).encode() + b"\0" + (WORKERS_DIR / rel).read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def copy_runtime(root: Path) -> None:
+    """Lay out only the worker-side code under ``root`` as the importable ``server.workers``."""
+    (root / "server" / "workers").mkdir(parents=True, exist_ok=True)
+    (root / "server" / "__init__.py").write_text('"""mserve worker runtime only."""\n')
+    for rel in _child_side_files():
+        target = root / "server" / "workers" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(WORKERS_DIR / rel, target)
 
 
 @dataclass(frozen=True)
@@ -162,7 +190,7 @@ class EnvCache:
             "isolated": request.isolated,
             "wheelhouse": _wheelhouse_digest(request.wheelhouse),
             "installer": self._installer,
-            "runtime": __version__,
+            "runtime": f"{__version__}-{runtime_digest()}",
             "base": [] if request.isolated else _base_site_packages(),
             "constraints": [] if request.isolated else protected_constraints(self.protected),
         }
@@ -179,13 +207,10 @@ class EnvCache:
 
     def runtime_dir(self) -> Path:
         """A folder with only the stdlib worker runtime, importable as ``server.workers``."""
-        folder = self.root / f"runtime-{__version__}"
+        folder = self.root / f"runtime-{__version__}-{runtime_digest()}"
         if not (folder / "server" / "workers" / "runtime.py").is_file():
             tmp = self.root / f".tmp-runtime-{os.getpid()}-{secrets.token_hex(4)}"
-            (tmp / "server" / "workers").mkdir(parents=True)
-            (tmp / "server" / "__init__.py").write_text('"""mserve worker runtime only."""\n')
-            for name in CHILD_SIDE:
-                shutil.copy(WORKERS_DIR / name, tmp / "server" / "workers" / name)
+            copy_runtime(tmp)
             try:
                 os.rename(tmp, folder)
             except OSError:  # another process won the race; theirs is identical

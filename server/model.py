@@ -152,10 +152,12 @@ class ModelVersion:
 
     # --- workers ----------------------------------------------------------------------------
 
-    def _spec(self, gpu: int | None) -> WorkerSpec:
+    def _spec(self, worker_id: str, gpu: int | None) -> WorkerSpec:
         init = {
             "model_name": self.name,
             "model_version": self.version,
+            "worker_id": worker_id,
+            "handler_style": (self.manifest.get("mserve") or {}).get("handlerStyle"),
             "model_dir": str(self.model_dir),
             "handler": self.handler,
             "manifest": self.manifest,
@@ -189,12 +191,9 @@ class ModelVersion:
     async def _run_slot(self, slot: _Slot) -> None:
         backoff = BACKOFF_START_S
         while not slot.retire.is_set() and self.failed is None:
-            worker = Worker(
-                str(next(_worker_ids)),
-                self.label,
-                gpu := self.gpus.assign(self.settings.device_ids),
-                self._spec(gpu),
-            )
+            worker_id = str(next(_worker_ids))
+            gpu = self.gpus.assign(self.settings.device_ids)
+            worker = Worker(worker_id, self.label, gpu, self._spec(worker_id, gpu))
             slot.worker = worker
             try:
                 try:

@@ -265,8 +265,15 @@ class Context:
         limit_max_image_pixels: bool = True,
         model_yaml_config: dict[str, Any] | None = None,
         metrics: Any = None,
+        model_version: str = "",
+        worker_id: str = "",
     ) -> None:
         self.model_name = model_name
+        self.model_version = model_version
+        self.worker_id = worker_id
+        # What the current batch asks for: "" (predict), "explain", or a custom operation name.
+        # The runtime calls the handler once per operation, so one value holds for the batch.
+        self.operation = ""
         self.manifest = manifest
         self.system_properties: dict[str, Any] = {
             "model_dir": model_dir,
@@ -283,11 +290,12 @@ class Context:
         self.request_ids: dict[int, str] = {}
         self.request_processor: list[RequestProcessor] = []
 
-    def start_batch(self, requests: Sequence[Any]) -> None:
+    def start_batch(self, requests: Sequence[Any], operation: str = "") -> None:
         """Make ``requests`` (each with ``.request_id`` and ``.headers``) the current batch.
 
         Clears every response status, header and content type the previous batch set.
         """
+        self.operation = operation
         self.request_processor = [RequestProcessor(r.request_id, r.headers) for r in requests]
         self.request_ids = {i: r.request_id for i, r in enumerate(self.request_processor)}
         if isinstance(self.metrics, Metrics):

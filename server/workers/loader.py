@@ -22,6 +22,21 @@ module are dropped, as those servers do):
     otherwise the one handler class defined in it (a class with ``handle`` and/or
     ``initialize``). Two or more such classes and no ``handle`` is an error naming them.
 
+Handler styles written for other servers are recognised from what the entry point defines, and
+wrapped by their adapter in :mod:`server.workers.sdk` (one module per style):
+
+``kernel``
+    A class with ``on_task_invoke(task_context)`` (a ``Kernel`` subclass).
+``v2-model``
+    A class with ``load()`` and ``predict(request)`` (a ``V2ModelServer`` subclass).
+``hooks``
+    A module with no ``handle`` and no handler class, defining ``init_hook``, ``preprocess``
+    and/or ``postprocess`` (functions, or lists of them for a pipeline); run with a driver.
+
+The archive can name the style (``model-archiver --handler-style``) where detection would guess
+wrong; the names are those in :data:`STYLES`. A name in :data:`sdk.BUILTIN_HANDLERS`
+(``image_classifier``, ...) that is not a module in the model folder loads our built-in handler.
+
 Exceptions the user's code raises while importing or initialising (an ``ImportError`` for a
 dependency that is not installed included) propagate as they are, traceback and all.
 :class:`HandlerLoadError` is only for what this module finds wrong with the entry point itself.
@@ -40,6 +55,18 @@ from typing import Any
 MODULE_FUNCTION = "module-function"
 HANDLER_CLASS = "handler-class"
 CLASS_INSTANCE = "class-instance"
+KERNEL = "kernel"
+HOOKS = "hooks"
+V2_MODEL = "v2-model"
+# What --handler-style accepts ("auto" = detect); keep archiver.handler_spec.HANDLER_STYLES equal.
+STYLES = (MODULE_FUNCTION, HANDLER_CLASS, KERNEL, HOOKS, V2_MODEL)
+_NEEDS = (
+    f"{MODULE_FUNCTION}: a handle(data, context) function (or name one as module:function); "
+    f"{HANDLER_CLASS}: a class with handle(data, context) and optionally initialize(context); "
+    f"{KERNEL}: a Kernel subclass with on_task_invoke(task_context); "
+    f"{V2_MODEL}: a V2ModelServer subclass with load() and predict(request); "
+    f"{HOOKS}: init_hook/preprocess/postprocess functions (or lists of them) run with a driver"
+)
 
 # Top-level import names of mserve itself, which share sys.path with the model's files.
 _OWN_PACKAGES = ("archiver", "server")
@@ -59,11 +86,13 @@ class LoadedHandler:
         entry: Callable[[Any, Any], Any],
         instance: Any = None,
         module: Any = None,
+        on_shutdown: Callable[[], Any] | None = None,
     ) -> None:
         self.style = style
         self.instance = instance
         self.module = module
         self._entry = entry
+        self._on_shutdown = on_shutdown
 
     def handle(self, batch: list[Any], context: Any) -> list[Any] | None:
         """Call the handler with the whole batch and return what it returned, unchecked.
@@ -76,8 +105,8 @@ class LoadedHandler:
         return self._entry(batch, context)
 
     def shutdown(self) -> None:
-        """Call the handler instance's ``shutdown()`` when it has one."""
-        stop = getattr(self.instance, "shutdown", None)
+        """Run the style's stop hook, else the handler instance's ``shutdown()`` if it has one."""
+        stop = self._on_shutdown or getattr(self.instance, "shutdown", None)
         if callable(stop):
             stop()
 
@@ -85,19 +114,34 @@ class LoadedHandler:
         return f"LoadedHandler(style={self.style!r}, entry={self._entry!r})"
 
 
-def load_handler(handler: str, model_dir: str, context: Any) -> LoadedHandler:
-    """Import the entry point ``handler`` from ``model_dir``, initialise it and wrap it."""
+def load_handler(
+    handler: str, model_dir: str, context: Any, style: str | None = None
+) -> LoadedHandler:
+    """Import the entry point ``handler`` from ``model_dir``, initialise it and wrap it.
+
+    ``style`` is the archive's ``--handler-style`` (None or ``"auto"``: detect it).
+    """
+    if style in (None, "", "auto"):
+        style = None
+    elif style not in STYLES:
+        raise HandlerLoadError(
+            f"unknown handler style {style!r} in the manifest; known: auto, {', '.join(STYLES)}"
+        )
     module_name, attribute = _parse(handler)
     _refuse_clashes(model_dir)
     _refuse_shadowed(module_name, model_dir)
-    module = _import(module_name, model_dir)
+    module = _import(_builtin_or(module_name, model_dir), model_dir)
 
     if attribute is None:
+        if style == HOOKS:
+            return _adapter(HOOKS).load(module, module, context)
         entry = getattr(module, "handle", None)
-        if entry is not None and callable(entry) and not inspect.isclass(entry):
+        if style in (None, MODULE_FUNCTION) and callable(entry) and not inspect.isclass(entry):
             attribute, target = "handle", entry
         else:
-            target = _only_handler_class(module)
+            target = _only_class(module, style)
+            if target is None:
+                return _adapter(HOOKS).load(module, module, context)
             attribute = target.__name__
     else:
         if not hasattr(module, attribute):
@@ -106,7 +150,21 @@ def load_handler(handler: str, model_dir: str, context: Any) -> LoadedHandler:
                 f"it defines: {_describe_callables(module)}"
             )
         target = getattr(module, attribute)
-    return _wrap(target, f"{module_name}:{attribute}", module, context)
+    return _wrap(target, f"{module_name}:{attribute}", module, context, style)
+
+
+def _adapter(style: str) -> Any:
+    """The adapter module of a style written for another server (imported only when used)."""
+    return importlib.import_module(f"{__package__}.sdk.{style.replace('-', '_')}")
+
+
+def _builtin_or(module_name: str, model_dir: str) -> str:
+    """A built-in handler's module, unless the model ships a module of that name itself."""
+    from .sdk import BUILTIN_HANDLERS
+
+    if module_name in BUILTIN_HANDLERS and not _module_files(module_name, model_dir):
+        return f"{__package__}.sdk.{module_name}"
+    return module_name
 
 
 def _parse(handler: str) -> tuple[str, str | None]:
@@ -228,19 +286,44 @@ def _describe_callables(module: Any) -> str:
     return ", ".join(names) if names else "no public functions or classes"
 
 
-def _only_handler_class(module: Any) -> type:
+def _class_styles(cls: type) -> list[str]:
+    """Every style whose contract the class meets (more than one is ambiguous)."""
+    styles = []
+    if callable(getattr(cls, "handle", None)):
+        styles.append(HANDLER_CLASS)
+    if _adapter(KERNEL).claims(cls):
+        styles.append(KERNEL)
+    if _adapter(V2_MODEL).claims(cls):
+        styles.append(V2_MODEL)
+    return styles
+
+
+def _only_class(module: Any, style: str | None) -> type | None:
+    """The one handler class the module defines; None when it has none but looks like hooks."""
     classes = [
         value
         for _, value in _defined_here(module)
-        if inspect.isclass(value) and (hasattr(value, "handle") or hasattr(value, "initialize"))
+        if inspect.isclass(value)
+        and (
+            style in _class_styles(value)
+            if style
+            else _class_styles(value) or hasattr(value, "initialize")
+        )
     ]
     if len(classes) == 1:
         return classes[0]
     if not classes:
+        if style is None and _adapter(HOOKS).claims(module):
+            return None
+        fits = (
+            f"does not fit the archive's handler style {style!r}"
+            if style
+            else "fits no handler style"
+        )
         raise HandlerLoadError(
-            f"module {module.__name__!r} has no handle(data, context) function and defines no "
-            f"handler class (one with handle and initialize methods); it defines: "
-            f"{_describe_callables(module)}"
+            f"module {module.__name__!r} {fits}: it has no handle(data, context) function and no "
+            f"class or hooks a style needs; it defines: {_describe_callables(module)}. "
+            f"Each style needs: {_NEEDS}"
         )
     names = ", ".join(cls.__name__ for cls in classes)
     raise HandlerLoadError(
@@ -249,9 +332,14 @@ def _only_handler_class(module: Any) -> type:
     )
 
 
-def _wrap(target: Any, label: str, module: Any, context: Any) -> LoadedHandler:
+def _wrap(target: Any, label: str, module: Any, context: Any, style: str | None) -> LoadedHandler:
     if inspect.isclass(target):
-        return _from_class(target, label, module, context)
+        return _from_class(target, label, module, context, style)
+    if style not in (None, MODULE_FUNCTION):
+        raise HandlerLoadError(
+            f"handler {label!r} is a {type(target).__name__}, but the archive says its style is "
+            f"{style!r}, which needs a class"
+        )
     if inspect.isroutine(target):
         target(None, context)  # the initialisation call TorchServe and MMS make at load
         return LoadedHandler(MODULE_FUNCTION, target, module=module)
@@ -268,9 +356,36 @@ def _wrap(target: Any, label: str, module: Any, context: Any) -> LoadedHandler:
     )
 
 
-def _from_class(cls: type, label: str, module: Any, context: Any) -> LoadedHandler:
+def _from_class(
+    cls: type, label: str, module: Any, context: Any, style: str | None
+) -> LoadedHandler:
+    fits = _class_styles(cls)
+    if style is None:
+        if len(fits) > 1:
+            raise HandlerLoadError(
+                f"handler class {label!r} fits several styles ({', '.join(fits)}); name one with "
+                f"model-archiver --handler-style"
+            )
+        style = fits[0] if fits else HANDLER_CLASS
+    elif style not in fits:
+        raise HandlerLoadError(
+            f"handler class {label!r} does not fit the archive's handler style {style!r}"
+            f"{' (it fits ' + ', '.join(fits) + ')' if fits else ''}. Each style needs: {_NEEDS}"
+        )
+    if style != HANDLER_CLASS:
+        return _adapter(style).load(cls, module, context)
     if not callable(getattr(cls, "handle", None)):
-        raise HandlerLoadError(f"handler class {label!r} has no handle(data, context) method")
+        raise HandlerLoadError(
+            f"handler class {label!r} has no handle(data, context) method. "
+            f"Each style needs: {_NEEDS}"
+        )
+    instance = create_instance(cls, label)
+    _initialize(instance, context)
+    return LoadedHandler(HANDLER_CLASS, instance.handle, instance=instance, module=module)
+
+
+def create_instance(cls: type, label: str) -> Any:
+    """``cls()``, or a clear error when its ``__init__`` needs arguments we cannot give."""
     try:
         inspect.signature(cls).bind()
     except TypeError:
@@ -280,9 +395,7 @@ def _from_class(cls: type, label: str, module: Any, context: Any) -> LoadedHandl
         ) from None
     except ValueError:
         pass  # no signature to inspect (a class implemented in C); just try it
-    instance = cls()
-    _initialize(instance, context)
-    return LoadedHandler(HANDLER_CLASS, instance.handle, instance=instance, module=module)
+    return cls()
 
 
 def _initialize(instance: Any, context: Any) -> None:

@@ -67,6 +67,8 @@ class RequestItem:
     headers: list[list[str]]
     body: bytes | bytearray | memoryview
     params: dict[str, str] = field(default_factory=dict)
+    # What the caller asked the model to do: "" (predict), "explain", or a custom operation name.
+    op: str = ""
 
 
 @dataclass(frozen=True)
@@ -220,16 +222,7 @@ def batch_frame(batch_id: int, items: Sequence[RequestItem], *, check: bool = Tr
             Kind.BATCH,
             {
                 "batch_id": batch_id,
-                "requests": [
-                    {
-                        "id": item.request_id,
-                        "content_type": item.content_type,
-                        "headers": item.headers,
-                        "params": item.params,
-                        "size": len(item.body),
-                    }
-                    for item in items
-                ],
+                "requests": [_entry(item, len(item.body)) for item in items],
             },
             items[0].body if len(items) == 1 else b"".join(item.body for item in items),
         )
@@ -239,17 +232,30 @@ def batch_frame(batch_id: int, items: Sequence[RequestItem], *, check: bool = Tr
     for i, item in enumerate(items):
         where = f"BATCH requests[{i}]"
         body = _byte_view(item.body, f"{where}.body")
-        entries.append(
-            {
-                "id": _check_str(item.request_id, f"{where}.request_id"),
-                "content_type": _check_str(item.content_type, f"{where}.content_type"),
-                "headers": _check_pairs(item.headers, f"{where}.headers"),
-                "params": _check_params(item.params, f"{where}.params"),
-                "size": len(body),
-            }
+        checked = RequestItem(
+            request_id=_check_str(item.request_id, f"{where}.request_id"),
+            content_type=_check_str(item.content_type, f"{where}.content_type"),
+            headers=_check_pairs(item.headers, f"{where}.headers"),
+            body=body,
+            params=_check_params(item.params, f"{where}.params"),
+            op=_check_str(item.op, f"{where}.op"),
         )
+        entries.append(_entry(checked, len(body)))
         bodies.append(body)
     return Frame(Kind.BATCH, {"batch_id": batch_id, "requests": entries}, b"".join(bodies))
+
+
+def _entry(item: RequestItem, size: int) -> dict[str, Any]:
+    entry = {
+        "id": item.request_id,
+        "content_type": item.content_type,
+        "headers": item.headers,
+        "params": item.params,
+        "size": size,
+    }
+    if item.op:  # absent means predict, which keeps the common frame small
+        entry["op"] = item.op
+    return entry
 
 
 def parse_batch(frame: Frame) -> tuple[int, list[RequestItem]]:
@@ -264,15 +270,17 @@ def parse_batch(frame: Frame) -> tuple[int, list[RequestItem]]:
             content_type = entry.get("content_type", "")
             headers = entry.get("headers", [])
             params = entry.get("params", {})
+            op = entry.get("op", "")
             if (
                 type(request_id) is not str
                 or type(content_type) is not str
+                or type(op) is not str
                 or not _pairs_ok(headers)
                 or type(params) is not dict
                 or not all(type(k) is str and type(v) is str for k, v in params.items())
             ):
                 return _parse_batch_checked(frame)
-            items.append(RequestItem(request_id, content_type, headers, body, params))
+            items.append(RequestItem(request_id, content_type, headers, body, params, op))
         return batch_id, items
     return _parse_batch_checked(frame)
 
@@ -290,6 +298,7 @@ def _parse_batch_checked(frame: Frame) -> tuple[int, list[RequestItem]]:
                 headers=_check_pairs(entry.get("headers", []), f"{where}.headers"),
                 body=bodies[i],
                 params=_check_params(entry.get("params", {}), f"{where}.params"),
+                op=_check_str(entry.get("op", ""), f"{where}.op"),
             )
         )
     return batch_id, items

@@ -66,57 +66,24 @@ def _error_text(exc: BaseException) -> str:
 def _serve_batch(frame: Frame, handler: LoadedHandler, context: Context) -> Frame:
     batch_id, items = parse_batch(frame)
     responses: list[ResponseItem | None] = [None] * len(items)
-    good, data = [], []
+    decoded: dict[int, Any] = {}
+    groups: dict[str, list[int]] = {}  # one handler call per operation, in arrival order
     for i, item in enumerate(items):
         try:
-            data.append(decode_request(item.content_type, item.headers, item.body, item.params))
-            good.append(i)
+            decoded[i] = decode_request(item.content_type, item.headers, item.body, item.params)
         except PayloadError as exc:
             responses[i] = ResponseItem(400, str(exc).encode(), "text/plain; charset=utf-8")
-    if good:
-        context.start_batch([items[i] for i in good])
-        try:
-            outputs = handler.handle(data, context)
-        except Exception as exc:  # the per-batch boundary: the worker keeps serving
-            traceback.print_exc()
-            return Frame(
-                Kind.BATCH_FAILED,
-                {
-                    "batch_id": batch_id,
-                    "error": _error_text(exc),
-                    "traceback": traceback.format_exc(),
-                },
-            )
-        if not isinstance(outputs, list) or len(outputs) != len(data):
-            found = (
-                "None"
-                if outputs is None
-                else (
-                    f"{len(outputs)} results"
-                    if isinstance(outputs, list)
-                    else type(outputs).__name__
-                )
-            )
-            message = (
-                "handler must return a list with one result per request:"
-                f" got {found} for a batch of {len(data)}"
-            )
-            print(message, file=sys.stderr)
-            return Frame(
-                Kind.BATCH_FAILED, {"batch_id": batch_id, "error": message, "traceback": ""}
-            )
-        for j, i in enumerate(good):
-            status, _phrase = context.get_response_status(j)
-            try:
-                body, content_type = encode_output(
-                    outputs[j], context.get_response_content_type(j) or ""
-                )
-            except PayloadError as exc:
-                print(f"request {items[i].request_id}: {exc}", file=sys.stderr)
-                responses[i] = ResponseItem(500, str(exc).encode(), "text/plain; charset=utf-8")
-                continue
-            headers = [[k, v] for k, v in context.get_response_headers(j).items()]
-            responses[i] = ResponseItem(status, body, content_type, headers)
+            continue
+        groups.setdefault(item.op, []).append(i)
+    for op, indexes in groups.items():
+        failure = _serve_group(op, indexes, items, decoded, handler, context, responses)
+        if failure is None:
+            continue
+        if len(groups) == 1:
+            return Frame(Kind.BATCH_FAILED, dict(failure, batch_id=batch_id))
+        # A batch mixing operations: only the requests of the failed one share its fate.
+        for i in indexes:
+            responses[i] = ResponseItem(500, failure["error"].encode(), "text/plain; charset=utf-8")
     try:
         return result_frame(batch_id, [r for r in responses if r is not None])
     except ProtocolError as exc:  # e.g. a status outside 100-599 set by the handler
@@ -125,6 +92,50 @@ def _serve_batch(frame: Frame, handler: LoadedHandler, context: Context) -> Fram
             Kind.BATCH_FAILED,
             {"batch_id": batch_id, "error": f"invalid handler result: {exc}", "traceback": ""},
         )
+
+
+def _serve_group(
+    op: str,
+    indexes: list[int],
+    items: list[Any],
+    decoded: dict[int, Any],
+    handler: LoadedHandler,
+    context: Context,
+    responses: list[ResponseItem | None],
+) -> dict[str, str] | None:
+    """Call the handler for the requests at ``indexes`` (all asking for ``op``) and fill in
+    their responses; returns the failure (``error``, ``traceback``) when the call failed."""
+    context.start_batch([items[i] for i in indexes], op)
+    data = [decoded[i] for i in indexes]
+    try:
+        outputs = handler.handle(data, context)
+    except Exception as exc:  # the per-batch boundary: the worker keeps serving
+        traceback.print_exc()
+        return {"error": _error_text(exc), "traceback": traceback.format_exc()}
+    if not isinstance(outputs, list) or len(outputs) != len(data):
+        if isinstance(outputs, list):
+            found = f"{len(outputs)} results"
+        else:
+            found = "None" if outputs is None else type(outputs).__name__
+        message = (
+            "handler must return a list with one result per request:"
+            f" got {found} for a batch of {len(data)}"
+        )
+        print(message, file=sys.stderr)
+        return {"error": message, "traceback": ""}
+    for j, i in enumerate(indexes):
+        status, _phrase = context.get_response_status(j)
+        try:
+            body, content_type = encode_output(
+                outputs[j], context.get_response_content_type(j) or ""
+            )
+        except PayloadError as exc:
+            print(f"request {items[i].request_id}: {exc}", file=sys.stderr)
+            responses[i] = ResponseItem(500, str(exc).encode(), "text/plain; charset=utf-8")
+            continue
+        headers = [[k, v] for k, v in context.get_response_headers(j).items()]
+        responses[i] = ResponseItem(status, body, content_type, headers)
+    return None
 
 
 def _load(init: dict, channel: Channel) -> tuple | None:
@@ -142,9 +153,11 @@ def _load(init: dict, channel: Channel) -> tuple | None:
         server_version=init.get("server_version", ""),
         limit_max_image_pixels=init.get("limit_max_image_pixels", True),
         model_yaml_config=init.get("model_yaml_config"),
+        model_version=init.get("model_version", ""),
+        worker_id=init.get("worker_id", ""),
     )
     try:
-        handler = load_handler(init["handler"], model_dir, context)
+        handler = load_handler(init["handler"], model_dir, context, init.get("handler_style"))
     except HandlerLoadError as exc:
         channel.send(Frame(Kind.LOAD_FAILED, {"error": str(exc), "traceback": ""}))
         return None

@@ -4,7 +4,6 @@ model environment may use (3.8), from a plain copy of the child-side modules onl
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -12,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from server.envs import copy_runtime
 from server.workers import protocol
 from server.workers.protocol import Frame, Kind, RequestItem
 
 REPO = Path(__file__).resolve().parent.parent.parent
-CHILD_SIDE = ("__init__.py", "runtime.py", "protocol.py", "context.py", "payload.py", "loader.py",
-              "template.py")  # fmt: skip
 HANDLERS = REPO / "tests" / "handlers"
 
 
@@ -34,10 +32,7 @@ def _pythons() -> list[str]:
 def _plain_copy(tmp: Path) -> Path:
     """Only the child-side modules, as a model environment would see them: no server deps."""
     root = tmp / "lib"
-    (root / "server" / "workers").mkdir(parents=True)
-    (root / "server" / "__init__.py").write_text("")
-    for name in CHILD_SIDE:
-        shutil.copy(REPO / "server" / "workers" / name, root / "server" / "workers" / name)
+    copy_runtime(root)
     return root
 
 

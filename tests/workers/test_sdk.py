@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from server.envs import copy_runtime
 from server.workers import context as context_module
 from server.workers import loader as loader_module
 from server.workers import payload as payload_module
@@ -278,10 +279,13 @@ def test_module_without_entry_point(load: Loader, tmp_path: Path) -> None:
     model = write_model(tmp_path, {"h.py": "class Net:\n    pass\n\ndef predict(x):\n    pass\n"})
     with pytest.raises(HandlerLoadError) as caught:
         load("h", model)
-    assert str(caught.value) == (
-        "module 'h' has no handle(data, context) function and defines no handler class "
-        "(one with handle and initialize methods); it defines: Net, predict"
+    message = str(caught.value)
+    assert message.startswith(
+        "module 'h' fits no handler style: it has no handle(data, context) function and no "
+        "class or hooks a style needs; it defines: Net, predict. Each style needs: "
     )
+    for style in ("module-function:", "handler-class:", "kernel:", "v2-model:", "hooks:"):
+        assert style in message
 
 
 def test_class_without_handle_method(load: Loader, tmp_path: Path) -> None:
@@ -290,7 +294,9 @@ def test_class_without_handle_method(load: Loader, tmp_path: Path) -> None:
     )
     with pytest.raises(HandlerLoadError) as caught:
         load("h", model)
-    assert str(caught.value) == "handler class 'h:Half' has no handle(data, context) method"
+    assert str(caught.value).startswith(
+        "handler class 'h:Half' has no handle(data, context) method. Each style needs: "
+    )
 
 
 def test_class_that_needs_constructor_arguments(load: Loader, tmp_path: Path) -> None:
@@ -481,11 +487,8 @@ print("no server, no archiver")
 
 def _copy_workers_and_script(tmp_path: Path) -> list[str]:
     """Arguments (after the interpreter) that run the smoke script against copied modules."""
-    pkg = tmp_path / "lib" / "mserve_worker"
-    pkg.mkdir(parents=True)
-    for name in ("context.py", "payload.py", "loader.py"):
-        shutil.copy(WORKERS / name, pkg / name)
-    (pkg / "__init__.py").write_text("")
+    copy_runtime(tmp_path / "runtime")  # renamed below: relative imports must not care
+    shutil.copytree(tmp_path / "runtime" / "server" / "workers", tmp_path / "lib" / "mserve_worker")
     model = write_model(
         tmp_path / "model",
         {"h.py": "def handle(data, context):\n    return data and [r['body'] for r in data]\n"},

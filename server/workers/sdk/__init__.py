@@ -1,0 +1,22 @@
+"""The handler SDK: what a handler imports, and one adapter module per handler style.
+
+Runs inside worker processes, in each model's own environment: standard library only at import
+time (torch, numpy and Pillow are imported by the handlers that need them, when they load).
+Handlers written for other servers change only their import line to these modules:
+
+=========================================  ===============================================
+they imported                              import instead
+=========================================  ===============================================
+``ts.torch_handler.base_handler``          ``server.workers.sdk.base_handler``
+``ts.torch_handler.image_classifier``      ``server.workers.sdk.image_classifier``
+``ts.torch_handler.text_classifier``       ``server.workers.sdk.text_classifier``
+``redhareapi`` (``Kernel``)                ``server.workers.sdk.kernel``
+``mlrun.serving.v2_serving``               ``server.workers.sdk.v2_model``
+=========================================  ===============================================
+
+Hooks files import nothing: their functions are found by name (see :mod:`.hooks`).
+"""
+
+# Handler names a user can give to --handler without shipping code; each is a module here.
+# archiver.handler_spec.BUILTIN_HANDLERS must name the same set (a test checks it).
+BUILTIN_HANDLERS = ("image_classifier", "image_segmenter", "object_detector", "text_classifier")
