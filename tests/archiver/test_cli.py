@@ -407,3 +407,27 @@ def test_wheelhouse_is_packed_and_named_in_the_manifest(
         assert "wheels/pkg-1.0-py3-none-any.whl" in {m.name for m in archive.members}
         assert archive.manifest.extra["mserve"]["wheelhouse"] == "wheels"
         assert archive.verify().ok
+
+
+def test_handler_style_is_recorded_only_when_named(archiver: ArchiverRunner, tmp_path: Path) -> None:
+    (tmp_path / "h.py").write_text("def handle(data, context):\n    return data\n")
+    assert archiver("--model-name", "auto", "--handler", "h").exit_code == 0
+    named = archiver("--model-name", "named", "--handler", "h", "--handler-style", "hooks")
+    assert named.exit_code == 0, named.output
+    bad = archiver("--model-name", "bad", "--handler", "h", "--handler-style", "magic")
+    assert bad.exit_code != 0 and "'magic' is not one of" in bad.output
+    assert not (tmp_path / "bad.mar").exists()
+    with open_archive(tmp_path / "auto.mar") as archive:
+        assert "handlerStyle" not in archive.manifest.extra.get("mserve", {})
+    with open_archive(tmp_path / "named.mar") as archive:
+        raw = json.loads(archive.read_bytes("MAR-INF/MANIFEST.json"))
+    assert raw["mserve"]["handlerStyle"] == "hooks"
+
+
+def test_archiver_and_worker_agree_on_builtins_and_styles() -> None:
+    """The archiver cannot import the server, so both keep a list; they must stay equal."""
+    from archiver.handler_spec import BUILTIN_HANDLERS, HANDLER_STYLES
+    from server.workers import loader, sdk
+
+    assert set(BUILTIN_HANDLERS) == set(sdk.BUILTIN_HANDLERS)
+    assert tuple(HANDLER_STYLES) == tuple(loader.STYLES)
