@@ -1,0 +1,8 @@
+"""A kernel whose on_task_invoke takes no task context."""
+
+from server.workers.sdk.kernel import Kernel
+
+
+class NoArgKernel(Kernel):
+    def on_task_invoke(self):
+        pass
