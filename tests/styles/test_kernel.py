@@ -190,7 +190,7 @@ def test_model_description_and_instance_id(make_archive, start_server, tmp_path)
     assert before <= desc["last_updated_time"] <= now
 
 
-def test_kernel_shutdown_runs_on_scale_down_and_server_stop(
+def test_kernel_shutdown_runs_on_scale_down_unregister_and_server_stop(
     make_archive, start_server, tmp_path
 ) -> None:
     marker = tmp_path / "shutdown.txt"
@@ -207,8 +207,15 @@ def test_kernel_shutdown_runs_on_scale_down_and_server_stop(
     assert server.manage("PUT", "/models/probe?min_worker=1&synchronous=true").status == 200
     second = server.predict("probe", {}).json()["instance_id"]
     assert second != first
-    assert server.cli("--stop").returncode == 0
+    assert server.manage("DELETE", "/models/probe").status == 200
+    wait_until(marker.exists, 15, "on_kernel_shutdown after unregistering")
     assert marker.read_text() == second
+    marker.unlink()
+
+    assert server.manage("POST", "/models?url=probe.mar&synchronous=true").status == 200
+    third = server.predict("probe", {}).json()["instance_id"]
+    assert server.cli("--stop").returncode == 0
+    assert marker.read_text() == third
     log = (server.run_dir / "logs" / "mserve.log").read_text()
     assert "[kernel] INFO: probe kernel shutting down" in log
     assert "[kernel] WARN: probe kernel started as instance" in log
