@@ -407,7 +407,7 @@ def test_preprocess_paths_operations_metrics_and_logging(load_v2, capfd) -> None
             self.set_metric("total", sum(request["inputs"]))
             return sum(request["inputs"])
         def op_echo(self, event):
-            return {"body": event.body, "path": event.path, "n": event.headers["X-N"]}
+            return {"body": event.body, "path": event.path, "n": event.headers["x-n"]}
         def op_ok(self, event):
             return self.context.Response(status_code=202)
     """

@@ -14,9 +14,17 @@ A model class written for that contract changes only its import line::
             return self.model.predict(request["inputs"])
 
 One instance per worker is created with ``context`` (a :class:`ServerContext`), ``name`` (the
-model name), ``model_path`` (the model folder) and the ``params`` mapping of the archive's model
-config YAML as keyword arguments (mlrun's ``add_model(..., key=value)``), then ``load()`` runs
-once. Each request of a batch is then served on its own:
+model name), ``model_path`` (the model folder; ``get_model()`` finds the files in it) and the
+``params`` mapping of the archive's model config YAML as keyword arguments, as mlrun's
+``add_model(..., key=value)`` passes them: ``get_param(key)`` reads them, and the keys
+``protocol``, ``input_path`` and ``result_path`` set those constructor arguments::
+
+    batchSize: 4        # model config YAML (model-archiver -c): server settings, then
+    params:             # the class's parameters
+      threshold: 0.5
+
+Then ``load()`` runs once (a failure fails the worker's load with that exception) and ``ready``
+becomes True. Each request of a batch is then served on its own:
 
 - predict (``POST /v2/models/{m}/infer``, ``/predict``, ``/predictions/{m}``) and explain
   (``/v2/models/{m}/explain``, ``/explanations/{m}``): ``preprocess`` -> ``validate`` ->
@@ -197,8 +205,28 @@ class Event:
         self.path = op
         self.method = "POST"
         self.id = request_id
-        self.headers = dict(headers)
-        self.content_type = _header(self.headers, "content-type")
+        self.headers = Headers(headers)
+        self.content_type = self.headers.get("content-type")
+
+
+class Headers(dict):  # type: ignore[type-arg]
+    """Request headers as sent; lookups ignore case, as HTTP header names do."""
+
+    def _key(self, key: Any) -> Any:
+        if isinstance(key, str) and not dict.__contains__(self, key):
+            for name in self:
+                if name.lower() == key.lower():
+                    return name
+        return key
+
+    def __getitem__(self, key: Any) -> Any:
+        return dict.__getitem__(self, self._key(key))
+
+    def __contains__(self, key: Any) -> bool:
+        return dict.__contains__(self, self._key(key))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return dict.get(self, self._key(key), default)
 
 
 class ServerContext:
@@ -228,13 +256,6 @@ def check_v2(request: Any) -> None:
         raise ValueError('Expected key "inputs" in request body')
     if not isinstance(request["inputs"], list):
         raise ValueError('Expected "inputs" to be a list')
-
-
-def _header(headers: dict[str, str], name: str) -> str | None:
-    for key, value in headers.items():
-        if key.lower() == name:
-            return value
-    return None
 
 
 def _manifest_file(context: Any, key: str) -> str | None:

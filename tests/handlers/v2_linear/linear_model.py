@@ -50,7 +50,7 @@ class LinearModel(V2ModelServer):
             "id": event.id,
             "body": event.body,
             "fields": event.fields,
-            "x_test": event.headers.get("X-Test"),
+            "x_test": event.headers.get("x-test"),
             "model_file": self.model_file,
             "extra_data": self.extra_names,
             "threshold": self.threshold,
