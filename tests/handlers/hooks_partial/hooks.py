@@ -1,0 +1,31 @@
+# The seed's partially implemented hooks, as written: None where a stage has no hook.
+# ruff: noqa: I001, UP031  (kept as the document writes it)
+import logging
+
+
+LOG = logging.getLogger(__name__)
+
+
+def log(func):
+    def decorator(*args):
+        LOG.info('Running %s...' % func.__name__)
+        return func(*args)
+    return decorator
+
+
+def init_hook(**params):
+    LOG.info("Got params:")
+    LOG.info(params)
+
+
+@log
+def preprocess1(inputs):
+    return inputs
+
+@log
+def postprocess2(outputs):
+    return outputs
+
+
+preprocess = [preprocess1, None]
+postprocess = [None, postprocess2]
