@@ -16,6 +16,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -294,6 +295,8 @@ class NotAModule:
         (HOOK, {"pipeline": ["null"]}, "model config key 'pipeline[0]' must be a mapping"),
         (HOOK, {"pipeline": [{"drivr": "null"}]}, "model config key 'pipeline[0].drivr' is not a stage setting; a stage has driver, model_path, options"),
         (HOOK, {"pipeline": [{}], "driver": "null"}, "model config sets both 'pipeline' and 'driver'"),
+        (HOOK, {"drivers": "pytorch"}, "model config key 'drivers' is not a hooks-style setting; did you mean 'driver'?"),
+        (HOOK, {"pipline": [{}]}, "did you mean 'pipeline'?"),
         (HOOK, {"driver": 3}, "model config key 'driver' must be a driver name, found 3"),
         (HOOK, {"model_path": ["a"]}, "model config key 'model_path' must be a file path"),
         (HOOK, {"options": "model_class=x:Y"}, "model config key 'options' must be a mapping"),
@@ -346,6 +349,38 @@ def test_pytorch_driver_load_errors(load) -> None:
     loaded = load(HOOK, {**with_class, "options": {"model_class": "net.Net"}})  # dotted form works
     assert loaded.style == "hooks"
     assert type(loaded.instance.stages[0].driver.model).__name__ == "Net"
+
+
+def test_wrapped_hooks_get_what_their_wrapper_forwards(load) -> None:
+    source = """
+    import functools
+
+    def plain(func):
+        def wrapper(*args, **kwargs):
+            return func(*args, **kwargs)
+        return wrapper
+
+    def wraps(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            return func(*args, **kwargs)
+        return wrapper
+
+    @plain
+    def first(inputs):
+        return {**inputs, "first": "inputs alone"}
+
+    @wraps
+    def second(inputs, ctx, driver):
+        return {**inputs, "second": [ctx.request_id, type(driver).__name__]}
+
+    preprocess = [first, second]
+    """
+    handler = load(source, _nulls(2))
+    context = Context("m", str(load.folder), {"model": {}}, 1, None, "mserve", "0")
+    context.start_batch([SimpleNamespace(request_id="r-1", headers=[["X-A", "1"]])])
+    [out] = handler.handle([{"body": {"x": [1]}}], context)
+    assert out == {"x": [1], "first": "inputs alone", "second": ["r-1", "NullDriver"]}
 
 
 def test_detection_ignores_an_imported_preprocess(load) -> None:

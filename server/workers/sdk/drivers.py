@@ -17,6 +17,7 @@ postprocess hook). Each driver also gives the hooks of its stage keyword argumen
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import pickle
@@ -272,6 +273,13 @@ def stage_configs(
     """The stages the model config asks for (one ``null`` stage when it names none); errors
     name the key at fault."""
     config = config or {}
+    for key in config:
+        close = difflib.get_close_matches(str(key), (*STAGE_KEYS, "pipeline"), n=1, cutoff=0.8)
+        if close and key != close[0]:  # a misspelt key would silently mean "one null stage"
+            raise HandlerLoadError(
+                f"model config key {key!r} is not a hooks-style setting; did you mean "
+                f"{close[0]!r}? (the top-level keys are pipeline, {', '.join(STAGE_KEYS)})"
+            )
     if "pipeline" not in config:
         entry = {key: config[key] for key in STAGE_KEYS if key in config}
         return [_stage("", entry, model_dir, default_path)]

@@ -17,7 +17,8 @@ The hooks file is the archive's handler module and imports nothing from us. It d
     ``(inputs)``, ``(inputs, ctx)``, ``(inputs, **kwargs)``, ``(inputs, ctx, **kwargs)``. The
     second positional parameter, whatever its name, gets ``ctx``; named parameters after it get
     the driver keyword argument of that name (``model``, ``model_class``, ``driver``). A wrapper
-    taking only ``*args`` gets ``inputs`` alone, unless it was made with ``functools.wraps``.
+    taking only ``*args`` (and ``**kwargs``) gets ``inputs`` alone, unless it was made with
+    ``functools.wraps`` (then the wrapped function's signature counts).
 
 The model config YAML (``model-archiver -c``) chooses the drivers, at its top level::
 
@@ -117,15 +118,17 @@ class Hook:
         positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         if not positional and not any(p.kind == p.VAR_POSITIONAL for p in params):
             raise HandlerLoadError(
-                f"{label} takes no inputs argument: it is {fn.__name__}{signature}; "
+                f"{label} takes no inputs argument: it is {_name_of(fn)}{signature}; "
                 f"accepted: {_SIGNATURES}"
             )
+        if not positional:
+            return  # a wrapper taking only *args (and **kwargs): inputs alone, as it forwards them
         self.pass_ctx = len(positional) >= 2
         named = positional[2:] + [p for p in params if p.kind == p.KEYWORD_ONLY]
         unknown = [p.name for p in named if p.name not in kwarg_names and p.default is p.empty]
         if unknown:
             raise HandlerLoadError(
-                f"{label} is {getattr(fn, '__name__', 'hook')}{signature}: nothing to pass to "
+                f"{label} is {_name_of(fn)}{signature}: nothing to pass to "
                 f"{', '.join(unknown)}; accepted: {_SIGNATURES}, where the driver's kwargs are "
                 f"{', '.join(kwarg_names)}"
             )
@@ -297,7 +300,7 @@ def _hooks_of(
                     f"{name}[{i}] in {module.__name__!r} is a {type(fn).__name__}, "
                     f"not a function or None"
                 )
-            label = f"{name} hook {_name_of(fn)!r} of {configs[i].label}"
+            label = f"{name}[{i}] hook {_name_of(fn)!r} of {configs[i].label}"
             hooks[i] = Hook(fn, label, classes[i].hook_kwarg_names)
         return hooks
     if not callable(value):
@@ -312,7 +315,7 @@ def _hooks_of(
 
 
 def _name_of(fn: Any) -> str:
-    return getattr(fn, "__qualname__", None) or type(fn).__name__
+    return getattr(fn, "__name__", None) or type(fn).__name__
 
 
 def _call_init_hook(init_hook: Any, params: dict[str, Any]) -> None:
