@@ -335,10 +335,10 @@ def test_pytorch_driver_load_errors(load) -> None:
         return str(caught.value)
 
     pytorch = {"driver": "pytorch"}
-    assert "pytorch driver: the pytorch driver needs a weights file: set 'model_path'" in error(
-        pytorch
-    )
-    assert "model_path" in error({**pytorch, "model_path": "missing.pt"}) and "is not a file" in error({**pytorch, "model_path": "missing.pt"})  # fmt: skip
+    assert "pytorch driver needs a weights file: set 'model_path' in the model config or archive the model with --serialized-file" in error(pytorch)  # fmt: skip
+    missing = error({**pytorch, "model_path": "missing.pt"})
+    assert "pytorch driver: model_path" in missing and "missing.pt' is not a file; " in missing
+    assert "state.pt" in missing  # what the folder does have
     assert "holds a state dict; set option 'model_class'" in error(pytorch, "state.pt")
     with_class = {**pytorch, "model_path": "state.pt"}
     assert "option 'model_class' 'nowhere:Net': module 'nowhere' not found" in error({**with_class, "options": {"model_class": "nowhere:Net"}})  # fmt: skip

@@ -92,8 +92,8 @@ class PyTorchDriver:
             )
         if not model_path:
             raise HandlerLoadError(
-                f"{label}: the pytorch driver needs a weights file: set 'model_path' in the model "
-                f"config or archive the model with --serialized-file"
+                f"{label} needs a weights file: set 'model_path' in the model config "
+                f"or archive the model with --serialized-file"
             )
         if not os.path.isfile(model_path):
             folder = os.path.dirname(model_path) or "."
