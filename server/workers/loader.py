@@ -300,16 +300,15 @@ def _class_styles(cls: type) -> list[str]:
 
 def _only_class(module: Any, style: str | None) -> type | None:
     """The one handler class the module defines; None when it has none but looks like hooks."""
-    classes = [
-        value
-        for _, value in _defined_here(module)
-        if inspect.isclass(value)
-        and (
-            style in _class_styles(value)
-            if style
-            else _class_styles(value) or hasattr(value, "initialize")
-        )
-    ]
+    defined = [value for _, value in _defined_here(module) if inspect.isclass(value)]
+    if style:
+        classes = [cls for cls in defined if style in _class_styles(cls)]
+    else:
+        classes = [cls for cls in defined if _class_styles(cls)]
+        if not classes and not _adapter(HOOKS).claims(module):
+            # A half-written handler class (initialize, no handle): load it to say what it lacks.
+            # In a hooks file such a class is a helper, and the module loads as hooks.
+            classes = [cls for cls in defined if hasattr(cls, "initialize")]
     if len(classes) == 1:
         return classes[0]
     if not classes:

@@ -8,6 +8,7 @@ and never the worker. Started as ``python -m server.workers.runtime --fd N``.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import platform
 import socket
@@ -176,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mserve-worker")
     parser.add_argument("--fd", type=int, required=True, help="inherited Unix socket")
     args = parser.parse_args(argv)
+    # Handlers log with the logging module (the seeds' hooks and kernels do); stderr is re-logged
+    # by the server under the model's name, so the worker's own format stays short.
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
     channel = Channel(socket.socket(fileno=args.fd))
     channel.send(
         Frame(
