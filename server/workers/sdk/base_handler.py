@@ -1,0 +1,377 @@
+"""``BaseHandler``: the base class TorchServe handlers derive from, for handlers moving to mserve.
+
+A handler written for TorchServe changes one line::
+
+    from ts.torch_handler.base_handler import BaseHandler        # before
+    from server.workers.sdk.base_handler import BaseHandler      # after
+
+and keeps its overrides of ``preprocess``, ``inference``, ``postprocess``, ``explain_handle`` and
+``get_insights``. To the loader it is a plain handler class (style ``handler-class``): created
+with no arguments, ``initialize(context)`` once, ``handle(data, context)`` per batch.
+
+Runs inside a worker, in the model's own environment: standard library only at import time;
+torch is imported by the methods that use it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import pickle
+import time
+from typing import Any
+
+# Manifest keys, as TorchServe writes them.
+_SERIALIZED_FILE = "serializedFile"
+_MODEL_FILE = "modelFile"
+INDEX_TO_NAME = "index_to_name.json"
+
+
+class ModelLoadError(RuntimeError):
+    """The model files in the archive cannot be loaded as the manifest describes them."""
+
+
+class BadInput(ValueError):
+    """One request's input cannot be used; that caller gets a 400 and the others their results."""
+
+
+class BaseHandler:
+    """Load the model, then run each batch through preprocess -> inference -> postprocess.
+
+    Subclasses usually override one step. The attributes are class-level defaults as well as
+    instance ones, because handlers written for TorchServe often define ``__init__`` without
+    calling ``super().__init__()``.
+    """
+
+    model: Any = None
+    device: Any = None
+    map_location: str | None = None
+    initialized = False
+    context: Any = None
+    manifest: dict[str, Any] | None = None
+    model_pt_path: str | None = None
+    mapping: dict[str, str] | None = None
+    explain = False
+    target = 0
+    # Names a model config may set under its ``handler:`` key (model-archiver -c); see
+    # ``_apply_handler_config``. Built-in handlers list theirs (``topk``, ``threshold``, ...).
+    handler_options: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.model = None
+        self.device = None
+        self.map_location = None
+        self.initialized = False
+        self.context = None
+        self.manifest = None
+        self.model_pt_path = None
+        self.mapping = None
+        self.explain = False
+        self.target = 0
+        self._rejected: dict[int, str] = {}
+
+    # Loading.
+
+    def initialize(self, context: Any) -> None:
+        """Pick the device, load ``serializedFile`` (eager when the manifest has a ``modelFile``,
+        else TorchScript) in eval mode, and read ``index_to_name.json`` when the archive has one.
+        """
+        import torch
+
+        self.context = context
+        self.manifest = context.manifest
+        properties = context.system_properties
+        model_dir = properties.get("model_dir") or "."
+        gpu_id = properties.get("gpu_id")
+        if gpu_id is not None and torch.cuda.is_available():
+            self.map_location = "cuda"
+            self.device = torch.device(f"cuda:{gpu_id}")
+        else:
+            self.map_location = "cpu"
+            self.device = torch.device("cpu")
+        self._apply_handler_config(getattr(context, "model_yaml_config", None) or {})
+
+        model_info = (self.manifest or {}).get("model", {})
+        serialized = model_info.get(_SERIALIZED_FILE)
+        self.model_pt_path = os.path.join(model_dir, serialized) if serialized else None
+        if self.model_pt_path is not None and not os.path.isfile(self.model_pt_path):
+            raise ModelLoadError(
+                f"the manifest's serializedFile {serialized!r} is not in the model folder: "
+                f"{self.model_pt_path} does not exist"
+            )
+        model_file = model_info.get(_MODEL_FILE)
+        if model_file:
+            self.model = self._load_pickled_model(model_dir, model_file, self.model_pt_path)
+        elif self.model_pt_path is not None:
+            self.model = self._load_torchscript_model(self.model_pt_path)
+        else:
+            raise ModelLoadError(
+                f"{type(self).__name__} loads the manifest's serializedFile, but the archive has "
+                f"none; pass --serialized-file (and --model-file for an eager model) to "
+                f"model-archiver, or override initialize()"
+            )
+        if hasattr(self.model, "to"):
+            self.model.to(self.device)
+        if hasattr(self.model, "eval"):
+            self.model.eval()
+        self.mapping = load_label_mapping(os.path.join(model_dir, INDEX_TO_NAME))
+        self.initialized = True
+
+    def _load_torchscript_model(self, model_pt_path: str) -> Any:
+        import torch
+
+        return torch.jit.load(model_pt_path, map_location=self.device)
+
+    def _load_pickled_model(
+        self, model_dir: str, model_file: str, model_pt_path: str | None
+    ) -> Any:
+        """Build the one ``nn.Module`` class of ``model_file``; load the state dict into it."""
+        import torch
+
+        module_name = os.path.splitext(os.path.basename(model_file))[0]
+        if not os.path.isfile(os.path.join(model_dir, module_name + ".py")):
+            raise ModelLoadError(
+                f"the manifest's modelFile {model_file!r} is not in the model folder "
+                f"{model_dir} (expected {module_name}.py there)"
+            )
+        module = importlib.import_module(module_name)
+        classes = [
+            value
+            for value in vars(module).values()
+            if inspect.isclass(value)
+            and issubclass(value, torch.nn.Module)
+            and value.__module__ == module.__name__
+        ]
+        if len(classes) != 1:
+            found = ", ".join(c.__name__ for c in classes) or "none"
+            raise ModelLoadError(
+                f"model file {model_file!r} must define exactly one torch.nn.Module subclass "
+                f"(the model to build); found {len(classes)}: {found}. Move the others to "
+                f"another module, or override _load_pickled_model()"
+            )
+        model = classes[0]()
+        if model_pt_path is not None:
+            model.load_state_dict(self._load_state_dict(model_pt_path))
+        return model
+
+    def _load_state_dict(self, path: str) -> Any:
+        import torch
+
+        try:
+            return torch.load(path, map_location=self.device, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise ModelLoadError(
+                f"{path} is not a plain state dict (torch.load with weights_only=True refused "
+                f"it: {str(exc).splitlines()[0]}); save model.state_dict() as the serialized file"
+            ) from exc
+
+    def _apply_handler_config(self, model_yaml_config: dict[str, Any]) -> None:
+        """Set the options the model config names under ``handler:``, checked against the type
+        of the class default, so a typo or a wrong type fails at load and not mid-request."""
+        options = model_yaml_config.get("handler")
+        if not isinstance(options, dict):
+            return
+        for name in self.handler_options:
+            if name not in options:
+                continue
+            default = getattr(type(self), name)
+            value = _option_value(options[name], default)
+            if value is None:
+                raise ModelLoadError(
+                    f"model config handler.{name} must be a {type(default).__name__} like the "
+                    f"default {default!r}, found {options[name]!r}"
+                )
+            setattr(self, name, value)
+
+    # Serving.
+
+    def preprocess(self, data: list[Any]) -> Any:
+        """Each request's ``data`` (or ``body``): numbers, nested lists of numbers, or such JSON
+        sent as text; the rows are stacked into one tensor."""
+        import torch
+
+        rows = []
+        for idx, row in enumerate(data):
+            try:
+                rows.append(torch.as_tensor(_numbers(request_input(row))))
+            except (BadInput, TypeError, ValueError, RuntimeError) as exc:
+                self.reject(idx, f"input must be a number or a nested list of numbers: {exc}")
+        if not rows:
+            return None
+        return torch.stack(rows).to(self.device)
+
+    def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call the model without autograd."""
+        import torch
+
+        with torch.inference_mode():
+            return self.model(data, *args, **kwargs)
+
+    def postprocess(self, data: Any) -> list[Any]:
+        """One plain list per request."""
+        return data.tolist()
+
+    def handle(self, data: list[Any], context: Any) -> list[Any]:
+        """preprocess -> inference -> postprocess for predictions, preprocess -> explain_handle
+        for explanations; requests that preprocess rejected get their 400 in their place."""
+        started = time.perf_counter()
+        self.context = context
+        self._rejected = {}
+        model_input = self.preprocess(data)
+        accepted = [row for i, row in enumerate(data) if i not in self._rejected]
+        if not accepted:
+            output: list[Any] = []
+        elif self._is_explain():
+            output = self.explain_handle(model_input, accepted)
+        else:
+            output = self.postprocess(self.inference(model_input))
+        output = self._with_rejections(output, len(data), context)
+        metrics = getattr(context, "metrics", None)
+        if metrics is not None and hasattr(metrics, "add_time"):
+            metrics.add_time("HandlerTime", round((time.perf_counter() - started) * 1000, 2))
+        return output
+
+    def reject(self, idx: int, message: str) -> None:
+        """Answer request ``idx`` of this batch with a 400 and ``message`` instead of a result.
+
+        For preprocess: leave the request out of the model input; ``handle`` puts the error back
+        in its place, so postprocess sees only the accepted requests.
+        """
+        self.__dict__.setdefault("_rejected", {})[idx] = message
+
+    def _with_rejections(self, output: Any, size: int, context: Any) -> Any:
+        rejected = getattr(self, "_rejected", None)
+        if not rejected or not isinstance(output, list):
+            return output
+        results, accepted = [], iter(output)
+        for idx in range(size):
+            if idx in rejected:
+                context.set_response_status(400, rejected[idx], idx)
+                results.append({"code": 400, "type": "BadInput", "message": rejected[idx]})
+            else:
+                results.append(next(accepted, None))
+        return results
+
+    # Explanations.
+
+    def _is_explain(self) -> bool:
+        """True for ``/explanations`` requests: the context's operation, or the ``explain: True``
+        request header that handlers written for TorchServe look at."""
+        context = self.context if self.context is not None else getattr(self, "_context", None)
+        if context is None:
+            return False
+        if getattr(context, "operation", "") == "explain":
+            return True
+        try:
+            value = context.get_request_header(0, "explain")
+        except (AttributeError, IndexError):
+            return False
+        return str(value).lower() == "true"
+
+    def explain_handle(self, data_preprocess: Any, raw_data: list[Any]) -> Any:
+        """Call ``get_insights`` with the preprocessed batch, the first request's input and its
+        ``target`` (a form field or query parameter, or a key of a JSON body; default 0)."""
+        row = raw_data[0] if raw_data else {}
+        inputs, target = None, None
+        if isinstance(row, dict):
+            inputs = request_input(row)
+            target = row.get("target")
+            if target is None and isinstance(row.get("body"), dict):
+                target = row["body"].get("target")
+        if isinstance(target, str) and target.strip().lstrip("-").isdigit():
+            target = int(target)
+        return self.get_insights(data_preprocess, inputs, target or 0)
+
+    def get_insights(self, tensor_data: Any, raw_data: Any, target: Any) -> Any:
+        """Explanations for ``/explanations``: each handler that offers them implements this."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not explain its predictions: /explanations needs a "
+            f"get_insights(self, tensor_data, raw_data, target) method returning one "
+            f"explanation per request"
+        )
+
+
+def _option_value(value: Any, default: Any) -> Any:
+    """``value`` when it has the kind of ``default`` (an int is a fine float; a list of numbers
+    a fine tuple), else None."""
+    if isinstance(default, tuple):
+        ok = isinstance(value, (list, tuple)) and len(value) == len(default)
+        return tuple(value) if ok and all(_is_number(v) for v in value) else None
+    if isinstance(default, bool):
+        return value if isinstance(value, bool) else None
+    if isinstance(default, float):
+        return float(value) if _is_number(value) else None
+    if isinstance(default, int):
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if isinstance(value, type(default)) else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def request_input(row: Any) -> Any:
+    """A request's input as TorchServe handlers read it: the ``data`` field, else the body."""
+    if not isinstance(row, dict):
+        return row
+    value = row.get("data")
+    return row.get("body") if value is None else value
+
+
+def _numbers(value: Any) -> Any:
+    """JSON numbers as they are; JSON sent as text or bytes parsed first."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise BadInput(f"not JSON ({exc})") from None
+    if not isinstance(value, (list, int, float)) or isinstance(value, bool):
+        raise BadInput(f"found {type(value).__name__}")
+    return value
+
+
+def load_label_mapping(path: str) -> dict[str, str] | None:
+    """``index_to_name.json`` as ``{"0": "cat", ...}``; None when the file is absent.
+
+    ImageNet-style values (``["n01440764", "tench"]``) keep their last element, the name.
+    """
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        try:
+            mapping = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(f"{path} is not valid JSON: {exc}") from None
+    if isinstance(mapping, list):
+        mapping = {str(i): name for i, name in enumerate(mapping)}
+    if not isinstance(mapping, dict):
+        raise ModelLoadError(
+            f"{path} must map class indexes to names ({{'0': 'cat', ...}}), "
+            f"found a {type(mapping).__name__}"
+        )
+    return {
+        str(key): str(value[-1] if isinstance(value, list) and value else value)
+        for key, value in mapping.items()
+    }
+
+
+def map_class_to_label(
+    probs: list[list[float]], mapping: dict[str, str] | None, classes: list[list[int]] | None
+) -> list[dict[str, float]]:
+    """One ``{label: probability}`` dict per request, labels through ``mapping`` when given."""
+    if classes is None:
+        classes = [list(range(len(row))) for row in probs]
+    return [
+        {label_of(c, mapping): p for c, p in zip(row_classes, row_probs)}
+        for row_classes, row_probs in zip(classes, probs)
+    ]
+
+
+def label_of(index: int, mapping: dict[str, str] | None) -> str:
+    """The class name of ``index``, or the index as text when unmapped."""
+    key = str(index)
+    return mapping.get(key, key) if mapping else key
