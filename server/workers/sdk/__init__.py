@@ -10,11 +10,16 @@ they imported                              import instead
 ``ts.torch_handler.base_handler``          ``server.workers.sdk.base_handler``
 ``ts.torch_handler.image_classifier``      ``server.workers.sdk.image_classifier``
 ``ts.torch_handler.text_classifier``       ``server.workers.sdk.text_classifier``
+``ts.torch_handler.image_segmenter``       ``server.workers.sdk.image_segmenter``
+``ts.torch_handler.object_detector``       ``server.workers.sdk.object_detector``
 ``redhareapi`` (``Kernel``)                ``server.workers.sdk.kernel``
-``mlrun.serving.v2_serving``               ``server.workers.sdk.v2_model``
+``mlrun.serving.v2_serving``               ``server.workers.sdk.v2_model`` (or ``.v2_serving``)
 =========================================  ===============================================
 
-Hooks files import nothing: their functions are found by name (see :mod:`.hooks`).
+Hooks files import nothing: their functions are found by name (see :mod:`.hooks`; the drivers
+they run around are in :mod:`.drivers`). The adapter of a style is the module the loader imports
+for it (``kernel``, ``hooks``, ``v2_model``); each defines ``claims(target)`` and
+``load(target, module, context) -> LoadedHandler``. docs/handlers.md is the user's guide.
 """
 
 # Handler names a user can give to --handler without shipping code; each is a module here.
