@@ -264,9 +264,13 @@ class Denoiser:
         )
 
     def __call__(self, audio: torch.Tensor, strength: float) -> torch.Tensor:
+        length = audio.size(-1)
+        if length <= self.n_fft // 2:  # too short for the STFT's reflect padding: pad with zeros
+            audio = F.pad(audio, (0, self.n_fft - length))
         spec = self._stft(audio)
         magnitude = (spec.abs() - self.bias * strength).clamp(min=0.0)
         cleaned = torch.polar(magnitude, spec.angle())
-        return torch.istft(
+        cleaned_audio = torch.istft(
             cleaned, self.n_fft, self.hop_length, window=self.window, length=audio.size(-1)
         )
+        return cleaned_audio[..., :length]
