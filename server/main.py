@@ -8,12 +8,13 @@ remove the status and pid files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
 import signal
 import time
-from logging.handlers import RotatingFileHandler
+from logging.handlers import MemoryHandler, RotatingFileHandler
 from pathlib import Path
 
 import uvloop
@@ -35,6 +36,8 @@ log = logging.getLogger("mserve")
 SHUTDOWN_DRAIN_S = 10.0
 # client, request line, status, bytes, seconds; the time stamp comes from the log formatter
 ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf'
+ACCESS_LOG_BUFFER = 512  # records held before a write
+ACCESS_LOG_FLUSH_S = 1.0  # and the longest a line waits
 
 
 class AlreadyRunning(MserveError):
@@ -59,7 +62,9 @@ def setup_logging(config: ServerConfig, foreground: bool) -> None:
     # more than the request itself on this path. Rotate access.log with logrotate (copytruncate).
     handler = logging.FileHandler(config.log_path / "access.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    access.addHandler(handler)
+    # Buffered: a write and flush per request took ~6% of the frontend's CPU under load. The
+    # buffer goes out when full, every ACCESS_LOG_FLUSH_S (Server.run) and at exit.
+    access.addHandler(MemoryHandler(ACCESS_LOG_BUFFER, flushLevel=logging.ERROR, target=handler))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
@@ -211,9 +216,16 @@ class Server:
             if self.config.fork_workers:
                 self.launcher.allow_warming()
             log.info("mserve %s ready", __version__)
-            await self.stop_event.wait()
+            flusher = asyncio.create_task(_flush_access_log_every(ACCESS_LOG_FLUSH_S))
+            try:
+                await self.stop_event.wait()
+            finally:
+                flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await flusher
         finally:
             await self.shutdown()
+            _flush_access_log()
 
     async def shutdown(self) -> None:
         self.state = "stopping"
@@ -228,6 +240,17 @@ class Server:
         for runner in self.runners:
             await runner.cleanup()
         log.info("mserve stopped")
+
+
+def _flush_access_log() -> None:
+    for handler in logging.getLogger("mserve.access").handlers:
+        handler.flush()
+
+
+async def _flush_access_log_every(interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        _flush_access_log()
 
 
 def hold_lock(run_dir: Path) -> int:

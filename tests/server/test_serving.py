@@ -416,3 +416,19 @@ def test_async_registration_retries_instead_of_failing(make_archive, start_serve
     assert "worker failures within" in described["failure"]
     assert any("ModuleNotFoundError" in line for line in described["lastOutput"])
     assert http("GET", server.url("inference", "/ping")).status == 500
+
+
+def test_access_log_is_written_while_running_and_at_stop(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    access = server.run_dir / "logs" / "access.log"
+    assert server.predict("probe", {"n": 1}).status == 200
+    # buffered, but never for long: the server flushes it every second
+    wait_until(
+        lambda: access.exists() and '"POST /predictions/probe HTTP/1.1" 200' in access.read_text(),
+        5, "the access log line",
+    )  # fmt: skip
+    for i in range(3):
+        assert server.predict("probe", {"n": i}).status == 200
+    assert server.cli("--stop").returncode == 0
+    assert access.read_text().count('"POST /predictions/probe HTTP/1.1" 200') == 4
