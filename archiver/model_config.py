@@ -45,6 +45,7 @@ SERVER_KEYS: dict[str, dict[str, Any]] = {
     "asyncCommunication": _BOOL,
     "useVenv": _BOOL,
     "isolatedEnv": _BOOL,  # mserve: the model's environment does not see the server's packages
+    "retryOnWorkerDeath": _BOOL,  # mserve: a dead worker's requests get one more try
     "handler": {"type": "object"},
 }
 

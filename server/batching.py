@@ -20,6 +20,7 @@ class Job:
     item: RequestItem
     future: asyncio.Future[ResponseItem]
     enqueued_at: float = field(default_factory=time.monotonic)
+    retried: bool = False  # sent to a worker that died, and given its one more try
 
 
 class QueueFull(Exception):
@@ -40,6 +41,11 @@ class JobQueue:
             raise QueueFull
         self._jobs.append(job)
         self._wake(1)
+
+    def requeue(self, jobs: list[Job]) -> None:
+        """Put accepted jobs back at the head, in order; the bound does not apply to them."""
+        self._jobs.extendleft(reversed(jobs))
+        self._wake(len(jobs))
 
     def pop(self) -> Job | None:
         while self._jobs:

@@ -36,6 +36,7 @@ class ServerConfig:
     response_timeout_s: float = 120.0
     startup_timeout_s: float = 120.0
     job_queue_size: int = 100
+    retry_on_worker_death: bool = False
     max_request_size_bytes: int = 6_553_500
     max_response_size_bytes: int = 6_553_500
     allowed_paths: tuple[str, ...] = field(default_factory=tuple)

@@ -53,6 +53,7 @@ class ModelSettings:
     max_workers: int
     job_queue_size: int
     device_ids: tuple[int, ...] | None
+    retry_on_worker_death: bool = False
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -226,6 +227,21 @@ class ModelVersion:
         if slot.worker is not None and slot.worker.state is not WorkerState.STOPPED:
             await slot.worker.stop(5.0)
 
+    def _retry_or_fail(self, jobs: list[Job], error: WorkerDied) -> None:
+        """A dead worker's jobs: back to the head of the queue once when the model allows it
+        (the next free worker, another one or the replacement, runs them), else failed."""
+        retry = []
+        if self.settings.retry_on_worker_death:
+            retry = [j for j in jobs if not j.retried and not j.future.done()]
+        for job in retry:
+            job.retried = True
+        if retry:
+            log.warning(
+                "model %s: retrying %d request(s) of a dead worker once", self.label, len(retry)
+            )
+            self.queue.requeue(retry)
+        _fail([j for j in jobs if j not in retry], error)
+
     async def _sleep_unless_retired(self, slot: _Slot, delay_s: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(slot.retire.wait(), delay_s)
@@ -247,7 +263,10 @@ class ModelVersion:
             except HandlerError as exc:
                 _fail(live, exc)
                 continue
-            except (WorkerDied, WorkerTimeout) as exc:
+            except WorkerDied as exc:
+                self._retry_or_fail(live, exc)
+                return exc.message
+            except WorkerTimeout as exc:  # never retried: the request may be what hangs
                 _fail(live, exc)
                 return exc.message
             except Exception as exc:  # the supervisor's task guard: never strand a caller
@@ -359,6 +378,7 @@ class ModelVersion:
             "responseTimeout": s.response_timeout_s,
             "startupTimeout": s.startup_timeout_s,
             "jobQueueSize": s.job_queue_size,
+            "retryOnWorkerDeath": s.retry_on_worker_death,
             "queueDepth": len(self.queue),
             "deviceIds": list(s.device_ids) if s.device_ids else None,
             "settingSources": s.sources,

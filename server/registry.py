@@ -38,6 +38,7 @@ _SETTINGS = (
     ("response_timeout_s", "responseTimeout", "response_timeout_s"),
     ("startup_timeout_s", "startupTimeout", "startup_timeout_s"),
     ("job_queue_size", "jobQueueSize", "job_queue_size"),
+    ("retry_on_worker_death", "retryOnWorkerDeath", "retry_on_worker_death"),
     ("min_workers", "minWorkers", "default_workers_per_model"),
     ("max_workers", "maxWorkers", "default_workers_per_model"),
 )

@@ -124,3 +124,53 @@ def test_sigkill_a_worker_with_64_requests_in_flight(make_archive, start_server)
     wait_until(lambda: len(server.worker_pids("probe")) == 2 and victim not in server.worker_pids("probe")
                and all(w["status"] == "READY" for w in server.manage("GET", "/models/probe").json()[0]["workers"]),
                30, "the worker count to recover")  # fmt: skip
+
+
+def test_a_dead_workers_requests_are_retried_once_when_the_model_allows_it(
+    make_archive, start_server, tmp_path
+) -> None:
+    """SIGKILL the worker running a request: with retryOnWorkerDeath the other worker answers
+    it; without, the caller gets the 500 naming the dead worker."""
+    import os
+    import signal
+
+    config = tmp_path / "retry.yaml"
+    config.write_text("minWorkers: 2\nretryOnWorkerDeath: true\n")
+    make_archive("probe", "probe:handle", "retry", "-c", str(config))
+    make_archive("probe", "probe:handle", "once")
+    server = start_server("retry=retry.mar", "once=once.mar")
+    assert server.manage("PUT", "/models/once?min_worker=2&synchronous=true").status == 200
+    described = server.manage("GET", "/models/retry").json()[0]
+    assert described["retryOnWorkerDeath"] is True
+    assert described["settingSources"]["retry_on_worker_death"] == "archive"
+
+    def kill_the_busy_worker(model: str) -> int:
+        busy: list[int] = []
+
+        def find() -> bool:
+            workers = server.manage("GET", f"/models/{model}").json()[0]["workers"]
+            busy[:] = [w["pid"] for w in workers if w["status"] == "BUSY"]
+            return bool(busy)
+
+        wait_until(find, 10, f"a busy worker of {model}")
+        os.kill(busy[0], signal.SIGKILL)
+        return busy[0]
+
+    for model, retried in (("retry", True), ("once", False)):
+        answer: list = []
+        client = threading.Thread(
+            target=lambda m=model, out=answer: out.append(
+                server.predict(m, {"cmd": "sleep", "s": 1.5})
+            )
+        )
+        client.start()
+        victim = kill_the_busy_worker(model)
+        client.join(30)
+        assert not client.is_alive(), "the request hung"
+        reply = answer[0]
+        if retried:
+            assert reply.status == 200, reply.body
+            assert reply.json()["pid"] != victim  # answered by another worker
+        else:
+            assert reply.status == 500
+            assert f"(pid {victim}) was killed by SIGKILL" in reply.json()["message"]
