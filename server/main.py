@@ -8,20 +8,21 @@ remove the status and pid files.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
 import signal
 import time
-from logging.handlers import MemoryHandler, RotatingFileHandler
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 import uvloop
 from aiohttp import web
+from aiohttp.web_log import AccessLogger
 
 from archiver import __version__
 from server import snapshot
+from server.accesslog import AccessLogFile
 from server.app import Metrics, build_apps
 from server.config import ServerConfig, parse_address
 from server.devices import GpuAllocator, detect_gpu_count
@@ -35,9 +36,7 @@ log = logging.getLogger("mserve")
 
 SHUTDOWN_DRAIN_S = 10.0
 # client, request line, status, bytes, seconds; the time stamp comes from the log formatter
-ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf'
-ACCESS_LOG_BUFFER = 512  # records held before a write
-ACCESS_LOG_FLUSH_S = 1.0  # and the longest a line waits
+ACCESS_LOG_FLUSH_S = 1.0  # the longest an access.log line waits in memory
 
 
 class AlreadyRunning(MserveError):
@@ -56,15 +55,6 @@ def setup_logging(config: ServerConfig, foreground: bool) -> None:
         console = logging.StreamHandler()
         console.setFormatter(fmt)
         root.addHandler(console)
-    access = logging.getLogger("mserve.access")
-    access.propagate = False
-    # A plain file handler: RotatingFileHandler stats the file on every record, which costs
-    # more than the request itself on this path. Rotate access.log with logrotate (copytruncate).
-    handler = logging.FileHandler(config.log_path / "access.log")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    # Buffered: a write and flush per request took ~6% of the frontend's CPU under load. The
-    # buffer goes out when full, every ACCESS_LOG_FLUSH_S (Server.run) and at exit.
-    access.addHandler(MemoryHandler(ACCESS_LOG_BUFFER, flushLevel=logging.ERROR, target=handler))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
@@ -81,6 +71,7 @@ class Server:
         self.models_status: dict[str, str] = {}
         self.state = "starting"
         self.stop_event = asyncio.Event()
+        self.access_log: AccessLogFile | None = None
         self.started = time.time()
 
     @property
@@ -112,13 +103,15 @@ class Server:
             self.config.max_request_size_bytes,
             self.config.max_response_size_bytes,
         )
-        access = logging.getLogger("mserve.access")
+        if self.config.access_log:
+            self.access_log = AccessLogFile(self.config.log_path / "access.log")
         for name, app in zip(("inference", "management", "metrics"), apps, strict=True):
             host, port = parse_address(getattr(self.config, f"{name}_address"), name)
+            logged = self.access_log is not None and name != "metrics"
             runner = web.AppRunner(
                 app,
-                access_log=access if name != "metrics" and self.config.access_log else None,
-                access_log_format=ACCESS_LOG_FORMAT,
+                access_log=log if logged else None,  # aiohttp wants one; ours ignores it
+                access_log_class=self.access_log.logger_class() if logged else AccessLogger,
                 handle_signals=False,
                 # a client that goes away cancels its request: a queued job is then skipped
                 # and costs no worker time
@@ -216,16 +209,16 @@ class Server:
             if self.config.fork_workers:
                 self.launcher.allow_warming()
             log.info("mserve %s ready", __version__)
-            flusher = asyncio.create_task(_flush_access_log_every(ACCESS_LOG_FLUSH_S))
-            try:
+            async with asyncio.TaskGroup() as tasks:
+                if self.access_log is not None:
+                    flusher = tasks.create_task(self.access_log.flush_every(ACCESS_LOG_FLUSH_S))
                 await self.stop_event.wait()
-            finally:
-                flusher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await flusher
+                if self.access_log is not None:
+                    flusher.cancel()
         finally:
             await self.shutdown()
-            _flush_access_log()
+            if self.access_log is not None:
+                self.access_log.close()
 
     async def shutdown(self) -> None:
         self.state = "stopping"
@@ -240,17 +233,6 @@ class Server:
         for runner in self.runners:
             await runner.cleanup()
         log.info("mserve stopped")
-
-
-def _flush_access_log() -> None:
-    for handler in logging.getLogger("mserve.access").handlers:
-        handler.flush()
-
-
-async def _flush_access_log_every(interval_s: float) -> None:
-    while True:
-        await asyncio.sleep(interval_s)
-        _flush_access_log()
 
 
 def hold_lock(run_dir: Path) -> int:

@@ -1,0 +1,68 @@
+"""access.log: one line per request, kept in memory and written in one go.
+
+aiohttp's own access logger formats through the logging module (a LogRecord, a format pass and
+a write per request); under load that cost ~10% of the frontend's CPU (cProfile). Here a line is
+one f-string appended to a list, and the list goes to the file when it holds ``max_lines``,
+every ``flush_s`` (the server's flusher task) and at stop. Rotate the file with logrotate
+(``copytruncate``): we append, and never stat it per line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import IO
+
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web import BaseRequest, StreamResponse
+
+
+class AccessLogFile:
+    def __init__(self, path: Path, max_lines: int = 512) -> None:
+        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (owned, closed)
+        self._lines: list[str] = []
+        self._max_lines = max_lines
+        self._stamp_second = -1
+        self._stamp = ""
+
+    def add(self, request: BaseRequest, response: StreamResponse, elapsed_s: float) -> None:
+        now = time.time()
+        second = int(now)
+        if second != self._stamp_second:  # strftime once a second, not once a request
+            self._stamp_second = second
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        version = request.version
+        self._lines.append(
+            f"{self._stamp},{int((now - second) * 1000):03d} {request.remote} "
+            f'"{request.method} {request.path_qs} HTTP/{version.major}.{version.minor}" '
+            f"{response.status} {response.body_length} {elapsed_s:.6f}\n"
+        )
+        if len(self._lines) >= self._max_lines:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._lines:
+            self._file.write("".join(self._lines))
+            self._lines.clear()
+            self._file.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self._file.close()
+
+    async def flush_every(self, interval_s: float) -> None:
+        """The server's flusher task: a line never waits longer than ``interval_s``."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self.flush()
+
+    def logger_class(self) -> type[AbstractAccessLogger]:
+        """The class aiohttp instantiates per site, writing into this file."""
+        sink = self
+
+        class _AccessLogger(AbstractAccessLogger):
+            def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
+                sink.add(request, response, time)
+
+        return _AccessLogger
