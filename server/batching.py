@@ -94,12 +94,12 @@ class JobQueue:
 
 
 async def gather_batch(
-    queue: JobQueue, batch_size: int, max_delay_s: float, stopping: asyncio.Event
+    queue: JobQueue, batch_size: int, max_delay_s: float, *stopping: asyncio.Event
 ) -> list[Job] | None:
-    """Up to ``batch_size`` jobs, waiting at most ``max_delay_s`` after the first; None if
-    ``stopping`` was set before a first job arrived."""
+    """Up to ``batch_size`` jobs, waiting at most ``max_delay_s`` after the first; None if one
+    of ``stopping`` was set before a first job arrived (set it, then ``queue.wake_all()``)."""
     while True:
-        if stopping.is_set():
+        if any(event.is_set() for event in stopping):
             return None
         first = queue.pop()
         if first is not None:

@@ -209,12 +209,17 @@ class Server:
             if self.config.fork_workers:
                 self.launcher.allow_warming()
             log.info("mserve %s ready", __version__)
-            async with asyncio.TaskGroup() as tasks:
-                if self.access_log is not None:
-                    flusher = tasks.create_task(self.access_log.flush_every(ACCESS_LOG_FLUSH_S))
+            flusher = (
+                asyncio.create_task(self.access_log.flush_every(ACCESS_LOG_FLUSH_S))
+                if self.access_log is not None
+                else None
+            )
+            try:
                 await self.stop_event.wait()
-                if self.access_log is not None:
+            finally:
+                if flusher is not None:
                     flusher.cancel()
+                    await asyncio.gather(flusher, return_exceptions=True)
         finally:
             await self.shutdown()
             if self.access_log is not None:

@@ -28,6 +28,7 @@ from server.errors import (
     WorkerDied,
     WorkerTimeout,
 )
+from server.workers.channel import Batch, ChannelClosed
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
 from server.workers.protocol import RequestItem, ResponseItem
@@ -38,6 +39,8 @@ _worker_ids = itertools.count(9000)  # TorchServe numbers workers from 9000
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 FAILURES_TO_GIVE_UP = 5
+# Batches sent to one worker before the first is answered (see server/workers/channel.py).
+PIPELINE_DEPTH = 2
 FAILURE_WINDOW_S = 120.0
 
 
@@ -247,36 +250,81 @@ class ModelVersion:
             await asyncio.wait_for(slot.retire.wait(), delay_s)
 
     async def _serve(self, slot: _Slot, worker: Worker) -> str | None:
-        """Serve batches until retired (None) or the worker is lost (returns why)."""
+        """Serve batches until retired (None) or the worker is lost (returns why).
+
+        ``PIPELINE_DEPTH`` dispatchers share the worker, so the next batch is already in its
+        socket when it finishes one. They gather in turn (a batch is complete, or its delay
+        over, before the next one starts to form), and the first to lose the worker stops the
+        others."""
+        lost = asyncio.Event()
+        gathering = asyncio.Lock()
+        reasons = await asyncio.gather(
+            *(self._dispatch(slot, worker, lost, gathering) for _ in range(PIPELINE_DEPTH))
+        )
+        if all(r is None for r in reasons):
+            return None
+        # "" is a dispatcher whose batch was only queued behind the lost one: say the real why
+        return next((r for r in reasons if r), f"worker {worker.id} was lost")
+
+    async def _dispatch(
+        self, slot: _Slot, worker: Worker, lost: asyncio.Event, gathering: asyncio.Lock
+    ) -> str | None:
         delay_s = self.settings.max_batch_delay_ms / 1000
         while True:
-            jobs = await gather_batch(self.queue, self.settings.batch_size, delay_s, slot.retire)
-            if jobs is None:
-                return None
-            live = [j for j in jobs if not j.future.done()]
-            if not live:
-                continue
-            try:
-                results = await worker.run_batch(
-                    [j.item for j in live], self.settings.response_timeout_s
+            async with gathering:
+                jobs = await gather_batch(
+                    self.queue, self.settings.batch_size, delay_s, slot.retire, lost
                 )
-            except HandlerError as exc:
-                _fail(live, exc)
-                continue
-            except WorkerDied as exc:
-                self._retry_or_fail(live, exc)
-                return exc.message
-            except WorkerTimeout as exc:  # never retried: the request may be what hangs
-                _fail(live, exc)
-                return exc.message
-            except Exception as exc:  # the supervisor's task guard: never strand a caller
-                log.exception("model %s: unexpected error running a batch", self.label)
-                _fail(live, InternalError(f"internal error running the batch: {exc!r}"))
+                if jobs is None:
+                    return None
+                live = [j for j in jobs if not j.future.done()]
+                if not live:
+                    continue
+                try:
+                    batch = worker.send_batch(
+                        [j.item for j in live],
+                        self.settings.response_timeout_s,
+                        [j.future for j in live],
+                    )
+                except Exception as exc:  # the supervisor's task guard: never strand a caller
+                    log.exception("model %s: unexpected error sending a batch", self.label)
+                    _fail(live, InternalError(f"internal error sending the batch: {exc!r}"))
+                    batch = None
+            if batch is None:
                 await worker.kill()
-                return f"unexpected error {exc!r}"
-            for job, result in zip(live, results, strict=False):
-                if not job.future.done():
-                    job.future.set_result(result)
+                reason: str | None = f"unexpected error sending a batch to worker {worker.id}"
+            else:
+                reason = await self._run(worker, live, batch)
+            if reason is not None:  # "" included
+                lost.set()
+                self.queue.wake_all()  # a dispatcher waiting for jobs must see it too
+                return reason
+
+    async def _run(self, worker: Worker, live: list[Job], batch: Batch) -> str | None:
+        """Answer a sent batch's jobs; why the worker is lost, if it is."""
+        try:
+            results = await worker.batch_result(batch, [j.item for j in live])
+        except HandlerError as exc:
+            _fail(live, exc)
+            return None
+        except ChannelClosed:  # queued behind a batch that lost the worker: it never ran
+            self.queue.requeue(live)
+            return ""
+        except WorkerDied as exc:
+            self._retry_or_fail(live, exc)
+            return exc.message
+        except WorkerTimeout as exc:  # never retried: the request may be what hangs
+            _fail(live, exc)
+            return exc.message
+        except Exception as exc:  # the supervisor's task guard: never strand a caller
+            log.exception("model %s: unexpected error running a batch", self.label)
+            _fail(live, InternalError(f"internal error running the batch: {exc!r}"))
+            await worker.kill()
+            return f"unexpected error {exc!r}"
+        for job, result in zip(live, results, strict=False):
+            if not job.future.done():
+                job.future.set_result(result)
+        return None
 
     def _add_slot(self, wait: bool) -> _Slot:
         # only a synchronous caller waits on the first start; otherwise failures take the

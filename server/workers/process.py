@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -26,13 +26,13 @@ import psutil
 
 from server.errors import HandlerError, InvalidModel, WorkerDied, WorkerTimeout
 from server.workers import protocol
+from server.workers.channel import Batch, BatchExpired, Channel, ChannelClosed
 from server.workers.launch import Launcher, Process
 from server.workers.protocol import Frame, Kind, RequestItem, ResponseItem
 
 log = logging.getLogger(__name__)
 
 STDERR_TAIL_LINES = 50
-_READ_BYTES = 1 << 18
 
 
 class WorkerState(str, Enum):
@@ -67,8 +67,8 @@ def describe_exit(returncode: int | None) -> str:
 
 
 class Worker:
-    """One worker process. ``start`` returns once the handler is loaded; ``run_batch`` is called
-    by exactly one dispatcher at a time."""
+    """One worker process. ``start`` returns once the handler is loaded; ``run_batch`` may be
+    called by several dispatchers at once (the batches are pipelined, see ``channel``)."""
 
     def __init__(self, worker_id: str, model_label: str, gpu: int | None, spec: WorkerSpec) -> None:
         self.id = worker_id
@@ -81,10 +81,7 @@ class Worker:
         self.style: str | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._proc: Process | None = None
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._decoder = protocol.Decoder(spec.max_payload_bytes)
-        self._frames: collections.deque[Frame] = collections.deque()
+        self._channel: Channel | None = None
         self._pipes: list[asyncio.Task[None]] = []
         self._batch_ids = 0
         self._log = logging.getLogger(f"mserve.model.{model_label}")
@@ -114,23 +111,28 @@ class Worker:
             self._log.log(level, "[worker %s] %s", self.id, text)
 
     async def _next_frame(self) -> Frame:
-        assert self._reader is not None
-        while not self._frames:
-            data = await self._reader.read(_READ_BYTES)
-            if not data:
-                await self._wait_exit(2.0)
-                raise WorkerDied(self.exit_text())
-            try:
-                self._frames.extend(self._decoder.feed(data))
-            except protocol.ProtocolError as exc:
-                await self.kill()
-                raise WorkerDied(f"worker {self.id} broke the protocol ({exc}); killed") from exc
-        return self._frames.popleft()
+        """The next handshake frame; the worker's death or a protocol breach is WorkerDied."""
+        assert self._channel is not None
+        frame = await self._channel.next_control()
+        if frame is not None:
+            return frame
+        raise await self._lost()
+
+    async def _lost(self) -> WorkerDied:
+        """What to say once the channel is gone: the protocol breach, or how the process ended."""
+        assert self._channel is not None
+        if self._channel.broken:
+            await self.kill()
+            return WorkerDied(
+                f"worker {self.id} broke the protocol ({self._channel.broken}); killed"
+            )
+        await self._wait_exit(2.0)
+        return WorkerDied(self.exit_text())
 
     async def _send(self, frame: Frame) -> None:
-        assert self._writer is not None
-        self._writer.writelines(protocol.encode_for_send(frame))
-        await self._writer.drain()
+        assert self._channel is not None
+        self._channel.send(frame)
+        await self._channel.drain()
 
     async def start(self, timeout_s: float, launcher: Launcher) -> None:
         """Spawn, say INIT, wait for READY; raise ``InvalidModel`` with the worker's own error."""
@@ -146,7 +148,10 @@ class Worker:
             asyncio.create_task(self._pipe(self._proc.stdout, logging.INFO)),
             asyncio.create_task(self._pipe(self._proc.stderr, logging.INFO)),
         ]
-        self._reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        max_payload = self.spec.max_payload_bytes
+        _, self._channel = await asyncio.get_running_loop().create_unix_connection(
+            lambda: Channel(max_payload), sock=parent
+        )
         log.info(
             "worker %s of %s started, pid %s, gpu %s", self.id, self.model_label, self.pid, self.gpu
         )
@@ -188,25 +193,60 @@ class Worker:
     def tail(self, lines: int = 20) -> str:
         return "\n".join(list(self.stderr_tail)[-lines:])
 
-    async def run_batch(self, items: list[RequestItem], timeout_s: float) -> list[ResponseItem]:
-        """Send one batch, wait for its result. A timeout kills the worker (504 to callers)."""
+    async def run_batch(
+        self,
+        items: list[RequestItem],
+        timeout_s: float,
+        callers: Sequence[asyncio.Future[Any]] = (),
+    ) -> list[ResponseItem]:
+        """Send one batch and wait for its answer (:meth:`send_batch` + :meth:`batch_result`)."""
+        return await self.batch_result(self.send_batch(items, timeout_s, callers), items)
+
+    def send_batch(
+        self,
+        items: list[RequestItem],
+        timeout_s: float,
+        callers: Sequence[asyncio.Future[Any]] = (),
+    ) -> Batch:
+        """Queue one batch for the worker. Several may be in flight: they run in order, and each
+        one's timeout starts when the worker starts it. ``callers`` are the futures the items'
+        callers wait on: one cancelled before the worker starts the batch (the client went
+        away) is cancelled in the worker too, which then skips it."""
+        channel = self._channel
+        assert channel is not None
         self._batch_ids += 1
         batch_id = self._batch_ids
+        frame = protocol.batch_frame(batch_id, items, check=False)
+        batch = channel.submit(batch_id, frame, len(items), timeout_s)
+        for item, caller in zip(items, callers, strict=False):
+            caller.add_done_callback(
+                lambda f, rid=item.request_id: f.cancelled() and channel.cancel(batch, [rid])
+            )
         self.state = WorkerState.BUSY
+        return batch
+
+    async def batch_result(self, batch: Batch, items: list[RequestItem]) -> list[ResponseItem]:
+        """The answer to a sent batch. A timeout kills the worker (504 to its callers); a batch
+        the worker had not started when it died raises :class:`ChannelClosed` (``started``
+        False), so that its jobs can go to another worker."""
+        channel = self._channel
+        assert channel is not None
+        batch_id, timeout_s = batch.batch_id, batch.timeout_s
         try:
-            await self._send(protocol.batch_frame(batch_id, items, check=False))
-            reply = await _within(self._next_frame(), timeout_s)
-        except asyncio.TimeoutError:
+            await channel.drain()
+            reply = await batch.future
+        except BatchExpired:
             await self.kill()
             raise WorkerTimeout(
                 f"worker {self.id} of {self.model_label} did not answer within"
                 f" response_timeout_s={timeout_s:g}; it was killed and will be replaced"
             ) from None
-        except (ConnectionError, BrokenPipeError):
-            await self._wait_exit(2.0)
-            raise WorkerDied(self.exit_text()) from None
+        except ChannelClosed as exc:
+            if not exc.started:
+                raise
+            raise await self._lost() from None
         finally:
-            if self.state is WorkerState.BUSY:
+            if channel.in_flight == 0 and self.state is WorkerState.BUSY:
                 self.state = WorkerState.READY
         if reply.kind == Kind.BATCH_FAILED:
             raise HandlerError(f"handler of {self.model_label} failed: {reply.meta.get('error')}")
@@ -218,8 +258,10 @@ class Worker:
             await self.kill()
             raise WorkerDied(f"worker {self.id} sent a malformed result ({exc}); killed") from exc
         if got_id != batch_id or len(responses) != len(items):
+            await self.kill()
             raise WorkerDied(
                 f"worker {self.id} answered batch {got_id} with {len(responses)} items"
+                f" (expected batch {batch_id} with {len(items)}); killed"
             )
         return responses
 
@@ -249,8 +291,8 @@ class Worker:
     async def stop(self, deadline_s: float) -> None:
         """Close the channel (the worker exits on EOF), SIGTERM at the deadline, then SIGKILL."""
         self.state = WorkerState.STOPPING
-        if self._writer is not None:
-            self._writer.close()
+        if self._channel is not None:
+            self._channel.close()
         if self._proc is not None and self._proc.returncode is None:
             try:
                 await asyncio.wait_for(self._proc.wait(), deadline_s)
@@ -268,8 +310,8 @@ class Worker:
         self.state = WorkerState.STOPPED
 
     async def _close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        if self._channel is not None:
+            self._channel.close()
         for task in self._pipes:
             try:
                 await asyncio.wait_for(task, 1.0)
@@ -277,14 +319,6 @@ class Worker:
                 task.cancel()
         self._pipes = []
         self.state = WorkerState.STOPPED
-
-
-async def _within(awaitable: Coroutine[Any, Any, Frame], timeout_s: float) -> Frame:
-    """``wait_for`` without its extra task per call (3.11+: ``asyncio.timeout``)."""
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout(timeout_s):
-            return await awaitable
-    return await asyncio.wait_for(awaitable, timeout_s)
 
 
 def default_python() -> str:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: CANCEL, for batches pipelined behind a running one
 MAGIC = b"MS"
 # magic, version, kind, flags, meta_len, payload_len, then 2 reserved zero bytes ("2x" packs zeros
 # and unpacks to nothing) so the header is 16 bytes and meta starts aligned.
@@ -41,6 +41,7 @@ class Kind(enum.IntEnum):
     BATCH = 5
     RESULT = 6
     BATCH_FAILED = 7
+    CANCEL = 8
 
 
 class ProtocolError(Exception):
@@ -302,6 +303,26 @@ def _parse_batch_checked(frame: Frame) -> tuple[int, list[RequestItem]]:
             )
         )
     return batch_id, items
+
+
+def cancel_frame(batch_id: int, request_ids: Sequence[str]) -> Frame:
+    """Requests of a batch sent but not yet started whose callers went away: the worker answers
+    them without running the handler (their answers reach nobody)."""
+    _check_uint(batch_id, "CANCEL batch_id")
+    return Frame(
+        Kind.CANCEL,
+        {"batch_id": batch_id, "ids": [_check_str(r, "CANCEL ids[]") for r in request_ids]},
+    )
+
+
+def parse_cancel(frame: Frame) -> tuple[int, list[str]]:
+    if frame.kind != Kind.CANCEL:
+        raise ProtocolError(f"expected a CANCEL frame, got {frame.kind.name}")
+    batch_id = _check_uint(_required(frame.meta, "batch_id", "CANCEL"), "CANCEL batch_id")
+    ids = frame.meta.get("ids", [])
+    if type(ids) is not list:
+        raise ProtocolError("CANCEL ids must be a list of strings")
+    return batch_id, [_check_str(r, "CANCEL ids[]") for r in ids]
 
 
 def result_frame(batch_id: int, items: Sequence[ResponseItem]) -> Frame:

@@ -29,10 +29,12 @@ from .protocol import (
     ResponseItem,
     encode_for_send,
     parse_batch,
+    parse_cancel,
     result_frame,
 )
 
 _RECV_BYTES = 1 << 18
+CLIENT_GONE = 499  # the answer to a cancelled request, which nobody reads
 
 
 class Channel:
@@ -42,6 +44,9 @@ class Channel:
         self.sock = sock
         self.decoder = Decoder()
         self.pending: list[Frame] = []
+        self.buffered = False  # the last frame received had arrived with an earlier one
+        self._cancelled: dict[int, set[str]] = {}  # batch id -> request ids whose callers left
+        self._eof = False
         # one reused buffer: a fresh 256 KiB bytes per recv costs page faults on every call
         self._buffer = bytearray(_RECV_BYTES)
         self._view = memoryview(self._buffer)
@@ -51,25 +56,63 @@ class Channel:
             self.sock.sendall(buffer)
 
     def receive(self) -> Frame | None:
-        """The next frame, or None when the server closed the channel."""
+        """The next frame other than CANCEL, or None when the server closed the channel."""
+        self.buffered = bool(self.pending)
         while not self.pending:
+            if self._eof:
+                return None
             n = self.sock.recv_into(self._buffer)
             if not n:
                 return None
-            self.pending.extend(self.decoder.feed(self._view[:n]))
+            self._take(self.decoder.feed(self._view[:n]))
         return self.pending.pop(0)
+
+    def poll(self) -> None:
+        """Take in what has already arrived, without waiting: a CANCEL for a batch that was
+        queued here while the one before it ran."""
+        while not self._eof:
+            try:
+                n = self.sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            if not n:
+                self._eof = True  # the next receive() reports it, after the frames we hold
+                return
+            self._take(self.decoder.feed(self._view[:n]))
+
+    def cancelled(self, batch_id: int) -> set[str]:
+        """Request ids of ``batch_id`` the server cancelled; forgets older batches' leftovers."""
+        for stale in [b for b in self._cancelled if b < batch_id]:
+            del self._cancelled[stale]
+        return self._cancelled.pop(batch_id, set())
+
+    def _take(self, frames: list[Frame]) -> None:
+        for frame in frames:
+            if frame.kind == Kind.CANCEL:
+                batch_id, ids = parse_cancel(frame)
+                self._cancelled.setdefault(batch_id, set()).update(ids)
+            else:
+                self.pending.append(frame)
 
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _serve_batch(frame: Frame, handler: LoadedHandler, context: Context) -> Frame:
+def _serve_batch(
+    frame: Frame, handler: LoadedHandler, context: Context, channel: Channel | None = None
+) -> Frame:
     batch_id, items = parse_batch(frame)
+    if channel is not None and channel.buffered:
+        channel.poll()  # it waited here behind another batch: its callers may have left
+    cancelled = channel.cancelled(batch_id) if channel is not None else set()
     responses: list[ResponseItem | None] = [None] * len(items)
     decoded: dict[int, Any] = {}
     groups: dict[str, list[int]] = {}  # one handler call per operation, in arrival order
     for i, item in enumerate(items):
+        if item.request_id in cancelled:  # its caller is gone: the answer would reach nobody
+            responses[i] = ResponseItem(CLIENT_GONE, b"", "")
+            continue
         try:
             decoded[i] = decode_request(item.content_type, item.headers, item.body, item.params)
         except PayloadError as exc:
@@ -207,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             if frame is None:
                 return 0  # the server closed the channel: we must not outlive it
             if frame.kind == Kind.BATCH:
-                channel.send(_serve_batch(frame, handler, context))
+                channel.send(_serve_batch(frame, handler, context, channel))
     finally:
         handler.shutdown()
 

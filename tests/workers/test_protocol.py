@@ -18,14 +18,16 @@ from server.workers.protocol import (
     RequestItem,
     ResponseItem,
     batch_frame,
+    cancel_frame,
     encode,
     encode_bytes,
     parse_batch,
+    parse_cancel,
     parse_result,
     result_frame,
 )
 
-HELLO_META = {"protocol": 1, "pid": 4242, "python": "3.11.7", "runtime": "mserve-worker"}
+HELLO_META = {"protocol": 2, "pid": 4242, "python": "3.11.7", "runtime": "mserve-worker"}
 ALL_BYTES = bytes(range(256))
 
 
@@ -57,15 +59,15 @@ def raw_frame(
 
 
 def test_hello_frame_bytes_are_exact() -> None:
-    meta = b'{"protocol":1,"pid":4242,"python":"3.11.7","runtime":"mserve-worker"}'
-    header = bytes.fromhex("4d53 01 01 0000 00000045 00000000 0000")
+    meta = b'{"protocol":2,"pid":4242,"python":"3.11.7","runtime":"mserve-worker"}'
+    header = bytes.fromhex("4d53 02 01 0000 00000045 00000000 0000")
     assert len(meta) == 0x45
     assert encode_bytes(Frame(Kind.HELLO, HELLO_META)) == header + meta
 
 
 def test_batch_frame_bytes_match_the_worked_example_in_the_docs() -> None:
     expected = bytes.fromhex(
-        "4d53 01 05 0000 00000065 00000002 0000"
+        "4d53 02 05 0000 00000065 00000002 0000"
         "7b22 6261 7463 685f 6964 223a 372c 2272 6571 7565 7374 7322 3a5b 7b22 6964 223a"
         "2272 3122 2c22 636f 6e74 656e 745f 7479 7065 223a 2274 6578 742f 706c 6169 6e22"
         "2c22 6865 6164 6572 7322 3a5b 5d2c 2270 6172 616d 7322 3a7b 7d2c 2273 697a 6522"
@@ -128,6 +130,7 @@ EXAMPLES = {
     Kind.BATCH: batch_frame(3, [RequestItem("a", "", [], ALL_BYTES)]),
     Kind.RESULT: result_frame(3, [ResponseItem(200, b"ok")]),
     Kind.BATCH_FAILED: Frame(Kind.BATCH_FAILED, {"batch_id": 3, "error": "e", "traceback": "t"}),
+    Kind.CANCEL: cancel_frame(4, ["r2", "r3"]),
 }
 
 
@@ -234,14 +237,14 @@ DECODE_ERRORS = [
         raw_frame(magic=b"GE"),
         "bad frame magic b'GE', expected b'MS': the peer is not speaking the mserve worker protocol",
     ),
-    ("version", raw_frame(version=2), "unsupported protocol version 2, this side speaks 1"),
+    ("version", raw_frame(version=1), "unsupported protocol version 1, this side speaks 2"),
     (
         "kind 0",
         raw_frame(kind=0),
         "unknown frame kind 0, expected one of 1 (HELLO), 2 (INIT), 3 (READY), 4 (LOAD_FAILED), "
-        "5 (BATCH), 6 (RESULT), 7 (BATCH_FAILED)",
+        "5 (BATCH), 6 (RESULT), 7 (BATCH_FAILED), 8 (CANCEL)",
     ),
-    ("kind 8", raw_frame(kind=8), "unknown frame kind 8, expected one of 1 (HELLO), "),
+    ("kind 9", raw_frame(kind=9), "unknown frame kind 9, expected one of 1 (HELLO), "),
     ("flags", raw_frame(flags=0x8001), "frame flags must be 0 (reserved), got 0x8001"),
     (
         "reserved",
@@ -328,7 +331,7 @@ def test_a_failed_decoder_refuses_further_input() -> None:
     with pytest.raises(ProtocolError) as info:
         decoder.feed(encode_bytes(Frame(Kind.READY, {})))
     assert str(info.value) == (
-        "decoder stopped after an earlier error: unsupported protocol version 9, this side speaks 1"
+        "decoder stopped after an earlier error: unsupported protocol version 9, this side speaks 2"
     )
 
 
@@ -734,3 +737,14 @@ def test_small_frames_go_out_as_one_buffer_large_ones_uncopied() -> None:
     payload = b"y" * JOIN_BELOW_BYTES
     big = encode_for_send(Frame(Kind.RESULT, {"batch_id": 1, "responses": []}, payload))
     assert len(big) == 2 and big[1] is payload
+
+
+def test_cancel_frame_round_trips_and_is_checked() -> None:
+    frame = cancel_frame(4, ["r2", "r3"])
+    assert encode_bytes(frame)[:4] == b"MS\x02\x08"
+    (decoded,) = decode_all(encode_bytes(frame))
+    assert parse_cancel(decoded) == (4, ["r2", "r3"])
+    with pytest.raises(ProtocolError, match="CANCEL ids must be a list of strings"):
+        parse_cancel(Frame(Kind.CANCEL, {"batch_id": 4, "ids": "r2"}))
+    with pytest.raises(ProtocolError, match="CANCEL lacks the required field 'batch_id'"):
+        parse_cancel(Frame(Kind.CANCEL, {"ids": []}))

@@ -1,0 +1,177 @@
+"""Parent side of the frame stream to one worker, with batches pipelined.
+
+The worker answers batches strictly in order, one at a time. Keeping a second batch already in
+its socket while it runs the first means it never waits for the server's round trip between two
+batches; the price is that a batch's clock (``response_timeout_s``) must start when the worker
+*starts* it, which is when the batch ahead of it is answered, not when it was sent.
+
+It is an ``asyncio.Protocol`` rather than asyncio streams: a result resolves its batch's future
+straight from ``data_received`` (no reader task to wake), and frames queued by several
+dispatchers in one loop iteration leave in one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+
+from server.workers import protocol
+from server.workers.protocol import Frame, Kind
+
+
+class ChannelClosed(Exception):
+    """The worker's end closed (it exited or was killed) before this batch was answered.
+
+    ``started`` says whether the worker had begun the batch: a batch still waiting behind
+    another never ran, so it can be given to another worker without any risk."""
+
+    def __init__(self, started: bool) -> None:
+        super().__init__("worker channel closed")
+        self.started = started
+
+
+class BatchExpired(Exception):
+    """The batch ran longer than its timeout; the owner kills the worker."""
+
+
+@dataclass(eq=False)
+class Batch:
+    batch_id: int
+    size: int
+    timeout_s: float
+    future: asyncio.Future[Frame]
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+class Channel(asyncio.Protocol):
+    def __init__(self, max_payload_bytes: int) -> None:
+        self._decoder = protocol.Decoder(max_payload_bytes)
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._control: collections.deque[Frame] = collections.deque()  # HELLO, READY, ...
+        self._control_waiter: asyncio.Future[None] | None = None
+        self._batches: collections.deque[Batch] = collections.deque()  # sent, in order
+        self._out: list[bytes | bytearray | memoryview] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+        self.closed = False
+        self.broken: str | None = None  # why the stream was dropped, if it broke the protocol
+
+    # asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except protocol.ProtocolError as exc:
+            self.broken = str(exc)
+            self.close()
+            return
+        for frame in frames:
+            if frame.kind in (Kind.RESULT, Kind.BATCH_FAILED) and self._batches:
+                batch = self._batches.popleft()
+                if batch.timer is not None:
+                    batch.timer.cancel()
+                if not batch.future.done():
+                    batch.future.set_result(frame)
+                self._start_clock()
+            else:
+                self._control.append(frame)
+                self._wake_control()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._wake_control()
+        for i, batch in enumerate(self._batches):
+            if batch.timer is not None:
+                batch.timer.cancel()
+            if not batch.future.done():
+                batch.future.set_exception(ChannelClosed(started=i == 0))
+        self._batches.clear()
+        self.resume_writing()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+
+    # frames -------------------------------------------------------------------------------
+
+    async def next_control(self) -> Frame | None:
+        """The next frame that answers no batch (the handshake's); None once closed."""
+        while not self._control:
+            if self.closed:
+                return None
+            self._control_waiter = self._loop.create_future()
+            await self._control_waiter
+        return self._control.popleft()
+
+    def send(self, frame: Frame) -> None:
+        """Queue a frame; everything queued in one loop iteration goes out in one write."""
+        if self.closed:
+            return
+        self._out.extend(protocol.encode_for_send(frame))
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    def submit(self, batch_id: int, frame: Frame, size: int, timeout_s: float) -> Batch:
+        """Send a batch frame; its future gets the RESULT or BATCH_FAILED frame, or
+        :class:`ChannelClosed` / :class:`BatchExpired`."""
+        batch = Batch(batch_id, size, timeout_s, self._loop.create_future())
+        if self.closed:
+            batch.future.set_exception(ChannelClosed(started=False))
+            return batch
+        self._batches.append(batch)
+        self.send(frame)
+        if len(self._batches) == 1:
+            self._start_clock()
+        return batch
+
+    def cancel(self, batch: Batch, request_ids: list[str]) -> None:
+        """Tell the worker to skip requests of a batch it has not started (callers gone)."""
+        if not self.closed and batch in self._batches and self._batches[0] is not batch:
+            self.send(protocol.cancel_frame(batch.batch_id, request_ids))
+
+    async def drain(self) -> None:
+        if self._paused and not self.closed:
+            self._drain_waiter = self._loop.create_future()
+            await self._drain_waiter
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._batches)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    # internals ----------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        if self._out and not self.closed and self._transport is not None:
+            out, self._out = self._out, []
+            self._transport.writelines(out)
+
+    def _wake_control(self) -> None:
+        if self._control_waiter is not None and not self._control_waiter.done():
+            self._control_waiter.set_result(None)
+
+    def _start_clock(self) -> None:
+        """The head batch is the one the worker runs now: its timeout starts here."""
+        if not self._batches:
+            return
+        head = self._batches[0]
+        if head.timer is None:
+            head.timer = self._loop.call_later(head.timeout_s, self._expire, head)
+
+    def _expire(self, batch: Batch) -> None:
+        if not batch.future.done():
+            batch.future.set_exception(BatchExpired())
