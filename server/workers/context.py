@@ -38,8 +38,14 @@ class RequestProcessor:
     ``", "`` as HTTP allows.
     """
 
-    def __init__(self, request_id: str, headers: Iterable[Sequence[Any]] | None = ()) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        headers: Iterable[Sequence[Any]] | None = (),
+        body: bytes | bytearray | memoryview = b"",
+    ) -> None:
         self.request_id = request_id
+        self.body = body  # as the client sent it; valid while its batch runs
         self._headers: dict[str, str] = {}  # original spelling of the first occurrence -> value
         self._names: dict[str, str] = {}  # lower-case -> original spelling
         for pair in headers or ():
@@ -296,7 +302,9 @@ class Context:
         Clears every response status, header and content type the previous batch set.
         """
         self.operation = operation
-        self.request_processor = [RequestProcessor(r.request_id, r.headers) for r in requests]
+        self.request_processor = [
+            RequestProcessor(r.request_id, r.headers, getattr(r, "body", b"")) for r in requests
+        ]
         self.request_ids = {i: r.request_id for i, r in enumerate(self.request_processor)}
         if isinstance(self.metrics, Metrics):
             self.metrics.set_request_ids(self.request_ids)
@@ -322,6 +330,11 @@ class Context:
 
     def get_all_request_header(self, idx: int) -> dict[str, str]:
         return self._request(idx).get_request_properties()
+
+    def get_request_body(self, idx: int) -> bytes:
+        """The body of request ``idx`` exactly as the client sent it (``data[idx]["body"]`` is
+        the decoded form); for adapters whose contract hands over the raw text."""
+        return bytes(self._request(idx).body)
 
     # Responses.
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:

@@ -139,6 +139,9 @@ def test_inputs_reach_the_kernel_as_text_or_bytes(make_archive, start_server) ->
         "probe", b'"just a string"', headers={"Content-Type": "application/json"}
     )
     assert json.loads(scalar.json()["input"]) == "just a string"  # still JSON text
+    sent = b'{"b": 1.50,  "a": [1e3]}'  # the kernel parses it itself: it gets these exact bytes
+    exact = server.predict("probe", sent, headers={"Content-Type": "application/json"}).json()
+    assert exact["input"] == sent.decode()
     text = server.predict("probe", "plain words").json()
     assert (text["input_type"], text["input"]) == ("str", "plain words")
     raw = server.predict("probe", b"\x89PNG\x00\x01", headers={"Content-Type": "image/png"}).json()

@@ -12,8 +12,8 @@ A kernel file changes only its import line: ``from redhareapi import Kernel`` be
 - stop (scale down, unregister, server stop): ``on_kernel_shutdown()``.
 
 Inputs: ``get_input_data()`` is the request body as the kernel file expects to ``json.loads`` it:
-a JSON text (``str``) for JSON requests, the text (``str``) for ``text/*`` requests, and the raw
-``bytes`` otherwise (images, octet streams, form posts). Outputs: ``set_output_data`` takes
+the JSON text exactly as sent (``str``) for JSON requests, the text (``str``) for ``text/*``
+requests, and the raw ``bytes`` otherwise (images, octet streams, form posts). Outputs: ``set_output_data`` takes
 ``str``, ``bytes`` or a JSON-able value; a ``str`` holding a JSON object or array is answered as
 ``application/json``, other text as ``text/plain``, bytes as ``application/octet-stream``.
 
@@ -231,7 +231,10 @@ class TaskContext:
     def get_input_data(self) -> str | bytes:
         """The request body: JSON text or text as ``str``, anything else as raw ``bytes``."""
         if self._input is None:
-            self._input = _input_of(self._body, self._content_type())
+            raw = getattr(self._context, "get_request_body", None)
+            self._input = _input_of(
+                self._body, self._content_type(), raw(self._index) if raw else None
+            )
         return self._input
 
     def set_output_data(self, data: Any) -> None:
@@ -266,12 +269,18 @@ class TaskContext:
         return f"TaskContext(id={self.get_id()!r})"
 
 
-def _input_of(body: Any, content_type: str) -> str | bytes:
+def _input_of(body: Any, content_type: str, raw: bytes | None = None) -> str | bytes:
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body)
     if isinstance(body, str) and not _is_json(content_type):
         return body
-    # The runtime parsed the JSON body; kernels parse it again themselves, so give them text.
+    # The runtime parsed the JSON body; kernels parse it again themselves, so give them its text
+    # as sent (numbers, spacing and key order untouched).
+    if raw is not None:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            pass  # another charset: the runtime decoded it, so re-encode what it found
     return json.dumps(body, ensure_ascii=False)
 
 
