@@ -409,7 +409,9 @@ def test_wheelhouse_is_packed_and_named_in_the_manifest(
         assert archive.verify().ok
 
 
-def test_handler_style_is_recorded_only_when_named(archiver: ArchiverRunner, tmp_path: Path) -> None:
+def test_handler_style_is_recorded_only_when_named(
+    archiver: ArchiverRunner, tmp_path: Path
+) -> None:
     (tmp_path / "h.py").write_text("def handle(data, context):\n    return data\n")
     assert archiver("--model-name", "auto", "--handler", "h").exit_code == 0
     named = archiver("--model-name", "named", "--handler", "h", "--handler-style", "hooks")

@@ -13,9 +13,10 @@ A kernel file changes only its import line: ``from redhareapi import Kernel`` be
 
 Inputs: ``get_input_data()`` is the request body as the kernel file expects to ``json.loads`` it:
 the JSON text exactly as sent (``str``) for JSON requests, the text (``str``) for ``text/*``
-requests, and the raw ``bytes`` otherwise (images, octet streams, form posts). Outputs: ``set_output_data`` takes
-``str``, ``bytes`` or a JSON-able value; a ``str`` holding a JSON object or array is answered as
-``application/json``, other text as ``text/plain``, bytes as ``application/octet-stream``.
+requests, and the raw ``bytes`` otherwise (images, octet streams, form posts). Outputs:
+``set_output_data`` takes ``str``, ``bytes`` or a JSON-able value; a ``str`` holding a JSON
+object or array is answered as ``application/json``, other text as ``text/plain``, bytes as
+``application/octet-stream``.
 
 Kernels serve predictions only (``/predictions``, ``/v2/models/{m}/infer``); other operations
 answer 404 per request.
