@@ -121,6 +121,19 @@ def test_default_steps_answer_each_request_and_reject_bad_ones_alone(load, tmp_p
     assert [m["name"] for m in ctx.metrics.drain()] == ["HandlerTime"]
 
 
+def test_a_row_of_another_shape_is_rejected_alone(load, tmp_path) -> None:
+    model = linear_model_dir(tmp_path)
+    handler, ctx = load("explain_handler", EAGER)
+    start(ctx, 3)
+    out = handler.handle([{"body": X}, {"body": [1.0, 2.0]}, {"body": [0, 0, 0, 1]}], ctx)
+    with torch.no_grad():
+        expected = model(torch.tensor([X, [0, 0, 0, 1.0]])).tolist()
+    assert out[0] == pytest.approx(expected[0]) and out[2] == pytest.approx(expected[1])
+    message = "input has shape [2], but this batch's inputs have shape [4]"
+    assert out[1] == {"code": 400, "type": "BadInput", "message": message}
+    assert ctx.get_response_status(1) == (400, message)
+
+
 def test_explain_header_alone_selects_explanations(load, tmp_path) -> None:
     model = linear_model_dir(tmp_path)
     handler, ctx = load("explain_handler", EAGER)

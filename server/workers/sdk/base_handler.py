@@ -189,18 +189,28 @@ class BaseHandler:
 
     def preprocess(self, data: list[Any]) -> Any:
         """Each request's ``data`` (or ``body``): numbers, nested lists of numbers, or such JSON
-        sent as text; the rows are stacked into one tensor."""
+        sent as text; the rows are stacked into one tensor. A row whose shape differs from the
+        batch's most common one is rejected (400 to that caller), not the whole batch."""
         import torch
 
         rows = []
         for idx, row in enumerate(data):
             try:
-                rows.append(torch.as_tensor(_numbers(request_input(row))))
+                rows.append((idx, torch.as_tensor(_numbers(request_input(row)))))
             except (BadInput, TypeError, ValueError, RuntimeError) as exc:
                 self.reject(idx, f"input must be a number or a nested list of numbers: {exc}")
         if not rows:
             return None
-        return torch.stack(rows).to(self.device)
+        shapes = [tuple(tensor.shape) for _, tensor in rows]
+        expected = max(shapes, key=shapes.count)  # ties: the earliest request's shape
+        for (idx, _), shape in zip(rows, shapes):
+            if shape != expected:
+                self.reject(
+                    idx,
+                    f"input has shape {list(shape)}, but this batch's inputs have shape "
+                    f"{list(expected)}",
+                )
+        return torch.stack([t for _, t in rows if tuple(t.shape) == expected]).to(self.device)
 
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         """Call the model without autograd."""
