@@ -2,10 +2,11 @@
 
 Usage: python scripts/bench_server.py [--duration 10] [--quick]
 
-Measures requests/s and p50/p99 latency at 1, 16 and 64 connections with 1 and 2 workers
-(wrk when installed, else a bounded Python load generator), cold start (``mserve --start`` to
-the first successful prediction), the frontend's RSS, and the time to scale the MLP from 1 to 4
-workers synchronously. The MLP: Linear 256-1024, ReLU, 1024-1024, ReLU, 1024-10, float32, seed 0,
+Measures requests/s, p50/p99 latency and CPU per request (frontend, workers: steadier than
+req/s on a shared VM) at 1, 16 and 64 connections with 1 and 2 workers (wrk when installed, else
+a bounded Python load generator), cold start (``mserve --start`` to the first successful
+prediction), the frontend's RSS, and the time to scale the MLP from 1 to 4 workers
+synchronously. The MLP: Linear 256-1024, ReLU, 1024-1024, ReLU, 1024-10, float32, seed 0,
 one torch thread per worker; body ``{"data": [256 floats]}``.
 """
 
@@ -176,6 +177,39 @@ def bare_mlp(batch: int, seconds: float = 3.0) -> float:
     return done / (time.perf_counter() - started)
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU the processes have used so far (gone ones count 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def measured(server: Server, model: str, load, path: str, body: bytes, conns: int,
+             duration: int) -> dict[str, float]:  # fmt: skip
+    """One load run plus the CPU the frontend and the model's workers spent per request: on a
+    shared VM req/s swings between identical runs, CPU per request much less."""
+    _, described = server.request("GET", f"/models/{model}", api="management")
+    workers = [w["pid"] for w in json.loads(described)[0]["workers"]]
+    frontend = [server.status["pid"]]
+    before = cpu_seconds(frontend), cpu_seconds(workers)
+    r = load(server, path, body, conns, duration)
+    requests = max(r["rps"] * duration, 1.0)
+    r["frontend_us"] = (cpu_seconds(frontend) - before[0]) / requests * 1e6
+    r["worker_us"] = (cpu_seconds(workers) - before[1]) / requests * 1e6
+    return r
+
+
+def _row(label: str, workers: int, conns: int, r: dict[str, float]) -> str:
+    return (f"{label:<6} {workers:>7} {conns:>5} {r['rps']:>8.0f} {r['p50']:>7.2f}"
+            f" {r['p99']:>7.2f} {int(r['errors']):>6} {r['frontend_us']:>9.0f}"
+            f" {r['worker_us']:>9.0f}")  # fmt: skip
+
+
 def scale(server: Server, model: str, workers: int) -> float:
     started = time.perf_counter()
     status, body = server.request(
@@ -227,16 +261,16 @@ def main() -> None:
             models.append("mlp")
         print(
             f"{'model':<6} {'workers':>7} {'conns':>5} {'req/s':>8} {'p50 ms':>7}"
-            f" {'p99 ms':>7} {'errors':>6}"
+            f" {'p99 ms':>7} {'errors':>6} {'fe us/req':>9} {'wk us/req':>9}"
         )
         for model in models:
             for workers in (1, 2):
                 scale(server, model, workers)
                 server.request("POST", f"/predictions/{model}", bodies[model])
                 for conns in conn_levels:
-                    r = load(server, f"/predictions/{model}", bodies[model], conns, duration)
-                    print(f"{model:<6} {workers:>7} {conns:>5} {r['rps']:>8.0f} {r['p50']:>7.2f}"
-                          f" {r['p99']:>7.2f} {int(r['errors']):>6}")  # fmt: skip
+                    r = measured(server, model, load, f"/predictions/{model}", bodies[model],
+                                 conns, duration)  # fmt: skip
+                    print(_row(model, workers, conns, r))
             scale(server, model, 1)
         if with_mlp:  # dynamic batching: batch 8, 5 ms delay, 64 connections
             path = "/models?url=mlp.mar&model_name=mlp8&batch_size=8&max_batch_delay=5"
@@ -244,9 +278,9 @@ def main() -> None:
             assert s == 200, b
             for workers in (1, 2):
                 scale(server, "mlp8", workers)
-                r = load(server, "/predictions/mlp8", bodies["mlp"], 64, duration)
-                print(f"{'mlp b8':<6} {workers:>7} {64:>5} {r['rps']:>8.0f} {r['p50']:>7.2f}"
-                      f" {r['p99']:>7.2f} {int(r['errors']):>6}")  # fmt: skip
+                r = measured(server, "mlp8", load, "/predictions/mlp8", bodies["mlp"], 64,
+                             duration)  # fmt: skip
+                print(_row("mlp b8", workers, 64, r))
         rss = psutil.Process(server.status["pid"]).memory_info().rss
         print(f"frontend RSS after load: {rss / 2**20:.0f} MiB")
         if with_mlp:
