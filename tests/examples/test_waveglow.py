@@ -11,9 +11,9 @@ import io
 import json
 import subprocess
 import sys
-import threading
 import wave
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from tests.conftest import ARCHIVER_SCRIPT, REPO
-from tests.server.conftest import MSERVE, Reply, Server, pid_alive
+from tests.server.conftest import MSERVE, Reply, Server, concurrently, pid_alive
 
 EXAMPLE = REPO / "examples" / "waveglow"
 HOP = 256
@@ -121,24 +121,6 @@ def _wav(reply: Reply) -> tuple[Any, bytes]:
         return audio.getparams(), audio.readframes(audio.getnframes())
 
 
-def _concurrently(server: Server, bodies: list[Any]) -> list[Reply]:
-    """POST every body at once (a barrier lines the threads up), replies in the same order."""
-    replies: list[Reply | None] = [None] * len(bodies)
-    barrier = threading.Barrier(len(bodies))
-
-    def post(i: int) -> None:
-        barrier.wait(timeout=10)
-        replies[i] = _speak(server, bodies[i])
-
-    threads = [threading.Thread(target=post, args=(i,)) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert all(r is not None for r in replies), "a request got no reply"
-    return replies  # type: ignore[return-value]
-
-
 # End to end.
 
 
@@ -164,7 +146,7 @@ def test_a_batch_of_three_texts_gives_each_caller_its_own_wav(server: Server) ->
     texts = ["Good morning.", "The quick brown fox jumps over the lazy dog.", "It is 1984."]
     alone = [int(_speak(server, t).headers["X-Mel-Frames"]) for t in texts]
     assert len(set(alone)) == 3  # different lengths, so a mix-up would show
-    replies = _concurrently(server, texts)
+    replies = concurrently(*(partial(_speak, server, t) for t in texts))
     bodies = []
     for reply, frames in zip(replies, alone, strict=True):
         audio, _ = _wav(reply)
@@ -206,7 +188,9 @@ def test_bad_bytes_get_a_400(server: Server) -> None:
 
 
 def test_a_bad_text_in_a_batch_fails_only_its_caller(server: Server) -> None:
-    replies = _concurrently(server, ["First caller.", "", "Third caller, still served."])
+    replies = concurrently(
+        *(partial(_speak, server, t) for t in ["First caller.", "", "Third caller, still served."])
+    )
     assert replies[1].status == 400
     for reply in (replies[0], replies[2]):
         _wav(reply)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -90,6 +91,27 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0, what: str
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def concurrently(*calls: Callable[[], Any]) -> list[Any]:
+    """Run the calls at once, one thread each (a barrier lines them up so that they can share a
+    batch); their results in order. Every call must return within two minutes."""
+    results: list[Any] = [None] * len(calls)
+    done = [False] * len(calls)
+    barrier = threading.Barrier(len(calls))
+
+    def run(i: int) -> None:
+        barrier.wait(timeout=10)
+        results[i] = calls[i]()
+        done[i] = True
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert all(done), "a request got no reply"
+    return results
 
 
 def pid_alive(pid: int) -> bool:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import threading
 import uuid
 import warnings
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,7 +27,7 @@ from server.workers.context import Context
 from server.workers.loader import HandlerLoadError, LoadedHandler, load_handler
 from tests.conftest import ARCHIVER_SCRIPT, REPO
 from tests.server import conftest as serving
-from tests.server.conftest import HANDLERS, Server, http
+from tests.server.conftest import HANDLERS, concurrently, http
 
 # The real-server fixtures of tests/server, used here too.
 make_archive = serving.make_archive
@@ -42,20 +42,6 @@ def _config(tmp_path: Path, name: str, settings: dict[str, Any]) -> str:
 
 def _nulls(count: int) -> dict[str, Any]:
     return {"pipeline": [{"driver": "null"} for _ in range(count)]}
-
-
-def _concurrently(server: Server, model: str, bodies: list[Any]) -> list[Any]:
-    replies: list[Any] = [None] * len(bodies)
-
-    def send(i: int) -> None:
-        replies[i] = server.predict(model, bodies[i])
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    return replies
 
 
 # Served over HTTP.
@@ -223,7 +209,9 @@ def test_batch_of_four_answers_each_request(make_archive, start_server, tmp_path
     make_archive("hooks_batch", "hooks", "batch", "-c", config)
     server = start_server("batch=batch.mar")
     bodies = [{"x": [1, 2]}, {"fail": [7]}, "not json at all", {"inputs": {"x": [[3]]}}]
-    good_first, failed, not_json, good_last = _concurrently(server, "batch", bodies)
+    good_first, failed, not_json, good_last = concurrently(
+        *(partial(server.predict, "batch", b) for b in bodies)
+    )
 
     for reply, x, doubled in ((good_first, [1, 2], [2, 4]), (good_last, [[3]], [[6]])):
         assert reply.status == 200, reply.body

@@ -6,9 +6,9 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from torch import nn
 
 from tests.conftest import ARCHIVER_SCRIPT, REPO
 from tests.server import conftest as serving
-from tests.server.conftest import HANDLERS, Server, http, wait_until
+from tests.server.conftest import HANDLERS, concurrently, http, wait_until
 
 # The real-server fixtures of tests/server, used here too.
 make_archive = serving.make_archive
@@ -45,20 +45,6 @@ def _config(tmp_path: Path, name: str, settings: dict) -> str:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(settings))
     return str(path)
-
-
-def _concurrently(server: Server, model: str, bodies: list) -> list:
-    replies: list = [None] * len(bodies)
-
-    def send(i: int) -> None:
-        replies[i] = server.predict(model, bodies[i])
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    return replies
 
 
 def test_documented_kernel_file_serves_its_model(make_archive, start_server, tmp_path) -> None:
@@ -102,7 +88,9 @@ def test_batch_of_four_gets_one_result_per_task(make_archive, start_server, tmp_
     server = start_server("match=match.mar", "probe=probe.mar")
 
     inputs = [[float(i), 1.0, -float(i), 0.5 * i] for i in range(4)]
-    replies = _concurrently(server, "match", [_request(f"r{i}", v) for i, v in enumerate(inputs)])
+    replies = concurrently(
+        *(partial(server.predict, "match", _request(f"r{i}", v)) for i, v in enumerate(inputs))
+    )
     for i, reply in enumerate(replies):
         assert reply.status == 200, reply.body
         answer = reply.json()
@@ -110,7 +98,7 @@ def test_batch_of_four_gets_one_result_per_task(make_archive, start_server, tmp_
         assert answer["outputs"][0]["data"] == pytest.approx(_expected(model, inputs[i]), abs=1e-6)
 
     bodies = [{"n": 0}, {"cmd": "skip"}, {"cmd": "bad"}, {"n": 3}]
-    replies = _concurrently(server, "probe", bodies)
+    replies = concurrently(*(partial(server.predict, "probe", b) for b in bodies))
     ok = [r.json() for r in (replies[0], replies[3])]
     assert len(ok[0]["batch_ids"]) == 4, "the four requests should share one batch"
     assert ok[0]["batch_ids"] == ok[1]["batch_ids"] and ok[0]["batches"] == 1
@@ -278,7 +266,7 @@ def test_example_runs_as_its_readme_says(start_server, tmp_path) -> None:
     model = nn.Linear(4, 3)
     rows = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3], [5.9, 3.0, 4.2, 1.5]]
     bodies = [_request(f"r{i}", row) for i, row in enumerate(rows)] + [{"inputs": []}]
-    replies = _concurrently(server, "iris", bodies)
+    replies = concurrently(*(partial(server.predict, "iris", b) for b in bodies))
     labels = ["setosa", "versicolor", "virginica"]
     for i, row in enumerate(rows):
         assert replies[i].status == 200, replies[i].body

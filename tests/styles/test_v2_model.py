@@ -13,8 +13,8 @@ import random
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,7 +27,7 @@ from server.workers.loader import HandlerLoadError, LoadedHandler, load_handler
 from server.workers.sdk.v2_model import V2ModelServer
 from tests.conftest import ARCHIVER_SCRIPT, REPO
 from tests.server import conftest as serving
-from tests.server.conftest import Reply, http
+from tests.server.conftest import Reply, concurrently, http
 
 # The real-server fixtures of tests/server, used here too.
 make_archive = serving.make_archive
@@ -164,16 +164,9 @@ def test_batch_answers_each_request_on_its_own(make_archive, start_server, linea
         {"id": f"r{i}", "inputs": [[rng.uniform(-2, 2) for _ in range(FEATURES)]]} for i in range(3)
     ]
     bodies.append({"id": "bad", "inputs": "not a list"})  # only this caller gets the 400
-    replies: dict[int, Reply] = {}
-
-    def send(i: int) -> None:
-        replies[i] = post(server, "/v2/models/batched/infer", bodies[i])
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    replies: list[Reply] = concurrently(
+        *(partial(post, server, "/v2/models/batched/infer", body) for body in bodies)
+    )
     for i, body in enumerate(bodies[:3]):
         assert replies[i].status == 200, replies[i].body
         answer = replies[i].json()
