@@ -6,9 +6,10 @@ import json
 import socket
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
-from tests.server.conftest import wait_until
+from tests.server.conftest import concurrently, wait_until
 
 
 def test_request_and_response_size_limits(make_archive, start_server) -> None:
@@ -174,3 +175,29 @@ def test_a_dead_workers_requests_are_retried_once_when_the_model_allows_it(
         else:
             assert reply.status == 500
             assert f"(pid {victim}) was killed by SIGKILL" in reply.json()["message"]
+
+
+def test_a_waiting_batch_gets_its_own_timeout_and_outlives_a_hung_one(
+    make_archive, start_server
+) -> None:
+    """Two batches are in flight per worker. The second one's clock starts when the worker
+    starts it, and when the first hangs, the second (which never ran) goes to a fresh worker."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server()
+    assert server.manage("POST", "/models?url=probe.mar&response_timeout=1").status == 200
+
+    # each takes 0.7 s of a 1 s budget; the second waits 0.7 s behind the first and still fits
+    first, second = concurrently(
+        partial(server.predict, "probe", {"cmd": "sleep", "s": 0.7}),
+        partial(server.predict, "probe", {"cmd": "sleep", "s": 0.7}),
+    )
+    assert (first.status, second.status) == (200, 200), (first.body, second.body)
+    assert first.json()["pid"] == second.json()["pid"]  # one worker ran both
+
+    hung, quick = concurrently(
+        partial(server.predict, "probe", {"cmd": "sleep", "s": 30}),
+        lambda: (time.sleep(0.2), server.predict("probe", {"n": 1}))[1],
+    )
+    assert hung.status == 504
+    assert quick.status == 200, quick.body  # requeued, answered by the replacement worker
+    assert quick.json()["pid"] != first.json()["pid"]
