@@ -340,6 +340,12 @@ class Context:
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
         self._request(idx).report_status(code, phrase)
 
+    def error_response(self, idx: int, code: int, kind: str, message: str) -> dict[str, Any]:
+        """Answer request ``idx`` alone with ``code`` and the body the server's own errors have
+        (TorchServe's ``{"code", "type", "message"}``); return that body as its result."""
+        self.set_response_status(code, message, idx)
+        return {"code": code, "type": kind, "message": message}
+
     def set_all_response_status(self, code: int = 200, phrase: str = "") -> None:
         for request in self.request_processor:
             request.report_status(code, phrase)

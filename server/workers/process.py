@@ -217,8 +217,9 @@ class Worker:
         self._batch_ids += 1
         batch_id = self._batch_ids
         frame = protocol.batch_frame(batch_id, items, check=False)
+        waits = channel.in_flight > 0  # behind another batch: its callers may leave first
         batch = channel.submit(batch_id, frame, len(items), timeout_s)
-        for item, caller in zip(items, callers, strict=False):
+        for item, caller in zip(items, callers if waits else (), strict=False):
             caller.add_done_callback(
                 lambda f, rid=item.request_id: f.cancelled() and channel.cancel(batch, [rid])
             )

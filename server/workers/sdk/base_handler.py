@@ -258,8 +258,7 @@ class BaseHandler:
         results, accepted = [], iter(output)
         for idx in range(size):
             if idx in rejected:
-                context.set_response_status(400, rejected[idx], idx)
-                results.append({"code": 400, "type": "BadInput", "message": rejected[idx]})
+                results.append(context.error_response(idx, 400, "BadInput", rejected[idx]))
             else:
                 results.append(next(accepted, None))
         return results

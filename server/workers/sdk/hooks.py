@@ -98,9 +98,6 @@ class RequestFailed(Exception):
         self.kind = kind
         self.message = message
 
-    def body(self) -> dict[str, Any]:
-        return {"code": self.status, "type": self.kind, "message": self.message}
-
 
 class Hook:
     """One user hook and how to call it, worked out from its signature at load."""
@@ -221,8 +218,9 @@ class HooksPipeline:
                     value = stage.run(value, ctx)
                 results.append(_result_of(value))
             except RequestFailed as failure:
-                context.set_response_status(failure.status, failure.kind, idx)
-                results.append(failure.body())
+                results.append(
+                    context.error_response(idx, failure.status, failure.kind, failure.message)
+                )
         return results
 
     def close(self) -> None:

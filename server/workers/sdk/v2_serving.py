@@ -144,7 +144,9 @@ class _Served:
     def _infer(self, idx: int, row: Any, context: Any, op: str, method_name: str) -> Any:
         model = self.model
         if not getattr(model, "ready", True):
-            return _error(context, idx, 503, "ModelNotReady", f"model {model.name} is not ready")
+            return context.error_response(
+                idx, 503, "ModelNotReady", f"model {model.name} is not ready"
+            )
         body = row.get("body")
         event_id = context.get_request_id(idx)
         if isinstance(body, dict) and body.get("id") is not None:
@@ -164,7 +166,7 @@ class _Served:
         except Exception as exc:  # the request was refused before the model ran
             plain = type(exc) in (Exception, ValueError) and str(exc)
             message = str(exc) if plain else f"{type(exc).__name__}: {exc}"
-            return _error(context, idx, 400, "InvalidRequest", message)
+            return context.error_response(idx, 400, "InvalidRequest", message)
         method = getattr(model, method_name, None)
         if not callable(method):
             return _not_implemented(context, idx, model, method_name)
@@ -193,8 +195,8 @@ class _Served:
         if not callable(method):
             custom = sorted(n[3:] for n in dir(model) if n.startswith("op_") and n[3:])
             available = ", ".join(["infer", "predict", "explain", *custom])
-            return _error(
-                context, idx, 404, "OperationNotFound",
+            return context.error_response(
+                idx, 404, "OperationNotFound",
                 f"model {model.name} has no operation {op!r} (no op_{op} method); "
                 f"available: {available}",
             )  # fmt: skip
@@ -262,14 +264,9 @@ def _place(body: Any, path: str | None, response: Any) -> Any:
     return result
 
 
-def _error(context: Any, idx: int, code: int, kind: str, message: str) -> dict[str, Any]:
-    context.set_response_status(code, "", idx)
-    return {"code": code, "type": kind, "message": message}
-
-
 def _not_implemented(context: Any, idx: int, model: Any, method: str) -> dict[str, Any]:
-    return _error(
-        context, idx, 501, "NotImplemented",
+    return context.error_response(
+        idx, 501, "NotImplemented",
         f"model {model.name} does not implement {method}(request); "
         f"its class {type(model).__name__} must define it to serve this operation",
     )  # fmt: skip
@@ -278,7 +275,7 @@ def _not_implemented(context: Any, idx: int, model: Any, method: str) -> dict[st
 def _failed(context: Any, idx: int, model: Any, where: str, exc: Exception) -> dict[str, Any]:
     print(f"request {context.get_request_id(idx)}: {where} failed", file=sys.stderr)
     traceback.print_exc()  # the server re-logs worker stderr under the model's name
-    return _error(
-        context, idx, 500, "InternalServerError",
+    return context.error_response(
+        idx, 500, "InternalServerError",
         f"{type(model).__name__}.{where} failed: {type(exc).__name__}: {exc}",
     )  # fmt: skip
