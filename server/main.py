@@ -18,6 +18,7 @@ from pathlib import Path
 
 import uvloop
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_log import AccessLogger
 
 from archiver import __version__
@@ -103,15 +104,17 @@ class Server:
             self.config.max_request_size_bytes,
             self.config.max_response_size_bytes,
         )
+        access_class: type[AbstractAccessLogger] = AccessLogger  # unused when not logging
         if self.config.access_log:
             self.access_log = AccessLogFile(self.config.log_path / "access.log")
+            access_class = self.access_log.logger_class()
         for name, app in zip(("inference", "management", "metrics"), apps, strict=True):
             host, port = parse_address(getattr(self.config, f"{name}_address"), name)
             logged = self.access_log is not None and name != "metrics"
             runner = web.AppRunner(
                 app,
                 access_log=log if logged else None,  # aiohttp wants one; ours ignores it
-                access_log_class=self.access_log.logger_class() if logged else AccessLogger,
+                access_log_class=access_class,
                 handle_signals=False,
                 # a client that goes away cancels its request: a queued job is then skipped
                 # and costs no worker time

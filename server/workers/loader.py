@@ -397,6 +397,20 @@ def create_instance(cls: type, label: str) -> Any:
     return cls()
 
 
+def accepted_keywords(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The part of ``kwargs`` that ``fn`` takes (all of it when it has ``**kwargs``), checked
+    to bind: a ``TypeError`` names what is missing. Adapters pass options a user's function may
+    declare only some of (``init_hook(model_path)``, a model class's ``__init__``)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return dict(kwargs)  # no signature to inspect (implemented in C): offer everything
+    if not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in signature.parameters}
+    signature.bind(**kwargs)
+    return kwargs
+
+
 def _initialize(instance: Any, context: Any) -> None:
     initialize = getattr(instance, "initialize", None)
     if callable(initialize):

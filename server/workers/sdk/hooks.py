@@ -47,7 +47,7 @@ import json
 import traceback
 from typing import Any
 
-from ..loader import HandlerLoadError, LoadedHandler
+from ..loader import HandlerLoadError, LoadedHandler, accepted_keywords
 from .drivers import StageConfig, driver_class, stage_configs
 
 HOOK_NAMES = ("init_hook", "preprocess", "postprocess")
@@ -318,19 +318,10 @@ def _name_of(fn: Any) -> str:
 
 def _call_init_hook(init_hook: Any, params: dict[str, Any]) -> None:
     try:
-        signature = inspect.signature(init_hook)
-    except (TypeError, ValueError):
-        init_hook(**params)
-        return
-    if any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
-        init_hook(**params)
-        return
-    chosen = {k: v for k, v in params.items() if k in signature.parameters}
-    try:
-        signature.bind(**chosen)
+        chosen = accepted_keywords(init_hook, params)
     except TypeError as exc:
         raise HandlerLoadError(
-            f"init_hook{signature} cannot be called with the model's params "
+            f"init_hook{inspect.signature(init_hook)} cannot be called with the model's params "
             f"({', '.join(sorted(params))}): {exc}; write it as init_hook(**params)"
         ) from None
     init_hook(**chosen)

@@ -98,21 +98,15 @@ def _check_methods(target: type, label: str, error: type) -> None:
 
 def _create(target: type, label: str, kwargs: dict[str, Any], error: type) -> Any:
     """``target(**kwargs)`` with the keyword arguments its ``__init__`` accepts."""
+    from ..loader import accepted_keywords
+
     try:
-        signature = inspect.signature(target)
-    except (TypeError, ValueError):
-        return target(**kwargs)
-    accepts_all = any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
-    )
-    if not accepts_all:
-        kwargs = {k: v for k, v in kwargs.items() if k in signature.parameters}
-    try:
-        signature.bind(**kwargs)
+        kwargs = accepted_keywords(target, kwargs)
     except TypeError as exc:
         raise error(
-            f"cannot create {label}: __init__{signature} ({exc}); the server passes context, "
-            f"name, model_path and the model config's {PARAMS_KEY!r} as keyword arguments"
+            f"cannot create {label}: __init__{inspect.signature(target)} ({exc}); the server "
+            f"passes context, name, model_path and the model config's {PARAMS_KEY!r} as "
+            f"keyword arguments"
         ) from None
     return target(**kwargs)
 
