@@ -26,20 +26,29 @@ class AccessLogFile:
         self._stamp_second = -1
         self._stamp = ""
 
-    def add(self, request: BaseRequest, response: StreamResponse, elapsed_s: float) -> None:
+    def add_line(
+        self, remote: str, method: str, target: str, version: str, status: int, length: int,
+        elapsed_s: float,
+    ) -> None:  # fmt: skip
         now = time.time()
         second = int(now)
         if second != self._stamp_second:  # strftime once a second, not once a request
             self._stamp_second = second
             self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        version = request.version
         self._lines.append(
-            f"{self._stamp},{int((now - second) * 1000):03d} {request.remote} "
-            f'"{request.method} {request.path_qs} HTTP/{version.major}.{version.minor}" '
-            f"{response.status} {response.body_length} {elapsed_s:.6f}\n"
+            f"{self._stamp},{int((now - second) * 1000):03d} {remote} "
+            f'"{method} {target} HTTP/{version}" {status} {length} {elapsed_s:.6f}\n'
         )
         if len(self._lines) >= self._max_lines:
             self.flush()
+
+    def add(self, request: BaseRequest, response: StreamResponse, elapsed_s: float) -> None:
+        """An aiohttp request (management port)."""
+        version = request.version
+        self.add_line(
+            str(request.remote), request.method, request.path_qs,
+            f"{version.major}.{version.minor}", response.status, response.body_length, elapsed_s,
+        )  # fmt: skip
 
     def flush(self) -> None:
         if self._lines:

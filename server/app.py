@@ -1,16 +1,14 @@
-"""The HTTP APIs: inference (8080), management (8081) and metrics (8082), TorchServe's paths.
+"""The management (8081) and metrics (8082) APIs on aiohttp, with TorchServe's paths, and the
+frontend's Prometheus metrics. The inference port (8080) is server/inference_api.py.
 
-The inference path parses only what routing needs; the body stays raw bytes and travels to the
-worker in one batch frame. Errors keep TorchServe's JSON shape ``{"code", "type", "message"}``.
+Errors keep TorchServe's JSON shape ``{"code", "type", "message"}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -23,16 +21,13 @@ from server.errors import (
     ModelNotFound,
     MserveError,
     RequestTooLarge,
-    ResponseTooLarge,
 )
 from server.registry import RegisterRequest, Registry
-from server.workers.protocol import RequestItem
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REGISTRY_KEY = web.AppKey("registry", Registry)
-LIMITS_KEY = web.AppKey("max_response_bytes", int)
 REQUEST_LIMIT_KEY = web.AppKey("max_request_bytes", int)
 
 
@@ -107,8 +102,8 @@ class Metrics:
         yield workers
 
 
-def _int_param(request: web.Request, name: str, minimum: int = 0) -> int | None:
-    raw = request.query.get(name)
+def _int_param(query: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
+    raw = query.get(name)
     if raw is None or raw == "":
         return None
     try:
@@ -120,8 +115,8 @@ def _int_param(request: web.Request, name: str, minimum: int = 0) -> int | None:
     return value
 
 
-def _bool_param(request: web.Request, name: str, default: bool) -> bool:
-    raw = request.query.get(name)
+def _bool_param(query: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = query.get(name)
     if raw is None or raw == "":
         return default
     if raw.lower() in ("true", "1", "yes"):
@@ -131,124 +126,13 @@ def _bool_param(request: web.Request, name: str, default: bool) -> bool:
     raise BadRequest(f"parameter '{name}' should be true or false, found {raw!r}")
 
 
-# --- inference -----------------------------------------------------------------------------
-
-
-async def ping(request: web.Request) -> web.Response:
-    registry = request.app[REGISTRY_KEY]
-    healthy = all(mv.healthy() for mv in registry.all())
-    return web.json_response(
-        {"status": "Healthy" if healthy else "Unhealthy"}, status=200 if healthy else 500
-    )
-
-
-async def predict(request: web.Request) -> web.Response:
-    """``/predictions/{model}[/{version}]`` and the v2 ``infer`` path."""
-    return await _infer(request, "")
-
-
-async def explain(request: web.Request) -> web.Response:
-    """``/explanations/...``: the ``explain`` operation; like TorchServe, the request also
-    carries an ``explain: True`` header, which handlers written for it look at."""
-    return await _infer(request, "explain", [["explain", "True"]])
-
-
-async def operation(request: web.Request) -> web.Response:
-    """``/v2/models/{model}[/versions/{version}]/{operation}``: a custom operation
-    (``op_<name>`` of a v2 model class); ``infer``/``predict`` predict, ``explain`` explains."""
-    op = request.match_info["operation"]
-    if op in ("infer", "predict"):
-        return await _infer(request, "")
-    if op == "explain":
-        return await explain(request)
-    if not op.isidentifier():
-        raise BadRequest(f"operation {op!r} is not a valid name (letters, digits and '_')")
-    return await _infer(request, op)
-
-
-async def _infer(
-    request: web.Request, op: str, extra_headers: list[list[str]] | None = None
-) -> web.Response:
-    registry = request.app[REGISTRY_KEY]
-    metrics: Metrics = request.app["metrics"]
-    name = request.match_info["model"]
-    model = registry.get(name, request.match_info.get("version"))
-    started = time.perf_counter()
-    body = await request.read()
-    headers = [[k, v] for k, v in request.headers.items()]
-    if extra_headers:
-        headers += extra_headers
-    item = RequestItem(
-        request_id=os.urandom(16).hex(),  # as unique as uuid4, at a fraction of the cost
-        content_type=request.headers.get("Content-Type", ""),
-        headers=headers,
-        body=body,
-        params=dict(request.query),
-        op=op,
-    )
-    try:
-        result = await model.submit(item)
-    except MserveError as exc:
-        metrics.answered(model.name, model.version, exc.status, None)
-        raise
-    limit = request.app[LIMITS_KEY]
-    if len(result.body) > limit:
-        metrics.answered(model.name, model.version, 413, None)
-        raise ResponseTooLarge(
-            f"the response of {model.label} is {len(result.body)} bytes, more than"
-            f" max_response_size_bytes={limit}"
-        )
-    out_headers = {k: v for k, v in result.headers}
-    out_headers["Content-Type"] = result.content_type or "application/octet-stream"
-    out_headers["X-Request-Id"] = item.request_id
-    metrics.answered(model.name, model.version, result.status, time.perf_counter() - started)
-    return web.Response(status=result.status, body=result.body, headers=out_headers)
-
-
-async def v2_model_ready(request: web.Request) -> web.Response:
-    """KServe v2 model readiness: 200 when a worker is ready, else 503."""
-    model = request.app[REGISTRY_KEY].get(
-        request.match_info["model"], request.match_info.get("version")
-    )
-    ready = model.failed is None and model.ready_workers() > 0
-    return web.json_response(
-        {"name": model.name, "version": model.version, "ready": ready},
-        status=200 if ready else 503,
-    )
-
-
-async def v2_model_metadata(request: web.Request) -> web.Response:
-    """KServe v2 model metadata; tensor shapes are the handler's business, so none are listed."""
-    registry = request.app[REGISTRY_KEY]
-    name = request.match_info["model"]
-    model = registry.get(name, request.match_info.get("version"))
-    return web.json_response(
-        {
-            "name": model.name,
-            "versions": [mv.version for mv in registry.versions(name)],
-            "platform": "mserve",
-            "inputs": [],
-            "outputs": [],
-        }
-    )
-
-
-async def v2_health(request: web.Request) -> web.Response:
-    """``/v2/health/live`` answers while the server runs; ``/v2/health/ready`` as ``/ping``."""
-    if request.match_info["probe"] == "live":
-        return web.json_response({"live": True})
-    registry = request.app[REGISTRY_KEY]
-    ready = all(mv.healthy() for mv in registry.all())
-    return web.json_response({"ready": ready}, status=200 if ready else 503)
-
-
 # --- management ----------------------------------------------------------------------------
 
 
-async def list_models(request: web.Request) -> web.Response:
-    registry = request.app[REGISTRY_KEY]
-    limit = _int_param(request, "limit", 1) or 100
-    start = _int_param(request, "next_page_token") or 0
+def models_page(registry: Registry, query: Mapping[str, str]) -> dict[str, Any]:
+    """``GET /models`` on either port: TorchServe's paging (``limit``, ``next_page_token``)."""
+    limit = _int_param(query, "limit", 1) or 100
+    start = _int_param(query, "next_page_token") or 0
     names = sorted(registry.models)
     page = names[start : start + limit]
     out: dict[str, Any] = {
@@ -256,7 +140,11 @@ async def list_models(request: web.Request) -> web.Response:
     }
     if start + limit < len(names):
         out["nextPageToken"] = str(start + limit)
-    return web.json_response(out)
+    return out
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return web.json_response(models_page(request.app[REGISTRY_KEY], request.query))
 
 
 async def register(request: web.Request) -> web.Response:
@@ -264,17 +152,17 @@ async def register(request: web.Request) -> web.Response:
     url = request.query.get("url")
     if not url:
         raise BadRequest("parameter 'url' is required: the archive's name in the model store")
-    delay = _int_param(request, "max_batch_delay")
-    timeout = _int_param(request, "response_timeout", 1)
+    delay = _int_param(request.query, "max_batch_delay")
+    timeout = _int_param(request.query, "response_timeout", 1)
     req = RegisterRequest(
         url=url,
         model_name=request.query.get("model_name") or None,
         handler=request.query.get("handler") or None,
-        batch_size=_int_param(request, "batch_size", 1),
+        batch_size=_int_param(request.query, "batch_size", 1),
         max_batch_delay_ms=delay,
         response_timeout_s=float(timeout) if timeout is not None else None,
-        initial_workers=_int_param(request, "initial_workers"),
-        synchronous=_bool_param(request, "synchronous", True),
+        initial_workers=_int_param(request.query, "initial_workers"),
+        synchronous=_bool_param(request.query, "synchronous", True),
     )
     model = await registry.register(req)
     workers = model.settings.min_workers
@@ -302,13 +190,13 @@ async def describe(request: web.Request) -> web.Response:
 async def scale(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY_KEY]
     model = registry.get(request.match_info["model"], request.match_info.get("version"))
-    min_worker = _int_param(request, "min_worker")
-    max_worker = _int_param(request, "max_worker")
+    min_worker = _int_param(request.query, "min_worker")
+    max_worker = _int_param(request.query, "max_worker")
     if min_worker is None:
         min_worker = model.settings.min_workers
     if max_worker is not None and max_worker < min_worker:
         raise BadRequest(f"max_worker ({max_worker}) is less than min_worker ({min_worker})")
-    synchronous = _bool_param(request, "synchronous", False)
+    synchronous = _bool_param(request.query, "synchronous", False)
     await model.scale(min_worker, max_worker, synchronous)
     registry.changed()
     if synchronous:
@@ -378,26 +266,8 @@ def _app(registry: Registry, metrics: Metrics, max_request_bytes: int) -> web.Ap
     return app
 
 
-def build_apps(
-    registry: Registry, metrics: Metrics, max_request_bytes: int, max_response_bytes: int
-) -> tuple[web.Application, web.Application, web.Application]:
-    inference = _app(registry, metrics, max_request_bytes)
-    inference[LIMITS_KEY] = max_response_bytes
-    inference.router.add_get("/ping", ping)
-    for method in ("POST", "PUT"):
-        inference.router.add_route(method, "/predictions/{model}", predict)
-        inference.router.add_route(method, "/predictions/{model}/{version}", predict)
-        inference.router.add_route(method, "/explanations/{model}", explain)
-        inference.router.add_route(method, "/explanations/{model}/{version}", explain)
-    v2_model = "/v2/models/{model}"
-    v2_version = "/v2/models/{model}/versions/{version}"
-    for prefix in (v2_model, v2_version):
-        inference.router.add_get(prefix, v2_model_metadata)
-        inference.router.add_get(prefix + "/ready", v2_model_ready)
-        inference.router.add_post(prefix + "/{operation}", operation)
-    inference.router.add_get("/v2/health/{probe:live|ready}", v2_health)
-    inference.router.add_get("/models", list_models)
-
+def build_apps(registry: Registry, metrics: Metrics) -> tuple[web.Application, web.Application]:
+    """The management and metrics apps (the inference port is server/inference_api.py)."""
     management = _app(registry, metrics, 1 << 20)
     management.router.add_post("/models", register)
     management.router.add_get("/models", list_models)
@@ -413,4 +283,4 @@ def build_apps(
 
     metrics_app = _app(registry, metrics, 1 << 16)
     metrics_app.router.add_get("/metrics", metrics_endpoint)
-    return inference, management, metrics_app
+    return management, metrics_app

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from server.workers.protocol import RequestItem, ResponseItem
 
@@ -32,6 +33,14 @@ class JobQueue:
         self.maxsize = maxsize
         self._jobs: collections.deque[Job] = collections.deque()
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def new_future(self) -> asyncio.Future[Any]:
+        """A future on the queue's loop, found once: ``get_running_loop()`` costs a getpid()
+        system call per call, which showed up once per request under strace."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop.create_future()
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -71,7 +80,7 @@ class JobQueue:
         """Return when a job may be available, on ``wake_all``, or after ``timeout_s``."""
         if self._jobs:
             return
-        waiter = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[None] = self.new_future()
         self._waiters.append(waiter)
         try:
             if timeout_s is None:

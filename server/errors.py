@@ -108,3 +108,16 @@ class WorkerTimeout(MserveError):
 
 class InternalError(MserveError):
     status = 500
+
+
+class MethodNotAllowed(MserveError):
+    """The path exists, the method does not; ``Allow`` lists those that do."""
+
+    status = 405
+
+    def __init__(self, message: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.allowed = allowed
+
+    def headers(self) -> dict[str, str]:
+        return {"Allow": ", ".join(self.allowed)}

@@ -28,6 +28,7 @@ from server.app import Metrics, build_apps
 from server.config import ServerConfig, parse_address
 from server.devices import GpuAllocator, detect_gpu_count
 from server.errors import MserveError
+from server.inference_api import InferenceAPI
 from server.registry import RegisterRequest, Registry
 from server.rundir import LOCK_FILE, PID_FILE, STATUS_FILE, StartupModel, write_json_atomic
 from server.snapshot import SNAPSHOT_FILE
@@ -73,6 +74,7 @@ class Server:
         self.state = "starting"
         self.stop_event = asyncio.Event()
         self.access_log: AccessLogFile | None = None
+        self.inference: InferenceAPI | None = None
         self.started = time.time()
 
     @property
@@ -98,41 +100,55 @@ class Server:
         )
 
     async def listen(self) -> None:
-        apps = build_apps(
-            self.registry,
-            self.metrics,
-            self.config.max_request_size_bytes,
-            self.config.max_response_size_bytes,
-        )
         access_class: type[AbstractAccessLogger] = AccessLogger  # unused when not logging
         if self.config.access_log:
             self.access_log = AccessLogFile(self.config.log_path / "access.log")
             access_class = self.access_log.logger_class()
-        for name, app in zip(("inference", "management", "metrics"), apps, strict=True):
+        self.inference = InferenceAPI(
+            self.registry,
+            self.metrics,
+            self.access_log,
+            self.config.max_request_size_bytes,
+            self.config.max_response_size_bytes,
+        )
+        management, metrics = build_apps(self.registry, self.metrics)
+        apps = {"management": management, "metrics": metrics}
+        for name in ("inference", "management", "metrics"):
             host, port = parse_address(getattr(self.config, f"{name}_address"), name)
-            logged = self.access_log is not None and name != "metrics"
-            runner = web.AppRunner(
-                app,
-                access_log=log if logged else None,  # aiohttp wants one; ours ignores it
-                access_log_class=access_class,
-                handle_signals=False,
-                # a client that goes away cancels its request: a queued job is then skipped
-                # and costs no worker time
-                handler_cancellation=name == "inference",
-            )
-            await runner.setup()
-            site = web.TCPSite(runner, host, port, reuse_address=True)
             try:
-                await site.start()
+                if name == "inference":
+                    bound = await self.inference.listen(host, port)
+                else:
+                    bound = await self._listen_app(name, apps[name], host, port, access_class)
             except OSError as exc:
                 raise MserveError(
                     f"cannot listen on {host}:{port} for the {name} API: {exc.strerror}"
                     f" (set {name}_address to another port, or 0 for any free port)"
                 ) from exc
-            self.runners.append(runner)
-            bound = runner.addresses[0]
             self.addresses[name] = f"{bound[0]}:{bound[1]}"
             log.info("%s API listening on http://%s", name, self.addresses[name])
+
+    async def _listen_app(
+        self, name: str, app: web.Application, host: str, port: int,
+        access_class: type[AbstractAccessLogger],
+    ) -> tuple[str, int]:  # fmt: skip
+        logged = self.access_log is not None and name != "metrics"
+        runner = web.AppRunner(
+            app,
+            access_log=log if logged else None,  # aiohttp wants one; ours ignores it
+            access_log_class=access_class,
+            handle_signals=False,
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self.runners.append(runner)
+        bound = runner.addresses[0]
+        return bound[0], bound[1]
 
     async def restore_snapshot(self) -> None:
         if not self.config.snapshot:
@@ -231,6 +247,8 @@ class Server:
     async def shutdown(self) -> None:
         self.state = "stopping"
         self.write_status()
+        if self.inference is not None:  # new requests now get 503 and "Connection: close"
+            self.inference.stop_accepting()
         for runner in self.runners:  # stop accepting new connections
             for site in list(runner.sites):
                 await site.stop()
@@ -238,6 +256,8 @@ class Server:
         await self.registry.close()
         await asyncio.gather(*(mv.stop(SHUTDOWN_DRAIN_S) for mv in self.registry.all()))
         await self.launcher.close()
+        if self.inference is not None:
+            self.inference.close()
         for runner in self.runners:
             await runner.cleanup()
         log.info("mserve stopped")

@@ -140,19 +140,22 @@ class ModelVersion:
     def healthy(self) -> bool:
         return self.failed is None and self.ready_workers() >= self.settings.min_workers
 
-    async def submit(self, item: RequestItem) -> ResponseItem:
+    def enqueue(self, item: RequestItem) -> asyncio.Future[ResponseItem]:
+        """Queue a request; the future gets its answer. Cancelling the future (the client went
+        away) drops the request if no worker has started it. Raises at once when the request
+        cannot be queued (429 queue full, 503 no worker or failed model)."""
         if self.failed is not None:
             raise ServiceUnavailable(f"model {self.label} has failed: {self.failed}")
         if not self.slots:
             raise ServiceUnavailable(f"model {self.label} has no workers; scale it up first")
-        job = Job(item, asyncio.get_running_loop().create_future())
+        job = Job(item, self.queue.new_future())
         try:
             self.queue.put(job)
         except QueueFull:
             raise TooManyRequests(
                 f"model {self.label} queue is full (job_queue_size={self.queue.maxsize})"
             ) from None
-        return await job.future
+        return job.future
 
     # --- workers ----------------------------------------------------------------------------
 

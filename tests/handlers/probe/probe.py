@@ -1,7 +1,8 @@
 """A module-function handler that reports what it sees and fails on request (fault injection).
 
 The JSON body's "cmd" picks the behaviour for that request: raise, wrong_length, status,
-header, sleep, touch, bytes, exit. Otherwise it answers a report of its environment and context.
+header, set_header, sleep, touch, bytes, exit. Otherwise it answers a report of its environment
+and context.
 """
 
 import json
@@ -60,6 +61,10 @@ def handle(data, context):
             context.set_response_header(i, "X-Probe", "yes")
             context.set_response_content_type(i, "text/x-probe")
             out.append("probe says hi")
+            continue
+        if cmd == "set_header":  # any name and value, even ones HTTP cannot carry
+            context.set_response_header(i, body["name"], body["value"])
+            out.append("header set")
             continue
         if cmd == "bytes":
             out.append(bytes(range(256)))
