@@ -8,6 +8,10 @@ a bounded Python load generator), cold start (``mserve --start`` to the first su
 prediction), the frontend's RSS, and the time to scale the MLP from 1 to 4 workers
 synchronously. The MLP: Linear 256-1024, ReLU, 1024-1024, ReLU, 1024-10, float32, seed 0,
 one torch thread per worker; body ``{"data": [256 floats]}``.
+
+``vs bare`` (MLP rows): served req/s over the MLP's own samples/s in a bare loop (JSON in and
+out, same batch size, one thread; times the worker count), measured right after each run: this
+VM's speed drifts by 2x within minutes, so only figures taken together compare.
 """
 
 from __future__ import annotations
@@ -205,9 +209,10 @@ def measured(server: Server, model: str, load, path: str, body: bytes, conns: in
 
 
 def _row(label: str, workers: int, conns: int, r: dict[str, float]) -> str:
+    bare = f" {r['rps'] / r['bare']:>7.2f}" if "bare" in r else ""
     return (f"{label:<6} {workers:>7} {conns:>5} {r['rps']:>8.0f} {r['p50']:>7.2f}"
             f" {r['p99']:>7.2f} {int(r['errors']):>6} {r['frontend_us']:>9.0f}"
-            f" {r['worker_us']:>9.0f}")  # fmt: skip
+            f" {r['worker_us']:>9.0f}{bare}")  # fmt: skip
 
 
 def scale(server: Server, model: str, workers: int) -> float:
@@ -261,7 +266,7 @@ def main() -> None:
             models.append("mlp")
         print(
             f"{'model':<6} {'workers':>7} {'conns':>5} {'req/s':>8} {'p50 ms':>7}"
-            f" {'p99 ms':>7} {'errors':>6} {'fe us/req':>9} {'wk us/req':>9}"
+            f" {'p99 ms':>7} {'errors':>6} {'fe us/req':>9} {'wk us/req':>9} {'vs bare':>7}"
         )
         for model in models:
             for workers in (1, 2):
@@ -270,6 +275,8 @@ def main() -> None:
                 for conns in conn_levels:
                     r = measured(server, model, load, f"/predictions/{model}", bodies[model],
                                  conns, duration)  # fmt: skip
+                    if model == "mlp":  # the ceiling, measured next to the run it bounds
+                        r["bare"] = bare_mlp(1) * workers
                     print(_row(model, workers, conns, r))
             scale(server, model, 1)
         if with_mlp:  # dynamic batching: batch 8, 5 ms delay, 64 connections
@@ -280,6 +287,7 @@ def main() -> None:
                 scale(server, "mlp8", workers)
                 r = measured(server, "mlp8", load, "/predictions/mlp8", bodies["mlp"], 64,
                              duration)  # fmt: skip
+                r["bare"] = bare_mlp(8) * workers
                 print(_row("mlp b8", workers, 64, r))
         rss = psutil.Process(server.status["pid"]).memory_info().rss
         print(f"frontend RSS after load: {rss / 2**20:.0f} MiB")
