@@ -32,7 +32,8 @@ class JobQueue:
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self._jobs: collections.deque[Job] = collections.deque()
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # (future, jobs it waits for): a batch filling up sleeps until it can be completed
+        self._waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def new_future(self) -> asyncio.Future[Any]:
@@ -64,9 +65,11 @@ class JobQueue:
         return None
 
     def _wake(self, n: int | None) -> None:
+        """Wake up to ``n`` waiters whose wanted number of jobs is there (``None``: all)."""
         woken = 0
-        for waiter in self._waiters:
-            if not waiter.done():
+        have = len(self._jobs)
+        for waiter, want in self._waiters:
+            if not waiter.done() and (n is None or want <= have):
                 waiter.set_result(None)
                 woken += 1
                 if n is not None and woken >= n:
@@ -76,21 +79,25 @@ class JobQueue:
         """Make every waiting dispatcher re-check its own state (retire, shutdown)."""
         self._wake(None)
 
-    async def wait(self, timeout_s: float | None = None) -> None:
-        """Return when a job may be available, on ``wake_all``, or after ``timeout_s``."""
-        if self._jobs:
+    async def wait(self, timeout_s: float | None = None, want: int = 1) -> None:
+        """Return when ``want`` jobs are queued, on ``wake_all``, or after ``timeout_s``.
+
+        A batch of 8 that has 1 job waits for 7 more with one wake-up, not seven; a dispatcher
+        wanting 1 job is woken first by a job that a filling batch could not complete."""
+        if len(self._jobs) >= want:
             return
         waiter: asyncio.Future[None] = self.new_future()
-        self._waiters.append(waiter)
+        entry = (waiter, want)
+        self._waiters.append(entry)
+        timer = None
+        if timeout_s is not None:
+            timer = self._loop.call_later(timeout_s, _settle, waiter)  # type: ignore[union-attr]
         try:
-            if timeout_s is None:
-                await waiter
-            else:
-                await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
-        except asyncio.TimeoutError:
-            pass
+            await waiter
         finally:
-            self._waiters.remove(waiter)
+            if timer is not None:
+                timer.cancel()
+            self._waiters.remove(entry)
 
     def fail_all(self, error: BaseException) -> int:
         failed = 0
@@ -124,5 +131,10 @@ async def gather_batch(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        await queue.wait(remaining)
+        await queue.wait(remaining, batch_size - len(jobs))
     return jobs
+
+
+def _settle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
