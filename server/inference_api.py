@@ -55,6 +55,11 @@ SWEEP_S = 5.0  # how often connections are checked against the two timeouts
 LARGE_BODY = 64 * 1024  # bodies from here on are written next to the head, not copied into it
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+# Set by the server alone: a handler's value would break the framing or contradict ours.
+_SERVER_HEADERS = frozenset(
+    ("content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "date",
+     "server", "content-type", "x-request-id")
+)  # fmt: skip
 _JSON = "application/json"
 
 
@@ -280,7 +285,8 @@ class InferenceAPI:
             ))  # fmt: skip
             return
         content_type = result.content_type or "application/octet-stream"
-        headers = [*result.headers, ["Content-Type", content_type], ["X-Request-Id", request_id]]
+        headers = [[k, v] for k, v in result.headers if k.lower() not in _SERVER_HEADERS]
+        headers += [["Content-Type", content_type], ["X-Request-Id", request_id]]
         bad = next((k for k, v in headers if not _header_ok(k, v)), None)
         if bad is not None:
             self.metrics.answered(model.name, model.version, 500, None)

@@ -204,6 +204,21 @@ def test_a_handler_header_that_would_split_the_response_is_refused(probe_server:
     assert fine.status == 200 and fine.headers["X-Note"] == "ok"
 
 
+def test_framing_headers_stay_the_servers_own(probe_server: Server) -> None:
+    with _connect(probe_server) as sock:
+        replies = Responses(sock)
+        for name, value in [("Content-Length", "3"), ("Transfer-Encoding", "chunked"),
+                            ("Connection", "close")]:  # fmt: skip
+            body = json.dumps({"cmd": "set_header", "name": name, "value": value}).encode()
+            sock.sendall(_request("/predictions/probe", body))
+            status, headers, answer = replies.next()
+            assert (status, answer) == (200, b"header set")
+            assert headers["content-length"] == str(len(b"header set"))
+            assert "transfer-encoding" not in headers and "connection" not in headers
+        sock.sendall(_request("/ping", method="GET"))  # the connection is still in step
+        assert replies.next()[0] == 200
+
+
 def test_a_client_that_leaves_with_requests_queued_costs_no_worker_time(
     make_archive, start_server, tmp_path
 ) -> None:
