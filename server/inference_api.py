@@ -145,6 +145,13 @@ class InferenceAPI:
         for conn in list(self.connections):
             conn.close_when_done()
 
+    async def wait_closed(self, timeout_s: float) -> None:
+        """Give closing connections time to write what they owe (bounded)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
     def _sweep(self) -> None:
         now = time.monotonic()
         for conn in list(self.connections):

@@ -258,6 +258,7 @@ class Server:
         await self.launcher.close()
         if self.inference is not None:
             self.inference.close()
+            await self.inference.wait_closed(1.0)
         for runner in self.runners:
             await runner.cleanup()
         log.info("mserve stopped")
