@@ -49,7 +49,9 @@ class RequestProcessor:
         self._headers: dict[str, str] = {}  # original spelling of the first occurrence -> value
         self._names: dict[str, str] = {}  # lower-case -> original spelling
         for pair in headers or ():
-            name, value = _text(pair[0]), _text(pair[1])
+            name, value = pair[0], pair[1]
+            if type(name) is not str or type(value) is not str:  # the protocol sends str
+                name, value = _text(name), _text(value)
             key = name.lower()
             if key in self._names:
                 first = self._names[key]

@@ -44,6 +44,9 @@ class Kind(enum.IntEnum):
     CANCEL = 8
 
 
+_KINDS = {kind.value: kind for kind in Kind}
+
+
 class ProtocolError(Exception):
     """The bytes on a worker channel are not a valid frame, or a frame cannot be put on the wire.
 
@@ -164,6 +167,11 @@ class Decoder:
     def _consume(self, view: memoryview, frames: list[Frame]) -> None:
         pos, end = 0, len(view)
         while True:
+            if self._kind is None and not self._head and end - pos >= HEADER.size:
+                pos = self._take_whole(view, pos, end, frames)
+                if pos < 0:
+                    return
+                continue
             if self._meta is None:
                 want = HEADER.size if self._kind is None else HEADER.size + self._meta_len
                 take = min(want - len(self._head), end - pos)
@@ -172,9 +180,9 @@ class Decoder:
                 if len(self._head) < want:
                     return
                 if self._kind is None:
-                    self._read_header()
+                    self._read_header(self._head, 0)
                     continue
-                self._meta = _decode_meta(self._kind, self._head, HEADER.size)
+                self._meta = _decode_meta(self._kind, self._head, HEADER.size, len(self._head))
             take = min(self._payload_len - len(self._payload), end - pos)
             if take:
                 self._payload += view[pos : pos + take]
@@ -187,8 +195,32 @@ class Decoder:
             self._kind, self._meta = None, None
             self._payload = bytearray()
 
-    def _read_header(self) -> None:
-        magic, version, kind, flags, meta_len, payload_len = HEADER.unpack(self._head)
+    def _take_whole(self, view: memoryview, pos: int, end: int, frames: list[Frame]) -> int:
+        """At a frame boundary with a whole header at ``pos``: read header and meta straight from
+        ``view`` (the common case, a frame that arrived in one piece, copies nothing into
+        ``_head``). Returns where the next frame starts, or -1 when the rest of ``view`` is held
+        as the start of an unfinished frame."""
+        self._read_header(view, pos)
+        kind = self._kind
+        assert kind is not None
+        meta_start = pos + HEADER.size
+        meta_end = meta_start + self._meta_len
+        if meta_end > end:  # the meta is cut: hold it where the general path expects it
+            self._head = bytearray(view[pos:end])
+            return -1
+        meta = _decode_meta(kind, view, meta_start, meta_end)
+        payload_end = meta_end + self._payload_len
+        if payload_end > end:
+            self._head = bytearray(view[pos:meta_end])
+            self._meta = meta
+            self._payload = bytearray(view[meta_end:end])
+            return -1
+        frames.append(Frame(kind, meta, bytearray(view[meta_end:payload_end])))
+        self._kind = None
+        return payload_end
+
+    def _read_header(self, buf: bytearray | memoryview, pos: int) -> None:
+        magic, version, kind, flags, meta_len, payload_len = HEADER.unpack_from(buf, pos)
         if magic != MAGIC:
             raise ProtocolError(
                 f"bad frame magic {magic!r}, expected {MAGIC!r}: the peer is not speaking "
@@ -201,10 +233,10 @@ class Decoder:
         self._kind = _kind(kind)
         if flags != 0:
             raise ProtocolError(f"frame flags must be 0 (reserved), got 0x{flags:04x}")
-        if any(self._head[RESERVED]):
+        if buf[pos + RESERVED.start] or buf[pos + RESERVED.start + 1]:
             raise ProtocolError(
                 f"frame header bytes 14-15 are reserved and must be 0, got "
-                f"0x{self._head[RESERVED].hex()}"
+                f"0x{bytes(buf[pos + RESERVED.start : pos + RESERVED.stop]).hex()}"
             )
         if meta_len > MAX_META_BYTES:
             raise ProtocolError(_too_big("meta_len", meta_len, MAX_META_BYTES))
@@ -328,8 +360,26 @@ def parse_cancel(frame: Frame) -> tuple[int, list[str]]:
 def result_frame(batch_id: int, items: Sequence[ResponseItem]) -> Frame:
     _check_uint(batch_id, "RESULT batch_id")
     entries = []
-    bodies = []
+    bodies: list[bytes | memoryview] = []
     for i, item in enumerate(items):
+        status, body = item.status, item.body
+        if (  # the usual item: exactly the wire types, nothing to convert or to explain
+            type(status) is int
+            and MIN_STATUS <= status <= MAX_STATUS
+            and type(item.content_type) is str
+            and type(body) is bytes
+            and _pairs_ok(item.headers)
+        ):
+            entries.append(
+                {
+                    "status": status,
+                    "content_type": item.content_type,
+                    "headers": item.headers,
+                    "size": len(body),
+                }
+            )
+            bodies.append(body)  # a lone bytes body becomes the payload as it is, by b"".join
+            continue
         where = f"RESULT responses[{i}]"
         body = _byte_view(item.body, f"{where}.body")
         entries.append(
@@ -384,6 +434,8 @@ def _parse_result_checked(frame: Frame) -> tuple[int, list[ResponseItem]]:
 def _kind(value: object) -> Kind:
     if type(value) is Kind:
         return value
+    if type(value) is int and value in _KINDS:  # a header byte: no Enum lookup machinery
+        return _KINDS[value]
     try:
         return Kind(value)  # type: ignore[arg-type]
     except ValueError:
@@ -425,9 +477,9 @@ _META_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _META_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def _decode_meta(kind: Kind, buf: bytearray, start: int) -> dict[str, Any]:
+def _decode_meta(kind: Kind, buf: bytearray | memoryview, start: int, stop: int) -> dict[str, Any]:
     try:
-        text = buf[start:].decode("utf-8")
+        text = str(buf[start:stop], "utf-8")
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"{kind.name} frame meta is not valid UTF-8: {exc}") from None
     try:

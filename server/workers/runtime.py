@@ -27,7 +27,7 @@ from .protocol import (
     Kind,
     ProtocolError,
     ResponseItem,
-    encode_for_send,
+    encode,
     parse_batch,
     parse_cancel,
     result_frame,
@@ -52,8 +52,15 @@ class Channel:
         self._view = memoryview(self._buffer)
 
     def send(self, frame: Frame) -> None:
-        for buffer in encode_for_send(frame):
-            self.sock.sendall(buffer)
+        """Header, meta and payload in one ``sendmsg``: one system call, and the payload is
+        written from where it lies, never joined to the header."""
+        buffers: list[Any] = encode(frame)
+        while buffers:  # a blocking send stops short only when a signal interrupts it
+            sent = self.sock.sendmsg(buffers)
+            while buffers and sent >= len(buffers[0]):
+                sent -= len(buffers.pop(0))
+            if sent:
+                buffers[0] = memoryview(buffers[0])[sent:]
 
     def receive(self) -> Frame | None:
         """The next frame other than CANCEL, or None when the server closed the channel."""
@@ -82,6 +89,8 @@ class Channel:
 
     def cancelled(self, batch_id: int) -> set[str]:
         """Request ids of ``batch_id`` the server cancelled; forgets older batches' leftovers."""
+        if not self._cancelled:
+            return set()
         for stale in [b for b in self._cancelled if b < batch_id]:
             del self._cancelled[stale]
         return self._cancelled.pop(batch_id, set())
@@ -168,17 +177,17 @@ def _serve_group(
         print(message, file=sys.stderr)
         return {"error": message, "traceback": ""}
     for j, i in enumerate(indexes):
-        status, _phrase = context.get_response_status(j)
+        request = context._request(j)  # the checked lookup, once per request
         try:
             body, content_type = encode_output(
-                outputs[j], context.get_response_content_type(j) or ""
+                outputs[j], request.get_response_content_type() or ""
             )
         except PayloadError as exc:
             print(f"request {items[i].request_id}: {exc}", file=sys.stderr)
             responses[i] = ResponseItem(500, str(exc).encode(), "text/plain; charset=utf-8")
             continue
-        headers = [[k, v] for k, v in context.get_response_headers(j).items()]
-        responses[i] = ResponseItem(status, body, content_type, headers)
+        headers = [[k, v] for k, v in request.get_response_headers().items()]
+        responses[i] = ResponseItem(request.get_response_status_code(), body, content_type, headers)
     return None
 
 

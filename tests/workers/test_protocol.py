@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -299,6 +300,18 @@ def test_decode_error(data: bytes, message: str) -> None:
     assert str(info.value).startswith(message)
 
 
+@pytest.mark.parametrize(
+    ("data", "message"), [c[1:] for c in DECODE_ERRORS], ids=[c[0] for c in DECODE_ERRORS]
+)
+def test_decode_error_is_the_same_when_the_frame_comes_in_pieces(data: bytes, message: str) -> None:
+    # A whole frame is read straight from the input, a cut one through the decoder's buffer.
+    decoder = Decoder()
+    with pytest.raises(ProtocolError) as info:
+        for i in range(0, len(data), 7):
+            decoder.feed(data[i : i + 7])
+    assert str(info.value).startswith(message)
+
+
 def test_payload_over_the_decoders_limit() -> None:
     with pytest.raises(ProtocolError) as info:
         Decoder(max_payload_bytes=10).feed(raw_frame(payload=b"x" * 11))
@@ -464,6 +477,25 @@ def test_result_meta_layout() -> None:
         ],
     }
     assert frame.payload == ALL_BYTES + "ß".encode()
+
+
+def test_result_frame_bytes_do_not_depend_on_the_body_or_headers_type() -> None:
+    # bytes bodies and list pairs take a shorter path than other buffers and tuples.
+    plain = encode_bytes(result_frame(5, RESPONSES))
+    other = [
+        ResponseItem(r.status, bytearray(r.body), r.content_type, [tuple(p) for p in r.headers])
+        for r in RESPONSES
+    ]
+    assert encode_bytes(result_frame(5, other)) == plain  # type: ignore[arg-type]
+    assert (
+        encode_bytes(result_frame(5, [replace(r, body=memoryview(r.body)) for r in RESPONSES]))
+        == plain
+    )
+
+
+def test_a_lone_bytes_body_becomes_the_result_payload_uncopied() -> None:
+    body = b"z" * 1000
+    assert result_frame(1, [ResponseItem(200, body)]).payload is body
 
 
 def test_batch_round_trip_through_bytes() -> None:

@@ -104,3 +104,39 @@ def test_runtime_hello_load_batch_and_exit(tmp_path: Path, python: str) -> None:
         parent.close()  # the worker must exit when its channel closes
     assert proc.wait(timeout=20) == 0
     assert b"probe was asked to fail" in proc.stderr.read()  # the traceback went to stderr
+
+
+class ShortWrites:
+    """Stands in for the channel's socket: each sendmsg takes at most ``limit`` bytes, as a
+    blocking send interrupted by a signal does."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.calls = 0
+
+    def sendmsg(self, buffers: list[bytes | memoryview]) -> int:
+        self.calls += 1
+        taken = b"".join(bytes(b) for b in buffers)[: self.limit]
+        self.data += taken
+        return len(taken)
+
+
+FRAMES_TO_SEND = [
+    Frame(Kind.READY, {"load_s": 0.1, "style": "module-function"}),
+    protocol.result_frame(3, [protocol.ResponseItem(200, bytes(range(256)) * 3)]),
+    Frame(Kind.RESULT, {"batch_id": 4, "responses": [{"size": 5}]}, memoryview(b"abcde")),
+]
+
+
+@pytest.mark.parametrize("frame", FRAMES_TO_SEND, ids=["no payload", "bytes", "memoryview"])
+def test_channel_send_is_one_sendmsg_and_finishes_a_short_one(frame: Frame) -> None:
+    from server.workers.runtime import Channel
+
+    whole = ShortWrites(limit=1 << 20)
+    Channel(whole).send(frame)  # type: ignore[arg-type]
+    assert (bytes(whole.data), whole.calls) == (protocol.encode_bytes(frame), 1)
+    for limit in (1, 5, 16, 17, 100):
+        short = ShortWrites(limit)
+        Channel(short).send(frame)  # type: ignore[arg-type]
+        assert bytes(short.data) == protocol.encode_bytes(frame), limit
