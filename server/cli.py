@@ -191,7 +191,7 @@ def main(
             argv = [a for a in sys.argv[1:]]
             _start_daemon(config, argv)
             return
-        from server.main import run_server  # heavy (aiohttp): only the server process needs it
+        from server.main import run_server  # heavy: only the server process needs it
 
         sys.exit(run_server(config, startup, foreground=not quiet))
     except MserveError as exc:

@@ -17,17 +17,15 @@ from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 import uvloop
-from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
-from aiohttp.web_log import AccessLogger
 
 from archiver import __version__
 from server import snapshot
 from server.accesslog import AccessLogFile
-from server.app import Metrics, build_apps
+from server.app import ManagementAPI, Metrics, MetricsAPI
 from server.config import ServerConfig, parse_address
 from server.devices import GpuAllocator, detect_gpu_count
 from server.errors import MserveError
+from server.http import HttpServer
 from server.inference_api import InferenceAPI
 from server.registry import RegisterRequest, Registry
 from server.rundir import LOCK_FILE, PID_FILE, STATUS_FILE, StartupModel, write_json_atomic
@@ -57,7 +55,6 @@ def setup_logging(config: ServerConfig, foreground: bool) -> None:
         console = logging.StreamHandler()
         console.setFormatter(fmt)
         root.addHandler(console)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 class Server:
@@ -68,13 +65,12 @@ class Server:
         self.launcher = Launcher(config.fork_workers, config.worker_preload)
         self.registry = Registry(config, self.gpus, __version__, self.launcher)
         self.metrics = Metrics(self.registry)
-        self.runners: list[web.AppRunner] = []
+        self.listeners: list[HttpServer] = []
         self.addresses: dict[str, str] = {}
         self.models_status: dict[str, str] = {}
         self.state = "starting"
         self.stop_event = asyncio.Event()
         self.access_log: AccessLogFile | None = None
-        self.inference: InferenceAPI | None = None
         self.started = time.time()
 
     @property
@@ -100,55 +96,35 @@ class Server:
         )
 
     async def listen(self) -> None:
-        access_class: type[AbstractAccessLogger] = AccessLogger  # unused when not logging
         if self.config.access_log:
             self.access_log = AccessLogFile(self.config.log_path / "access.log")
-            access_class = self.access_log.logger_class()
-        self.inference = InferenceAPI(
-            self.registry,
-            self.metrics,
-            self.access_log,
-            self.config.max_request_size_bytes,
-            self.config.max_response_size_bytes,
-        )
-        management, metrics = build_apps(self.registry, self.metrics)
-        apps = {"management": management, "metrics": metrics}
-        for name in ("inference", "management", "metrics"):
+        routers = {
+            "inference": InferenceAPI(
+                self.registry, self.metrics, self.config.max_response_size_bytes
+            ),
+            "management": ManagementAPI(self.registry),
+            "metrics": MetricsAPI(self.metrics),
+        }
+        max_request = {
+            "inference": self.config.max_request_size_bytes,
+            "management": 1 << 20,
+            "metrics": 1 << 16,
+        }
+        for name, router in routers.items():
             host, port = parse_address(getattr(self.config, f"{name}_address"), name)
+            listener = HttpServer(
+                router, self.access_log if name != "metrics" else None, max_request[name]
+            )
             try:
-                if name == "inference":
-                    bound = await self.inference.listen(host, port)
-                else:
-                    bound = await self._listen_app(name, apps[name], host, port, access_class)
+                bound = await listener.listen(host, port)
             except OSError as exc:
                 raise MserveError(
                     f"cannot listen on {host}:{port} for the {name} API: {exc.strerror}"
                     f" (set {name}_address to another port, or 0 for any free port)"
                 ) from exc
+            self.listeners.append(listener)
             self.addresses[name] = f"{bound[0]}:{bound[1]}"
             log.info("%s API listening on http://%s", name, self.addresses[name])
-
-    async def _listen_app(
-        self, name: str, app: web.Application, host: str, port: int,
-        access_class: type[AbstractAccessLogger],
-    ) -> tuple[str, int]:  # fmt: skip
-        logged = self.access_log is not None and name != "metrics"
-        runner = web.AppRunner(
-            app,
-            access_log=log if logged else None,  # aiohttp wants one; ours ignores it
-            access_log_class=access_class,
-            handle_signals=False,
-        )
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
-        try:
-            await site.start()
-        except OSError:
-            await runner.cleanup()
-            raise
-        self.runners.append(runner)
-        bound = runner.addresses[0]
-        return bound[0], bound[1]
 
     async def restore_snapshot(self) -> None:
         if not self.config.snapshot:
@@ -247,20 +223,16 @@ class Server:
     async def shutdown(self) -> None:
         self.state = "stopping"
         self.write_status()
-        if self.inference is not None:  # new requests now get 503 and "Connection: close"
-            self.inference.stop_accepting()
-        for runner in self.runners:  # stop accepting new connections
-            for site in list(runner.sites):
-                await site.stop()
+        for listener in self.listeners:  # new requests get 503 and "Connection: close"
+            listener.stop_accepting()
         await self._drain(SHUTDOWN_DRAIN_S)
         await self.registry.close()
         await asyncio.gather(*(mv.stop(SHUTDOWN_DRAIN_S) for mv in self.registry.all()))
         await self.launcher.close()
-        if self.inference is not None:
-            self.inference.close()
-            await self.inference.wait_closed(1.0)
-        for runner in self.runners:
-            await runner.cleanup()
+        for listener in self.listeners:
+            listener.close()
+        for listener in self.listeners:
+            await listener.wait_closed(1.0)
         log.info("mserve stopped")
 
 

@@ -1,0 +1,488 @@
+"""Our HTTP/1.1 server, on all three ports: connections over httptools' parser, routing left to
+each port's router (server/inference_api.py, server/app.py).
+
+Why not aiohttp: on the inference path the server's whole job is to move a body to a worker and
+an answer back, and aiohttp's request, response, router and middleware objects cost ~100-140 us
+of CPU per request (a bare protocol over httptools: ~12-22 us, scripts/bench_server.py and
+docs/server.md); importing aiohttp also cost ~0.25 s of every cold start. The parsing is
+httptools' (llhttp, Node.js's parser: request line, headers, Content-Length and chunked framing,
+the request smuggling cases); this module keeps what our APIs need: keep-alive, pipelined
+requests answered in order, size limits, idle timeouts, write flow control, the access log, and
+TorchServe's JSON error body for every refusal. A router answers at once
+(:meth:`Connection.answer`) or from a callback or task later; nothing here makes a coroutine
+per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import json
+import logging
+import time
+from collections.abc import Awaitable
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, unquote
+
+import httptools
+
+from server.accesslog import AccessLogFile
+from server.errors import (
+    BadRequest,
+    InternalError,
+    MethodNotAllowed,
+    ModelNotFound,
+    MserveError,
+    RequestTooLarge,
+    ServiceUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 64 * 1024  # request line plus headers; more is answered 431
+MAX_IN_FLIGHT = 32  # requests of one connection being served; reading pauses beyond it
+KEEPALIVE_S = 75.0  # an idle keep-alive connection is closed after this (aiohttp's default)
+READ_TIMEOUT_S = 60.0  # a request that started arriving but sends nothing for this long
+SWEEP_S = 5.0  # how often connections are checked against the two timeouts
+LARGE_BODY = 64 * 1024  # bodies from here on are written next to the head, not copied into it
+
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+JSON = "application/json"
+# (status, headers, body): what a router's task returns to be answered
+Answer = tuple[int, list[list[str]], bytes]
+
+
+def json_answer(status: int, payload: Any) -> Answer:
+    return status, [["Content-Type", JSON]], json.dumps(payload).encode()
+
+
+class Request:
+    """One request on a connection and, once known, its encoded answer.
+
+    ``parts`` are the path's segments, percent-decoded; ``query`` its parameters (the last of
+    repeated ones); ``future`` what cancels the work when the client leaves first."""
+
+    __slots__ = (
+        "_query",
+        "body",
+        "future",
+        "headers",
+        "keep_alive",
+        "length",
+        "method",
+        "out",
+        "parts",
+        "query_string",
+        "started",
+        "status",
+        "target",
+        "version",
+    )  # fmt: skip
+
+    def __init__(self, method: str, target: bytes, version: str, keep_alive: bool) -> None:
+        self.method = method
+        self.target = target
+        self.version = version
+        self.keep_alive = keep_alive
+        self.headers: list[list[str]] = []
+        self.body = b""
+        self.started = time.perf_counter()
+        self.future: asyncio.Future[Any] | None = None
+        self.out: list[bytes | bytearray | memoryview] | None = None  # the encoded answer
+        self.status = 0
+        self.length = 0
+        path, _, self.query_string = target.partition(b"?")
+        self.parts = [unquote(p) for p in path.decode("utf-8", "replace").split("/")[1:]]
+        self._query: dict[str, str] | None = None
+
+    @property
+    def query(self) -> dict[str, str]:
+        if self._query is None:
+            text = self.query_string.decode("utf-8", "replace")
+            self._query = dict(parse_qsl(text, keep_blank_values=True))
+        return self._query
+
+    def allow(self, *methods: str) -> str:
+        """The method (HEAD counts as GET), or 405 naming the allowed ones."""
+        method = "GET" if self.method == "HEAD" else self.method
+        if method not in methods:
+            raise MethodNotAllowed(
+                f"method {self.method} is not allowed here; use {', '.join(methods)}", methods
+            )
+        return method
+
+    def not_found(self) -> ModelNotFound:
+        return ModelNotFound(f"no such path: {self.method} {self.target.decode('latin-1')}")
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+
+
+
+class Router(Protocol):
+    def route(self, conn: Connection, req: Request) -> None:
+        """Answer ``req`` through ``conn``, now or later; raise MserveError to refuse it."""
+
+
+class HttpServer:
+    """One listener: its connections, limits, timeouts and router."""
+
+    def __init__(
+        self,
+        router: Router,
+        access_log: AccessLogFile | None,
+        max_request_bytes: int,
+    ) -> None:
+        self.router = router
+        self.access_log = access_log
+        self.max_request_bytes = max_request_bytes
+        self.tasks: set[asyncio.Future[Answer]] = set()  # answers being worked out
+        self.connections: set[Connection] = set()
+        self.stopping = False
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    async def listen(self, host: str, port: int) -> tuple[str, int]:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: Connection(self), host, port, reuse_address=True
+        )
+        self._sweeper = loop.call_later(SWEEP_S, self._sweep)
+        bound = self._server.sockets[0].getsockname()
+        return bound[0], bound[1]
+
+    def stop_accepting(self) -> None:
+        """No new connections; requests on open ones get 503 and ``Connection: close``."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+
+    def close(self) -> None:
+        """Close every connection (their queued answers are written first)."""
+        self.stop_accepting()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for conn in list(self.connections):
+            conn.close_when_done()
+
+    async def wait_closed(self, timeout_s: float) -> None:
+        """Give closing connections time to write what they owe (bounded)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for conn in list(self.connections):
+            conn.check_timeouts(now)
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
+
+    def dispatch(self, conn: Connection, req: Request) -> None:
+        try:
+            if self.stopping:
+                raise ServiceUnavailable("the server is shutting down")
+            if "" in req.parts:
+                raise req.not_found()
+            self.router.route(conn, req)
+        except MserveError as exc:
+            conn.answer_error(req, exc)
+        except Exception:  # the API edge: log it, answer 500, keep serving
+            log.exception("unexpected error on %s %s", req.method, req.target.decode("latin-1"))
+            conn.answer_error(req, InternalError("internal server error; see the server log"))
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: httptools parses, exchanges are answered strictly in order."""
+
+    def __init__(self, api: HttpServer) -> None:
+        self.api = api
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.remote = "-"
+        self.pending: collections.deque[Request] = collections.deque()
+        self.last_active = time.monotonic()
+        self.closing = False  # no more requests are read; close once pending ones are written
+        self._current: Request | None = None  # the request being received, once its head is
+        self._receiving = False  # a request has begun arriving
+        self._url: list[bytes] = []
+        self._headers: list[list[str]] = []
+        self._head_bytes = 0
+        self._body: list[bytes] = []
+        self._body_bytes = 0
+        self._read_paused = False
+        self._write_paused = False
+
+    # asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.remote = str(peer[0])
+        self.api.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.last_active = time.monotonic()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reject(BadRequest("protocol upgrades are not supported on the inference API"))
+        except httptools.HttpParserError as exc:
+            if not self.closing:  # not one of our own rejections from a callback
+                self._reject(BadRequest(f"malformed HTTP request: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.api.connections.discard(self)
+        for ex in self.pending:  # queued requests of a gone client cost no worker time
+            if ex.future is not None and not ex.future.done():
+                ex.future.cancel()
+        self.pending.clear()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._update_reading()
+
+    # httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._receiving = True
+        self._url = []
+        self._headers = []
+        self._head_bytes = 0
+        self._body = []
+        self._body_bytes = 0
+        self._current = None
+
+    def on_url(self, url: bytes) -> None:
+        self._url.append(url)
+        self._grow_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._grow_head(len(name) + len(value) + 4):
+            self._headers.append(
+                [name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")]
+            )
+
+    def on_headers_complete(self) -> None:
+        if self.closing:
+            return
+        parser = self.parser
+        ex = self._current = Request(
+            parser.get_method().decode("ascii", "replace"),
+            b"".join(self._url),
+            parser.get_http_version(),
+            parser.should_keep_alive(),
+        )
+        ex.headers = self._headers
+        length = ex.header("Content-Length")
+        limit = self.api.max_request_bytes
+        if length is not None and length.isdigit() and int(length) > limit:
+            self._reject(RequestTooLarge(
+                f"request body is {length} bytes, more than max_request_size_bytes={limit}"
+            ), ex)  # fmt: skip
+            return
+        if (ex.header("Expect") or "").lower() == "100-continue" and not self.pending:
+            self._write([b"HTTP/1.1 100 Continue\r\n\r\n"])
+
+    def on_body(self, body: bytes) -> None:
+        if self.closing:
+            return
+        self._body_bytes += len(body)
+        if self._body_bytes > self.api.max_request_bytes:
+            self._reject(RequestTooLarge(
+                "request body is larger than max_request_size_bytes="
+                f"{self.api.max_request_bytes}"
+            ), self._current)  # fmt: skip
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._receiving = False
+        ex = self._current
+        self._current = None
+        if self.closing or ex is None:
+            return
+        ex.body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body = []
+        self.pending.append(ex)
+        if not ex.keep_alive:
+            self.closing = True  # the client's last request
+        self.api.dispatch(self, ex)
+        self._update_reading()
+
+    # answers ---------------------------------------------------------------------------
+
+    def answer(
+        self, ex: Request, status: int, headers: list[list[str]],
+        body: bytes | bytearray | memoryview,
+    ) -> None:  # fmt: skip
+        """Encode the answer of ``ex``; it is written once those before it are."""
+        keep_alive = ex.keep_alive and not self.closing_after(ex)
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"]
+        lines += [f"{k}: {v}\r\n" for k, v in headers]
+        lines.append(f"Content-Length: {len(body)}\r\nDate: {_http_date()}\r\nServer: mserve\r\n")
+        if not keep_alive:
+            lines.append("Connection: close\r\n")
+        elif ex.version == "1.0":
+            lines.append("Connection: keep-alive\r\n")
+        lines.append("\r\n")
+        head = "".join(lines).encode("utf-8", "surrogateescape")
+        if ex.method == "HEAD":
+            ex.out = [head]
+        elif len(body) < LARGE_BODY:
+            ex.out = [head + body]
+        else:
+            ex.out = [head, body]
+        ex.status, ex.length = status, len(body)
+        ex.keep_alive = keep_alive
+        self._flush()
+
+    def answer_json(self, ex: Request, status: int, payload: Any) -> None:
+        self.answer(ex, *json_answer(status, payload))
+
+    def answer_error(self, ex: Request, error: MserveError) -> None:
+        headers = [["Content-Type", JSON], *([k, v] for k, v in error.headers().items())]
+        self.answer(ex, error.status, headers, json.dumps(error.body()).encode())
+
+    def answer_later(self, req: Request, work: Awaitable[Answer]) -> None:
+        """Answer with what ``work`` returns (management calls that wait on workers). It runs to
+        the end even if the client leaves: a registration is not undone by a closed socket."""
+        task = asyncio.ensure_future(work)
+        self.api.tasks.add(task)
+        task.add_done_callback(functools.partial(self._worked_out, req))
+
+    def _worked_out(self, req: Request, task: asyncio.Future[Answer]) -> None:
+        self.api.tasks.discard(task)
+        if task.cancelled():
+            self.answer_error(req, ServiceUnavailable("the server is shutting down"))
+            return
+        error = task.exception()
+        if error is None:
+            self.answer(req, *task.result())
+        elif isinstance(error, MserveError):
+            self.answer_error(req, error)
+        else:
+            log.error("unexpected error on %s %s", req.method, req.target.decode("latin-1"),
+                      exc_info=error)  # fmt: skip
+            self.answer_error(req, InternalError("internal server error; see the server log"))
+
+    def closing_after(self, ex: Request) -> bool:
+        """Whether the connection ends after ``ex`` (the client's last, or we are stopping)."""
+        return self.api.stopping or (self.closing and (not self.pending or ex is self.pending[-1]))
+
+    def close_when_done(self) -> None:
+        """Stop reading; close once the answers already owed are written."""
+        self.closing = True
+        if not self.pending and self.transport is not None:
+            self.transport.close()
+
+    def check_timeouts(self, now: float) -> None:
+        idle = now - self.last_active
+        if self.pending or self.transport is None:
+            return
+        if idle > (READ_TIMEOUT_S if self._receiving else KEEPALIVE_S):
+            self.transport.close()
+
+    # internals -------------------------------------------------------------------------
+
+    def _grow_head(self, n: int) -> bool:
+        self._head_bytes += n
+        if self._head_bytes > MAX_HEAD_BYTES and not self.closing:
+            self._reject(_HeadTooLarge(
+                f"request line and headers are larger than {MAX_HEAD_BYTES} bytes"
+            ))  # fmt: skip
+        return not self.closing
+
+    def _reject(self, error: MserveError, ex: Request | None = None) -> None:
+        """Answer a request we will not read to the end, after those before it, and close."""
+        if self.closing:
+            return
+        if ex is None:
+            ex = Request("-", b"".join(self._url) or b"-", "1.1", False)
+        ex.keep_alive = False
+        self.pending.append(ex)
+        self.closing = True
+        self.answer_error(ex, error)
+
+    def _flush(self) -> None:
+        pending, transport = self.pending, self.transport
+        while pending and pending[0].out is not None:
+            ex = pending.popleft()
+            self._write(ex.out)  # type: ignore[arg-type]
+            if self.api.access_log is not None:
+                self.api.access_log.add_line(
+                    self.remote, ex.method, ex.target.decode("latin-1"), ex.version, ex.status,
+                    ex.length, time.perf_counter() - ex.started,
+                )  # fmt: skip
+            if not ex.keep_alive:
+                self.closing = True
+                for rest in pending:
+                    if rest.future is not None and not rest.future.done():
+                        rest.future.cancel()
+                pending.clear()
+                if transport is not None:
+                    transport.close()
+                return
+        if self.closing and not pending and transport is not None:
+            transport.close()
+            return
+        self._update_reading()
+
+    def _write(self, out: list[bytes | bytearray | memoryview]) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if len(out) == 1:
+            self.transport.write(out[0])
+        else:
+            self.transport.writelines(out)
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        pause = self._write_paused or len(self.pending) >= MAX_IN_FLIGHT
+        if pause and not self._read_paused:
+            transport.pause_reading()
+            self._read_paused = True
+        elif not pause and self._read_paused:
+            transport.resume_reading()
+            self._read_paused = False
+
+
+class _HeadTooLarge(MserveError):
+    status = 431
+
+
+def header_ok(name: str, value: str) -> bool:
+    return bool(name) and not any(c in name for c in "\r\n:") and "\r" not in value and (
+        "\n" not in value
+    )
+
+
+_date_second = -1
+_date = ""
+
+
+def _http_date() -> str:
+    """RFC 9110 ``Date``, formatted once a second rather than once a response."""
+    global _date_second, _date
+    now = int(time.time())
+    if now != _date_second:
+        _date_second, _date = now, formatdate(now, usegmt=True)
+    return _date
