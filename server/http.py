@@ -46,7 +46,9 @@ MAX_HEAD_BYTES = 64 * 1024  # request line plus headers; more is answered 431
 MAX_IN_FLIGHT = 32  # requests of one connection being served; reading pauses beyond it
 KEEPALIVE_S = 75.0  # an idle keep-alive connection is closed after this (aiohttp's default)
 READ_TIMEOUT_S = 60.0  # a request that started arriving but sends nothing for this long
-SWEEP_S = 5.0  # how often connections are checked against the two timeouts
+HEAD_TIMEOUT_S = 60.0  # request line and headers must be complete this long after they began
+SWEEP_S = 5.0  # how often connections are checked against the timeouts
+MAX_CONNECTIONS = 4096  # open connections per port; more are closed at once (file descriptors)
 LARGE_BODY = 64 * 1024  # bodies from here on are written next to the head, not copied into it
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
@@ -145,6 +147,8 @@ class HttpServer:
         self.access_log = access_log
         self.max_request_bytes = max_request_bytes
         self.tasks: set[asyncio.Future[Answer]] = set()  # answers being worked out
+        self.refusals = 0
+        self._refusal_logged = -60.0
         self.connections: set[Connection] = set()
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None
@@ -186,6 +190,18 @@ class HttpServer:
             conn.check_timeouts(now)
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
 
+    def refused(self) -> None:
+        """A connection over MAX_CONNECTIONS was closed; said once a minute at most."""
+        self.refusals += 1
+        now = time.monotonic()
+        if now - self._refusal_logged > 60:
+            log.warning(
+                "%d connection(s) closed at once: %d open, the most one port keeps (%s)",
+                self.refusals, len(self.connections), "MAX_CONNECTIONS in server/http.py",
+            )  # fmt: skip
+            self._refusal_logged = now
+            self.refusals = 0
+
     def dispatch(self, conn: Connection, req: Request) -> None:
         try:
             if self.stopping:
@@ -213,6 +229,7 @@ class Connection(asyncio.Protocol):
         self.closing = False  # no more requests are read; close once pending ones are written
         self._current: Request | None = None  # the request being received, once its head is
         self._receiving = False  # a request has begun arriving
+        self._began = 0.0  # when it did
         self._url: list[bytes] = []
         self._headers: list[list[str]] = []
         self._head_bytes = 0
@@ -228,6 +245,10 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self.remote = str(peer[0])
+        if len(self.api.connections) >= MAX_CONNECTIONS:
+            self.api.refused()
+            transport.close()
+            return
         self.api.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -262,6 +283,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._receiving = True
+        self._began = time.monotonic()
         self._url = []
         self._headers = []
         self._head_bytes = 0
@@ -393,9 +415,16 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
     def check_timeouts(self, now: float) -> None:
-        idle = now - self.last_active
-        if self.pending or self.transport is None:
+        """Close a connection idle past its timeout, or one trickling its headers in (a client
+        sending a byte a minute would otherwise hold it for ever)."""
+        if self.transport is None:
             return
+        if self._receiving and self._current is None and now - self._began > HEAD_TIMEOUT_S:
+            self.transport.close()
+            return
+        if self.pending:
+            return
+        idle = now - self.last_active
         if idle > (READ_TIMEOUT_S if self._receiving else KEEPALIVE_S):
             self.transport.close()
 
