@@ -127,8 +127,6 @@ class Request:
         return None
 
 
-
-
 class Router(Protocol):
     def route(self, conn: Connection, req: Request) -> None:
         """Answer ``req`` through ``conn``, now or later; raise MserveError to refuse it."""
