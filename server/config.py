@@ -39,6 +39,9 @@ class ServerConfig:
     retry_on_worker_death: bool = False
     max_request_size_bytes: int = 6_553_500
     max_response_size_bytes: int = 6_553_500
+    keepalive_timeout_s: float = 75.0
+    read_timeout_s: float = 60.0
+    max_connections: int = 4096
     allowed_paths: tuple[str, ...] = field(default_factory=tuple)
     access_log: bool = True
     snapshot: bool = True

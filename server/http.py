@@ -44,11 +44,7 @@ log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024  # request line plus headers; more is answered 431
 MAX_IN_FLIGHT = 32  # requests of one connection being served; reading pauses beyond it
-KEEPALIVE_S = 75.0  # an idle keep-alive connection is closed after this (aiohttp's default)
-READ_TIMEOUT_S = 60.0  # a request that started arriving but sends nothing for this long
-HEAD_TIMEOUT_S = 60.0  # request line and headers must be complete this long after they began
-SWEEP_S = 5.0  # how often connections are checked against the timeouts
-MAX_CONNECTIONS = 4096  # open connections per port; more are closed at once (file descriptors)
+SWEEP_S = 5.0  # how often connections are checked against the timeouts, at most
 LARGE_BODY = 64 * 1024  # bodies from here on are written next to the head, not copied into it
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
@@ -140,10 +136,22 @@ class HttpServer:
         router: Router,
         access_log: AccessLogFile | None,
         max_request_bytes: int,
+        *,
+        keepalive_s: float = 75.0,
+        read_timeout_s: float = 60.0,
+        max_connections: int = 4096,
     ) -> None:
+        """``keepalive_s``: an idle connection is closed after it. ``read_timeout_s``: a request
+        that stops arriving for that long, or whose request line and headers are not complete
+        that long after they began (a client trickling them in), is dropped.
+        ``max_connections``: more are closed as soon as they open (file descriptors are finite)."""
         self.router = router
         self.access_log = access_log
         self.max_request_bytes = max_request_bytes
+        self.keepalive_s = keepalive_s
+        self.read_timeout_s = read_timeout_s
+        self.max_connections = max_connections
+        self._sweep_s = min(SWEEP_S, keepalive_s / 2, read_timeout_s / 2)
         self.tasks: set[asyncio.Future[Answer]] = set()  # answers being worked out
         self.refusals = 0
         self._refusal_logged = -60.0
@@ -157,7 +165,7 @@ class HttpServer:
         self._server = await loop.create_server(
             lambda: Connection(self), host, port, reuse_address=True
         )
-        self._sweeper = loop.call_later(SWEEP_S, self._sweep)
+        self._sweeper = loop.call_later(self._sweep_s, self._sweep)
         bound = self._server.sockets[0].getsockname()
         return bound[0], bound[1]
 
@@ -186,16 +194,16 @@ class HttpServer:
         now = time.monotonic()
         for conn in list(self.connections):
             conn.check_timeouts(now)
-        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
+        self._sweeper = asyncio.get_running_loop().call_later(self._sweep_s, self._sweep)
 
     def refused(self) -> None:
-        """A connection over MAX_CONNECTIONS was closed; said once a minute at most."""
+        """A connection over ``max_connections`` was closed; said once a minute at most."""
         self.refusals += 1
         now = time.monotonic()
         if now - self._refusal_logged > 60:
             log.warning(
-                "%d connection(s) closed at once: %d open, the most one port keeps (%s)",
-                self.refusals, len(self.connections), "MAX_CONNECTIONS in server/http.py",
+                "%d connection(s) closed at once: %d open, the most one port keeps"
+                " (max_connections)", self.refusals, len(self.connections),
             )  # fmt: skip
             self._refusal_logged = now
             self.refusals = 0
@@ -243,7 +251,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self.remote = str(peer[0])
-        if len(self.api.connections) >= MAX_CONNECTIONS:
+        if len(self.api.connections) >= self.api.max_connections:
             self.api.refused()
             transport.close()
             return
@@ -417,13 +425,14 @@ class Connection(asyncio.Protocol):
         sending a byte a minute would otherwise hold it for ever)."""
         if self.transport is None:
             return
-        if self._receiving and self._current is None and now - self._began > HEAD_TIMEOUT_S:
+        api = self.api
+        if self._receiving and self._current is None and now - self._began > api.read_timeout_s:
             self.transport.close()
             return
         if self.pending:
             return
         idle = now - self.last_active
-        if idle > (READ_TIMEOUT_S if self._receiving else KEEPALIVE_S):
+        if idle > (api.read_timeout_s if self._receiving else api.keepalive_s):
             self.transport.close()
 
     # internals -------------------------------------------------------------------------

@@ -113,7 +113,12 @@ class Server:
         for name, router in routers.items():
             host, port = parse_address(getattr(self.config, f"{name}_address"), name)
             listener = HttpServer(
-                router, self.access_log if name != "metrics" else None, max_request[name]
+                router,
+                self.access_log if name != "metrics" else None,
+                max_request[name],
+                keepalive_s=self.config.keepalive_timeout_s,
+                read_timeout_s=self.config.read_timeout_s,
+                max_connections=self.config.max_connections,
             )
             try:
                 bound = await listener.listen(host, port)

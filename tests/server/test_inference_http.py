@@ -235,3 +235,64 @@ def test_a_client_that_leaves_with_requests_queued_costs_no_worker_time(
     time.sleep(1.5)  # the first finishes; the second's caller is gone
     assert not marker.exists()
     assert server.predict("probe", {"tag": "still serving"}).status == 200
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` within ``seconds`` (nothing else is expected on it)."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_idle_and_trickling_connections_are_closed(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server(
+        "probe=probe.mar", config={"keepalive_timeout_s": 1, "read_timeout_s": 1.5}
+    )
+    with _connect(server) as idle:
+        idle.sendall(_request("/ping", method="GET"))
+        assert Responses(idle).next()[0] == 200
+        assert _closed_within(idle, 5), "an idle keep-alive connection stayed open"
+    with _connect(server) as trickle:  # a byte every 0.2 s: never idle, never complete
+        started = time.monotonic()
+        closed = False
+        for byte in b"POST /predictions/probe HTTP/1.1\r\nX-Slow: " + b"x" * 100:
+            try:
+                trickle.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            if _closed_within(trickle, 0.2):
+                closed = True
+                break
+        assert closed, "a request head trickling in was never cut off"
+        assert time.monotonic() - started < 6
+    assert server.predict("probe", {"tag": "after"}).status == 200
+
+
+def test_connections_over_the_limit_are_closed_at_once(make_archive, start_server) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar", config={"max_connections": 3})
+    held = [_connect(server) for _ in range(3)]
+    try:
+        for sock in held:  # each is served (and so counted) before the next opens
+            sock.sendall(_request("/ping", method="GET"))
+            assert Responses(sock).next()[0] == 200
+        with _connect(server) as extra:
+            assert _closed_within(extra, 5)
+        held[0].sendall(_request("/predictions/probe", b'{"tag": "kept"}'))
+        status, _, body = Responses(held[0]).next()
+        assert status == 200 and json.loads(body)["body"] == {"tag": "kept"}
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.3)  # the server sees them close
+    with _connect(server) as later:  # room again once they are gone
+        later.sendall(_request("/ping", method="GET"))
+        assert Responses(later).next()[0] == 200
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    assert "closed at once: 3 open, the most one port keeps (max_connections)" in log
