@@ -109,6 +109,8 @@ def models_page(registry: Registry, query: Mapping[str, str]) -> dict[str, Any]:
 class ManagementAPI:
     """The router of the management port; calls that wait on workers are answered from tasks."""
 
+    api_name = "management"
+
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
 
@@ -219,6 +221,8 @@ async def _register(registry: Registry, query: Mapping[str, str]) -> Answer:
 
 class MetricsAPI:
     """The router of the metrics port: ``GET /metrics`` in Prometheus's text format."""
+
+    api_name = ""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics

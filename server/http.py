@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl, unquote
 import httptools
 
 from server.accesslog import AccessLogFile
+from server.api_description import describe
 from server.errors import (
     BadRequest,
     InternalError,
@@ -124,6 +125,9 @@ class Request:
 
 
 class Router(Protocol):
+    # "inference" or "management": answers ``OPTIONS /`` and ``/api-description``; "" none
+    api_name: str
+
     def route(self, conn: Connection, req: Request) -> None:
         """Answer ``req`` through ``conn``, now or later; raise MserveError to refuse it."""
 
@@ -212,6 +216,12 @@ class HttpServer:
         try:
             if self.stopping:
                 raise ServiceUnavailable("the server is shutting down")
+            api = self.router.api_name
+            if api and (req.parts == ["api-description"] or (
+                    req.method == "OPTIONS" and req.parts == [""])):  # fmt: skip
+                req.allow("GET", "OPTIONS")
+                conn.answer_json(req, 200, describe(api))
+                return
             if "" in req.parts:
                 raise req.not_found()
             self.router.route(conn, req)

@@ -33,6 +33,8 @@ _SERVER_HEADERS = frozenset(
 class InferenceAPI:
     """The router of the inference port."""
 
+    api_name = "inference"
+
     def __init__(self, registry: Registry, metrics: Metrics, max_response_bytes: int) -> None:
         self.registry = registry
         self.metrics = metrics

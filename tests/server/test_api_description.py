@@ -1,0 +1,56 @@
+"""``OPTIONS /`` and ``GET /api-description``: TorchServe's API description, checked against the
+routes the server really answers."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from server.api_description import INFERENCE_PATHS, MANAGEMENT_PATHS
+from tests.server.conftest import http
+
+
+@pytest.fixture
+def server(make_archive, start_server):
+    make_archive("probe", "probe:handle", "probe")
+    return start_server("probe=probe.mar")
+
+
+def _options(url: str) -> tuple[int, dict]:
+    req = urllib.request.Request(url, method="OPTIONS")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+@pytest.mark.parametrize("api", ["inference", "management"])
+def test_options_and_get_answer_the_openapi_document(server, api: str) -> None:
+    status, document = _options(server.url(api, "/"))
+    assert status == 200
+    assert document["openapi"].startswith("3.")
+    assert document["info"]["title"] == f"mserve {api} API"
+    assert http("GET", server.url(api, "/api-description")).json() == document
+    expected = INFERENCE_PATHS if api == "inference" else MANAGEMENT_PATHS
+    assert set(document["paths"]) == set(expected)
+    assert "/predictions/{model_name}" in document["paths"] or api == "management"
+
+
+def test_every_described_route_is_served(server) -> None:
+    """Each path and method listed is routed (any answer but "no such path" or 405). An unknown
+    model is used, so the mutating ones change nothing."""
+    routes = [("inference", p, m) for p, ms in INFERENCE_PATHS.items() for m in ms]
+    routes += [("management", p, m) for p, ms in MANAGEMENT_PATHS.items() for m in ms]
+    unrouted = []
+    for api, path, method in routes:
+        url = server.url(api, path.format(model_name="nosuch", model_version="1.0",
+                                          operation="op_x"))  # fmt: skip
+        body = b"{}" if method in ("post", "put") else None
+        reply = http(method.upper(), url, body, {"Content-Type": "application/json"})
+        if reply.status == 405 or (
+            reply.status == 404 and "no such path" in reply.json()["message"]
+        ):
+            unrouted.append((api, method, path, reply.status))
+    assert not unrouted
+    assert len(routes) > 30
+    assert server.predict("probe", {"tag": "still here"}).status == 200
