@@ -274,7 +274,7 @@ class Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reject(BadRequest("protocol upgrades are not supported on the inference API"))
+            self._reject(BadRequest("protocol upgrades (WebSocket, h2c) are not supported"))
         except httptools.HttpParserError as exc:
             if not self.closing:  # not one of our own rejections from a callback
                 self._reject(BadRequest(f"malformed HTTP request: {exc}"))
@@ -471,6 +471,7 @@ class Connection(asyncio.Protocol):
         while pending and pending[0].out is not None:
             ex = pending.popleft()
             self._write(ex.out)  # type: ignore[arg-type]
+            self.last_active = time.monotonic()  # idle from the answer on, not from the request
             if self.api.access_log is not None:
                 self.api.access_log.add_line(
                     self.remote, ex.method, ex.target.decode("latin-1"), ex.version, ex.status,
