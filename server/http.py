@@ -61,7 +61,7 @@ def json_answer(status: int, payload: Any) -> Answer:
 class Request:
     """One request on a connection and, once known, its encoded answer.
 
-    ``parts`` are the path's segments, percent-decoded; ``query`` its parameters (the last of
+    ``parts`` are the path's segments, percent-decoded; ``query`` its parameters (the first of
     repeated ones); ``future`` what cancels the work when the client leaves first."""
 
     __slots__ = (
@@ -100,8 +100,12 @@ class Request:
     @property
     def query(self) -> dict[str, str]:
         if self._query is None:
-            text = self.query_string.decode("utf-8", "replace")
-            self._query = dict(parse_qsl(text, keep_blank_values=True))
+            query: dict[str, str] = {}
+            for key, value in parse_qsl(
+                self.query_string.decode("utf-8", "replace"), keep_blank_values=True
+            ):
+                query.setdefault(key, value)  # the first of repeated ones, as TorchServe reads
+            self._query = query
         return self._query
 
     def allow(self, *methods: str) -> str:

@@ -183,9 +183,10 @@ def test_routes_unknown_paths_and_methods(probe_server: Server) -> None:
         for _ in range(2):
             status, _, body = replies.next()
             assert status == 404 and json.loads(body)["code"] == 404
-        sock.sendall(_request("/predictions/pr%6Fbe", b'{"tag": "escaped"}'))  # %6F is "o"
-        status, _, body = replies.next()
+        sock.sendall(_request("/predictions/pr%6Fbe?x=first&x=second", b'{"tag": "escaped"}'))
+        status, _, body = replies.next()  # %6F is "o"; of repeated parameters the first counts
         assert status == 200 and json.loads(body)["body"] == {"tag": "escaped"}
+        assert json.loads(body)["param_x"] == "first"
         sock.sendall(_request("/ping", method="HEAD"))
         status, headers, _ = replies.next(head_only=True)
         assert status == 200 and int(headers["content-length"]) > 0

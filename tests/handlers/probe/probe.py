@@ -30,6 +30,7 @@ def _report(row, context, i, n):
         "body_type": type(body).__name__,
         "body": shown,
         "keys": sorted(row),
+        "param_x": row.get("x"),  # a query parameter (or form field) named x
         "batch_len": n,
         "init_calls": len(INIT_CALLS),
         "cwd": os.getcwd(),
