@@ -57,7 +57,7 @@ INFERENCE_PATHS: dict[str, dict[str, Any]] = {
     "/v2/models/{model_name}": {"get": _op("KServe v2 model metadata", [_MODEL])},
     "/v2/models/{model_name}/ready": {"get": _op("KServe v2 model readiness", [_MODEL])},
     "/v2/models/{model_name}/infer": {"post": _op("KServe v2 inference", [_MODEL], body=True)},
-    "/v2/models/{model_name}/explain": {"post": _op("KServe v2 explanation", [_MODEL], True)},
+    "/v2/models/{model_name}/explain": {"post": _op("KServe v2 explanation", [_MODEL], body=True)},
     "/v2/models/{model_name}/{operation}": {
         "post": _op("A custom operation", [_MODEL, _OPERATION], body=True)
     },
@@ -71,7 +71,8 @@ INFERENCE_PATHS: dict[str, dict[str, Any]] = {
         "post": _op("KServe v2 inference, one version", [_MODEL, _VERSION], body=True)
     },
     "/v2/models/{model_name}/versions/{model_version}/{operation}": {
-        "post": _op("A custom operation, one version", [_MODEL, _VERSION, _OPERATION], True)
+        "post": _op("A custom operation, one version", [_MODEL, _VERSION, _OPERATION],
+                    body=True)
     },
     "/api-description": {"get": _op("This description"), "options": _op("This description")},
 }

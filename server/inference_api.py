@@ -136,37 +136,41 @@ class InferenceAPI:
     ) -> None:  # fmt: skip
         if future.cancelled():  # the client went away
             return
-        error = future.exception()
-        if error is not None:
-            if not isinstance(error, MserveError):
-                log.error("unexpected error answering %s", model.label, exc_info=error)
-                error = InternalError("internal server error; see the server log")
-            self.metrics.answered(model.name, model.version, error.status, None)
-            conn.answer_error(req, error)
+        try:
+            result = future.result()
+            headers = self._headers(model, result, request_id)
+        except MserveError as exc:
+            error = exc
+        except Exception as exc:  # the supervisor's guard: never strand a caller
+            log.error("unexpected error answering %s", model.label, exc_info=exc)
+            error = InternalError("internal server error; see the server log")
+        else:
+            elapsed = time.perf_counter() - req.started
+            self.metrics.answered(model.name, model.version, result.status, elapsed)
+            conn.answer(req, result.status, headers, result.body)
             return
-        result = future.result()
+        self.metrics.answered(model.name, model.version, error.status, None)
+        conn.answer_error(req, error)
+
+    def _headers(
+        self, model: ModelVersion, result: ResponseItem, request_id: str
+    ) -> list[list[str]]:
+        """The answer's headers; raises when the answer cannot be sent as the handler made it."""
         if len(result.body) > self.max_response_bytes:
-            self.metrics.answered(model.name, model.version, 413, None)
-            conn.answer_error(req, ResponseTooLarge(
+            raise ResponseTooLarge(
                 f"the response of {model.label} is {len(result.body)} bytes, more than"
                 f" max_response_size_bytes={self.max_response_bytes}"
-            ))  # fmt: skip
-            return
-        content_type = result.content_type or "application/octet-stream"
+            )
         headers = [[k, v] for k, v in result.headers if k.lower() not in _SERVER_HEADERS]
-        headers += [["Content-Type", content_type], ["X-Request-Id", request_id]]
+        headers.append(["Content-Type", result.content_type or "application/octet-stream"])
         bad = next((k for k, v in headers if not header_ok(k, v)), None)
         if bad is not None:
-            self.metrics.answered(model.name, model.version, 500, None)
-            conn.answer_error(req, InternalError(
+            raise InternalError(
                 f"the handler of {model.label} set response header {bad!r} to a value that"
                 " is not a valid HTTP header (control characters or an empty name)"
-            ))  # fmt: skip
-            return
-        self.metrics.answered(
-            model.name, model.version, result.status, time.perf_counter() - req.started
-        )
-        conn.answer(req, result.status, headers, result.body)
+            )
+        headers.append(["X-Request-Id", request_id])  # ours: hex digits
+        return headers
 
 
 _id_prefix = os.urandom(8).hex()
