@@ -39,8 +39,8 @@ _worker_ids = itertools.count(9000)  # TorchServe numbers workers from 9000
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 FAILURES_TO_GIVE_UP = 5
-# Batches sent to one worker before the first is answered (see server/workers/channel.py).
-PIPELINE_DEPTH = 2
+# Requests one worker holds at once: the batch it runs plus those already in its socket.
+IN_FLIGHT_REQUESTS = 8
 FAILURE_WINDOW_S = 120.0
 
 
@@ -130,12 +130,19 @@ class ModelVersion:
             if s.worker is not None and s.worker.state in (WorkerState.READY, WorkerState.BUSY)
         )
 
+    def queued(self) -> int:
+        """Requests waiting: in the queue, or already sent to a worker that has not started them
+        (see ``pipeline_depth``). ``job_queue_size`` bounds this number."""
+        return len(self.queue) + sum(
+            s.worker.waiting_requests for s in self.slots if s.worker is not None
+        )
+
     def pending(self) -> int:
         """Requests queued or being run by a worker."""
         busy = sum(
             1 for s in self.slots if s.worker is not None and s.worker.state is WorkerState.BUSY
         )
-        return len(self.queue) + busy
+        return self.queued() + busy
 
     def healthy(self) -> bool:
         return self.failed is None and self.ready_workers() >= self.settings.min_workers
@@ -150,6 +157,8 @@ class ModelVersion:
             raise ServiceUnavailable(f"model {self.label} has no workers; scale it up first")
         job = Job(item, self.queue.new_future())
         try:
+            if self.queued() >= self.queue.maxsize:
+                raise QueueFull
             self.queue.put(job)
         except QueueFull:
             raise TooManyRequests(
@@ -255,14 +264,15 @@ class ModelVersion:
     async def _serve(self, slot: _Slot, worker: Worker) -> str | None:
         """Serve batches until retired (None) or the worker is lost (returns why).
 
-        ``PIPELINE_DEPTH`` dispatchers share the worker, so the next batch is already in its
+        ``pipeline_depth`` dispatchers share the worker, so the next batch is already in its
         socket when it finishes one. They gather in turn (a batch is complete, or its delay
         over, before the next one starts to form), and the first to lose the worker stops the
         others."""
         lost = asyncio.Event()
         gathering = asyncio.Lock()
+        depth = pipeline_depth(self.settings.batch_size)
         reasons = await asyncio.gather(
-            *(self._dispatch(slot, worker, lost, gathering) for _ in range(PIPELINE_DEPTH))
+            *(self._dispatch(slot, worker, lost, gathering) for _ in range(depth))
         )
         if all(r is None for r in reasons):
             return None
@@ -430,7 +440,7 @@ class ModelVersion:
             "startupTimeout": s.startup_timeout_s,
             "jobQueueSize": s.job_queue_size,
             "retryOnWorkerDeath": s.retry_on_worker_death,
-            "queueDepth": len(self.queue),
+            "queueDepth": self.queued(),
             "deviceIds": list(s.device_ids) if s.device_ids else None,
             "settingSources": s.sources,
             "loadedAtStartup": self.loaded_at_startup,
@@ -442,6 +452,14 @@ class ModelVersion:
             "environment": self.env_key,
             "workers": workers,
         }
+
+
+def pipeline_depth(batch_size: int) -> int:
+    """Batches sent to one worker before the first is answered: two at least, so the next is
+    waiting when one ends; more when batches are small, so that a burst of them travels in one
+    write and the worker picks several up per wake-up (echo, batch 1, 16 connections: 2 -> 8
+    in flight measured 1.2-1.5x the requests/s, interleaved A/B)."""
+    return max(2, -(-IN_FLIGHT_REQUESTS // max(1, batch_size)))
 
 
 def _fail(jobs: list[Job], error: BaseException) -> None:

@@ -52,6 +52,7 @@ class Channel(asyncio.Protocol):
         self._control: collections.deque[Frame] = collections.deque()  # HELLO, READY, ...
         self._control_waiter: asyncio.Future[None] | None = None
         self._batches: collections.deque[Batch] = collections.deque()  # sent, in order
+        self.waiting = 0  # requests of sent batches the worker has not started yet
         self._out: list[bytes | bytearray | memoryview] = []
         self._flush_handle: asyncio.Handle | None = None
         self._paused = False
@@ -74,6 +75,8 @@ class Channel(asyncio.Protocol):
         for frame in frames:
             if frame.kind in (Kind.RESULT, Kind.BATCH_FAILED) and self._batches:
                 batch = self._batches.popleft()
+                if self._batches:  # the worker starts the next one now
+                    self.waiting -= self._batches[0].size
                 if batch.timer is not None:
                     batch.timer.cancel()
                 if not batch.future.done():
@@ -92,6 +95,7 @@ class Channel(asyncio.Protocol):
             if not batch.future.done():
                 batch.future.set_exception(ChannelClosed(started=i == 0))
         self._batches.clear()
+        self.waiting = 0
         self.resume_writing()
 
     def pause_writing(self) -> None:
@@ -128,6 +132,8 @@ class Channel(asyncio.Protocol):
         if self.closed:
             batch.future.set_exception(ChannelClosed(started=False))
             return batch
+        if self._batches:
+            self.waiting += size
         self._batches.append(batch)
         self.send(frame)
         if len(self._batches) == 1:

@@ -202,6 +202,11 @@ class Worker:
         """Send one batch and wait for its answer (:meth:`send_batch` + :meth:`batch_result`)."""
         return await self.batch_result(self.send_batch(items, timeout_s, callers), items)
 
+    @property
+    def waiting_requests(self) -> int:
+        """Requests sent to this worker that it has not started (they wait in its socket)."""
+        return 0 if self._channel is None else self._channel.waiting
+
     def send_batch(
         self,
         items: list[RequestItem],
