@@ -12,6 +12,11 @@ one torch thread per worker; body ``{"data": [256 floats]}``.
 ``vs bare`` (MLP rows): served req/s over the MLP's own samples/s in a bare loop (JSON in and
 out, same batch size, one thread; times the worker count), measured right after each run: this
 VM's speed drifts by 2x within minutes, so only figures taken together compare.
+
+``busy/steal/idle`` (every load row): the whole machine's CPU split during that run, from
+/proc/stat (psutil) before and after. The hypervisor steals CPU from this VM (up to 32% seen
+under load): a run taken while it steals X% is slower by about that much, so compare only rows
+taken at low steal. The last line gives the median steal over all rows.
 """
 
 from __future__ import annotations
@@ -193,6 +198,20 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def cpu_split(before: object, after: object) -> dict[str, float]:
+    """The machine's CPU between two psutil.cpu_times() snapshots, in %: busy, steal (Linux
+    only, else 0) and idle, so a slow row can be told from a row the hypervisor starved."""
+
+    def delta(*fields: str) -> float:
+        return sum(getattr(after, f, 0.0) - getattr(before, f, 0.0) for f in fields)
+
+    busy = delta("user", "nice", "system", "irq", "softirq")
+    steal = delta("steal")
+    idle = delta("idle", "iowait")
+    total = max(busy + steal + idle, 1e-9)
+    return {"busy": busy / total * 100, "steal": steal / total * 100, "idle": idle / total * 100}
+
+
 def measured(server: Server, model: str, load, path: str, body: bytes, conns: int,
              duration: int) -> dict[str, float]:  # fmt: skip
     """One load run plus the CPU the frontend and the model's workers spent per request: on a
@@ -201,7 +220,9 @@ def measured(server: Server, model: str, load, path: str, body: bytes, conns: in
     workers = [w["pid"] for w in json.loads(described)[0]["workers"]]
     frontend = [server.status["pid"]]
     before = cpu_seconds(frontend), cpu_seconds(workers)
+    machine = psutil.cpu_times()
     r = load(server, path, body, conns, duration)
+    r.update(cpu_split(machine, psutil.cpu_times()))
     requests = max(r["rps"] * duration, 1.0)
     r["frontend_us"] = (cpu_seconds(frontend) - before[0]) / requests * 1e6
     r["worker_us"] = (cpu_seconds(workers) - before[1]) / requests * 1e6
@@ -209,10 +230,11 @@ def measured(server: Server, model: str, load, path: str, body: bytes, conns: in
 
 
 def _row(label: str, workers: int, conns: int, r: dict[str, float]) -> str:
-    bare = f" {r['rps'] / r['bare']:>7.2f}" if "bare" in r else ""
+    bare = f" {r['rps'] / r['bare']:>7.2f}" if "bare" in r else " " * 8
     return (f"{label:<6} {workers:>7} {conns:>5} {r['rps']:>8.0f} {r['p50']:>7.2f}"
             f" {r['p99']:>7.2f} {int(r['errors']):>6} {r['frontend_us']:>9.0f}"
-            f" {r['worker_us']:>9.0f}{bare}")  # fmt: skip
+            f" {r['worker_us']:>9.0f}{bare}  busy {r['busy']:>3.0f}% steal {r['steal']:>3.0f}%"
+            f" idle {r['idle']:>3.0f}%")  # fmt: skip
 
 
 def scale(server: Server, model: str, workers: int) -> float:
@@ -267,7 +289,9 @@ def main() -> None:
         print(
             f"{'model':<6} {'workers':>7} {'conns':>5} {'req/s':>8} {'p50 ms':>7}"
             f" {'p99 ms':>7} {'errors':>6} {'fe us/req':>9} {'wk us/req':>9} {'vs bare':>7}"
+            "  machine CPU during the run"
         )
+        steals: list[float] = []
         for model in models:
             for workers in (1, 2):
                 scale(server, model, workers)
@@ -277,6 +301,7 @@ def main() -> None:
                                  conns, duration)  # fmt: skip
                     if model == "mlp":  # the ceiling, measured next to the run it bounds
                         r["bare"] = bare_mlp(1) * workers
+                    steals.append(r["steal"])
                     print(_row(model, workers, conns, r))
             scale(server, model, 1)
         if with_mlp:  # dynamic batching: batch 8, 5 ms delay, 64 connections
@@ -288,7 +313,12 @@ def main() -> None:
                 r = measured(server, "mlp8", load, "/predictions/mlp8", bodies["mlp"], 64,
                              duration)  # fmt: skip
                 r["bare"] = bare_mlp(8) * workers
+                steals.append(r["steal"])
                 print(_row("mlp b8", workers, 64, r))
+        print(
+            f"median steal over {len(steals)} load rows: {statistics.median(steals):.0f}%"
+            f" (max {max(steals):.0f}%): compare only rows taken at low steal"
+        )
         rss = psutil.Process(server.status["pid"]).memory_info().rss
         print(f"frontend RSS after load: {rss / 2**20:.0f} MiB")
         if with_mlp:
