@@ -59,7 +59,7 @@ class Metrics:
             "mserve_workers_ready", "Ready workers", labels=["model", "version"]
         )
         for mv in self._registry.all():
-            queue.add_metric([mv.name, mv.version], len(mv.queue))
+            queue.add_metric([mv.name, mv.version], mv.queued())
             workers.add_metric([mv.name, mv.version], mv.ready_workers())
         yield queue
         yield workers

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,37 @@ class _Slot:
     @property
     def idle(self) -> bool:
         return self.worker is None or self.worker.state is not WorkerState.BUSY
+
+
+class _Pipeline:
+    """Batches in flight to one worker, and why it was lost (if it was)."""
+
+    def __init__(self, depth: int, new_future: Callable[[], asyncio.Future[None]]) -> None:
+        self.depth = depth
+        self.in_flight = 0
+        self.lost = asyncio.Event()
+        self.reasons: list[str] = []
+        self.tasks: set[asyncio.Task[None]] = set()  # settling failed batches
+        self._new_future = new_future
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def wait(self) -> None:
+        """Until a batch is settled or the worker is lost."""
+        self._waiter = self._new_future()
+        await self._waiter
+
+    def done(self) -> None:
+        self.in_flight -= 1
+        self._wake()
+
+    def lose(self, reason: str) -> None:
+        self.reasons.append(reason)
+        self.lost.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
 
 class ModelVersion:
@@ -264,54 +297,76 @@ class ModelVersion:
     async def _serve(self, slot: _Slot, worker: Worker) -> str | None:
         """Serve batches until retired (None) or the worker is lost (returns why).
 
-        ``pipeline_depth`` dispatchers share the worker, so the next batch is already in its
-        socket when it finishes one. They gather in turn (a batch is complete, or its delay
-        over, before the next one starts to form), and the first to lose the worker stops the
-        others."""
-        lost = asyncio.Event()
-        gathering = asyncio.Lock()
-        depth = pipeline_depth(self.settings.batch_size)
-        reasons = await asyncio.gather(
-            *(self._dispatch(slot, worker, lost, gathering) for _ in range(depth))
-        )
-        if all(r is None for r in reasons):
-            return None
-        # "" is a dispatcher whose batch was only queued behind the lost one: say the real why
-        return next((r for r in reasons if r), f"worker {worker.id} was lost")
-
-    async def _dispatch(
-        self, slot: _Slot, worker: Worker, lost: asyncio.Event, gathering: asyncio.Lock
-    ) -> str | None:
+        One gatherer forms batches in turn (a batch is complete, or its delay over, before the
+        next one starts to form) and keeps up to ``pipeline_depth`` of them in the worker, so
+        the next is already in its socket when it finishes one. An answered batch is settled
+        from its future's callback, waking no task; only a batch that failed takes one."""
+        pipe = _Pipeline(pipeline_depth(self.settings.batch_size), self.queue.new_future)
         delay_s = self.settings.max_batch_delay_ms / 1000
-        while True:
-            async with gathering:
-                jobs = await gather_batch(
-                    self.queue, self.settings.batch_size, delay_s, slot.retire, lost
+        while not pipe.lost.is_set():
+            if pipe.in_flight >= pipe.depth:
+                await pipe.wait()
+                continue
+            await worker.drain()
+            jobs = await gather_batch(
+                self.queue, self.settings.batch_size, delay_s, slot.retire, pipe.lost
+            )
+            if jobs is None:
+                break
+            live = [j for j in jobs if not j.future.done()]
+            if not live:
+                continue
+            items = [j.item for j in live]
+            try:
+                batch = worker.send_batch(
+                    items, self.settings.response_timeout_s, [j.future for j in live]
                 )
-                if jobs is None:
-                    return None
-                live = [j for j in jobs if not j.future.done()]
-                if not live:
-                    continue
-                try:
-                    batch = worker.send_batch(
-                        [j.item for j in live],
-                        self.settings.response_timeout_s,
-                        [j.future for j in live],
-                    )
-                except Exception as exc:  # the supervisor's task guard: never strand a caller
-                    log.exception("model %s: unexpected error sending a batch", self.label)
-                    _fail(live, InternalError(f"internal error sending the batch: {exc!r}"))
-                    batch = None
-            if batch is None:
+            except Exception as exc:  # the supervisor's task guard: never strand a caller
+                log.exception("model %s: unexpected error sending a batch", self.label)
+                _fail(live, InternalError(f"internal error sending the batch: {exc!r}"))
                 await worker.kill()
-                reason: str | None = f"unexpected error sending a batch to worker {worker.id}"
-            else:
-                reason = await self._run(worker, live, batch)
-            if reason is not None:  # "" included
-                lost.set()
-                self.queue.wake_all()  # a dispatcher waiting for jobs must see it too
-                return reason
+                pipe.lose(f"unexpected error sending a batch to worker {worker.id}")
+                break
+            pipe.in_flight += 1
+            batch.future.add_done_callback(
+                functools.partial(self._settle, pipe, worker, live, batch)
+            )
+        while pipe.in_flight:  # a retiring worker finishes what it was given
+            await pipe.wait()
+        if not pipe.reasons:
+            return None
+        # "" is a batch that was only queued behind the lost one: say the real why
+        return next((r for r in pipe.reasons if r), f"worker {worker.id} was lost")
+
+    def _settle(
+        self, pipe: _Pipeline, worker: Worker, live: list[Job], batch: Batch, _done: Any
+    ) -> None:
+        """A batch's future is done: answer its callers, or hand a failure to a task."""
+        try:
+            results = worker.answered(batch, len(live))
+            if results is None:
+                task = asyncio.ensure_future(self._settle_failed(pipe, worker, live, batch))
+                pipe.tasks.add(task)
+                task.add_done_callback(pipe.tasks.discard)
+                return
+            for job, result in zip(live, results, strict=True):
+                if not job.future.done():
+                    job.future.set_result(result)
+        except Exception as exc:  # the supervisor's guard: never strand a caller
+            log.exception("model %s: unexpected error settling a batch", self.label)
+            _fail(live, InternalError(f"internal error answering the batch: {exc!r}"))
+        pipe.done()
+
+    async def _settle_failed(
+        self, pipe: _Pipeline, worker: Worker, live: list[Job], batch: Batch
+    ) -> None:
+        try:
+            reason = await self._run(worker, live, batch)
+        finally:
+            pipe.done()
+        if reason is not None:  # "" included
+            pipe.lose(reason)
+            self.queue.wake_all()  # the gatherer waiting for jobs must see it too
 
     async def _run(self, worker: Worker, live: list[Job], batch: Batch) -> str | None:
         """Answer a sent batch's jobs; why the worker is lost, if it is."""

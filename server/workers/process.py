@@ -67,8 +67,8 @@ def describe_exit(returncode: int | None) -> str:
 
 
 class Worker:
-    """One worker process. ``start`` returns once the handler is loaded; ``run_batch`` may be
-    called by several dispatchers at once (the batches are pipelined, see ``channel``)."""
+    """One worker process. ``start`` returns once the handler is loaded; several batches may be
+    in flight at once (they are pipelined, see ``channel``)."""
 
     def __init__(self, worker_id: str, model_label: str, gpu: int | None, spec: WorkerSpec) -> None:
         self.id = worker_id
@@ -259,17 +259,47 @@ class Worker:
         if reply.kind != Kind.RESULT:
             raise WorkerDied(f"worker {self.id} sent {reply.kind!r} instead of a result")
         try:
+            return self._responses(batch_id, reply, len(items))
+        except WorkerDied:
+            await self.kill()
+            raise
+
+    def answered(self, batch: Batch, size: int) -> list[ResponseItem] | None:
+        """The responses of a batch whose future is done, when the worker answered it as it
+        should; None for anything else (failed, expired, lost, malformed), which
+        :meth:`batch_result` turns into the right error. Synchronous, so the common case is
+        settled from the future's callback without waking a task."""
+        future = batch.future
+        if future.cancelled() or future.exception() is not None:
+            return None
+        reply = future.result()
+        if reply.kind != Kind.RESULT:
+            return None
+        try:
+            responses = self._responses(batch.batch_id, reply, size)
+        except WorkerDied:
+            return None
+        channel = self._channel
+        if channel is not None and channel.in_flight == 0 and self.state is WorkerState.BUSY:
+            self.state = WorkerState.READY
+        return responses
+
+    def _responses(self, batch_id: int, reply: Frame, size: int) -> list[ResponseItem]:
+        try:
             got_id, responses = protocol.parse_result(reply)
         except protocol.ProtocolError as exc:
-            await self.kill()
             raise WorkerDied(f"worker {self.id} sent a malformed result ({exc}); killed") from exc
-        if got_id != batch_id or len(responses) != len(items):
-            await self.kill()
+        if got_id != batch_id or len(responses) != size:
             raise WorkerDied(
                 f"worker {self.id} answered batch {got_id} with {len(responses)} items"
-                f" (expected batch {batch_id} with {len(items)}); killed"
+                f" (expected batch {batch_id} with {size}); killed"
             )
         return responses
+
+    async def drain(self) -> None:
+        """Wait while the worker's socket is full (it is not reading): back-pressure."""
+        if self._channel is not None:
+            await self._channel.drain()
 
     async def _wait_exit(self, timeout_s: float) -> None:
         if self._proc is None:
