@@ -9,7 +9,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from tests.server.conftest import concurrently, wait_until
+from tests.server.conftest import concurrently, http, wait_until
 
 
 def test_request_and_response_size_limits(make_archive, start_server) -> None:
@@ -51,6 +51,27 @@ def test_full_queue_answers_429_at_once_while_accepted_requests_succeed(make_arc
     rejected = [r for r in results if r[0] == 429]
     assert all(retry == "1" for _, retry, _ in rejected)
     assert all(took < 0.4 for _, _, took in rejected)  # refused at once, not after waiting
+
+
+def test_requests_waiting_in_the_worker_count_as_queued(make_archive, start_server) -> None:
+    """A worker is sent up to eight batch-1 requests ahead; the ones it has not started are
+    still waiting, and describe, the metric and job_queue_size must all count them."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    calls = [partial(server.predict, "probe", {"cmd": "sleep", "s": 1.5}) for _ in range(4)]
+    runner = threading.Thread(target=concurrently, args=calls)
+    runner.start()
+    try:
+        # one runs; the other three are in the worker's socket, none in the frontend's queue
+        wait_until(
+            lambda: server.manage("GET", "/models/probe").json()[0]["queueDepth"] == 3,
+            10, "three requests waiting",
+        )  # fmt: skip
+        text = http("GET", server.url("metrics", "/metrics")).body.decode()
+        assert 'mserve_queue_depth{model="probe",version="1.0"} 3.0' in text, text
+    finally:
+        runner.join(timeout=30)
+    assert server.manage("GET", "/models/probe").json()[0]["queueDepth"] == 0
 
 
 def test_response_timeout_answers_504_and_replaces_the_worker(make_archive, start_server) -> None:
