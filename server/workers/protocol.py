@@ -89,16 +89,10 @@ def encode(frame: Frame) -> list[bytes | bytearray | memoryview]:
     The payload element is left out when the payload is empty, so ``writelines`` and ``sendmsg``
     callers need no special case.
     """
-    kind = _kind(frame.kind)
-    meta = _encode_meta(kind, frame.meta)
-    payload = frame.payload
-    view = _byte_view(payload, f"{kind.name} frame payload")
-    if len(view) > MAX_U32:
-        raise ProtocolError(_too_big("payload_len", len(view), MAX_U32))
-    head = HEADER.pack(MAGIC, PROTOCOL_VERSION, kind, 0, len(meta), len(view)) + meta
-    if not view:
-        return [head]
-    return [head, payload if isinstance(payload, (bytes, bytearray)) else view]
+    header, meta, payload, size = _parts(frame)
+    if not size:
+        return [header + meta]
+    return [header + meta, payload]
 
 
 # Below this size a frame goes out as one joined buffer: one write, so the peer wakes once per
@@ -108,11 +102,24 @@ JOIN_BELOW_BYTES = 256 * 1024
 
 
 def encode_for_send(frame: Frame) -> list[bytes | bytearray | memoryview]:
-    """``encode`` joined into a single buffer when the frame is small."""
-    parts = encode(frame)
-    if len(parts) == 2 and len(parts[1]) < JOIN_BELOW_BYTES:
-        return [b"".join(parts)]
-    return parts
+    """``encode`` joined into a single buffer when the frame is small (one copy of each part)."""
+    header, meta, payload, size = _parts(frame)
+    if size >= JOIN_BELOW_BYTES:
+        return [header + meta, payload]
+    return [b"".join((header, meta, payload))]
+
+
+def _parts(frame: Frame) -> tuple[bytes, bytes, bytes | bytearray | memoryview, int]:
+    """Header, meta and payload (as given when it is bytes or a bytearray) and its size."""
+    kind = frame.kind if type(frame.kind) is Kind else _kind(frame.kind)
+    meta = _encode_meta(kind, frame.meta)
+    payload = frame.payload
+    if type(payload) is not bytes and type(payload) is not bytearray:
+        payload = _byte_view(payload, f"{kind.name} frame payload")
+    size = len(payload)
+    if size > MAX_U32:
+        raise ProtocolError(_too_big("payload_len", size, MAX_U32))
+    return HEADER.pack(MAGIC, PROTOCOL_VERSION, kind, 0, len(meta), size), meta, payload, size
 
 
 def encode_bytes(frame: Frame) -> bytes:
@@ -200,24 +207,39 @@ class Decoder:
         ``view`` (the common case, a frame that arrived in one piece, copies nothing into
         ``_head``). Returns where the next frame starts, or -1 when the rest of ``view`` is held
         as the start of an unfinished frame."""
-        self._read_header(view, pos)
-        kind = self._kind
-        assert kind is not None
+        magic, version, kind, flags, meta_len, payload_len = HEADER.unpack_from(view, pos)
+        if (  # one test for the usual header; anything else gets its precise error below
+            magic != MAGIC
+            or version != PROTOCOL_VERSION
+            or flags
+            or view[pos + RESERVED.start]
+            or view[pos + RESERVED.start + 1]
+            or kind not in _KINDS
+            or meta_len > MAX_META_BYTES
+            or payload_len > self.max_payload_bytes
+        ):
+            self._read_header(view, pos)  # raises
+        kind = _KINDS[kind]
         meta_start = pos + HEADER.size
-        meta_end = meta_start + self._meta_len
+        meta_end = meta_start + meta_len
+        payload_end = meta_end + payload_len
+        if payload_end <= end:
+            frames.append(
+                Frame(
+                    kind,
+                    _decode_meta(kind, view, meta_start, meta_end),
+                    bytearray(view[meta_end:payload_end]),
+                )
+            )
+            return payload_end
+        self._kind, self._meta_len, self._payload_len = kind, meta_len, payload_len
         if meta_end > end:  # the meta is cut: hold it where the general path expects it
             self._head = bytearray(view[pos:end])
             return -1
-        meta = _decode_meta(kind, view, meta_start, meta_end)
-        payload_end = meta_end + self._payload_len
-        if payload_end > end:
-            self._head = bytearray(view[pos:meta_end])
-            self._meta = meta
-            self._payload = bytearray(view[meta_end:end])
-            return -1
-        frames.append(Frame(kind, meta, bytearray(view[meta_end:payload_end])))
-        self._kind = None
-        return payload_end
+        self._meta = _decode_meta(kind, view, meta_start, meta_end)
+        self._head = bytearray(view[pos:meta_end])
+        self._payload = bytearray(view[meta_end:end])
+        return -1
 
     def _read_header(self, buf: bytearray | memoryview, pos: int) -> None:
         magic, version, kind, flags, meta_len, payload_len = HEADER.unpack_from(buf, pos)
