@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from server.workers import protocol
 from server.workers.protocol import Frame, Kind
@@ -41,7 +41,7 @@ class Batch:
     size: int
     timeout_s: float
     future: asyncio.Future[Frame]
-    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    deadline: float | None = None  # loop time; set when the worker starts the batch
 
 
 class Channel(asyncio.Protocol):
@@ -53,6 +53,10 @@ class Channel(asyncio.Protocol):
         self._control_waiter: asyncio.Future[None] | None = None
         self._batches: collections.deque[Batch] = collections.deque()  # sent, in order
         self.waiting = 0  # requests of sent batches the worker has not started yet
+        # One timer for the head batch's deadline, re-armed only when it fires early: arming and
+        # cancelling one per batch cost more than the rest of the batch's bookkeeping.
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._out: list[bytes | bytearray | memoryview] = []
         self._flush_handle: asyncio.Handle | None = None
         self._paused = False
@@ -77,8 +81,6 @@ class Channel(asyncio.Protocol):
                 batch = self._batches.popleft()
                 if self._batches:  # the worker starts the next one now
                     self.waiting -= self._batches[0].size
-                if batch.timer is not None:
-                    batch.timer.cancel()
                 if not batch.future.done():
                     batch.future.set_result(frame)
                 self._start_clock()
@@ -89,9 +91,10 @@ class Channel(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._wake_control()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for i, batch in enumerate(self._batches):
-            if batch.timer is not None:
-                batch.timer.cancel()
             if not batch.future.done():
                 batch.future.set_exception(ChannelClosed(started=i == 0))
         self._batches.clear()
@@ -175,9 +178,28 @@ class Channel(asyncio.Protocol):
         if not self._batches:
             return
         head = self._batches[0]
-        if head.timer is None:
-            head.timer = self._loop.call_later(head.timeout_s, self._expire, head)
+        if head.deadline is None:
+            head.deadline = self._loop.time() + head.timeout_s
+            if self._timer is None or head.deadline < self._timer_at:
+                self._arm(head.deadline)
 
-    def _expire(self, batch: Batch) -> None:
-        if not batch.future.done():
-            batch.future.set_exception(BatchExpired())
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(when, self._check_deadline)
+        self._timer_at = when
+
+    def _check_deadline(self) -> None:
+        """The timer fired: expire the head batch if its time is up, else wait for its deadline
+        (the batch it was armed for was answered in time)."""
+        self._timer = None
+        if not self._batches or self.closed:
+            return
+        head = self._batches[0]
+        if head.deadline is None:  # never: a head's clock starts when it becomes the head
+            return
+        if self._loop.time() >= head.deadline:
+            if not head.future.done():
+                head.future.set_exception(BatchExpired())
+            return
+        self._arm(head.deadline)
