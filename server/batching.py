@@ -11,9 +11,13 @@ import asyncio
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.workers.protocol import RequestItem, ResponseItem
+
+if TYPE_CHECKING:
+    from server.workers.channel import Batch
+    from server.workers.process import Worker
 
 
 @dataclass
@@ -22,6 +26,7 @@ class Job:
     future: asyncio.Future[ResponseItem]
     enqueued_at: float = field(default_factory=time.monotonic)
     retried: bool = False  # sent to a worker that died, and given its one more try
+    sent: tuple[Worker, Batch] | None = None  # (worker, batch) it was last sent in
 
 
 class QueueFull(Exception):

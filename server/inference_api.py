@@ -15,6 +15,7 @@ import os
 import time
 
 from server.app import Metrics, models_page
+from server.batching import Job
 from server.errors import BadRequest, InternalError, MserveError, ResponseTooLarge
 from server.http import Connection, Request, header_ok
 from server.model import ModelVersion
@@ -122,20 +123,21 @@ class InferenceAPI:
             op=op,
         )
         try:
-            req.future = model.enqueue(item)
+            job = model.enqueue(item)
         except MserveError as exc:
             self.metrics.answered(model.name, model.version, exc.status, None)
             raise
-        req.future.add_done_callback(
-            functools.partial(self._answered, conn, req, model, item.request_id)
-        )
+        req.future = job.future
+        job.future.add_done_callback(functools.partial(self._answered, conn, req, model, job))
 
     def _answered(
-        self, conn: Connection, req: Request, model: ModelVersion, request_id: str,
+        self, conn: Connection, req: Request, model: ModelVersion, job: Job,
         future: asyncio.Future[ResponseItem],
     ) -> None:  # fmt: skip
         if future.cancelled():  # the client went away
+            model.withdraw(job)
             return
+        request_id = job.item.request_id
         try:
             result = future.result()
             headers = self._headers(model, result, request_id)

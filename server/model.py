@@ -33,7 +33,7 @@ from server.errors import (
 from server.workers.channel import Batch, ChannelClosed
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
-from server.workers.protocol import RequestItem, ResponseItem
+from server.workers.protocol import RequestItem
 
 log = logging.getLogger(__name__)
 
@@ -180,10 +180,11 @@ class ModelVersion:
     def healthy(self) -> bool:
         return self.failed is None and self.ready_workers() >= self.settings.min_workers
 
-    def enqueue(self, item: RequestItem) -> asyncio.Future[ResponseItem]:
-        """Queue a request; the future gets its answer. Cancelling the future (the client went
-        away) drops the request if no worker has started it. Raises at once when the request
-        cannot be queued (429 queue full, 503 no worker or failed model)."""
+    def enqueue(self, item: RequestItem) -> Job:
+        """Queue a request; the job's future gets its answer. A caller that goes away cancels
+        the future and calls :meth:`withdraw`: the request is dropped if no worker has started
+        it. Raises at once when the request cannot be queued (429 queue full, 503 no worker or
+        failed model)."""
         if self.failed is not None:
             raise ServiceUnavailable(f"model {self.label} has failed: {self.failed}")
         if not self.slots:
@@ -197,7 +198,14 @@ class ModelVersion:
             raise TooManyRequests(
                 f"model {self.label} queue is full (job_queue_size={self.queue.maxsize})"
             ) from None
-        return job.future
+        return job
+
+    def withdraw(self, job: Job) -> None:
+        """The caller of ``job`` went away (its future is cancelled). Still queued, it is skipped
+        when popped; already sent, the worker skips it if it has not started its batch."""
+        if job.sent is not None:
+            worker, batch = job.sent
+            worker.withdraw(batch, job.item.request_id)
 
     # --- workers ----------------------------------------------------------------------------
 
@@ -316,10 +324,9 @@ class ModelVersion:
             live = [j for j in jobs if not j.future.done()]
             if not live:
                 continue
-            items = [j.item for j in live]
             try:
                 batch = worker.send_batch(
-                    items, self.settings.response_timeout_s, [j.future for j in live]
+                    [j.item for j in live], self.settings.response_timeout_s
                 )
             except Exception as exc:  # the supervisor's task guard: never strand a caller
                 log.exception("model %s: unexpected error sending a batch", self.label)
@@ -328,6 +335,8 @@ class ModelVersion:
                 pipe.lose(f"unexpected error sending a batch to worker {worker.id}")
                 break
             pipe.in_flight += 1
+            for job in live:
+                job.sent = (worker, batch)
             batch.future.add_done_callback(
                 functools.partial(self._settle, pipe, worker, live, batch)
             )

@@ -16,7 +16,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -193,43 +192,31 @@ class Worker:
     def tail(self, lines: int = 20) -> str:
         return "\n".join(list(self.stderr_tail)[-lines:])
 
-    async def run_batch(
-        self,
-        items: list[RequestItem],
-        timeout_s: float,
-        callers: Sequence[asyncio.Future[Any]] = (),
-    ) -> list[ResponseItem]:
+    async def run_batch(self, items: list[RequestItem], timeout_s: float) -> list[ResponseItem]:
         """Send one batch and wait for its answer (:meth:`send_batch` + :meth:`batch_result`)."""
-        return await self.batch_result(self.send_batch(items, timeout_s, callers), items)
+        return await self.batch_result(self.send_batch(items, timeout_s), items)
 
     @property
     def waiting_requests(self) -> int:
         """Requests sent to this worker that it has not started (they wait in its socket)."""
         return 0 if self._channel is None else self._channel.waiting
 
-    def send_batch(
-        self,
-        items: list[RequestItem],
-        timeout_s: float,
-        callers: Sequence[asyncio.Future[Any]] = (),
-    ) -> Batch:
+    def send_batch(self, items: list[RequestItem], timeout_s: float) -> Batch:
         """Queue one batch for the worker. Several may be in flight: they run in order, and each
-        one's timeout starts when the worker starts it. ``callers`` are the futures the items'
-        callers wait on: one cancelled before the worker starts the batch (the client went
-        away) is cancelled in the worker too, which then skips it."""
+        one's timeout starts when the worker starts it."""
         channel = self._channel
         assert channel is not None
         self._batch_ids += 1
-        batch_id = self._batch_ids
-        frame = protocol.batch_frame(batch_id, items, check=False)
-        waits = channel.in_flight > 0  # behind another batch: its callers may leave first
-        batch = channel.submit(batch_id, frame, len(items), timeout_s)
-        for item, caller in zip(items, callers if waits else (), strict=False):
-            caller.add_done_callback(
-                lambda f, rid=item.request_id: f.cancelled() and channel.cancel(batch, [rid])
-            )
+        frame = protocol.batch_frame(self._batch_ids, items, check=False)
+        batch = channel.submit(self._batch_ids, frame, len(items), timeout_s)
         self.state = WorkerState.BUSY
         return batch
+
+    def withdraw(self, batch: Batch, request_id: str) -> None:
+        """The caller of a request in ``batch`` went away: if the worker has not started the
+        batch, it skips that request (no-op otherwise)."""
+        if self._channel is not None:
+            self._channel.cancel(batch, [request_id])
 
     async def batch_result(self, batch: Batch, items: list[RequestItem]) -> list[ResponseItem]:
         """The answer to a sent batch. A timeout kills the worker (504 to its callers); a batch
