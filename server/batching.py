@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +38,11 @@ class JobQueue:
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self._jobs: collections.deque[Job] = collections.deque()
-        # (future, jobs it waits for): a batch filling up sleeps until it can be completed
-        self._waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
+        # (future, jobs it waits for, how busy its worker is): a batch filling up sleeps until
+        # it can be completed
+        self._waiters: collections.deque[
+            tuple[asyncio.Future[None], int, Callable[[], int] | None]
+        ] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def new_future(self) -> asyncio.Future[Any]:
@@ -70,29 +74,38 @@ class JobQueue:
         return None
 
     def _wake(self, n: int | None) -> None:
-        """Wake up to ``n`` waiters whose wanted number of jobs is there (``None``: all)."""
-        woken = 0
+        """Wake up to ``n`` waiters whose wanted number of jobs is there (``None``: all), the
+        least loaded first: a job goes to an idle worker rather than queue behind a busy one's
+        running batch. Among equally loaded ones, the longest waiting goes first."""
         have = len(self._jobs)
-        for waiter, want in self._waiters:
-            if not waiter.done() and (n is None or want <= have):
-                waiter.set_result(None)
-                woken += 1
-                if n is not None and woken >= n:
-                    break
+        ready = [
+            w for w in self._waiters if not w[0].done() and (n is None or w[1] <= have)
+        ]
+        if n is not None and len(ready) > 1:
+            ready.sort(key=_load_of)  # stable: the longest waiting first among equals
+        for waiter, _want, _load in ready[:n]:
+            waiter.set_result(None)
 
     def wake_all(self) -> None:
         """Make every waiting dispatcher re-check its own state (retire, shutdown)."""
         self._wake(None)
 
-    async def wait(self, timeout_s: float | None = None, want: int = 1) -> None:
+    async def wait(
+        self,
+        timeout_s: float | None = None,
+        want: int = 1,
+        load: Callable[[], int] | None = None,
+    ) -> None:
         """Return when ``want`` jobs are queued, on ``wake_all``, or after ``timeout_s``.
 
         A batch of 8 that has 1 job waits for 7 more with one wake-up, not seven; a dispatcher
-        wanting 1 job is woken first by a job that a filling batch could not complete."""
+        wanting 1 job is woken first by a job that a filling batch could not complete. ``load``
+        says how busy the waiter's worker is (batches in flight): the least busy is woken
+        first."""
         if len(self._jobs) >= want:
             return
         waiter: asyncio.Future[None] = self.new_future()
-        entry = (waiter, want)
+        entry = (waiter, want, load)
         self._waiters.append(entry)
         timer = None
         if timeout_s is not None:
@@ -115,17 +128,22 @@ class JobQueue:
 
 
 async def gather_batch(
-    queue: JobQueue, batch_size: int, max_delay_s: float, *stopping: asyncio.Event
+    queue: JobQueue,
+    batch_size: int,
+    max_delay_s: float,
+    *stopping: asyncio.Event,
+    load: Callable[[], int] | None = None,
 ) -> list[Job] | None:
     """Up to ``batch_size`` jobs, waiting at most ``max_delay_s`` after the first; None if one
-    of ``stopping`` was set before a first job arrived (set it, then ``queue.wake_all()``)."""
+    of ``stopping`` was set before a first job arrived (set it, then ``queue.wake_all()``).
+    ``load``: see :meth:`JobQueue.wait`."""
     while True:
         if any(event.is_set() for event in stopping):
             return None
         first = queue.pop()
         if first is not None:
             break
-        await queue.wait()
+        await queue.wait(load=load)
     jobs = [first]
     deadline = time.monotonic() + max_delay_s
     while len(jobs) < batch_size:
@@ -136,8 +154,12 @@ async def gather_batch(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        await queue.wait(remaining, batch_size - len(jobs))
+        await queue.wait(remaining, batch_size - len(jobs), load)
     return jobs
+
+
+def _load_of(entry: tuple[asyncio.Future[None], int, Callable[[], int] | None]) -> int:
+    return 0 if entry[2] is None else entry[2]()
 
 
 def _settle(waiter: asyncio.Future[None]) -> None:

@@ -86,6 +86,9 @@ class _Pipeline:
         self._new_future = new_future
         self._waiter: asyncio.Future[None] | None = None
 
+    def load(self) -> int:
+        return self.in_flight
+
     async def wait(self) -> None:
         """Until a batch is settled or the worker is lost."""
         self._waiter = self._new_future()
@@ -317,8 +320,9 @@ class ModelVersion:
                 continue
             await worker.drain()
             jobs = await gather_batch(
-                self.queue, self.settings.batch_size, delay_s, slot.retire, pipe.lost
-            )
+                self.queue, self.settings.batch_size, delay_s, slot.retire, pipe.lost,
+                load=pipe.load,
+            )  # fmt: skip
             if jobs is None:
                 break
             live = [j for j in jobs if not j.future.done()]

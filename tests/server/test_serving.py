@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 from tests.server.conftest import MSERVE, http, pid_alive, wait_until
@@ -267,6 +268,27 @@ def test_registration_url_must_stay_in_the_store(make_archive, start_server, tmp
     missing = server.manage("POST", "/models?url=nope.mar")
     assert missing.status == 404
     assert server.manage("POST", "/models").status == 400
+
+
+def test_a_request_goes_to_an_idle_worker_not_behind_a_busy_ones_batch(
+    make_archive, start_server
+) -> None:
+    """Workers hold several batches; a new request must still go to the idle worker, not queue
+    behind the one running a long batch (it would wait for it to end)."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    assert server.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
+    slow = threading.Thread(target=server.predict, args=("probe", {"cmd": "sleep", "s": 4}))
+    slow.start()
+    time.sleep(0.5)  # one worker runs the slow request now
+    # the other one answers this; it is then the worker that last took a request
+    assert server.predict("probe", {}).status == 200
+    started = time.monotonic()
+    reply = server.predict("probe", {})
+    took = time.monotonic() - started
+    slow.join(timeout=30)
+    assert reply.status == 200
+    assert took < 2, f"waited {took:.1f} s behind the busy worker"
 
 
 def test_scale_under_traffic_loses_nothing(make_archive, start_server) -> None:
