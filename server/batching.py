@@ -55,8 +55,10 @@ class JobQueue:
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def put(self, job: Job) -> None:
-        if len(self._jobs) >= self.maxsize:
+    def put(self, job: Job, waiting_elsewhere: int = 0) -> None:
+        """Queue a job, unless ``maxsize`` jobs already wait: here, or sent to a worker that has
+        not started them (``waiting_elsewhere``)."""
+        if len(self._jobs) + waiting_elsewhere >= self.maxsize:
             raise QueueFull
         self._jobs.append(job)
         self._wake(1)

@@ -169,9 +169,10 @@ class ModelVersion:
     def queued(self) -> int:
         """Requests waiting: in the queue, or already sent to a worker that has not started them
         (see ``pipeline_depth``). ``job_queue_size`` bounds this number."""
-        return len(self.queue) + sum(
-            s.worker.waiting_requests for s in self.slots if s.worker is not None
-        )
+        return len(self.queue) + self._waiting_in_workers()
+
+    def _waiting_in_workers(self) -> int:
+        return sum(s.worker.waiting_requests for s in self.slots if s.worker is not None)
 
     def pending(self) -> int:
         """Requests queued or being run by a worker."""
@@ -194,9 +195,7 @@ class ModelVersion:
             raise ServiceUnavailable(f"model {self.label} has no workers; scale it up first")
         job = Job(item, self.queue.new_future())
         try:
-            if self.queued() >= self.queue.maxsize:
-                raise QueueFull
-            self.queue.put(job)
+            self.queue.put(job, self._waiting_in_workers())
         except QueueFull:
             raise TooManyRequests(
                 f"model {self.label} queue is full (job_queue_size={self.queue.maxsize})"
