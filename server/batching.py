@@ -78,13 +78,15 @@ class JobQueue:
     def _wake(self, n: int | None) -> None:
         """Wake up to ``n`` waiters whose wanted number of jobs is there (``None``: all), the
         least loaded first: a job goes to an idle worker rather than queue behind a busy one's
-        running batch. Among equally loaded ones, the longest waiting goes first."""
+        running batch. Among equally loaded ones, the latest to wait goes first: it ran most
+        recently, so its caches are warm (alternating idle workers cost 1.4x the CPU per MLP
+        request)."""
         have = len(self._jobs)
         ready = [
-            w for w in self._waiters if not w[0].done() and (n is None or w[1] <= have)
+            w for w in reversed(self._waiters) if not w[0].done() and (n is None or w[1] <= have)
         ]
         if n is not None and len(ready) > 1:
-            ready.sort(key=_load_of)  # stable: the longest waiting first among equals
+            ready.sort(key=_load_of)  # stable: the latest to wait first among equals
         for waiter, _want, _load in ready[:n]:
             waiter.set_result(None)
 
