@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from server.errors import BadRequest
+from server.errors import BadRequest, ModelNotFound, ModelVersionNotFound
 from server.http import Answer, Connection, Request, json_answer
 from server.registry import RegisterRequest, Registry
 
@@ -165,7 +165,15 @@ class ManagementAPI:
         return json_answer(202, {"status": "Processing worker updates..."})
 
     async def _unregister(self, name: str, version: str | None) -> Answer:
-        model = await self.registry.unregister(name, version)
+        try:
+            model = await self.registry.unregister(name, version)
+        except (ModelNotFound, ModelVersionNotFound):
+            if not self.registry.forget_unrestored(name, version):
+                raise
+            return json_answer(
+                200,
+                {"status": f'Model "{name}" removed from the snapshot (it had failed to restore)'},
+            )
         return json_answer(
             200, {"status": f'Model "{model.name}" version {model.version} unregistered'}
         )

@@ -12,7 +12,7 @@ import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from server.workers.protocol import RequestItem, ResponseItem
 
@@ -28,6 +28,12 @@ class Job:
     enqueued_at: float = field(default_factory=time.monotonic)
     retried: bool = False  # sent to a worker that died, and given its one more try
     sent: tuple[Worker, Batch] | None = None  # (worker, batch) it was last sent in
+
+
+class Flag(Protocol):
+    """What stops a gatherer: an ``asyncio.Event``, or anything else that can say it is set."""
+
+    def is_set(self) -> bool: ...
 
 
 class QueueFull(Exception):
@@ -59,7 +65,11 @@ class JobQueue:
         """Queue a job, unless ``maxsize`` jobs already wait: here, or sent to a worker that has
         not started them (``waiting_elsewhere``)."""
         if len(self._jobs) + waiting_elsewhere >= self.maxsize:
-            raise QueueFull
+            # callers that went away leave their jobs here until popped; only at the bound is
+            # it worth a pass to drop them, so they never turn a live request away
+            self._jobs = collections.deque(j for j in self._jobs if not j.future.done())
+            if len(self._jobs) + waiting_elsewhere >= self.maxsize:
+                raise QueueFull
         self._jobs.append(job)
         self._wake(1)
 
@@ -135,7 +145,7 @@ async def gather_batch(
     queue: JobQueue,
     batch_size: int,
     max_delay_s: float,
-    *stopping: asyncio.Event,
+    *stopping: Flag,
     load: Callable[[], int] | None = None,
 ) -> list[Job] | None:
     """Up to ``batch_size`` jobs, waiting at most ``max_delay_s`` after the first; None if one
@@ -147,6 +157,8 @@ async def gather_batch(
         first = queue.pop()
         if first is not None:
             break
+        if any(event.is_set() for event in stopping):  # pop() may have emptied the queue
+            return None
         await queue.wait(load=load)
     jobs = [first]
     deadline = time.monotonic() + max_delay_s

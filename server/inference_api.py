@@ -20,7 +20,7 @@ from server.errors import BadRequest, InternalError, MserveError, ResponseTooLar
 from server.http import Connection, Request, header_ok
 from server.model import ModelVersion
 from server.registry import Registry
-from server.workers.protocol import RequestItem, ResponseItem
+from server.workers.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +158,12 @@ class InferenceAPI:
         self, model: ModelVersion, result: ResponseItem, request_id: str
     ) -> list[list[str]]:
         """The answer's headers; raises when the answer cannot be sent as the handler made it."""
-        if len(result.body) > self.max_response_bytes:
+        size = len(result.body)
+        if result.status == 413 and result.headers and result.headers[0][0] == TOO_LARGE_HEADER:
+            size = int(result.headers[0][1])  # the worker kept the body: it was too large
+        if size > self.max_response_bytes:
             raise ResponseTooLarge(
-                f"the response of {model.label} is {len(result.body)} bytes, more than"
+                f"the response of {model.label} is {size} bytes, more than"
                 f" max_response_size_bytes={self.max_response_bytes}"
             )
         headers = [[k, v] for k, v in result.headers if k.lower() not in _SERVER_HEADERS]

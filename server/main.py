@@ -13,8 +13,10 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Coroutine
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -139,15 +141,20 @@ class Server:
             return
         log.info("restoring %d model version(s) from the snapshot", len(requests))
 
-        async def one(request: RegisterRequest) -> None:
+        async def one(request: RegisterRequest, entry: dict[str, Any]) -> None:
             try:
                 mv = await self.registry.register(request)
                 self.models_status[mv.name] = "ready"
             except MserveError as exc:
-                log.error("snapshot model %s failed to restore: %s", request.url, exc.message)
+                log.error(
+                    "snapshot model %s failed to restore: %s (kept in the snapshot for the next"
+                    " start; DELETE /models/%s removes it)",
+                    request.url, exc.message, request.model_name,
+                )  # fmt: skip
                 self.models_status[request.model_name or request.url] = f"failed: {exc.message}"
+                self.registry.unrestored.append(entry)
 
-        await asyncio.gather(*(one(r) for r in requests))
+        await asyncio.gather(*(one(r, e) for r, e in requests))
         for name, version in defaults.items():
             if version in self.registry.models.get(name, {}):
                 self.registry.defaults[name] = version
@@ -193,13 +200,9 @@ class Server:
         try:
             await self.listen()
             self.write_status()
-            await self.restore_snapshot()
-            restored = {mv.name for mv in self.registry.all()} | {
-                mv.url for mv in self.registry.all()
-            }
-            await self.load_startup_models(
-                [m for m in models if m.name not in restored and m.url not in restored]
-            )
+            if not await self._until_stopped(self._load_models(models)):
+                log.info("stopping before the startup models finished loading")
+                return
             if self.config.snapshot:
                 path = self.config.run_path / SNAPSHOT_FILE
                 self.registry.on_change = lambda: snapshot.save(self.registry, path)
@@ -224,6 +227,28 @@ class Server:
             await self.shutdown()
             if self.access_log is not None:
                 self.access_log.close()
+
+    async def _load_models(self, models: list[StartupModel]) -> None:
+        await self.restore_snapshot()
+        restored = {mv.name for mv in self.registry.all()} | {mv.url for mv in self.registry.all()}
+        await self.load_startup_models(
+            [m for m in models if m.name not in restored and m.url not in restored]
+        )
+
+    async def _until_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
+        """Run ``work`` unless a stop signal comes first (then cancel it): a SIGTERM during a
+        startup that builds environments or loads big models must not wait for it. True when
+        ``work`` finished."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self.stop_event.wait())
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if task.done():
+            task.result()
+            return True
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return False
 
     async def shutdown(self) -> None:
         self.state = "stopping"

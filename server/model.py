@@ -12,6 +12,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -41,6 +42,9 @@ _worker_ids = itertools.count(9000)  # TorchServe numbers workers from 9000
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 FAILURES_TO_GIVE_UP = 5
+# A worker that served this long before it died starts its replacement's backoff afresh: an
+# occasional crash days apart must not leave every restart waiting BACKOFF_MAX_S.
+BACKOFF_RESET_AFTER_S = 60.0
 # Requests one worker holds at once: the batch it runs plus those already in its socket.
 IN_FLIGHT_REQUESTS = 8
 FAILURE_WINDOW_S = 120.0
@@ -72,6 +76,21 @@ class _Slot:
     @property
     def idle(self) -> bool:
         return self.worker is None or self.worker.state is not WorkerState.BUSY
+
+
+class _Retired:
+    """A retiring slot's stop signal, as its gatherer sees it: a worker retired while other
+    workers remain stops at once; the model's last workers (scaled to 0) first run what is
+    still queued, so scaling down never drops an accepted request."""
+
+    def __init__(self, slot: _Slot, model: ModelVersion) -> None:
+        self._slot = slot
+        self._model = model
+
+    def is_set(self) -> bool:
+        if not self._slot.retire.is_set():
+            return False
+        return bool(self._model.slots) or len(self._model.queue) == 0
 
 
 class _Pipeline:
@@ -126,6 +145,7 @@ class ModelVersion:
         server_version: str,
         max_payload_bytes: int,
         loaded_at_startup: bool,
+        max_response_bytes: int | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -140,6 +160,7 @@ class ModelVersion:
         self.launcher = launcher
         self.server_version = server_version
         self.max_payload_bytes = max_payload_bytes
+        self.max_response_bytes = max_response_bytes
         self.loaded_at_startup = loaded_at_startup
         self.queue = JobQueue(settings.job_queue_size)
         self.slots: list[_Slot] = []
@@ -226,6 +247,8 @@ class ModelVersion:
             "server_version": self.server_version,
             "limit_max_image_pixels": True,
             "model_yaml_config": self.model_yaml_config,
+            "server_pid": os.getpid(),  # a busy worker exits when the server is gone
+            "max_response_bytes": self.max_response_bytes,  # checked before the answer is sent
         }
         return WorkerSpec(
             python=self.python,
@@ -274,16 +297,27 @@ class ModelVersion:
                 continue
             if slot.first_start is not None and not slot.first_start.done():
                 slot.first_start.set_result(None)
+            serving_since = time.monotonic()
             ended = await self._serve(slot, worker)
             if ended is None:
                 break  # retired
-            log.warning("model %s: %s; restarting in %.1f s", self.label, ended, backoff)
             self.last_output = worker.tail()
+            if worker.timed_out:
+                # we killed it for a slow or hung batch: the worker itself was fine, so it is
+                # replaced at once and not counted towards marking the model failed
+                log.warning("model %s: %s; starting a replacement", self.label, ended)
+                continue
+            if time.monotonic() - serving_since >= BACKOFF_RESET_AFTER_S:
+                backoff = BACKOFF_START_S
+            log.warning("model %s: %s; restarting in %.1f s", self.label, ended, backoff)
             self._note_failure(ended)
             await self._sleep_unless_retired(slot, backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
         if slot.worker is not None and slot.worker.state is not WorkerState.STOPPED:
             await slot.worker.stop(5.0)
+        others = [s for s in self._retiring if s is not slot and s.task and not s.task.done()]
+        if not self.slots and not others:  # the last worker is gone: nobody will run these
+            self.queue.fail_all(ServiceUnavailable(f"model {self.label} has no workers left"))
 
     def _retry_or_fail(self, jobs: list[Job], error: WorkerDied) -> None:
         """A dead worker's jobs: back to the head of the queue once when the model allows it
@@ -313,13 +347,14 @@ class ModelVersion:
         from its future's callback, waking no task; only a batch that failed takes one."""
         pipe = _Pipeline(pipeline_depth(self.settings.batch_size), self.queue.new_future)
         delay_s = self.settings.max_batch_delay_ms / 1000
+        retired = _Retired(slot, self)
         while not pipe.lost.is_set():
             if pipe.in_flight >= pipe.depth:
                 await pipe.wait()
                 continue
             await worker.drain()
             jobs = await gather_batch(
-                self.queue, self.settings.batch_size, delay_s, slot.retire, pipe.lost,
+                self.queue, self.settings.batch_size, delay_s, retired, pipe.lost,
                 load=pipe.load,
             )  # fmt: skip
             if jobs is None:

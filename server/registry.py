@@ -100,6 +100,8 @@ class Registry:
         self._lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
         self.on_change: Callable[[], None] | None = None  # the snapshot writer, when enabled
+        # snapshot entries that failed to restore at start: written back into every snapshot
+        self.unrestored: list[dict[str, Any]] = []
         self.envs = EnvCache(config.env_path, protected=config.protected_packages)
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
@@ -149,6 +151,7 @@ class Registry:
                 * max(cfg.max_request_size_bytes, cfg.max_response_size_bytes)
                 + (1 << 20),
                 loaded_at_startup=request.at_startup,
+                max_response_bytes=cfg.max_response_size_bytes,
             )
             model.trusted = request.trusted
             model.handler_overridden = request.handler is not None
@@ -206,7 +209,8 @@ class Registry:
         """Build (or reuse) the model's environment, then start its workers."""
         if env is not None:
             model.stage = "building environment"
-            model.env_key = self.envs.key(env)
+            # the key walks installed distributions (tens of ms): off the loop, like the build
+            model.env_key = await asyncio.to_thread(self.envs.key, env)
             model.python = await asyncio.to_thread(self.envs.ensure, env)
         model.stage = "starting workers" if wait else None
         await model.scale(model.settings.min_workers, model.settings.max_workers, wait, source=None)
@@ -253,6 +257,21 @@ class Registry:
         self.changed()
         log.info("unregistered %s", model.label)
         return model
+
+    def forget_unrestored(self, name: str, version: str | None) -> int:
+        """Drop snapshot entries of ``name`` (one ``version``, or all) that failed to restore;
+        how many were dropped."""
+        keep = [
+            e for e in self.unrestored
+            if e.get("name") != name or (version is not None and e.get("version") != version)
+        ]  # fmt: skip
+        dropped = len(self.unrestored) - len(keep)
+        if dropped:
+            self.unrestored = keep
+            self.changed()
+            log.info("removed %d unrestored snapshot entr%s of %s", dropped,
+                     "y" if dropped == 1 else "ies", name)  # fmt: skip
+        return dropped
 
     def set_default(self, name: str, version: str) -> None:
         self.get(name, version)

@@ -25,9 +25,19 @@ class StartupModel:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` so that a reader, a crash or a power cut finds the old file or the new
+    one, never a mix: the data reaches the disk before the rename, the rename before return."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=2))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:

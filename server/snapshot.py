@@ -19,7 +19,14 @@ FORMAT = 1
 
 
 def save(registry: Registry, path: Path) -> None:
-    models = []
+    """Write what is registered, plus the snapshot entries that failed to restore at start
+    (kept until the operator registers that name and version again or deletes it: a model whose
+    archive was briefly unreadable must not vanish from the next start)."""
+    registered = {(mv.name, mv.version) for mv in registry.all()}
+    registry.unrestored = [
+        e for e in registry.unrestored if (e.get("name"), e.get("version")) not in registered
+    ]
+    models: list[dict[str, Any]] = []
     for mv in registry.all():
         s = mv.settings
         models.append(
@@ -41,11 +48,13 @@ def save(registry: Registry, path: Path) -> None:
                 "trusted": mv.trusted,
             }
         )
+    models.extend(registry.unrestored)
     write_json_atomic(path, {"format": FORMAT, "saved": time.time(), "models": models})
 
 
-def load(path: Path) -> tuple[list[RegisterRequest], dict[str, str]]:
-    """Registration requests and default versions from the snapshot; nothing if there is none."""
+def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict[str, str]]:
+    """Registration requests (each with its snapshot entry, kept should it fail to restore) and
+    default versions from the snapshot; nothing if there is none."""
     try:
         data: dict[str, Any] = json.loads(path.read_text())
     except FileNotFoundError:
@@ -55,7 +64,7 @@ def load(path: Path) -> tuple[list[RegisterRequest], dict[str, str]]:
         return [], {}
     requests, defaults = [], {}
     for m in data.get("models", []):
-        requests.append(
+        requests.append((
             RegisterRequest(
                 url=m["url"],
                 model_name=m["name"],
@@ -67,8 +76,9 @@ def load(path: Path) -> tuple[list[RegisterRequest], dict[str, str]]:
                 max_workers=m.get("max_workers"),
                 trusted=bool(m.get("trusted")),
                 at_startup=True,
-            )
-        )
+            ),
+            m,
+        ))  # fmt: skip
         if m.get("default"):
             defaults[m["name"]] = m["version"]
     return requests, defaults

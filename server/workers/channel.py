@@ -42,6 +42,7 @@ class Batch:
     timeout_s: float
     future: asyncio.Future[Frame]
     deadline: float | None = None  # loop time; set when the worker starts the batch
+    cancelled: int = 0  # requests whose callers left before the worker started the batch
 
 
 class Channel(asyncio.Protocol):
@@ -80,7 +81,8 @@ class Channel(asyncio.Protocol):
             if frame.kind in (Kind.RESULT, Kind.BATCH_FAILED) and self._batches:
                 batch = self._batches.popleft()
                 if self._batches:  # the worker starts the next one now
-                    self.waiting -= self._batches[0].size
+                    head = self._batches[0]
+                    self.waiting -= head.size - head.cancelled
                 if not batch.future.done():
                     batch.future.set_result(frame)
                 self._start_clock()
@@ -147,6 +149,8 @@ class Channel(asyncio.Protocol):
         """Tell the worker to skip requests of a batch it has not started (callers gone)."""
         if not self.closed and batch in self._batches and self._batches[0] is not batch:
             self.send(protocol.cancel_frame(batch.batch_id, request_ids))
+            batch.cancelled += len(request_ids)  # they no longer wait: job_queue_size frees up
+            self.waiting -= len(request_ids)
 
     async def drain(self) -> None:
         if self._paused and not self.closed:
@@ -160,6 +164,11 @@ class Channel(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection now, unsent frames included: the worker is gone."""
+        if self._transport is not None:
+            self._transport.abort()
 
     # internals ----------------------------------------------------------------------------
 

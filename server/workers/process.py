@@ -82,6 +82,9 @@ class Worker:
         self._proc: Process | None = None
         self._channel: Channel | None = None
         self._pipes: list[asyncio.Task[None]] = []
+        self._exit_watch: asyncio.Task[None] | None = None
+        self.timed_out = False  # killed by us because a batch passed response_timeout_s
+        self._killing: asyncio.Future[None] | None = None
         self._batch_ids = 0
         self._log = logging.getLogger(f"mserve.model.{model_label}")
 
@@ -101,6 +104,20 @@ class Worker:
 
     def exit_text(self) -> str:
         return f"worker {self.id} (pid {self.pid}) {describe_exit(self.returncode)}"
+
+    async def _watch_exit(self) -> None:
+        """When the process ends, drop its channel and kill what is left of its process group.
+
+        The channel's EOF alone is not enough: a child the handler forked (multiprocessing, a
+        DataLoader worker) inherits the socket and keeps it open, and the dead worker's batches
+        would then wait for their timeout instead of failing at once. Such children would also
+        outlive the worker, holding its memory."""
+        assert self._proc is not None
+        await self._proc.wait()
+        if self._channel is not None and not self._channel.closed:
+            self._channel.abort()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, signal.SIGKILL)  # ESRCH when nothing of the group is left
 
     async def _pipe(self, stream: asyncio.StreamReader, level: int) -> None:
         """Re-log the worker's output line by line under the model's name, keeping a tail."""
@@ -151,6 +168,7 @@ class Worker:
         _, self._channel = await asyncio.get_running_loop().create_unix_connection(
             lambda: Channel(max_payload), sock=parent
         )
+        self._exit_watch = asyncio.create_task(self._watch_exit())
         log.info(
             "worker %s of %s started, pid %s, gpu %s", self.id, self.model_label, self.pid, self.gpu
         )
@@ -229,10 +247,14 @@ class Worker:
             await channel.drain()
             reply = await batch.future
         except BatchExpired:
-            await self.kill()
+            # the callers get their 504 now, at the deadline; killing the process tree and
+            # waiting for it to go can take seconds, and the batches behind this one are
+            # requeued when its channel closes
+            self.timed_out = True
+            self._killing = asyncio.ensure_future(self.kill())
             raise WorkerTimeout(
                 f"worker {self.id} of {self.model_label} did not answer within"
-                f" response_timeout_s={timeout_s:g}; it was killed and will be replaced"
+                f" response_timeout_s={timeout_s:g}; it is being killed and replaced"
             ) from None
         except ChannelClosed as exc:
             if not exc.started:
@@ -335,6 +357,9 @@ class Worker:
     async def _close(self) -> None:
         if self._channel is not None:
             self._channel.close()
+        watch, proc = self._exit_watch, self._proc
+        if watch is not None and proc is not None and proc.returncode is None:
+            watch.cancel()  # the process outlived kill(): nothing more to watch for
         for task in self._pipes:
             try:
                 await asyncio.wait_for(task, 1.0)

@@ -55,6 +55,11 @@ class ProtocolError(Exception):
     """
 
 
+# An answer over max_response_size_bytes: the worker sends status 413, no body and this header
+# with the real size, so a huge answer never has to fit in a frame; the server makes it its 413.
+TOO_LARGE_HEADER = "x-mserve-response-too-large"
+
+
 @dataclass(frozen=True)
 class Frame:
     kind: Kind

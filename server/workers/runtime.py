@@ -11,8 +11,11 @@ import argparse
 import logging
 import os
 import platform
+import select
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -22,6 +25,7 @@ from .loader import HandlerLoadError, LoadedHandler, load_handler
 from .payload import PayloadError, decode_request, encode_output
 from .protocol import (
     PROTOCOL_VERSION,
+    TOO_LARGE_HEADER,
     Decoder,
     Frame,
     Kind,
@@ -34,6 +38,9 @@ from .protocol import (
 )
 
 _RECV_BYTES = 1 << 18
+# After the server closes the channel, how long a worker still busy in its handler may run on
+# (the server's own stop waits 5 s before SIGTERM); none if the server process is gone.
+_GRACE_AFTER_CLOSE_S = 5.0
 # A batch that waited behind others for longer than this gets a look at the socket for CANCELs
 # first; one that waited less is run at once. With eight requests in flight, polling before every
 # batch was one failing recv() per request for a window of a few hundred microseconds.
@@ -116,7 +123,11 @@ def _error_text(exc: BaseException) -> str:
 
 
 def _serve_batch(
-    frame: Frame, handler: LoadedHandler, context: Context, channel: Channel | None = None
+    frame: Frame,
+    handler: LoadedHandler,
+    context: Context,
+    channel: Channel | None = None,
+    max_response_bytes: int | None = None,
 ) -> Frame:
     batch_id, items = parse_batch(frame)
     if (
@@ -140,7 +151,9 @@ def _serve_batch(
             continue
         groups.setdefault(item.op, []).append(i)
     for op, indexes in groups.items():
-        failure = _serve_group(op, indexes, items, decoded, handler, context, responses)
+        failure = _serve_group(
+            op, indexes, items, decoded, handler, context, responses, max_response_bytes
+        )
         if failure is None:
             continue
         if len(groups) == 1:
@@ -166,6 +179,7 @@ def _serve_group(
     handler: LoadedHandler,
     context: Context,
     responses: list[ResponseItem | None],
+    max_response_bytes: int | None = None,
 ) -> dict[str, str] | None:
     """Call the handler for the requests at ``indexes`` (all asking for ``op``) and fill in
     their responses; returns the failure (``error``, ``traceback``) when the call failed."""
@@ -196,6 +210,9 @@ def _serve_group(
         except PayloadError as exc:
             print(f"request {items[i].request_id}: {exc}", file=sys.stderr)
             responses[i] = ResponseItem(500, str(exc).encode(), "text/plain; charset=utf-8")
+            continue
+        if max_response_bytes is not None and len(body) > max_response_bytes:
+            responses[i] = ResponseItem(413, b"", "", [[TOO_LARGE_HEADER, str(len(body))]])
             continue
         headers = [[k, v] for k, v in request.get_response_headers().items()]
         responses[i] = ResponseItem(request.get_response_status_code(), body, content_type, headers)
@@ -236,6 +253,51 @@ def _load(init: dict, channel: Channel) -> tuple | None:
     return handler, context
 
 
+def _server_gone(server_pid: int | None) -> bool:
+    """Whether the server process has ended (a zombie counts: it has, only nobody reaped it)."""
+    if server_pid is None:
+        return False
+    try:
+        with open(f"/proc/{server_pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
+
+
+def _exit_with_server(fd: int, server_pid: int | None) -> None:
+    """Die with the server, even in the middle of a batch.
+
+    An idle worker reads the channel's EOF and exits; a busy one reads its socket only after
+    the handler returns, which may be never. This thread sleeps until the server's end of the
+    socket is closed (no polling), then gives the worker the server's own stop grace to finish
+    on its own, less if the server process is gone (kill -9, or a forced exit that did not wait
+    for its workers), and then kills the worker's process group: the worker and anything its
+    handler started."""
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked: only hang-up and errors wake it
+    while not poller.poll():
+        pass
+    deadline = time.monotonic() + _GRACE_AFTER_CLOSE_S
+    while time.monotonic() < deadline and not _server_gone(server_pid):
+        time.sleep(0.1)
+    try:
+        print("mserve-worker: the server closed the channel and is gone; exiting", file=sys.stderr)
+        sys.stderr.flush()
+    except Exception:  # stderr is a pipe to the server, which may be gone with it
+        pass
+    if os.getpgid(0) == os.getpid():  # the server made this process its group's leader
+        os.killpg(0, signal.SIGKILL)
+    os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mserve-worker")
     parser.add_argument("--fd", type=int, required=True, help="inherited Unix socket")
@@ -260,17 +322,25 @@ def main(argv: list[str] | None = None) -> int:
     init = channel.receive()
     if init is None or init.kind != Kind.INIT:
         return 0
+    server_pid = init.meta.get("server_pid")
+    threading.Thread(
+        target=_exit_with_server,
+        args=(args.fd, server_pid if isinstance(server_pid, int) else None),
+        name="server-watch",
+        daemon=True,
+    ).start()
     loaded: Any = _load(init.meta, channel)
     if loaded is None:
         return 1
     handler, context = loaded
+    max_response = init.meta.get("max_response_bytes")
     try:
         while True:
             frame = channel.receive()
             if frame is None:
                 return 0  # the server closed the channel: we must not outlive it
             if frame.kind == Kind.BATCH:
-                channel.send(_serve_batch(frame, handler, context, channel))
+                channel.send(_serve_batch(frame, handler, context, channel, max_response))
     finally:
         handler.shutdown()
 

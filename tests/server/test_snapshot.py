@@ -113,3 +113,45 @@ def test_second_signal_forces_exit(make_archive, start_server) -> None:
     assert time.monotonic() - started < 3
     slow.join(timeout=30)
     assert len(errors) == 1  # the in-flight request was cut off, not answered
+
+
+def test_a_model_that_fails_to_restore_stays_in_the_snapshot(
+    make_archive, start_server, tmp_path
+) -> None:
+    """An archive unreadable at one start (a moved file, a mount not up yet) must not make the
+    model vanish from every start after it; DELETE drops it on purpose."""
+    make_archive("echo_fn", "echo:handle", "echo")
+    make_archive("probe", "probe:handle", "probe")
+    first = start_server()
+    assert first.manage("POST", "/models?url=echo.mar").status == 200
+    assert first.manage("POST", "/models?url=probe.mar").status == 200
+    first.cli("--stop")
+    wait_until(lambda: not pid_alive(first.pid), 30, "the server to stop")
+
+    archive = tmp_path / "store" / "echo.mar"
+    hidden = archive.with_suffix(".away")
+    archive.rename(hidden)
+    second = start_server(run_dir=first.run_dir)
+    assert second.predict("echo", "hi").status == 404
+    assert second.predict("probe", {}).status == 200
+    assert second.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
+    second.cli("--stop")  # this snapshot is written without echo registered
+    wait_until(lambda: not pid_alive(second.pid), 30, "the server to stop")
+
+    hidden.rename(archive)
+    third = start_server(run_dir=first.run_dir)
+    assert third.predict("echo", "hi").status == 200  # back, as it was
+    assert len(third.worker_pids("probe")) == 2
+
+    archive.rename(hidden)
+    third.cli("--stop")
+    wait_until(lambda: not pid_alive(third.pid), 30, "the server to stop")
+    fourth = start_server(run_dir=first.run_dir)
+    gone = fourth.manage("DELETE", "/models/echo")
+    assert gone.status == 200 and "removed from the snapshot" in gone.json()["status"]
+    assert fourth.manage("DELETE", "/models/echo").status == 404
+    hidden.rename(archive)
+    fourth.cli("--stop")
+    wait_until(lambda: not pid_alive(fourth.pid), 30, "the server to stop")
+    fifth = start_server(run_dir=first.run_dir)
+    assert fifth.predict("echo", "hi").status == 404  # deleted on purpose: stays deleted

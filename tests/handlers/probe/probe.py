@@ -1,8 +1,8 @@
 """A module-function handler that reports what it sees and fails on request (fault injection).
 
 The JSON body's "cmd" picks the behaviour for that request: raise, wrong_length, status,
-header, set_header, sleep, touch, bytes, exit. Otherwise it answers a report of its environment
-and context.
+header, set_header, sleep, touch, bytes, big, exit, segfault, spawn. Otherwise it answers a
+report of its environment and context.
 """
 
 import json
@@ -51,6 +51,20 @@ def handle(data, context):
             return out
         if cmd == "exit":
             os._exit(3)
+        if cmd == "segfault":
+            import ctypes
+
+            ctypes.string_at(0)
+        if cmd == "spawn":  # a forked child that lives on, holding the worker's socket
+            child = os.fork()
+            if child == 0:
+                time.sleep(600)
+                os._exit(0)
+            out.append({"child": child})
+            continue
+        if cmd == "big":  # an answer of n bytes
+            out.append(b"x" * int(body["n"]))
+            continue
         if cmd == "sleep":
             time.sleep(float(body.get("s", 1)))
         if cmd == "touch":  # leaves a trace, so a test can tell whether a request ran

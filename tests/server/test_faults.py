@@ -1,0 +1,189 @@
+"""Faults a real server must survive without hanging or losing anything: crashes the socket does
+not reveal, segfaults, oversized answers, timeouts, scaling to zero under load, a dead server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from tests.server.conftest import concurrently, pid_alive, wait_until
+
+
+def _later(delay_s: float, call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Run ``call`` in a thread after ``delay_s``; the thread collects its result, or the
+    exception it raised (a server killed under a request closes the connection)."""
+    out: list = []
+
+    def run() -> None:
+        time.sleep(delay_s)
+        try:
+            out.append(call())
+        except Exception as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def test_a_worker_whose_forked_child_holds_its_socket_still_fails_its_requests_at_once(
+    make_archive, start_server
+) -> None:
+    """A handler that forks (multiprocessing, DataLoader workers) leaves a child holding the
+    worker's socket: the server must notice the worker's death from the process itself, not
+    wait for the socket's EOF (which would only come at response_timeout_s, 120 s here)."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    child = server.predict("probe", {"cmd": "spawn"}).json()["child"]
+    assert pid_alive(child)
+    victim = server.worker_pids("probe")[0]
+    client, answer = _later(0, lambda: server.predict("probe", {"cmd": "sleep", "s": 60}))
+    time.sleep(0.5)  # the worker is now in the handler
+    started = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    client.join(30)
+    assert not client.is_alive(), "the request hung"
+    took = time.monotonic() - started
+    reply = answer[0]
+    assert reply.status == 500
+    assert f"(pid {victim}) was killed by SIGKILL" in reply.json()["message"]
+    assert took < 10, f"answered {took:.1f} s after the kill"
+    wait_until(lambda: not pid_alive(child), 10, "the dead worker's child to be killed")
+    wait_until(lambda: server.predict("probe", {}).status == 200, 30, "a replacement worker")
+
+
+def test_a_segfault_answers_500_naming_the_signal_and_the_worker_is_replaced(
+    make_archive, start_server
+) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    victim = server.worker_pids("probe")[0]
+    reply = server.predict("probe", {"cmd": "segfault"})
+    assert reply.status == 500
+    assert f"(pid {victim}) was killed by SIGSEGV" in reply.json()["message"]
+    wait_until(lambda: server.predict("probe", {}).status == 200, 30, "a replacement worker")
+    assert server.worker_pids("probe") != [victim]
+
+
+def test_an_answer_too_large_for_a_frame_is_413_and_the_worker_keeps_serving(
+    make_archive, start_server
+) -> None:
+    """The worker checks max_response_size_bytes itself: an answer of 3 MiB against a 1 kB
+    limit is more than a worker frame may carry, and must not look like a broken worker."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar", config={"max_response_size_bytes": 1000})
+    worker = server.worker_pids("probe")
+    for _ in range(6):  # more than the failures that would mark the model failed
+        reply = server.predict("probe", {"cmd": "big", "n": 3 << 20})
+        assert reply.status == 413
+        assert reply.json()["message"].endswith(
+            f"is {3 << 20} bytes, more than max_response_size_bytes=1000"
+        )
+    assert server.predict("probe", {"cmd": "big", "n": 1000}).status == 200  # at the limit
+    assert server.worker_pids("probe") == worker  # never restarted
+    assert server.manage("GET", "/models/probe").json()[0]["status"] != "FAILED"
+
+
+def test_a_timeout_kills_the_workers_children_and_slow_requests_do_not_fail_the_model(
+    make_archive, start_server
+) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server()
+    assert server.manage("POST", "/models?url=probe.mar&response_timeout=1").status == 200
+    child = server.predict("probe", {"cmd": "spawn"}).json()["child"]
+    for i in range(6):  # more than the failures that would mark the model failed
+        wait_until(lambda: server.predict("probe", {}).status == 200, 30, "a ready worker")
+        started = time.monotonic()
+        slow = server.predict("probe", {"cmd": "sleep", "s": 30})
+        took = time.monotonic() - started
+        assert slow.status == 504, slow.body
+        assert took < 3, f"504 came {took:.1f} s after the request, with a 1 s timeout"
+        if i == 0:
+            wait_until(lambda: not pid_alive(child), 10, "the hung worker's child to be killed")
+    wait_until(lambda: server.predict("probe", {}).status == 200, 30, "a ready worker")
+    described = server.manage("GET", "/models/probe").json()[0]
+    assert described.get("failure") is None, described
+
+
+def test_scaling_to_zero_runs_every_accepted_request(make_archive, start_server) -> None:
+    """Twelve requests accepted by one worker (eight sent to it, four still queued): scaling
+    to zero answers all twelve, then refuses new ones with 503."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    calls = [partial(server.predict, "probe", {"cmd": "sleep", "s": 0.3}) for _ in range(12)]
+    runner_out: list = []
+    runner = threading.Thread(target=lambda: runner_out.extend(concurrently(*calls)))
+    runner.start()
+    wait_until(
+        lambda: server.manage("GET", "/models/probe").json()[0]["queueDepth"] >= 10,
+        10, "the requests to queue",
+    )  # fmt: skip
+    scaled = server.manage("PUT", "/models/probe?min_worker=0&synchronous=true")
+    assert scaled.status == 200, scaled.body
+    runner.join(30)
+    assert not runner.is_alive(), "a request hung"
+    assert [r.status for r in runner_out] == [200] * 12
+    assert server.predict("probe", {}).status == 503
+
+
+def test_callers_that_left_do_not_fill_the_queue(make_archive, start_server) -> None:
+    """job_queue_size=2 with the worker busy: two callers queue and leave; a live request must
+    still be accepted, not refused with 429 on their account."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar", config={"job_queue_size": 2})
+    busy, _ = _later(0, lambda: server.predict("probe", {"cmd": "sleep", "s": 2.5}))
+    time.sleep(0.4)
+    host, port = server.status["inference"].rsplit(":", 1)
+    for _ in range(2):
+        with socket.create_connection((host, int(port))) as sock:
+            body = b'{"cmd": "sleep", "s": 0.1}'
+            sock.sendall(
+                b"POST /predictions/probe HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            )
+            time.sleep(0.2)  # queued (or waiting in the worker); now the caller goes away
+    time.sleep(0.2)
+    reply = server.predict("probe", {})
+    assert reply.status == 200, reply.body
+    busy.join(30)
+
+
+def test_a_busy_worker_exits_when_the_server_is_killed(make_archive, start_server) -> None:
+    """A worker in a long handler call does not read its socket, so the EOF alone would let it
+    run on after kill -9 of the server; it must notice the server is gone."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    child = server.predict("probe", {"cmd": "spawn"}).json()["child"]
+    worker = server.worker_pids("probe")[0]
+    client, _ = _later(0, lambda: server.predict("probe", {"cmd": "sleep", "s": 600}))
+    time.sleep(0.5)
+    os.kill(server.pid, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(worker), 10, "the busy worker to exit")
+    wait_until(lambda: not pid_alive(child), 10, "its child to exit")
+    client.join(30)
+
+
+def test_sigterm_while_startup_models_load_stops_at_once(
+    make_archive, start_server, tmp_path
+) -> None:
+    """A model that takes minutes to load must not hold up a SIGTERM sent during startup."""
+    make_archive("slow_load", "slow:handle", "slow")
+    starting, _ = _later(0, lambda: start_server("slow=slow.mar", expect_ok=False))
+    status = tmp_path / "run0" / "status.json"
+    wait_until(status.exists, 30, "the server to listen")
+    pid = json.loads(status.read_text())["pid"]
+    time.sleep(1)  # the worker is now importing the slow module
+    stopped_at = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not pid_alive(pid), 20, "the server to stop")
+    took = time.monotonic() - stopped_at
+    starting.join(30)
+    assert not starting.is_alive()
+    assert took < 15, f"stopped {took:.1f} s after SIGTERM"
