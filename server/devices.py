@@ -3,6 +3,10 @@
 Each worker gets one physical GPU through ``CUDA_VISIBLE_DEVICES``; inside the worker that GPU
 is ``cuda:0``, so the handler's ``gpu_id`` is 0 while describe shows the physical id. With no
 GPU, ``CUDA_VISIBLE_DEVICES`` is set empty so nothing can touch a GPU by accident.
+
+Workers of models without ``deviceIds`` share one round-robin counter across all models, starting
+at GPU 0; a model with ``deviceIds`` goes round its own list with its own counter, as TorchServe
+does. A worker slot draws its GPU once: a worker restarted after a crash keeps it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import logging
 import shutil
 import subprocess
 from collections.abc import Sequence
+
+from server.errors import InvalidModel
 
 log = logging.getLogger(__name__)
 
@@ -42,26 +48,73 @@ def detect_gpu_count() -> int:
 
 
 class GpuAllocator:
-    """Round-robin across all models, starting at GPU 0; ``device_ids`` restricts a model."""
+    """The server's GPUs, and the round-robin counter shared by models without ``deviceIds``."""
 
-    def __init__(self, count: int) -> None:
-        self.count = count
+    def __init__(self, devices: Sequence[str]) -> None:
+        self.devices = tuple(devices)  # physical id of each server GPU
         self._next = 0
 
-    def assign(self, device_ids: Sequence[int] | None = None) -> int | None:
-        """The physical GPU for the next worker, or None on a CPU-only server."""
+    @property
+    def count(self) -> int:
+        return len(self.devices)
+
+    def plan(self, model_label: str, device_ids: Sequence[int] | None) -> GpuPlan:
+        """How a model's workers get GPUs; ``InvalidModel`` when its ``deviceIds`` name a GPU
+        this server does not have. Checks only: no GPU is drawn until a worker slot starts.
+
+        On a server without GPUs ``deviceIds`` are ignored, so an archive pinned to GPUs still
+        runs on a CPU-only machine.
+        """
+        ids = tuple(device_ids) if device_ids else None
         if self.count == 0:
-            return None
-        choices = [d for d in device_ids if 0 <= d < self.count] if device_ids else None
-        if device_ids and not choices:
-            raise ValueError(
-                f"deviceIds {list(device_ids)} name no GPU of this server (it has {self.count})"
-            )
-        pool = choices or list(range(self.count))
-        gpu = pool[self._next % len(pool)]
+            if ids:
+                log.info("model %s: no GPU on this server, deviceIds %s ignored", model_label,
+                         list(ids))  # fmt: skip
+            return GpuPlan(self, None, use_gpu=False)
+        if ids:
+            missing = sorted({i for i in ids if not 0 <= i < self.count})
+            if missing:
+                raise InvalidModel(
+                    f"model {model_label}: deviceIds {list(ids)} name GPU(s)"
+                    f" {', '.join(map(str, missing))} that this server does not have;"
+                    f" it has {self.count} GPU(s), ids 0 to {self.count - 1}"
+                )
+        return GpuPlan(self, ids, use_gpu=True)
+
+    def draw(self) -> int:
+        """The next server GPU index on the shared counter."""
+        index = self._next % self.count
         self._next += 1
-        return gpu
+        return index
 
 
-def worker_env_for(gpu: int | None) -> dict[str, str]:
-    return {"CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu)}
+class GpuPlan:
+    """One model's way of drawing GPUs: none, its own ``deviceIds`` in turn, or the shared turn."""
+
+    def __init__(
+        self, allocator: GpuAllocator, device_ids: tuple[int, ...] | None, use_gpu: bool
+    ) -> None:
+        self.allocator = allocator
+        self.device_ids = device_ids
+        self.use_gpu = use_gpu
+        self._next = 0
+
+    def draw(self) -> str | None:
+        """The physical id of the GPU for a new worker slot; None for a CPU worker."""
+        if not self.use_gpu:
+            return None
+        if self.device_ids is None:
+            index = self.allocator.draw()
+        else:
+            index = self.device_ids[self._next % len(self.device_ids)]
+            self._next += 1
+        return self.allocator.devices[index]
+
+
+def shown_gpu_id(physical: str | None) -> int | str | None:
+    """A physical id as describe shows it: a number when it is one (a UUID stays a string)."""
+    return int(physical) if physical is not None and physical.isdigit() else physical
+
+
+def worker_env_for(gpu: str | None) -> dict[str, str]:
+    return {"CUDA_VISIBLE_DEVICES": "" if gpu is None else gpu}

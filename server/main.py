@@ -61,7 +61,8 @@ class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         gpus = config.number_of_gpu
-        self.gpus = GpuAllocator(detect_gpu_count() if gpus is None else gpus)
+        count = detect_gpu_count() if gpus is None else gpus
+        self.gpus = GpuAllocator([str(i) for i in range(count)])
         self.launcher = Launcher(config.fork_workers, config.worker_preload)
         self.registry = Registry(config, self.gpus, __version__, self.launcher)
         self.metrics = Metrics(self.registry)

@@ -180,35 +180,6 @@ def test_startup_model_failure_is_reported_not_fatal(make_archive, start_server)
     assert server.predict("probe", {}).status == 200
 
 
-def test_gpus_round_robin_and_device_ids(make_archive, start_server, tmp_path: Path) -> None:
-    """No GPU here: number_of_gpu makes the server assign two; the handler reports what it sees."""
-    make_archive("probe", "probe:handle", "a")
-    make_archive("probe", "probe:handle", "b")
-    (tmp_path / "pinned.yaml").write_text("deviceIds: [1]\nminWorkers: 2\n")
-    make_archive("probe", "probe:handle", "pinned", "-c", str(tmp_path / "pinned.yaml"))
-    server = start_server(config={"number_of_gpu": 2})
-    for name in ("a", "b"):
-        assert server.manage("POST", f"/models?url={name}.mar&initial_workers=2").status == 200
-    assert server.manage("POST", "/models?url=pinned.mar").status == 200
-    seen = {}
-    for name in ("a", "b", "pinned"):
-        workers = server.manage("GET", f"/models/{name}").json()[0]["workers"]
-        seen[name] = [w["gpuId"] for w in workers]
-    assert seen["a"] + seen["b"] == [0, 1, 0, 1]
-    assert seen["pinned"] == [1, 1]
-    report = server.predict("pinned", {}).json()
-    assert report["cuda_visible_devices"] == "1"
-    assert report["gpu_id"] == 0  # the one GPU it can see is cuda:0
-
-
-def test_cpu_only_server_hides_gpus(make_archive, start_server) -> None:
-    make_archive("probe", "probe:handle", "probe")
-    server = start_server("probe=probe.mar", config={"number_of_gpu": 0})
-    report = server.predict("probe", {}).json()
-    assert report["gpu_id"] is None
-    assert report["cuda_visible_devices"] == ""
-
-
 def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> None:
     make_archive("probe", "probe:handle", "probe")
     (tmp_path / "v2.yaml").write_text("batchSize: 4\nmaxBatchDelay: 20\n")
