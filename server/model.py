@@ -58,6 +58,7 @@ class ModelSettings:
     max_workers: int
     job_queue_size: int
     device_ids: tuple[int, ...] | None
+    device_type: str | None = None  # the model config's deviceType: cpu, gpu, neuron
     retry_on_worker_death: bool = False
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -508,6 +509,7 @@ class ModelVersion:
             "jobQueueSize": s.job_queue_size,
             "retryOnWorkerDeath": s.retry_on_worker_death,
             "queueDepth": self.queued(),
+            "deviceType": s.device_type,
             "deviceIds": list(s.device_ids) if s.device_ids else None,
             "settingSources": s.sources,
             "loadedAtStartup": self.loaded_at_startup,

@@ -83,6 +83,7 @@ def effective_settings(
     return ModelSettings(
         **values,
         device_ids=tuple(device_ids) if device_ids else None,
+        device_type=archive_config.get("deviceType"),
         sources=sources,
     )
 
@@ -127,8 +128,8 @@ class Registry:
         name = request.model_name or manifest.model.model_name
         version = manifest.model.model_version
         settings = effective_settings(request, unpacked.model_config, cfg)
-        # checks deviceIds before any worker starts; draws no GPU
-        gpus = self.gpus.plan(f"{name}:{version}", settings.device_ids)
+        # checks deviceIds and deviceType before any worker starts; draws no GPU
+        gpus = self.gpus.plan(f"{name}:{version}", settings.device_ids, settings.device_type)
         async with self._lock:
             if version in self.models.get(name, {}):
                 raise ModelAlreadyExists(f"Model version {version} for model {name} already exists")

@@ -115,3 +115,54 @@ def test_device_ids_the_server_lacks_fail_at_startup_and_restore_not_the_daemon(
     assert pid_alive(second.pid)
     assert "deviceIds [1] name GPU(s) 1 that this server does not have" in second.start_output
     assert second.predict("probe", {}).status == 200
+
+
+def test_device_type(make_archive, start_server, tmp_path: Path) -> None:
+    cpu = _config(tmp_path, "cpu", "deviceType: cpu\n")
+    make_archive("probe", "probe:handle", "cpu", "-c", cpu)
+    gpu = _config(tmp_path, "gpu", "deviceType: gpu\n")
+    make_archive("probe", "probe:handle", "gpu", "-c", gpu)
+    both = _config(tmp_path, "both", "deviceType: cpu\ndeviceIds: [1]\n")
+    make_archive("probe", "probe:handle", "both", "-c", both)
+    server = start_server("cpu=cpu.mar", "gpu=gpu.mar", config={"number_of_gpu": 2})
+    workers = server.manage("GET", "/models/cpu").json()[0]["workers"]
+    assert [(w["gpu"], w["gpuId"]) for w in workers] == [(False, None)]
+    report = server.predict("cpu", {}).json()
+    assert (report["cuda_visible_devices"], report["gpu_id"]) == ("", None)
+    assert _gpu_ids(server, "gpu") == [0]  # the cpu model took no GPU turn
+    assert server.manage("GET", "/models/gpu").json()[0]["deviceType"] == "gpu"
+    refused = server.manage("POST", "/models?url=both.mar")
+    assert refused.status == 400
+    assert refused.json()["message"] == (
+        "model both:1.0 has deviceType cpu and deviceIds [1]: only a gpu model can be pinned"
+        " to GPUs; remove one of the two"
+    )
+    cpu_only = start_server(config={"number_of_gpu": 0})
+    no_gpu = cpu_only.manage("POST", "/models?url=gpu.mar")
+    assert no_gpu.status == 400
+    assert no_gpu.json()["message"] == (
+        "model gpu:1.0 has deviceType gpu but this server has no GPU (number_of_gpu is 0, or"
+        " none was detected); set deviceType: cpu in its model config to run it on the CPU"
+    )
+    assert cpu_only.manage("POST", "/models?url=cpu.mar").status == 200
+
+
+def test_cuda_visible_devices_of_the_server_maps_gpus_to_physical_ids(
+    make_archive, start_server, tmp_path: Path
+) -> None:
+    """Started with CUDA_VISIBLE_DEVICES=6,4, server GPU 0 is device 6 and GPU 1 device 4."""
+    make_archive("probe", "probe:handle", "probe")
+    make_archive(
+        "probe", "probe:handle", "pinned", "-c", _config(tmp_path, "p", "deviceIds: [1]\n")
+    )
+    server = start_server(
+        config={"number_of_gpu": 3}, env={"CUDA_VISIBLE_DEVICES": "6,4"}
+    )  # more than it lists: capped at the two it lists
+    assert server.status["gpus"] == 2
+    assert server.manage("POST", "/models?url=probe.mar&initial_workers=2").status == 200
+    assert server.manage("POST", "/models?url=pinned.mar").status == 200
+    assert _gpu_ids(server, "probe") == [6, 4]
+    assert _gpu_ids(server, "pinned") == [4]
+    assert server.predict("pinned", {}).json()["cuda_visible_devices"] == "4"
+    seen = {server.predict("probe", {}).json()["cuda_visible_devices"] for _ in range(20)}
+    assert seen <= {"6", "4"}
