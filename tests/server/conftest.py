@@ -114,6 +114,12 @@ def concurrently(*calls: Callable[[], Any]) -> list[Any]:
     return results
 
 
+def template_ready(server: Server) -> bool:
+    """Whether the server's log says a warm worker template is ready to fork workers."""
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    return "worker template for" in log and "ready (pid" in log
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -7,7 +7,9 @@ import os
 import signal
 from pathlib import Path
 
-from tests.server.conftest import pid_alive, wait_until
+import psutil
+
+from tests.server.conftest import pid_alive, template_ready, wait_until
 
 
 def _gpu_ids(server, model: str) -> list:
@@ -150,7 +152,8 @@ def test_device_type(make_archive, start_server, tmp_path: Path) -> None:
 def test_cuda_visible_devices_of_the_server_maps_gpus_to_physical_ids(
     make_archive, start_server, tmp_path: Path
 ) -> None:
-    """Started with CUDA_VISIBLE_DEVICES=6,4, server GPU 0 is device 6 and GPU 1 device 4."""
+    """Started with CUDA_VISIBLE_DEVICES=6,4, server GPU 0 is device 6 and GPU 1 device 4; the
+    template it forks workers from sees no GPU at all."""
     make_archive("probe", "probe:handle", "probe")
     make_archive(
         "probe", "probe:handle", "pinned", "-c", _config(tmp_path, "p", "deviceIds: [1]\n")
@@ -166,3 +169,18 @@ def test_cuda_visible_devices_of_the_server_maps_gpus_to_physical_ids(
     assert server.predict("pinned", {}).json()["cuda_visible_devices"] == "4"
     seen = {server.predict("probe", {}).json()["cuda_visible_devices"] for _ in range(20)}
     assert seen <= {"6", "4"}
+
+    wait_until(lambda: template_ready(server), 120, "the worker template")
+    assert server.manage("PUT", "/models/probe?min_worker=3&synchronous=true").status == 200
+    assert _gpu_ids(server, "probe") == [6, 4, 6]
+    forked = server.worker_pids("probe")[2]
+    template = psutil.Process(forked).ppid()
+    assert template != server.pid
+    assert psutil.Process(template).environ()["CUDA_VISIBLE_DEVICES"] == ""
+    for _ in range(100):
+        report = server.predict("probe", {}).json()
+        if report["pid"] == forked:
+            break
+    else:
+        raise AssertionError("the forked worker took no request")
+    assert (report["cuda_visible_devices"], report["gpu_id"]) == ("6", 0)

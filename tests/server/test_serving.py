@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.server.conftest import MSERVE, http, pid_alive, wait_until
+from tests.server.conftest import MSERVE, http, pid_alive, template_ready, wait_until
 
 
 def test_start_predict_status_stop(make_archive, start_server) -> None:
@@ -326,17 +326,12 @@ def test_metrics_endpoint(make_archive, start_server) -> None:
     json.dumps(text)
 
 
-def _template_ready(server) -> bool:
-    log = (server.run_dir / "logs" / "mserve.log").read_text()
-    return "worker template for" in log and "ready (pid" in log
-
-
 def test_scaled_workers_fork_from_a_warm_template(make_archive, start_server) -> None:
     import psutil
 
     make_archive("probe", "probe:handle", "probe")
     server = start_server("probe=probe.mar", config={"number_of_gpu": 2})
-    wait_until(lambda: _template_ready(server), 120, "the worker template")
+    wait_until(lambda: template_ready(server), 120, "the worker template")
     first = server.worker_pids("probe")[0]
     assert server.manage("PUT", "/models/probe?min_worker=3&synchronous=true").status == 200
     pids = server.worker_pids("probe")
@@ -374,7 +369,7 @@ def test_exec_only_when_fork_is_off(make_archive, start_server) -> None:
     server = start_server("probe=probe.mar", config={"fork_workers": False})
     assert server.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
     assert {psutil.Process(p).ppid() for p in server.worker_pids("probe")} == {server.pid}
-    assert not _template_ready(server)
+    assert not template_ready(server)
 
 
 def test_port_in_use_is_reported_plainly(start_server, tmp_path: Path) -> None:
