@@ -25,7 +25,7 @@ from server import snapshot
 from server.accesslog import AccessLogFile
 from server.app import ManagementAPI, Metrics, MetricsAPI
 from server.config import ServerConfig, parse_address
-from server.devices import GpuAllocator, detect_gpu_count
+from server.devices import GpuAllocator, server_gpus
 from server.errors import MserveError
 from server.http import HttpServer
 from server.inference_api import InferenceAPI
@@ -62,8 +62,7 @@ def setup_logging(config: ServerConfig, foreground: bool) -> None:
 class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        gpus = config.number_of_gpu
-        self.gpus = GpuAllocator(detect_gpu_count() if gpus is None else gpus)
+        self.gpus = GpuAllocator(server_gpus(config.number_of_gpu, os.environ))
         self.launcher = Launcher(config.fork_workers, config.worker_preload)
         self.registry = Registry(config, self.gpus, __version__, self.launcher)
         self.metrics = Metrics(self.registry)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from server.batching import Job, JobQueue, QueueFull, gather_batch
-from server.devices import GpuAllocator, worker_env_for
+from server.devices import GpuPlan, shown_gpu_id, worker_env_for
 from server.errors import (
     HandlerError,
     InternalError,
@@ -62,6 +62,7 @@ class ModelSettings:
     max_workers: int
     job_queue_size: int
     device_ids: tuple[int, ...] | None
+    device_type: str | None = None  # the model config's deviceType: cpu, gpu, neuron
     retry_on_worker_death: bool = False
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -140,7 +141,7 @@ class ModelVersion:
         settings: ModelSettings,
         model_yaml_config: dict[str, Any],
         python: str,
-        gpus: GpuAllocator,
+        gpus: GpuPlan,
         launcher: Launcher,
         server_version: str,
         max_payload_bytes: int,
@@ -232,7 +233,7 @@ class ModelVersion:
 
     # --- workers ----------------------------------------------------------------------------
 
-    def _spec(self, worker_id: str, gpu: int | None) -> WorkerSpec:
+    def _spec(self, worker_id: str, gpu: str | None) -> WorkerSpec:
         init = {
             "model_name": self.name,
             "model_version": self.version,
@@ -272,9 +273,9 @@ class ModelVersion:
 
     async def _run_slot(self, slot: _Slot) -> None:
         backoff = BACKOFF_START_S
+        gpu = self.gpus.draw()  # once per slot: a restarted worker keeps its GPU
         while not slot.retire.is_set() and self.failed is None:
             worker_id = str(next(_worker_ids))
-            gpu = self.gpus.assign(self.settings.device_ids)
             worker = Worker(worker_id, self.label, gpu, self._spec(worker_id, gpu))
             slot.worker = worker
             try:
@@ -524,7 +525,7 @@ class ModelVersion:
                     "memoryUsage": w.rss_bytes(),
                     "pid": w.pid,
                     "gpu": w.gpu is not None,
-                    "gpuId": w.gpu,
+                    "gpuId": shown_gpu_id(w.gpu),
                     "gpuUsage": "N/A",
                 }
             )
@@ -543,6 +544,7 @@ class ModelVersion:
             "jobQueueSize": s.job_queue_size,
             "retryOnWorkerDeath": s.retry_on_worker_death,
             "queueDepth": self.queued(),
+            "deviceType": s.device_type,
             "deviceIds": list(s.device_ids) if s.device_ids else None,
             "settingSources": s.sources,
             "loadedAtStartup": self.loaded_at_startup,

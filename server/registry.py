@@ -83,6 +83,7 @@ def effective_settings(
     return ModelSettings(
         **values,
         device_ids=tuple(device_ids) if device_ids else None,
+        device_type=archive_config.get("deviceType"),
         sources=sources,
     )
 
@@ -129,8 +130,8 @@ class Registry:
         name = request.model_name or manifest.model.model_name
         version = manifest.model.model_version
         settings = effective_settings(request, unpacked.model_config, cfg)
-        if settings.device_ids and self.gpus.count:
-            self.gpus.assign(settings.device_ids)  # validates the ids before any worker starts
+        # checks deviceIds and deviceType before any worker starts; draws no GPU
+        gpus = self.gpus.plan(f"{name}:{version}", settings.device_ids, settings.device_type)
         async with self._lock:
             if version in self.models.get(name, {}):
                 raise ModelAlreadyExists(f"Model version {version} for model {name} already exists")
@@ -144,7 +145,7 @@ class Registry:
                 settings=settings,
                 model_yaml_config=unpacked.model_config,
                 python=default_python(),
-                gpus=self.gpus,
+                gpus=gpus,
                 launcher=self.launcher,
                 server_version=self.server_version,
                 max_payload_bytes=settings.batch_size

@@ -113,6 +113,9 @@ class Template:
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(child.fileno(),),
                 start_new_session=True,
+                # no GPU for the template: a preload that touches CUDA cannot take a device
+                # (its children set their own CUDA_VISIBLE_DEVICES before they load anything)
+                env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
             )  # fmt: skip
         finally:
             child.close()

@@ -69,10 +69,10 @@ class Worker:
     """One worker process. ``start`` returns once the handler is loaded; several batches may be
     in flight at once (they are pipelined, see ``channel``)."""
 
-    def __init__(self, worker_id: str, model_label: str, gpu: int | None, spec: WorkerSpec) -> None:
+    def __init__(self, worker_id: str, model_label: str, gpu: str | None, spec: WorkerSpec) -> None:
         self.id = worker_id
         self.model_label = model_label
-        self.gpu = gpu
+        self.gpu = gpu  # physical id, as CUDA_VISIBLE_DEVICES names it
         self.spec = spec
         self.state = WorkerState.STARTING
         self.started_at = time.time()

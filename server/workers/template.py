@@ -2,8 +2,10 @@
 
 Starting a worker from a cold interpreter re-imports torch (seconds); forking this process costs
 milliseconds and shares the imported pages. The template never touches CUDA (importing torch
-does not initialise it), and each child sets its own environment, ``CUDA_VISIBLE_DEVICES``
-included, before it loads anything. Runs inside the model's environment: stdlib only.
+does not initialise it) and is started with ``CUDA_VISIBLE_DEVICES`` empty, so even a preload
+that does cannot take a device. Each child sets its own environment, ``CUDA_VISIBLE_DEVICES``
+included, before it imports or loads anything (CUDA reads it when it initialises, not when
+torch is imported). Runs inside the model's environment: stdlib only.
 
 Control channel (JSON lines over an inherited Unix socket):
   server -> template  {"op": "spawn", "id": n, "cwd": dir, "env": {...}}  + 3 fds (SCM_RIGHTS):

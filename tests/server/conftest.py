@@ -114,6 +114,12 @@ def concurrently(*calls: Callable[[], Any]) -> list[Any]:
     return results
 
 
+def template_ready(server: Server) -> bool:
+    """Whether the server's log says a warm worker template is ready to fork workers."""
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    return "worker template for" in log and "ready (pid" in log
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -149,7 +155,10 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
 
     def start(*models: str, config: dict[str, Any] | None = None, expect_ok: bool = True,
-              extra: tuple[str, ...] = (), run_dir: Path | None = None) -> Server:  # fmt: skip
+              extra: tuple[str, ...] = (), run_dir: Path | None = None,
+              env: dict[str, str] | None = None) -> Server:  # fmt: skip
+        """``env`` adds to the server's environment; CUDA_VISIBLE_DEVICES is unset unless it
+        names it, so a developer's own setting cannot change which GPUs the tests see."""
         run_dir = run_dir or tmp_path / f"run{len(started)}"
         settings = {
             "inference_address": "127.0.0.1:0",
@@ -164,7 +173,11 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
         args = ["--start", "--config", str(cfg), "--run-dir", str(run_dir), *extra]
         if models:
             args += ["--models", *models]
-        out = subprocess.run([MSERVE, *args], capture_output=True, text=True, timeout=300)
+        server_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        server_env.update(env or {})
+        out = subprocess.run(
+            [MSERVE, *args], capture_output=True, text=True, timeout=300, env=server_env
+        )
         if expect_ok:
             assert out.returncode == 0, out.stdout + out.stderr
         status = json.loads((run_dir / "status.json").read_text())

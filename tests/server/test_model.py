@@ -23,7 +23,7 @@ def _model(python: str, launcher: Launcher) -> ModelVersion:
     return ModelVersion(
         name="probe", version="1.0", url="probe.mar", model_dir=HANDLERS / "probe",
         manifest={"model": {"modelName": "probe"}}, handler="probe:handle", settings=settings,
-        model_yaml_config={}, python=python, gpus=GpuAllocator(0), launcher=launcher,
+        model_yaml_config={}, python=python, gpus=GpuAllocator([]).plan("probe:1.0", None, None), launcher=launcher,
         server_version="test", max_payload_bytes=1 << 20, loaded_at_startup=False,
     )  # fmt: skip
 

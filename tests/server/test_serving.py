@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.server.conftest import MSERVE, http, pid_alive, wait_until
+from tests.server.conftest import MSERVE, http, pid_alive, template_ready, wait_until
 
 
 def test_start_predict_status_stop(make_archive, start_server) -> None:
@@ -180,35 +180,6 @@ def test_startup_model_failure_is_reported_not_fatal(make_archive, start_server)
     assert server.predict("probe", {}).status == 200
 
 
-def test_gpus_round_robin_and_device_ids(make_archive, start_server, tmp_path: Path) -> None:
-    """No GPU here: number_of_gpu makes the server assign two; the handler reports what it sees."""
-    make_archive("probe", "probe:handle", "a")
-    make_archive("probe", "probe:handle", "b")
-    (tmp_path / "pinned.yaml").write_text("deviceIds: [1]\nminWorkers: 2\n")
-    make_archive("probe", "probe:handle", "pinned", "-c", str(tmp_path / "pinned.yaml"))
-    server = start_server(config={"number_of_gpu": 2})
-    for name in ("a", "b"):
-        assert server.manage("POST", f"/models?url={name}.mar&initial_workers=2").status == 200
-    assert server.manage("POST", "/models?url=pinned.mar").status == 200
-    seen = {}
-    for name in ("a", "b", "pinned"):
-        workers = server.manage("GET", f"/models/{name}").json()[0]["workers"]
-        seen[name] = [w["gpuId"] for w in workers]
-    assert seen["a"] + seen["b"] == [0, 1, 0, 1]
-    assert seen["pinned"] == [1, 1]
-    report = server.predict("pinned", {}).json()
-    assert report["cuda_visible_devices"] == "1"
-    assert report["gpu_id"] == 0  # the one GPU it can see is cuda:0
-
-
-def test_cpu_only_server_hides_gpus(make_archive, start_server) -> None:
-    make_archive("probe", "probe:handle", "probe")
-    server = start_server("probe=probe.mar", config={"number_of_gpu": 0})
-    report = server.predict("probe", {}).json()
-    assert report["gpu_id"] is None
-    assert report["cuda_visible_devices"] == ""
-
-
 def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> None:
     make_archive("probe", "probe:handle", "probe")
     (tmp_path / "v2.yaml").write_text("batchSize: 4\nmaxBatchDelay: 20\n")
@@ -355,17 +326,12 @@ def test_metrics_endpoint(make_archive, start_server) -> None:
     json.dumps(text)
 
 
-def _template_ready(server) -> bool:
-    log = (server.run_dir / "logs" / "mserve.log").read_text()
-    return "worker template for" in log and "ready (pid" in log
-
-
 def test_scaled_workers_fork_from_a_warm_template(make_archive, start_server) -> None:
     import psutil
 
     make_archive("probe", "probe:handle", "probe")
     server = start_server("probe=probe.mar", config={"number_of_gpu": 2})
-    wait_until(lambda: _template_ready(server), 120, "the worker template")
+    wait_until(lambda: template_ready(server), 120, "the worker template")
     first = server.worker_pids("probe")[0]
     assert server.manage("PUT", "/models/probe?min_worker=3&synchronous=true").status == 200
     pids = server.worker_pids("probe")
@@ -403,7 +369,7 @@ def test_exec_only_when_fork_is_off(make_archive, start_server) -> None:
     server = start_server("probe=probe.mar", config={"fork_workers": False})
     assert server.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
     assert {psutil.Process(p).ppid() for p in server.worker_pids("probe")} == {server.pid}
-    assert not _template_ready(server)
+    assert not template_ready(server)
 
 
 def test_port_in_use_is_reported_plainly(start_server, tmp_path: Path) -> None:
