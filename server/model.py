@@ -349,6 +349,13 @@ class ModelVersion:
         pipe = _Pipeline(pipeline_depth(self.settings.batch_size), self.queue.new_future)
         delay_s = self.settings.max_batch_delay_ms / 1000
         retired = _Retired(slot, self)
+
+        def lost_while_idle() -> None:  # a death with batches in flight is seen through them
+            if pipe.in_flight == 0 and not pipe.lost.is_set():
+                pipe.lose("")
+                self.queue.wake_all()
+
+        worker.on_lost(lost_while_idle)
         while not pipe.lost.is_set():
             if pipe.in_flight >= pipe.depth:
                 await pipe.wait()
@@ -381,10 +388,12 @@ class ModelVersion:
             )
         while pipe.in_flight:  # a retiring worker finishes what it was given
             await pipe.wait()
+        worker.on_lost(None)
         if not pipe.reasons:
             return None
-        # "" is a batch that was only queued behind the lost one: say the real why
-        return next((r for r in pipe.reasons if r), f"worker {worker.id} was lost")
+        # "" is a batch that was only queued behind the lost one, or a death while idle: say
+        # the real why
+        return next((r for r in pipe.reasons if r), None) or await worker.ended()
 
     def _settle(
         self, pipe: _Pipeline, worker: Worker, live: list[Job], batch: Batch, _done: Any

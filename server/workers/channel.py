@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.workers import protocol
@@ -64,6 +65,7 @@ class Channel(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self.closed = False
         self.broken: str | None = None  # why the stream was dropped, if it broke the protocol
+        self.on_lost: Callable[[], None] | None = None  # called once the connection is gone
 
     # asyncio.Protocol ---------------------------------------------------------------------
 
@@ -102,6 +104,8 @@ class Channel(asyncio.Protocol):
         self._batches.clear()
         self.waiting = 0
         self.resume_writing()
+        if self.on_lost is not None:
+            self.on_lost()
 
     def pause_writing(self) -> None:
         self._paused = True

@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -101,6 +102,17 @@ class Worker:
             return psutil.Process(self.pid).memory_info().rss if self.pid else 0
         except psutil.Error:
             return 0
+
+    def on_lost(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` when the worker's channel is gone, busy or idle (None: stop)."""
+        if self._channel is not None:
+            self._channel.on_lost = callback
+            if callback is not None and self._channel.closed:
+                asyncio.get_running_loop().call_soon(callback)
+
+    async def ended(self) -> str:
+        """Why the worker was lost while idle: how its process ended, or its protocol breach."""
+        return (await self._lost()).message
 
     def exit_text(self) -> str:
         return f"worker {self.id} (pid {self.pid}) {describe_exit(self.returncode)}"

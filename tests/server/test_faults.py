@@ -187,3 +187,23 @@ def test_sigterm_while_startup_models_load_stops_at_once(
     starting.join(30)
     assert not starting.is_alive()
     assert took < 15, f"stopped {took:.1f} s after SIGTERM"
+
+
+def test_a_worker_that_dies_while_idle_is_replaced_without_waiting_for_a_request(
+    make_archive, start_server
+) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    victim = server.worker_pids("probe")[0]
+    os.kill(victim, signal.SIGKILL)
+
+    def replaced() -> bool:
+        workers = server.manage("GET", "/models/probe").json()[0]["workers"]
+        return [w["pid"] for w in workers] not in ([victim], []) and all(
+            w["status"] == "READY" for w in workers
+        )
+
+    wait_until(replaced, 15, "a replacement, with no request sent")
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    assert f"(pid {victim}) was killed by SIGKILL; restarting" in log
+    assert server.predict("probe", {}).status == 200
