@@ -35,8 +35,8 @@ from server.errors import (
     BadRequest,
     InternalError,
     MethodNotAllowed,
-    ModelNotFound,
     MserveError,
+    PathNotFound,
     RequestTooLarge,
     ServiceUnavailable,
 )
@@ -117,8 +117,8 @@ class Request:
             )
         return method
 
-    def not_found(self) -> ModelNotFound:
-        return ModelNotFound(f"no such path: {self.method} {self.target.decode('latin-1')}")
+    def not_found(self) -> PathNotFound:
+        return PathNotFound(f"no such path: {self.method} {self.target.decode('latin-1')}")
 
     def header(self, name: str) -> str | None:
         name = name.lower()
@@ -518,6 +518,7 @@ class Connection(asyncio.Protocol):
 
 class _HeadTooLarge(MserveError):
     status = 431
+    type = "BadRequestException"  # TorchServe: its HTTP decoder fails, a 400
 
 
 def header_ok(name: str, value: str) -> bool:

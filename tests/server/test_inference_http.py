@@ -178,7 +178,7 @@ def test_routes_unknown_paths_and_methods(probe_server: Server) -> None:
         sock.sendall(_request("/predictions/probe", method="GET"))
         status, headers, body = replies.next()
         assert status == 405 and headers["allow"] == "POST, PUT"
-        assert json.loads(body)["type"] == "MethodNotAllowed"
+        assert json.loads(body)["type"] == "MethodNotAllowedException"
         sock.sendall(_request("/nowhere", method="GET") + _request("/predictions/probe/"))
         for _ in range(2):
             status, _, body = replies.next()

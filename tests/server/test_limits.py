@@ -19,11 +19,11 @@ def test_request_and_response_size_limits(make_archive, start_server) -> None:
         config={"max_request_size_bytes": 1000, "max_response_size_bytes": 100},
     )
     big = server.predict("probe", b"x" * 2000, headers={"Content-Type": "application/octet-stream"})
-    assert big.status == 413
+    assert big.status == 413 and big.json()["type"] == "RequestTooLargeException"
     assert "max_request_size_bytes=1000" in big.json()["message"]
     answer = server.predict("probe", {"cmd": "bytes"})  # 256 bytes back
     assert answer.status == 413
-    assert answer.json()["type"] == "ResponseTooLarge"
+    assert answer.json()["type"] == "InternalServerException"
     assert "256 bytes, more than max_response_size_bytes=100" in answer.json()["message"]
     assert server.predict("probe", {"cmd": "header"}).status == 200  # small answers still pass
 
@@ -32,11 +32,14 @@ def test_full_queue_answers_429_at_once_while_accepted_requests_succeed(make_arc
     make_archive("probe", "probe:handle", "probe")
     server = start_server("probe=probe.mar", config={"job_queue_size": 2})
     results: list[tuple[int, str | None, float]] = []
+    types: set[str] = set()
 
     def call() -> None:
         started = time.monotonic()
         reply = server.predict("probe", {"cmd": "sleep", "s": 0.5})
         results.append((reply.status, reply.headers.get("Retry-After"), time.monotonic() - started))
+        if reply.status == 429:
+            types.add(reply.json()["type"])
 
     threads = [threading.Thread(target=call) for _ in range(8)]
     for t in threads:
@@ -51,6 +54,7 @@ def test_full_queue_answers_429_at_once_while_accepted_requests_succeed(make_arc
     rejected = [r for r in results if r[0] == 429]
     assert all(retry == "1" for _, retry, _ in rejected)
     assert all(took < 0.4 for _, _, took in rejected)  # refused at once, not after waiting
+    assert types == {"TooManyRequestsException"}
 
 
 def test_requests_waiting_in_the_worker_count_as_queued(make_archive, start_server) -> None:
@@ -82,7 +86,7 @@ def test_response_timeout_answers_504_and_replaces_the_worker(make_archive, star
     started = time.monotonic()
     slow = server.predict("probe", {"cmd": "sleep", "s": 30})
     took = time.monotonic() - started
-    assert slow.status == 504
+    assert slow.status == 504 and slow.json()["type"] == "InternalServerException"
     assert "response_timeout_s=1" in slow.json()["message"]
     assert took < 5  # at the deadline, not when the handler would have finished
     wait_until(lambda: server.predict("probe", {}).status == 200, 30, "a fresh worker")

@@ -94,7 +94,7 @@ def test_handler_failures_answer_5xx_and_the_worker_keeps_serving(make_archive, 
     pid = server.worker_pids("probe")[0]
     boom = server.predict("probe", {"cmd": "raise"})
     assert boom.status == 500
-    assert boom.json()["type"] == "HandlerError"
+    assert boom.json()["type"] == "InternalServerException"
     assert "RuntimeError: probe was asked to fail" in boom.json()["message"]
     short = server.predict("probe", {"cmd": "wrong_length"})
     assert short.status == 500
@@ -112,7 +112,7 @@ def test_worker_crash_is_reported_and_replaced(make_archive, start_server) -> No
     old = server.worker_pids("probe")[0]
     crash = server.predict("probe", {"cmd": "exit"})
     assert crash.status == 500
-    assert crash.json()["type"] == "WorkerDied"
+    assert crash.json()["type"] == "InternalServerException"
     assert f"(pid {old}) exited with code 3" in crash.json()["message"]
 
     def replaced() -> bool:
@@ -129,12 +129,18 @@ def test_errors_keep_torchserve_shape(make_archive, start_server) -> None:
     assert missing.status == 404
     assert missing.json() == {
         "code": 404,
-        "type": "ModelNotFound",
+        "type": "ModelNotFoundException",
         "message": "Model not found: nope",
     }
     version = server.predict("probe", {}, version="9.9")
-    assert version.status == 404 and version.json()["type"] == "ModelVersionNotFound"
-    assert http("GET", server.url("inference", "/nowhere")).json()["code"] == 404
+    assert version.status == 404 and version.json()["type"] == "ModelVersionNotFoundException"
+    nowhere = http("GET", server.url("inference", "/nowhere")).json()
+    assert (nowhere["code"], nowhere["type"]) == (404, "ResourceNotFoundException")
+    bad = server.manage("GET", "/models?next_page_token=x").json()
+    assert (bad["code"], bad["type"]) == (400, "BadRequestException")
+    assert server.manage("PUT", "/models/probe?min_worker=0&synchronous=true").status == 200
+    idle = server.predict("probe", {}).json()
+    assert (idle["code"], idle["type"]) == (503, "ServiceUnavailableException")
 
 
 def test_handler_entry_styles(make_archive, start_server) -> None:
@@ -159,7 +165,7 @@ def test_load_failures_are_clear(make_archive, start_server) -> None:
     server = start_server("probe=probe.mar")
     broken = server.manage("POST", "/models?url=broken.mar")
     assert broken.status == 400, broken.body
-    assert broken.json()["type"] == "InvalidModel"
+    assert broken.json()["type"] == "InvalidModelException"
     assert "ModuleNotFoundError" in broken.json()["message"]
     assert "not found" not in broken.json()["message"].split("ModuleNotFoundError")[0]
     clash = server.manage("POST", "/models?url=clash.mar")
@@ -219,7 +225,7 @@ def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> Non
     assert reg.status == 200
     assert reg.json()["status"] == 'Model "probe" Version: 1.0 registered with 1 initial workers'
     dup = server.manage("POST", "/models?url=probe.mar")
-    assert dup.status == 409 and dup.json()["type"] == "ModelAlreadyExists"
+    assert dup.status == 409 and dup.json()["type"] == "ConflictStatusException"
     v2 = server.manage("POST", "/models?url=probe2.mar&model_name=probe&batch_size=2")
     assert v2.status == 200
     described = server.manage("GET", "/models/probe/2.0").json()[0]
@@ -262,7 +268,7 @@ def test_registration_url_must_stay_in_the_store(make_archive, start_server, tmp
     elsewhere = tmp_path / "elsewhere.mar"
     elsewhere.write_bytes((tmp_path / "store" / "probe.mar").read_bytes())
     denied = server.manage("POST", f"/models?url={elsewhere}")
-    assert denied.status == 403 and denied.json()["type"] == "ArchiveNotAllowed"
+    assert denied.status == 403 and denied.json()["type"] == "ArchiveNotAllowedException"
     dots = server.manage("POST", "/models?url=../elsewhere.mar")
     assert dots.status == 403
     missing = server.manage("POST", "/models?url=nope.mar")
