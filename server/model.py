@@ -59,6 +59,7 @@ class ModelSettings:
     job_queue_size: int
     device_ids: tuple[int, ...] | None
     retry_on_worker_death: bool = False
+    device_type: str | None = None  # the archive's deviceType; None: GPU when the server has one
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -157,6 +158,12 @@ class ModelVersion:
     def label(self) -> str:
         return f"{self.name}:{self.version}"
 
+    @property
+    def on_gpu(self) -> bool:
+        """Whether workers get a GPU: the server has one and the archive does not ask for
+        another device (TorchServe: ``deviceType: cpu`` keeps a model on CPU on a GPU host)."""
+        return self.gpus.count > 0 and self.settings.device_type in (None, "gpu")
+
     # --- requests ---------------------------------------------------------------------------
 
     def ready_workers(self) -> int:
@@ -251,7 +258,7 @@ class ModelVersion:
         backoff = BACKOFF_START_S
         while not slot.retire.is_set() and self.failed is None:
             worker_id = str(next(_worker_ids))
-            gpu = self.gpus.assign(self.settings.device_ids)
+            gpu = self.gpus.assign(self.settings.device_ids) if self.on_gpu else None
             worker = Worker(worker_id, self.label, gpu, self._spec(worker_id, gpu))
             slot.worker = worker
             try:
@@ -474,6 +481,7 @@ class ModelVersion:
         self.queue.fail_all(ServiceUnavailable(f"model {self.label} was unregistered"))
 
     def describe(self) -> dict[str, Any]:
+        """TorchServe's describe fields with its types and values, then ours."""
         s = self.settings
         workers = []
         for slot in self.slots:
@@ -483,9 +491,11 @@ class ModelVersion:
             workers.append(
                 {
                     "id": w.id,
-                    "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(w.started_at))
-                    + "Z",
-                    "status": "UNLOADING" if w.state is WorkerState.STOPPING else w.state.value,
+                    "startTime": _timestamp(w.started_at),
+                    # TorchServe's two values: READY when it serves (busy or not), else
+                    # UNLOADING; "state" says which of ours (STARTING, BUSY, STOPPING, ...)
+                    "status": "READY" if w.state in _SERVING else "UNLOADING",
+                    "state": w.state.value,
                     "memoryUsage": w.rss_bytes(),
                     "pid": w.pid,
                     "gpu": w.gpu is not None,
@@ -493,6 +503,7 @@ class ModelVersion:
                     "gpuUsage": "N/A",
                 }
             )
+        queued = self.queued()
         return {
             "modelName": self.name,
             "modelVersion": self.version,
@@ -503,12 +514,19 @@ class ModelVersion:
             "maxWorkers": s.max_workers,
             "batchSize": s.batch_size,
             "maxBatchDelay": s.max_batch_delay_ms,
-            "responseTimeout": s.response_timeout_s,
-            "startupTimeout": s.startup_timeout_s,
-            "jobQueueSize": s.job_queue_size,
-            "retryOnWorkerDeath": s.retry_on_worker_death,
-            "queueDepth": self.queued(),
+            "responseTimeout": _whole(s.response_timeout_s),
+            "startupTimeout": _whole(s.startup_timeout_s),
+            "parallelType": "",  # no model parallelism (torchrun) here: TorchServe's "none"
+            "parallelLevel": 0,
+            "deviceType": "gpu" if self.on_gpu else "cpu",
             "deviceIds": list(s.device_ids) if s.device_ids else None,
+            "jobQueueSize": s.job_queue_size,
+            "jobQueueStatus": {
+                "remainingCapacity": max(0, s.job_queue_size - queued),
+                "pendingRequests": queued,
+            },
+            "retryOnWorkerDeath": s.retry_on_worker_death,
+            "queueDepth": queued,
             "settingSources": s.sources,
             "loadedAtStartup": self.loaded_at_startup,
             "status": "FAILED" if self.failed else ("READY" if self.healthy() else "LOADING"),
@@ -527,6 +545,21 @@ def pipeline_depth(batch_size: int) -> int:
     write and the worker picks several up per wake-up (echo, batch 1, 16 connections: 2 -> 8
     in flight measured 1.2-1.5x the requests/s, interleaved A/B)."""
     return max(2, -(-IN_FLIGHT_REQUESTS // max(1, batch_size)))
+
+
+_SERVING = (WorkerState.READY, WorkerState.BUSY)
+
+
+def _whole(seconds: float) -> float | int:
+    """A whole number of seconds as an int, as TorchServe writes it (typed clients refuse 120.0
+    where they expect an integer)."""
+    return int(seconds) if float(seconds).is_integer() else seconds
+
+
+def _timestamp(epoch_s: float) -> str:
+    """UTC with milliseconds, TorchServe's form: 2024-05-01T12:00:00.123Z."""
+    millis = int(epoch_s * 1000) % 1000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch_s)) + f".{millis:03d}Z"
 
 
 def _fail(jobs: list[Job], error: BaseException) -> None:

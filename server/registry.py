@@ -83,6 +83,7 @@ def effective_settings(
     return ModelSettings(
         **values,
         device_ids=tuple(device_ids) if device_ids else None,
+        device_type=archive_config.get("deviceType"),
         sources=sources,
     )
 

@@ -73,6 +73,11 @@ def test_requests_waiting_in_the_worker_count_as_queued(make_archive, start_serv
         )  # fmt: skip
         text = http("GET", server.url("metrics", "/metrics")).body.decode()
         assert 'mserve_queue_depth{model="probe",version="1.0"} 3.0' in text, text
+        described = server.manage("GET", "/models/probe").json()[0]
+        # TorchServe's view of the same: a busy worker is READY, as one that waits for work
+        assert described["jobQueueStatus"] == {"remainingCapacity": 97, "pendingRequests": 3}
+        [worker] = described["workers"]
+        assert (worker["status"], worker["state"]) == ("READY", "BUSY")
     finally:
         runner.join(timeout=30)
     assert server.manage("GET", "/models/probe").json()[0]["queueDepth"] == 0
@@ -82,6 +87,8 @@ def test_response_timeout_answers_504_and_replaces_the_worker(make_archive, star
     make_archive("probe", "probe:handle", "probe")
     server = start_server()
     assert server.manage("POST", "/models?url=probe.mar&response_timeout=1").status == 200
+    timeout = server.manage("GET", "/models/probe").json()[0]["responseTimeout"]
+    assert (timeout, type(timeout)) == (1, int)
     old = server.worker_pids("probe")[0]
     started = time.monotonic()
     slow = server.predict("probe", {"cmd": "sleep", "s": 30})
@@ -179,7 +186,7 @@ def test_a_dead_workers_requests_are_retried_once_when_the_model_allows_it(
 
         def find() -> bool:
             workers = server.manage("GET", f"/models/{model}").json()[0]["workers"]
-            busy[:] = [w["pid"] for w in workers if w["status"] == "BUSY"]
+            busy[:] = [w["pid"] for w in workers if w["state"] == "BUSY"]
             return bool(busy)
 
         wait_until(find, 10, f"a busy worker of {model}")
@@ -214,6 +221,8 @@ def test_a_waiting_batch_gets_its_own_timeout_and_outlives_a_hung_one(
     make_archive("probe", "probe:handle", "probe")
     server = start_server()
     assert server.manage("POST", "/models?url=probe.mar&response_timeout=1").status == 200
+    timeout = server.manage("GET", "/models/probe").json()[0]["responseTimeout"]
+    assert (timeout, type(timeout)) == (1, int)
 
     # each takes 0.7 s of a 1 s budget; the second waits 0.7 s behind the first and still fits
     first, second = concurrently(

@@ -192,6 +192,8 @@ def test_gpus_round_robin_and_device_ids(make_archive, start_server, tmp_path: P
     make_archive("probe", "probe:handle", "b")
     (tmp_path / "pinned.yaml").write_text("deviceIds: [1]\nminWorkers: 2\n")
     make_archive("probe", "probe:handle", "pinned", "-c", str(tmp_path / "pinned.yaml"))
+    (tmp_path / "oncpu.yaml").write_text("deviceType: cpu\n")
+    make_archive("probe", "probe:handle", "oncpu", "-c", str(tmp_path / "oncpu.yaml"))
     server = start_server(config={"number_of_gpu": 2})
     for name in ("a", "b"):
         assert server.manage("POST", f"/models?url={name}.mar&initial_workers=2").status == 200
@@ -205,6 +207,14 @@ def test_gpus_round_robin_and_device_ids(make_archive, start_server, tmp_path: P
     report = server.predict("pinned", {}).json()
     assert report["cuda_visible_devices"] == "1"
     assert report["gpu_id"] == 0  # the one GPU it can see is cuda:0
+    assert server.manage("GET", "/models/a").json()[0]["deviceType"] == "gpu"
+    # deviceType: cpu keeps a model off the GPUs, as in TorchServe
+    assert server.manage("POST", "/models?url=oncpu.mar").status == 200
+    described = server.manage("GET", "/models/oncpu").json()[0]
+    assert described["deviceType"] == "cpu"
+    assert [w["gpuId"] for w in described["workers"]] == [None]
+    report = server.predict("oncpu", {}).json()
+    assert (report["cuda_visible_devices"], report["gpu_id"]) == ("", None)
 
 
 def test_cpu_only_server_hides_gpus(make_archive, start_server) -> None:
@@ -236,6 +246,12 @@ def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> Non
         described["responseTimeout"] == 120
         and described["settingSources"]["response_timeout_s"] == "server"
     )
+    # TorchServe's types: whole seconds are ints (typed clients refuse 120.0)
+    assert type(described["responseTimeout"]) is int and type(described["startupTimeout"]) is int
+    assert (described["deviceType"], described["parallelType"], described["parallelLevel"]) == (
+        "cpu", "", 0,
+    )  # fmt: skip
+    assert described["jobQueueStatus"] == {"remainingCapacity": 100, "pendingRequests": 0}
     assert len(server.manage("GET", "/models/probe/all").json()) == 2
     assert server.predict("probe", {}, version="2.0").json()["batch_size"] == 2
     assert server.predict("probe", {}).json()["batch_size"] == 1  # default is the first version
