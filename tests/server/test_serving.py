@@ -278,6 +278,26 @@ def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> Non
     assert outside.status in (403, 404)
 
 
+def test_models_list_pages_as_torchserve_does(make_archive, start_server) -> None:
+    """limit is 100 when missing, over 100 or negative; 0 is an empty page."""
+    make_archive("echo_fn", "echo:handle", "echo")
+    server = start_server()
+    names = sorted(f"m{i:03d}" for i in range(102))
+    for name in names:  # no workers: a registration is an unpacked archive and a name
+        reply = server.manage("POST", f"/models?url=echo.mar&model_name={name}&initial_workers=0")
+        assert reply.status == 200, reply.body
+    for query in ("", "?limit=101", "?limit=5000", "?limit=-1"):
+        page = server.manage("GET", f"/models{query}").json()
+        assert [m["modelName"] for m in page["models"]] == names[:100], query
+        assert page["nextPageToken"] == "100"
+    rest = server.manage("GET", "/models?limit=100&next_page_token=100").json()
+    assert rest == {"models": [{"modelName": n, "modelUrl": "echo.mar"} for n in names[100:]]}
+    empty = server.manage("GET", "/models?limit=0&next_page_token=7")
+    assert empty.status == 200 and empty.json() == {"models": [], "nextPageToken": "7"}
+    first = server.manage("GET", "/models?limit=1&next_page_token=-3").json()
+    assert first == {"models": [{"modelName": "m000", "modelUrl": "echo.mar"}], "nextPageToken": "1"}
+
+
 def test_registration_url_must_stay_in_the_store(make_archive, start_server, tmp_path) -> None:
     make_archive("probe", "probe:handle", "probe")
     server = start_server()
