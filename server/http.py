@@ -61,8 +61,10 @@ def json_answer(status: int, payload: Any) -> Answer:
 class Request:
     """One request on a connection and, once known, its encoded answer.
 
-    ``parts`` are the path's segments, percent-decoded; ``query`` its parameters (the first of
-    repeated ones); ``future`` what cancels the work when the client leaves first."""
+    ``parts`` are the path's segments, percent-decoded, without trailing empty ones (``/m/`` is
+    ``/m``; an empty one inside, ``/a//b``, stays and routes nowhere); ``query`` its parameters
+    (the first of repeated ones); ``future`` what cancels the work when the client leaves
+    first."""
 
     __slots__ = (
         "_query",
@@ -94,7 +96,10 @@ class Request:
         self.status = 0
         self.length = 0
         path, _, self.query_string = target.partition(b"?")
-        self.parts = [unquote(p) for p in path.decode("utf-8", "replace").split("/")[1:]]
+        segments = path.decode("utf-8", "replace").split("/")[1:]
+        while len(segments) > 1 and not segments[-1]:  # trailing slashes: TorchServe ignores them
+            segments.pop()
+        self.parts = [unquote(p) for p in segments]
         self._query: dict[str, str] | None = None
 
     @property

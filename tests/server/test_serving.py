@@ -253,6 +253,7 @@ def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> Non
     )  # fmt: skip
     assert described["jobQueueStatus"] == {"remainingCapacity": 100, "pendingRequests": 0}
     assert len(server.manage("GET", "/models/probe/all").json()) == 2
+    assert len(server.manage("GET", "/models/probe/all/").json()) == 2  # TorchServe allows it
     assert server.predict("probe", {}, version="2.0").json()["batch_size"] == 2
     assert server.predict("probe", {}).json()["batch_size"] == 1  # default is the first version
     assert server.manage("PUT", "/models/probe/2.0/set-default").status == 200
