@@ -45,6 +45,32 @@ def test_start_predict_status_stop(make_archive, start_server) -> None:
     assert server.cli("--status").returncode == 3
 
 
+def test_status_view_follows_the_registry(make_archive, start_server) -> None:
+    """Models registered or removed through the API show in ``mserve --status`` at once; one
+    that loads in the background turns ready there without another call."""
+    make_archive("probe", "probe:handle", "probe")
+    make_archive("echo_fn", "echo:handle", "echo")
+    make_archive("bad_import", "broken", "broken")
+    server = start_server("probe=probe.mar", "broken=broken.mar")
+
+    def status() -> str:
+        out = server.cli("--status")
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "model broken: failed:" in status()  # a startup failure stays listed
+    assert server.manage("POST", "/models?url=echo.mar").status == 200
+    shown = status()
+    assert "model echo: ready" in shown and "model probe: ready" in shown
+    assert server.manage("DELETE", "/models/probe").status == 200
+    shown = status()
+    assert "model probe" not in shown and "model echo: ready" in shown
+    assert server.manage("POST", "/models?url=probe.mar&synchronous=false").status == 202
+    wait_until(lambda: "model probe: ready" in status(), 30, "the status view to show it ready")
+    assert server.manage("DELETE", "/models/echo").status == 200
+    assert "model echo" not in status()
+
+
 def test_request_bodies_reach_the_handler_as_torchserve_gives_them(make_archive, start_server):
     make_archive("probe", "probe:handle", "probe")
     server = start_server("probe=probe.mar")
@@ -296,7 +322,8 @@ def test_models_list_pages_as_torchserve_does(make_archive, start_server) -> Non
     empty = server.manage("GET", "/models?limit=0&next_page_token=7")
     assert empty.status == 200 and empty.json() == {"models": [], "nextPageToken": "7"}
     first = server.manage("GET", "/models?limit=1&next_page_token=-3").json()
-    assert first == {"models": [{"modelName": "m000", "modelUrl": "echo.mar"}], "nextPageToken": "1"}
+    assert first == {"models": [{"modelName": "m000", "modelUrl": "echo.mar"}],
+                     "nextPageToken": "1"}  # fmt: skip
 
 
 def test_registration_url_must_stay_in_the_store(make_archive, start_server, tmp_path) -> None:
