@@ -6,9 +6,10 @@ import json
 import subprocess
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
-from tests.server.conftest import MSERVE, http, pid_alive, wait_until
+from tests.server.conftest import MSERVE, concurrently, http, pid_alive, wait_until
 
 
 def test_start_predict_status_stop(make_archive, start_server) -> None:
@@ -303,6 +304,63 @@ def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> Non
     assert server.predict("probe", {}).status == 404
     outside = server.manage("POST", f"/models?url={tmp_path / 'store' / 'echo.mar'}x")
     assert outside.status in (403, 404)
+
+
+def test_registration_parameters_take_effect(make_archive, start_server) -> None:
+    """handler=, batch_size= and max_batch_delay= on POST /models: describe shows them and the
+    workers run by them."""
+    make_archive("echo_fn", "echo:handle", "echo")
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server()
+    reply = server.manage("POST", "/models?url=echo.mar&handler=echo:shout")
+    assert reply.status == 200, reply.body
+    described = server.manage("GET", "/models/echo").json()[0]
+    assert described["handler"] == "echo:shout"
+    assert server.predict("echo", "quiet please").body == b"QUIET PLEASE"  # shout, not handle
+
+    reply = server.manage("POST", "/models?url=probe.mar&batch_size=4&max_batch_delay=700")
+    assert reply.status == 200, reply.body
+    described = server.manage("GET", "/models/probe").json()[0]
+    assert (described["batchSize"], described["maxBatchDelay"]) == (4, 700)
+    assert described["settingSources"]["max_batch_delay_ms"] == "api"
+    started = time.monotonic()
+    alone = server.predict("probe", {"n": 0}).json()
+    assert time.monotonic() - started >= 0.6  # it waited for company, up to 700 ms
+    assert alone["batch_len"] == 1
+    together = concurrently(*(lambda i=i: server.predict("probe", {"n": i}) for i in range(3)))
+    assert [r.json()["batch_len"] for r in together] == [3, 3, 3]  # one batch, in the delay
+
+
+def test_scale_and_describe_as_torchserve_clients_use_them(make_archive, start_server) -> None:
+    """max_worker shows as maxWorkers; a scale without synchronous answers 202 and the workers
+    come; PUT /predictions works as POST; startTime and memoryUsage are real."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    reply = server.manage("PUT", "/models/probe?min_worker=3&max_worker=5")
+    assert reply.status == 202
+    assert reply.json() == {"status": "Processing worker updates..."}
+
+    def three_ready() -> bool:
+        workers = server.manage("GET", "/models/probe").json()[0]["workers"]
+        return len(workers) == 3 and all(w["status"] == "READY" for w in workers)
+
+    wait_until(three_ready, 60, "three READY workers after an asynchronous scale")
+    described = server.manage("GET", "/models/probe").json()[0]
+    assert (described["minWorkers"], described["maxWorkers"]) == (3, 5)
+    for worker in described["workers"]:
+        started = datetime.strptime(worker["startTime"], "%Y-%m-%dT%H:%M:%S.%fZ")
+        started = started.replace(tzinfo=timezone.utc)
+        age_s = (datetime.now(timezone.utc) - started).total_seconds()
+        assert 0 <= age_s < 120  # started during this test, in UTC
+        assert type(worker["memoryUsage"]) is int
+        assert 1 << 20 < worker["memoryUsage"] < 8 << 30  # an RSS in bytes: a Python process
+
+    put = http("PUT", server.url("inference", "/predictions/probe"), b'{"via": "put"}',
+               {"Content-Type": "application/json"})  # fmt: skip
+    assert put.status == 200 and put.json()["body"] == {"via": "put"}
+    put = http("PUT", server.url("inference", "/predictions/probe/1.0"), b'{"via": "put"}',
+               {"Content-Type": "application/json"})  # fmt: skip
+    assert put.status == 200 and put.json()["body"] == {"via": "put"}
 
 
 def test_models_list_pages_as_torchserve_does(make_archive, start_server) -> None:
