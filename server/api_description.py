@@ -41,7 +41,7 @@ def _predict(summary: str, versioned: bool) -> dict[str, Any]:
 
 
 _MODELS_PAGE = [
-    _query("limit", "integer", "models per page (default 100)"),
+    _query("limit", "integer", "models per page (default and most 100)"),
     _query("next_page_token", "string", "where the page starts, from the previous answer"),
 ]
 

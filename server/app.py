@@ -65,7 +65,7 @@ class Metrics:
         yield workers
 
 
-def _int_param(query: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
+def _int_param(query: Mapping[str, str], name: str, minimum: int | None = 0) -> int | None:
     raw = query.get(name)
     if raw is None or raw == "":
         return None
@@ -73,7 +73,7 @@ def _int_param(query: Mapping[str, str], name: str, minimum: int = 0) -> int | N
         value = int(raw)
     except ValueError:
         raise BadRequest(f"parameter '{name}' should be an integer, found {raw!r}") from None
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise BadRequest(f"parameter '{name}' should be >= {minimum}, found {value}")
     return value
 
@@ -89,10 +89,17 @@ def _bool_param(query: Mapping[str, str], name: str, default: bool) -> bool:
     raise BadRequest(f"parameter '{name}' should be true or false, found {raw!r}")
 
 
+MAX_PAGE = 100
+
+
 def models_page(registry: Registry, query: Mapping[str, str]) -> dict[str, Any]:
-    """``GET /models`` on either port: TorchServe's paging (``limit``, ``next_page_token``)."""
-    limit = _int_param(query, "limit", 1) or 100
-    start = _int_param(query, "next_page_token") or 0
+    """``GET /models`` on either port, paged as TorchServe pages it: ``limit`` is 100 when
+    missing, over 100 or negative, and 0 gives an empty page; a negative ``next_page_token``
+    starts at the beginning."""
+    limit = _int_param(query, "limit", None)
+    if limit is None or not 0 <= limit <= MAX_PAGE:
+        limit = MAX_PAGE
+    start = max(0, _int_param(query, "next_page_token", None) or 0)
     names = sorted(registry.models)
     page = names[start : start + limit]
     out: dict[str, Any] = {

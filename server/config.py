@@ -8,6 +8,7 @@ naming the key and where it came from. Every listener binds to 127.0.0.1 unless 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -97,9 +98,15 @@ def _base_type(hint: Any) -> tuple[Any, bool]:
 _EXPECTED = {
     bool: "true or false",
     int: "a non-negative integer",
-    float: "a positive number",
+    float: "a positive finite number",
     str: "a string",
 }
+# Integer keys for which 0 makes no sense (every request refused, or none served); the rest
+# (worker counts, GPU count, batch delay) may be 0. Float keys (timeouts) must be > 0 and finite.
+_AT_LEAST_ONE = frozenset(
+    ("batch_size", "job_queue_size", "max_request_size_bytes", "max_response_size_bytes",
+     "max_connections")
+)  # fmt: skip
 
 
 def _coerce(key: str, value: Any, source: str) -> Any:
@@ -123,14 +130,14 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
             number = int(value)
-            if number < 0:
+            if number < (1 if key in _AT_LEAST_ONE else 0):
                 raise ValueError
             return number
         if kind is float:
             if isinstance(value, bool):
                 raise ValueError
             number = float(value)
-            if number <= 0:
+            if not math.isfinite(number) or number <= 0:
                 raise ValueError
             return number
         if get_origin(kind) is tuple:
@@ -142,8 +149,10 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError
         return str(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         expected = _EXPECTED.get(kind, "a list")
+        if kind is int and key in _AT_LEAST_ONE:
+            expected = "a positive integer"
         raise ConfigError(f"{source}: '{key}' should be {expected}, found {value!r}") from None
 
 

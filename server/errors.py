@@ -1,7 +1,12 @@
 """The server's error tree and the one table that maps errors to HTTP statuses.
 
-API error bodies keep TorchServe's shape ``{"code": 404, "type": "ModelNotFound", "message": ...}``
-so existing clients keep working; ``type`` is the class name, ``code`` comes from ``status``.
+API error bodies keep TorchServe's shape and words,
+``{"code": 404, "type": "ModelNotFoundException", "message": ...}``, so existing clients keep
+working: ``code`` comes from ``status``, ``type`` is the name of the exception TorchServe answers
+the same failure with (its Java class), not our class name. Failures a worker reports (handler
+error, dead worker, timeout, oversize answer) are all ``InternalServerException`` there, whatever
+the status. Where TorchServe has no such answer (429, 413 request, 403), ``type`` follows its
+pattern: what failed, then ``Exception``.
 """
 
 from __future__ import annotations
@@ -11,14 +16,11 @@ class MserveError(Exception):
     """Base of every error the server raises on purpose."""
 
     status = 500
+    type = "InternalServerException"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-    @property
-    def type(self) -> str:
-        return type(self).__name__
 
     def headers(self) -> dict[str, str]:
         """Extra HTTP headers for this error's response."""
@@ -30,48 +32,65 @@ class MserveError(Exception):
 
 class BadRequest(MserveError):
     status = 400
+    type = "BadRequestException"
 
 
 class ConfigError(MserveError):
     """Server config: unknown key, bad value (names the key and the source)."""
 
     status = 400
+    type = "BadRequestException"
 
 
 class ModelNotFound(MserveError):
     status = 404
+    type = "ModelNotFoundException"
+
+
+class PathNotFound(MserveError):
+    """No API at this path."""
+
+    status = 404
+    type = "ResourceNotFoundException"
 
 
 class ModelVersionNotFound(MserveError):
     status = 404
+    type = "ModelVersionNotFoundException"
 
 
 class ModelAlreadyExists(MserveError):
     status = 409
+    type = "ConflictStatusException"
 
 
 class InvalidModel(MserveError):
     """The archive cannot be registered: bad archive, bad manifest, handler failed to load."""
 
     status = 400
+    type = "InvalidModelException"
 
 
 class ArchiveNotAllowed(MserveError):
     """A registration ``url`` outside the model store and the allowed paths."""
 
     status = 403
+    type = "ArchiveNotAllowedException"
 
 
 class ServiceUnavailable(MserveError):
     """No worker can take the request (none started, or the model failed)."""
 
     status = 503
+    type = "ServiceUnavailableException"
 
 
 class TooManyRequests(MserveError):
-    """The model's queue is full (``job_queue_size``): try again shortly."""
+    """The model's queue is full (``job_queue_size``): try again shortly. (TorchServe answers
+    503 here; 429 with ``Retry-After`` tells a client that waiting helps.)"""
 
     status = 429
+    type = "TooManyRequestsException"
     retry_after_s = 1
 
     def headers(self) -> dict[str, str]:
@@ -80,30 +99,35 @@ class TooManyRequests(MserveError):
 
 class RequestTooLarge(MserveError):
     status = 413
+    type = "RequestTooLargeException"
 
 
 class ResponseTooLarge(MserveError):
     """The handler's answer is over ``max_response_size_bytes``; 413, as for requests."""
 
     status = 413
+    type = "InternalServerException"
 
 
 class WorkerDied(MserveError):
     """The worker running this request exited; the message names it and its exit code."""
 
     status = 500
+    type = "InternalServerException"
 
 
 class HandlerError(MserveError):
     """The handler raised, or returned the wrong number of results, for this batch."""
 
     status = 500
+    type = "InternalServerException"
 
 
 class WorkerTimeout(MserveError):
     """The batch exceeded ``response_timeout``; the worker was killed and is replaced."""
 
     status = 504
+    type = "InternalServerException"
 
 
 class InternalError(MserveError):
@@ -114,6 +138,7 @@ class MethodNotAllowed(MserveError):
     """The path exists, the method does not; ``Allow`` lists those that do."""
 
     status = 405
+    type = "MethodNotAllowedException"
 
     def __init__(self, message: str, allowed: tuple[str, ...]) -> None:
         super().__init__(message)

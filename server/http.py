@@ -35,8 +35,8 @@ from server.errors import (
     BadRequest,
     InternalError,
     MethodNotAllowed,
-    ModelNotFound,
     MserveError,
+    PathNotFound,
     RequestTooLarge,
     ServiceUnavailable,
 )
@@ -61,8 +61,10 @@ def json_answer(status: int, payload: Any) -> Answer:
 class Request:
     """One request on a connection and, once known, its encoded answer.
 
-    ``parts`` are the path's segments, percent-decoded; ``query`` its parameters (the first of
-    repeated ones); ``future`` what cancels the work when the client leaves first."""
+    ``parts`` are the path's segments, percent-decoded, without trailing empty ones (``/m/`` is
+    ``/m``; an empty one inside, ``/a//b``, stays and routes nowhere); ``query`` its parameters
+    (the first of repeated ones); ``future`` what cancels the work when the client leaves
+    first."""
 
     __slots__ = (
         "_query",
@@ -94,7 +96,10 @@ class Request:
         self.status = 0
         self.length = 0
         path, _, self.query_string = target.partition(b"?")
-        self.parts = [unquote(p) for p in path.decode("utf-8", "replace").split("/")[1:]]
+        segments = path.decode("utf-8", "replace").split("/")[1:]
+        while len(segments) > 1 and not segments[-1]:  # trailing slashes: TorchServe ignores them
+            segments.pop()
+        self.parts = [unquote(p) for p in segments]
         self._query: dict[str, str] | None = None
 
     @property
@@ -117,8 +122,8 @@ class Request:
             )
         return method
 
-    def not_found(self) -> ModelNotFound:
-        return ModelNotFound(f"no such path: {self.method} {self.target.decode('latin-1')}")
+    def not_found(self) -> PathNotFound:
+        return PathNotFound(f"no such path: {self.method} {self.target.decode('latin-1')}")
 
     def header(self, name: str) -> str | None:
         name = name.lower()
@@ -518,6 +523,7 @@ class Connection(asyncio.Protocol):
 
 class _HeadTooLarge(MserveError):
     status = 431
+    type = "BadRequestException"  # TorchServe: its HTTP decoder fails, a 400
 
 
 def header_ok(name: str, value: str) -> bool:

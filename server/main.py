@@ -3,6 +3,9 @@
 Signal handlers only set an event; the main coroutine acts on it (a second signal forces exit).
 Shutdown order: stop accepting, let in-flight requests finish against a deadline, stop workers,
 remove the status and pid files.
+
+The status file (what ``mserve --status`` shows) is rewritten on every registry change, and
+within a second of a model's state changing on its own (workers arriving, a model failing).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from server.devices import GpuAllocator, server_gpus
 from server.errors import MserveError
 from server.http import HttpServer
 from server.inference_api import InferenceAPI
+from server.model import ModelVersion
 from server.registry import RegisterRequest, Registry
 from server.rundir import LOCK_FILE, PID_FILE, STATUS_FILE, StartupModel, write_json_atomic
 from server.snapshot import SNAPSHOT_FILE
@@ -39,6 +43,7 @@ log = logging.getLogger("mserve")
 SHUTDOWN_DRAIN_S = 10.0
 # client, request line, status, bytes, seconds; the time stamp comes from the log formatter
 ACCESS_LOG_FLUSH_S = 1.0  # the longest an access.log line waits in memory
+STATUS_REFRESH_S = 1.0  # the longest the status file lags a model's state
 
 
 class AlreadyRunning(MserveError):
@@ -68,7 +73,8 @@ class Server:
         self.metrics = Metrics(self.registry)
         self.listeners: list[HttpServer] = []
         self.addresses: dict[str, str] = {}
-        self.models_status: dict[str, str] = {}
+        self.load_failures: dict[str, str] = {}  # startup or snapshot models that failed
+        self._written_models: dict[str, str] | None = None
         self.state = "starting"
         self.stop_event = asyncio.Event()
         self.access_log: AccessLogFile | None = None
@@ -78,7 +84,22 @@ class Server:
     def status_path(self) -> Path:
         return self.config.run_path / STATUS_FILE
 
+    def models_status(self) -> dict[str, str]:
+        """Each model's state: ``ready``, ``loading`` or ``failed: why``, per version when its
+        versions differ; startup models that failed to register are listed too."""
+        out = dict(self.load_failures)
+        for name, versions in sorted(self.registry.models.items()):
+            states = {version: _state(mv) for version, mv in versions.items()}
+            if len(set(states.values())) == 1:
+                out[name] = next(iter(states.values()))
+            else:
+                out[name] = ", ".join(f"{version} {state}" for version, state in states.items())
+        return out
+
     def write_status(self) -> None:
+        for name in self.registry.models:  # registered since, through the API: that counts now
+            self.load_failures.pop(name, None)
+        models = self.models_status()
         write_json_atomic(
             self.status_path,
             {
@@ -90,11 +111,22 @@ class Server:
                 "management": self.addresses.get("management"),
                 "metrics": self.addresses.get("metrics"),
                 "gpus": self.gpus.count,
-                "models": self.models_status,
+                "models": models,
                 "log_dir": str(self.config.log_path),
                 "env_dir": str(self.config.env_path),
             },
         )
+        self._written_models = models
+
+    async def refresh_status(self) -> None:
+        """Rewrite the status file when a model's state changed on its own."""
+        while True:
+            await asyncio.sleep(STATUS_REFRESH_S)
+            if self.models_status() != self._written_models:
+                try:
+                    self.write_status()
+                except OSError as exc:
+                    log.error("could not save the status file: %s", exc)
 
     async def listen(self) -> None:
         if self.config.access_log:
@@ -142,15 +174,14 @@ class Server:
 
         async def one(request: RegisterRequest, entry: dict[str, Any]) -> None:
             try:
-                mv = await self.registry.register(request)
-                self.models_status[mv.name] = "ready"
+                await self.registry.register(request)
             except MserveError as exc:
                 log.error(
                     "snapshot model %s failed to restore: %s (kept in the snapshot for the next"
                     " start; DELETE /models/%s removes it)",
                     request.url, exc.message, request.model_name,
                 )  # fmt: skip
-                self.models_status[request.model_name or request.url] = f"failed: {exc.message}"
+                self.load_failures[request.model_name or request.url] = f"failed: {exc.message}"
                 self.registry.unrestored.append(entry)
 
         await asyncio.gather(*(one(r, e) for r, e in requests))
@@ -162,13 +193,12 @@ class Server:
         async def one(m: StartupModel) -> None:
             label = m.name or m.url
             try:
-                mv = await self.registry.register(
+                await self.registry.register(
                     RegisterRequest(url=m.url, model_name=m.name, trusted=True, at_startup=True)
                 )
-                self.models_status[mv.name] = "ready"
             except MserveError as exc:
                 log.error("startup model %s failed: %s", label, exc.message)
-                self.models_status[label] = f"failed: {exc.message}"
+                self.load_failures[label] = f"failed: {exc.message}"
 
         await asyncio.gather(*(one(m) for m in models))
 
@@ -196,6 +226,7 @@ class Server:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        self.registry.on_change("status file", self.write_status)
         try:
             await self.listen()
             self.write_status()
@@ -204,24 +235,22 @@ class Server:
                 return
             if self.config.snapshot:
                 path = self.config.run_path / SNAPSHOT_FILE
-                self.registry.on_change = lambda: snapshot.save(self.registry, path)
+                self.registry.on_change("snapshot", lambda: snapshot.save(self.registry, path))
                 self.registry.changed()
             self.state = "ready"
             self.write_status()
             if self.config.fork_workers:
                 self.launcher.allow_warming()
             log.info("mserve %s ready", __version__)
-            flusher = (
-                asyncio.create_task(self.access_log.flush_every(ACCESS_LOG_FLUSH_S))
-                if self.access_log is not None
-                else None
-            )
+            chores = [asyncio.create_task(self.refresh_status())]
+            if self.access_log is not None:
+                chores.append(asyncio.create_task(self.access_log.flush_every(ACCESS_LOG_FLUSH_S)))
             try:
                 await self.stop_event.wait()
             finally:
-                if flusher is not None:
-                    flusher.cancel()
-                    await asyncio.gather(flusher, return_exceptions=True)
+                for chore in chores:
+                    chore.cancel()
+                await asyncio.gather(*chores, return_exceptions=True)
         finally:
             await self.shutdown()
             if self.access_log is not None:
@@ -263,6 +292,14 @@ class Server:
         for listener in self.listeners:
             await listener.wait_closed(1.0)
         log.info("mserve stopped")
+
+
+def _state(mv: ModelVersion) -> str:
+    if mv.failed is not None:
+        return f"failed: {mv.failed}"
+    if mv.healthy():
+        return "ready"
+    return f"loading ({mv.stage})" if mv.stage else "loading"
 
 
 def hold_lock(run_dir: Path) -> int:

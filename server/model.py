@@ -519,6 +519,7 @@ class ModelVersion:
         self.queue.fail_all(ServiceUnavailable(f"model {self.label} was unregistered"))
 
     def describe(self) -> dict[str, Any]:
+        """TorchServe's describe fields with its types and values, then ours."""
         s = self.settings
         workers = []
         for slot in self.slots:
@@ -528,9 +529,11 @@ class ModelVersion:
             workers.append(
                 {
                     "id": w.id,
-                    "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(w.started_at))
-                    + "Z",
-                    "status": "UNLOADING" if w.state is WorkerState.STOPPING else w.state.value,
+                    "startTime": _timestamp(w.started_at),
+                    # TorchServe's two values: READY when it serves (busy or not), else
+                    # UNLOADING; "state" says which of ours (STARTING, BUSY, STOPPING, ...)
+                    "status": "READY" if w.state in _SERVING else "UNLOADING",
+                    "state": w.state.value,
                     "memoryUsage": w.rss_bytes(),
                     "pid": w.pid,
                     "gpu": w.gpu is not None,
@@ -538,6 +541,7 @@ class ModelVersion:
                     "gpuUsage": "N/A",
                 }
             )
+        queued = self.queued()
         return {
             "modelName": self.name,
             "modelVersion": self.version,
@@ -548,13 +552,19 @@ class ModelVersion:
             "maxWorkers": s.max_workers,
             "batchSize": s.batch_size,
             "maxBatchDelay": s.max_batch_delay_ms,
-            "responseTimeout": s.response_timeout_s,
-            "startupTimeout": s.startup_timeout_s,
-            "jobQueueSize": s.job_queue_size,
-            "retryOnWorkerDeath": s.retry_on_worker_death,
-            "queueDepth": self.queued(),
-            "deviceType": s.device_type,
+            "responseTimeout": _whole(s.response_timeout_s),
+            "startupTimeout": _whole(s.startup_timeout_s),
+            "parallelType": "",  # no model parallelism (torchrun) here: TorchServe's "none"
+            "parallelLevel": 0,
+            "deviceType": "gpu" if self.gpus.use_gpu else "cpu",
             "deviceIds": list(s.device_ids) if s.device_ids else None,
+            "jobQueueSize": s.job_queue_size,
+            "jobQueueStatus": {
+                "remainingCapacity": max(0, s.job_queue_size - queued),
+                "pendingRequests": queued,
+            },
+            "retryOnWorkerDeath": s.retry_on_worker_death,
+            "queueDepth": queued,
             "settingSources": s.sources,
             "loadedAtStartup": self.loaded_at_startup,
             "status": "FAILED" if self.failed else ("READY" if self.healthy() else "LOADING"),
@@ -573,6 +583,21 @@ def pipeline_depth(batch_size: int) -> int:
     write and the worker picks several up per wake-up (echo, batch 1, 16 connections: 2 -> 8
     in flight measured 1.2-1.5x the requests/s, interleaved A/B)."""
     return max(2, -(-IN_FLIGHT_REQUESTS // max(1, batch_size)))
+
+
+_SERVING = (WorkerState.READY, WorkerState.BUSY)
+
+
+def _whole(seconds: float) -> float | int:
+    """A whole number of seconds as an int, as TorchServe writes it (typed clients refuse 120.0
+    where they expect an integer)."""
+    return int(seconds) if float(seconds).is_integer() else seconds
+
+
+def _timestamp(epoch_s: float) -> str:
+    """UTC with milliseconds, TorchServe's form: 2024-05-01T12:00:00.123Z."""
+    millis = int(epoch_s * 1000) % 1000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch_s)) + f".{millis:03d}Z"
 
 
 def _fail(jobs: list[Job], error: BaseException) -> None:

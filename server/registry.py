@@ -100,7 +100,7 @@ class Registry:
         self.defaults: dict[str, str] = {}
         self._lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
-        self.on_change: Callable[[], None] | None = None  # the snapshot writer, when enabled
+        self._listeners: list[tuple[str, Callable[[], None]]] = []  # see on_change
         # snapshot entries that failed to restore at start: written back into every snapshot
         self.unrestored: list[dict[str, Any]] = []
         self.envs = EnvCache(config.env_path, protected=config.protected_packages)
@@ -230,13 +230,18 @@ class Registry:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
 
+    def on_change(self, what: str, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every change of the registered models, versions, defaults or
+        worker counts (the snapshot, the status file); ``what`` it keeps names it in the log."""
+        self._listeners.append((what, listener))
+
     def changed(self) -> None:
-        """Registered models, versions, defaults or worker counts changed."""
-        if self.on_change is not None:
+        """Registered models, versions, defaults or worker counts changed: tell the listeners."""
+        for what, listener in self._listeners:
             try:
-                self.on_change()
+                listener()
             except OSError as exc:  # a full disk must not fail the API call that got here
-                log.error("could not save the snapshot: %s", exc)
+                log.error("could not save the %s: %s", what, exc)
 
     def envs_in_use(self) -> set[str]:
         return {mv.env_key for mv in self.all() if mv.env_key}

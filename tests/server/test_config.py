@@ -36,8 +36,47 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
     [
         ("jobqueue: 1\n", {}, "unknown key 'jobqueue'"),
         ("", {"MSERVE_JOB_QUEUE": "1"}, "environment (MSERVE_*): unknown key 'MSERVE_JOB_QUEUE'"),
-        ("batch_size: many\n", {}, "'batch_size' should be a non-negative integer, found 'many'"),
-        ("response_timeout_s: 0\n", {}, "'response_timeout_s' should be a positive number"),
+        ("batch_size: many\n", {}, "'batch_size' should be a positive integer, found 'many'"),
+        ("response_timeout_s: 0\n", {}, "'response_timeout_s' should be a positive finite number"),
+        ("batch_size: 0\n", {}, "'batch_size' should be a positive integer, found 0"),
+        (
+            "",
+            {"MSERVE_JOB_QUEUE_SIZE": "0"},
+            "'job_queue_size' should be a positive integer, found '0'",
+        ),
+        (
+            "max_request_size_bytes: 0\n",
+            {},
+            "'max_request_size_bytes' should be a positive integer",
+        ),
+        (
+            "max_response_size_bytes: 0\n",
+            {},
+            "'max_response_size_bytes' should be a positive integer",
+        ),
+        ("max_connections: 0\n", {}, "'max_connections' should be a positive integer, found 0"),
+        (
+            "default_workers_per_model: -1\n",
+            {},
+            "'default_workers_per_model' should be a non-negative integer, found -1",
+        ),
+        ("max_batch_delay_ms: -5\n", {}, "'max_batch_delay_ms' should be a non-negative integer"),
+        (
+            "startup_timeout_s: -1\n",
+            {},
+            "'startup_timeout_s' should be a positive finite number, found -1",
+        ),
+        (
+            "",
+            {"MSERVE_READ_TIMEOUT_S": "nan"},
+            "'read_timeout_s' should be a positive finite number, found 'nan'",
+        ),
+        (
+            "keepalive_timeout_s: .inf\n",
+            {},
+            "'keepalive_timeout_s' should be a positive finite number, found inf",
+        ),
+        ("job_queue_size: .inf\n", {}, "'job_queue_size' should be a positive integer, found inf"),
         (
             "inference_address: localhost:http\n",
             {},
@@ -56,3 +95,10 @@ def test_config_errors_name_the_key(tmp_path: Path, text: str, env: dict, messag
     with pytest.raises(ConfigError) as info:
         load_config(cfg, {}, env)
     assert message in info.value.message
+
+
+def test_zero_is_allowed_where_it_means_something() -> None:
+    config = load_config(None, {"default_workers_per_model": 0, "max_batch_delay_ms": 0,
+                                "number_of_gpu": 0}, {})  # fmt: skip
+    assert (config.default_workers_per_model, config.max_batch_delay_ms) == (0, 0)
+    assert config.number_of_gpu == 0

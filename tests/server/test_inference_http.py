@@ -178,11 +178,20 @@ def test_routes_unknown_paths_and_methods(probe_server: Server) -> None:
         sock.sendall(_request("/predictions/probe", method="GET"))
         status, headers, body = replies.next()
         assert status == 405 and headers["allow"] == "POST, PUT"
-        assert json.loads(body)["type"] == "MethodNotAllowed"
-        sock.sendall(_request("/nowhere", method="GET") + _request("/predictions/probe/"))
+        assert json.loads(body)["type"] == "MethodNotAllowedException"
+        sock.sendall(_request("/nowhere", method="GET") + _request("/predictions//probe"))
         for _ in range(2):
             status, _, body = replies.next()
             assert status == 404 and json.loads(body)["code"] == 404
+        # trailing slashes are accepted, as TorchServe accepts them
+        sock.sendall(_request("/predictions/probe/", b'{"tag": "slash"}')
+                     + _request("/predictions/probe/1.0//", b'{"tag": "slashes"}')
+                     + _request("/ping/", method="GET"))  # fmt: skip
+        for tag in ("slash", "slashes"):
+            status, _, body = replies.next()
+            assert status == 200 and json.loads(body)["body"] == {"tag": tag}
+        status, _, body = replies.next()
+        assert status == 200 and json.loads(body) == {"status": "Healthy"}
         sock.sendall(_request("/predictions/pr%6Fbe?x=first&x=second", b'{"tag": "escaped"}'))
         status, _, body = replies.next()  # %6F is "o"; of repeated parameters the first counts
         assert status == 200 and json.loads(body)["body"] == {"tag": "escaped"}

@@ -19,11 +19,11 @@ def test_request_and_response_size_limits(make_archive, start_server) -> None:
         config={"max_request_size_bytes": 1000, "max_response_size_bytes": 100},
     )
     big = server.predict("probe", b"x" * 2000, headers={"Content-Type": "application/octet-stream"})
-    assert big.status == 413
+    assert big.status == 413 and big.json()["type"] == "RequestTooLargeException"
     assert "max_request_size_bytes=1000" in big.json()["message"]
     answer = server.predict("probe", {"cmd": "bytes"})  # 256 bytes back
     assert answer.status == 413
-    assert answer.json()["type"] == "ResponseTooLarge"
+    assert answer.json()["type"] == "InternalServerException"
     assert "256 bytes, more than max_response_size_bytes=100" in answer.json()["message"]
     assert server.predict("probe", {"cmd": "header"}).status == 200  # small answers still pass
 
@@ -32,11 +32,14 @@ def test_full_queue_answers_429_at_once_while_accepted_requests_succeed(make_arc
     make_archive("probe", "probe:handle", "probe")
     server = start_server("probe=probe.mar", config={"job_queue_size": 2})
     results: list[tuple[int, str | None, float]] = []
+    types: set[str] = set()
 
     def call() -> None:
         started = time.monotonic()
         reply = server.predict("probe", {"cmd": "sleep", "s": 0.5})
         results.append((reply.status, reply.headers.get("Retry-After"), time.monotonic() - started))
+        if reply.status == 429:
+            types.add(reply.json()["type"])
 
     threads = [threading.Thread(target=call) for _ in range(8)]
     for t in threads:
@@ -51,6 +54,7 @@ def test_full_queue_answers_429_at_once_while_accepted_requests_succeed(make_arc
     rejected = [r for r in results if r[0] == 429]
     assert all(retry == "1" for _, retry, _ in rejected)
     assert all(took < 0.4 for _, _, took in rejected)  # refused at once, not after waiting
+    assert types == {"TooManyRequestsException"}
 
 
 def test_requests_waiting_in_the_worker_count_as_queued(make_archive, start_server) -> None:
@@ -69,6 +73,11 @@ def test_requests_waiting_in_the_worker_count_as_queued(make_archive, start_serv
         )  # fmt: skip
         text = http("GET", server.url("metrics", "/metrics")).body.decode()
         assert 'mserve_queue_depth{model="probe",version="1.0"} 3.0' in text, text
+        described = server.manage("GET", "/models/probe").json()[0]
+        # TorchServe's view of the same: a busy worker is READY, as one that waits for work
+        assert described["jobQueueStatus"] == {"remainingCapacity": 97, "pendingRequests": 3}
+        [worker] = described["workers"]
+        assert (worker["status"], worker["state"]) == ("READY", "BUSY")
     finally:
         runner.join(timeout=30)
     assert server.manage("GET", "/models/probe").json()[0]["queueDepth"] == 0
@@ -78,11 +87,13 @@ def test_response_timeout_answers_504_and_replaces_the_worker(make_archive, star
     make_archive("probe", "probe:handle", "probe")
     server = start_server()
     assert server.manage("POST", "/models?url=probe.mar&response_timeout=1").status == 200
+    timeout = server.manage("GET", "/models/probe").json()[0]["responseTimeout"]
+    assert (timeout, type(timeout)) == (1, int)
     old = server.worker_pids("probe")[0]
     started = time.monotonic()
     slow = server.predict("probe", {"cmd": "sleep", "s": 30})
     took = time.monotonic() - started
-    assert slow.status == 504
+    assert slow.status == 504 and slow.json()["type"] == "InternalServerException"
     assert "response_timeout_s=1" in slow.json()["message"]
     assert took < 5  # at the deadline, not when the handler would have finished
     wait_until(lambda: server.predict("probe", {}).status == 200, 30, "a fresh worker")
@@ -175,7 +186,7 @@ def test_a_dead_workers_requests_are_retried_once_when_the_model_allows_it(
 
         def find() -> bool:
             workers = server.manage("GET", f"/models/{model}").json()[0]["workers"]
-            busy[:] = [w["pid"] for w in workers if w["status"] == "BUSY"]
+            busy[:] = [w["pid"] for w in workers if w["state"] == "BUSY"]
             return bool(busy)
 
         wait_until(find, 10, f"a busy worker of {model}")
@@ -210,6 +221,8 @@ def test_a_waiting_batch_gets_its_own_timeout_and_outlives_a_hung_one(
     make_archive("probe", "probe:handle", "probe")
     server = start_server()
     assert server.manage("POST", "/models?url=probe.mar&response_timeout=1").status == 200
+    timeout = server.manage("GET", "/models/probe").json()[0]["responseTimeout"]
+    assert (timeout, type(timeout)) == (1, int)
 
     # each takes 0.7 s of a 1 s budget; the second waits 0.7 s behind the first and still fits
     first, second = concurrently(

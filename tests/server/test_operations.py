@@ -44,9 +44,9 @@ def test_explanations_and_v2_paths_reach_the_handler(make_archive, start_server)
     status, out = _post(server, "/v2/models/ops/not-a-name", {})
     assert status == 400 and "'not-a-name' is not a valid name" in out["message"]
     status, out = _post(server, "/v2/models/ops/versions/9.9/infer", {})
-    assert status == 404 and out["type"] == "ModelVersionNotFound"
+    assert status == 404 and out["type"] == "ModelVersionNotFoundException"
     status, out = _post(server, "/explanations/nope", {})
-    assert status == 404 and out["type"] == "ModelNotFound"
+    assert status == 404 and out["type"] == "ModelNotFoundException"
 
     ready = http("GET", server.url("inference", "/v2/models/ops/ready"))
     assert ready.status == 200 and ready.json() == {"name": "ops", "version": "2.0", "ready": True}

@@ -6,9 +6,17 @@ import json
 import subprocess
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
-from tests.server.conftest import MSERVE, http, pid_alive, template_ready, wait_until
+from tests.server.conftest import (
+    MSERVE,
+    concurrently,
+    http,
+    pid_alive,
+    template_ready,
+    wait_until,
+)
 
 
 def test_start_predict_status_stop(make_archive, start_server) -> None:
@@ -43,6 +51,32 @@ def test_start_predict_status_stop(make_archive, start_server) -> None:
     nothing = server.cli("--stop")
     assert nothing.returncode == 1 and "mserve is not running" in nothing.stderr
     assert server.cli("--status").returncode == 3
+
+
+def test_status_view_follows_the_registry(make_archive, start_server) -> None:
+    """Models registered or removed through the API show in ``mserve --status`` at once; one
+    that loads in the background turns ready there without another call."""
+    make_archive("probe", "probe:handle", "probe")
+    make_archive("echo_fn", "echo:handle", "echo")
+    make_archive("bad_import", "broken", "broken")
+    server = start_server("probe=probe.mar", "broken=broken.mar")
+
+    def status() -> str:
+        out = server.cli("--status")
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "model broken: failed:" in status()  # a startup failure stays listed
+    assert server.manage("POST", "/models?url=echo.mar").status == 200
+    shown = status()
+    assert "model echo: ready" in shown and "model probe: ready" in shown
+    assert server.manage("DELETE", "/models/probe").status == 200
+    shown = status()
+    assert "model probe" not in shown and "model echo: ready" in shown
+    assert server.manage("POST", "/models?url=probe.mar&synchronous=false").status == 202
+    wait_until(lambda: "model probe: ready" in status(), 30, "the status view to show it ready")
+    assert server.manage("DELETE", "/models/echo").status == 200
+    assert "model echo" not in status()
 
 
 def test_request_bodies_reach_the_handler_as_torchserve_gives_them(make_archive, start_server):
@@ -94,7 +128,7 @@ def test_handler_failures_answer_5xx_and_the_worker_keeps_serving(make_archive, 
     pid = server.worker_pids("probe")[0]
     boom = server.predict("probe", {"cmd": "raise"})
     assert boom.status == 500
-    assert boom.json()["type"] == "HandlerError"
+    assert boom.json()["type"] == "InternalServerException"
     assert "RuntimeError: probe was asked to fail" in boom.json()["message"]
     short = server.predict("probe", {"cmd": "wrong_length"})
     assert short.status == 500
@@ -112,7 +146,7 @@ def test_worker_crash_is_reported_and_replaced(make_archive, start_server) -> No
     old = server.worker_pids("probe")[0]
     crash = server.predict("probe", {"cmd": "exit"})
     assert crash.status == 500
-    assert crash.json()["type"] == "WorkerDied"
+    assert crash.json()["type"] == "InternalServerException"
     assert f"(pid {old}) exited with code 3" in crash.json()["message"]
 
     def replaced() -> bool:
@@ -129,12 +163,18 @@ def test_errors_keep_torchserve_shape(make_archive, start_server) -> None:
     assert missing.status == 404
     assert missing.json() == {
         "code": 404,
-        "type": "ModelNotFound",
+        "type": "ModelNotFoundException",
         "message": "Model not found: nope",
     }
     version = server.predict("probe", {}, version="9.9")
-    assert version.status == 404 and version.json()["type"] == "ModelVersionNotFound"
-    assert http("GET", server.url("inference", "/nowhere")).json()["code"] == 404
+    assert version.status == 404 and version.json()["type"] == "ModelVersionNotFoundException"
+    nowhere = http("GET", server.url("inference", "/nowhere")).json()
+    assert (nowhere["code"], nowhere["type"]) == (404, "ResourceNotFoundException")
+    bad = server.manage("GET", "/models?next_page_token=x").json()
+    assert (bad["code"], bad["type"]) == (400, "BadRequestException")
+    assert server.manage("PUT", "/models/probe?min_worker=0&synchronous=true").status == 200
+    idle = server.predict("probe", {}).json()
+    assert (idle["code"], idle["type"]) == (503, "ServiceUnavailableException")
 
 
 def test_handler_entry_styles(make_archive, start_server) -> None:
@@ -159,7 +199,7 @@ def test_load_failures_are_clear(make_archive, start_server) -> None:
     server = start_server("probe=probe.mar")
     broken = server.manage("POST", "/models?url=broken.mar")
     assert broken.status == 400, broken.body
-    assert broken.json()["type"] == "InvalidModel"
+    assert broken.json()["type"] == "InvalidModelException"
     assert "ModuleNotFoundError" in broken.json()["message"]
     assert "not found" not in broken.json()["message"].split("ModuleNotFoundError")[0]
     clash = server.manage("POST", "/models?url=clash.mar")
@@ -190,7 +230,7 @@ def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> Non
     assert reg.status == 200
     assert reg.json()["status"] == 'Model "probe" Version: 1.0 registered with 1 initial workers'
     dup = server.manage("POST", "/models?url=probe.mar")
-    assert dup.status == 409 and dup.json()["type"] == "ModelAlreadyExists"
+    assert dup.status == 409 and dup.json()["type"] == "ConflictStatusException"
     v2 = server.manage("POST", "/models?url=probe2.mar&model_name=probe&batch_size=2")
     assert v2.status == 200
     described = server.manage("GET", "/models/probe/2.0").json()[0]
@@ -201,7 +241,14 @@ def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> Non
         described["responseTimeout"] == 120
         and described["settingSources"]["response_timeout_s"] == "server"
     )
+    # TorchServe's types: whole seconds are ints (typed clients refuse 120.0)
+    assert type(described["responseTimeout"]) is int and type(described["startupTimeout"]) is int
+    assert (described["deviceType"], described["parallelType"], described["parallelLevel"]) == (
+        "cpu", "", 0,
+    )  # fmt: skip
+    assert described["jobQueueStatus"] == {"remainingCapacity": 100, "pendingRequests": 0}
     assert len(server.manage("GET", "/models/probe/all").json()) == 2
+    assert len(server.manage("GET", "/models/probe/all/").json()) == 2  # TorchServe allows it
     assert server.predict("probe", {}, version="2.0").json()["batch_size"] == 2
     assert server.predict("probe", {}).json()["batch_size"] == 1  # default is the first version
     assert server.manage("PUT", "/models/probe/2.0/set-default").status == 200
@@ -227,13 +274,91 @@ def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> Non
     assert outside.status in (403, 404)
 
 
+def test_registration_parameters_take_effect(make_archive, start_server) -> None:
+    """handler=, batch_size= and max_batch_delay= on POST /models: describe shows them and the
+    workers run by them."""
+    make_archive("echo_fn", "echo:handle", "echo")
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server()
+    reply = server.manage("POST", "/models?url=echo.mar&handler=echo:shout")
+    assert reply.status == 200, reply.body
+    described = server.manage("GET", "/models/echo").json()[0]
+    assert described["handler"] == "echo:shout"
+    assert server.predict("echo", "quiet please").body == b"QUIET PLEASE"  # shout, not handle
+
+    reply = server.manage("POST", "/models?url=probe.mar&batch_size=4&max_batch_delay=700")
+    assert reply.status == 200, reply.body
+    described = server.manage("GET", "/models/probe").json()[0]
+    assert (described["batchSize"], described["maxBatchDelay"]) == (4, 700)
+    assert described["settingSources"]["max_batch_delay_ms"] == "api"
+    started = time.monotonic()
+    alone = server.predict("probe", {"n": 0}).json()
+    assert time.monotonic() - started >= 0.6  # it waited for company, up to 700 ms
+    assert alone["batch_len"] == 1
+    together = concurrently(*(lambda i=i: server.predict("probe", {"n": i}) for i in range(3)))
+    assert [r.json()["batch_len"] for r in together] == [3, 3, 3]  # one batch, in the delay
+
+
+def test_scale_and_describe_as_torchserve_clients_use_them(make_archive, start_server) -> None:
+    """max_worker shows as maxWorkers; a scale without synchronous answers 202 and the workers
+    come; PUT /predictions works as POST; startTime and memoryUsage are real."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    reply = server.manage("PUT", "/models/probe?min_worker=3&max_worker=5")
+    assert reply.status == 202
+    assert reply.json() == {"status": "Processing worker updates..."}
+
+    def three_ready() -> bool:
+        workers = server.manage("GET", "/models/probe").json()[0]["workers"]
+        return len(workers) == 3 and all(w["status"] == "READY" for w in workers)
+
+    wait_until(three_ready, 60, "three READY workers after an asynchronous scale")
+    described = server.manage("GET", "/models/probe").json()[0]
+    assert (described["minWorkers"], described["maxWorkers"]) == (3, 5)
+    for worker in described["workers"]:
+        started = datetime.strptime(worker["startTime"], "%Y-%m-%dT%H:%M:%S.%fZ")
+        started = started.replace(tzinfo=timezone.utc)
+        age_s = (datetime.now(timezone.utc) - started).total_seconds()
+        assert 0 <= age_s < 120  # started during this test, in UTC
+        assert type(worker["memoryUsage"]) is int
+        assert 1 << 20 < worker["memoryUsage"] < 8 << 30  # an RSS in bytes: a Python process
+
+    put = http("PUT", server.url("inference", "/predictions/probe"), b'{"via": "put"}',
+               {"Content-Type": "application/json"})  # fmt: skip
+    assert put.status == 200 and put.json()["body"] == {"via": "put"}
+    put = http("PUT", server.url("inference", "/predictions/probe/1.0"), b'{"via": "put"}',
+               {"Content-Type": "application/json"})  # fmt: skip
+    assert put.status == 200 and put.json()["body"] == {"via": "put"}
+
+
+def test_models_list_pages_as_torchserve_does(make_archive, start_server) -> None:
+    """limit is 100 when missing, over 100 or negative; 0 is an empty page."""
+    make_archive("echo_fn", "echo:handle", "echo")
+    server = start_server()
+    names = sorted(f"m{i:03d}" for i in range(102))
+    for name in names:  # no workers: a registration is an unpacked archive and a name
+        reply = server.manage("POST", f"/models?url=echo.mar&model_name={name}&initial_workers=0")
+        assert reply.status == 200, reply.body
+    for query in ("", "?limit=101", "?limit=5000", "?limit=-1"):
+        page = server.manage("GET", f"/models{query}").json()
+        assert [m["modelName"] for m in page["models"]] == names[:100], query
+        assert page["nextPageToken"] == "100"
+    rest = server.manage("GET", "/models?limit=100&next_page_token=100").json()
+    assert rest == {"models": [{"modelName": n, "modelUrl": "echo.mar"} for n in names[100:]]}
+    empty = server.manage("GET", "/models?limit=0&next_page_token=7")
+    assert empty.status == 200 and empty.json() == {"models": [], "nextPageToken": "7"}
+    first = server.manage("GET", "/models?limit=1&next_page_token=-3").json()
+    assert first == {"models": [{"modelName": "m000", "modelUrl": "echo.mar"}],
+                     "nextPageToken": "1"}  # fmt: skip
+
+
 def test_registration_url_must_stay_in_the_store(make_archive, start_server, tmp_path) -> None:
     make_archive("probe", "probe:handle", "probe")
     server = start_server()
     elsewhere = tmp_path / "elsewhere.mar"
     elsewhere.write_bytes((tmp_path / "store" / "probe.mar").read_bytes())
     denied = server.manage("POST", f"/models?url={elsewhere}")
-    assert denied.status == 403 and denied.json()["type"] == "ArchiveNotAllowed"
+    assert denied.status == 403 and denied.json()["type"] == "ArchiveNotAllowedException"
     dots = server.manage("POST", "/models?url=../elsewhere.mar")
     assert dots.status == 403
     missing = server.manage("POST", "/models?url=nope.mar")

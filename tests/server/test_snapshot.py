@@ -103,7 +103,7 @@ def test_second_signal_forces_exit(make_archive, start_server) -> None:
 
     slow = threading.Thread(target=slow_call)
     slow.start()
-    wait_until(lambda: server.manage("GET", "/models/probe").json()[0]["workers"][0]["status"] == "BUSY", 10, "a busy worker")  # fmt: skip
+    wait_until(lambda: server.manage("GET", "/models/probe").json()[0]["workers"][0]["state"] == "BUSY", 10, "a busy worker")  # fmt: skip
     os.kill(server.pid, signal.SIGTERM)  # drains: would wait for the 8 s request
     time.sleep(0.5)
     assert pid_alive(server.pid)
