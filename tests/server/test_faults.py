@@ -13,7 +13,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from tests.server.conftest import concurrently, pid_alive, wait_until
+import psutil
+
+from tests.server.conftest import concurrently, pid_alive, template_ready, wait_until
 
 
 def _later(delay_s: float, call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
@@ -155,19 +157,31 @@ def test_callers_that_left_do_not_fill_the_queue(make_archive, start_server) -> 
     busy.join(30)
 
 
-def test_a_busy_worker_exits_when_the_server_is_killed(make_archive, start_server) -> None:
+def test_busy_workers_exit_when_the_server_is_killed(make_archive, start_server) -> None:
     """A worker in a long handler call does not read its socket, so the EOF alone would let it
-    run on after kill -9 of the server; it must notice the server is gone."""
+    run on after kill -9 of the server; it must notice the server is gone. Both kinds: the
+    first worker is started from a fresh interpreter, the second forked from the template."""
     make_archive("probe", "probe:handle", "probe")
     server = start_server("probe=probe.mar")
     child = server.predict("probe", {"cmd": "spawn"}).json()["child"]
-    worker = server.worker_pids("probe")[0]
-    client, _ = _later(0, lambda: server.predict("probe", {"cmd": "sleep", "s": 600}))
-    time.sleep(0.5)
+    wait_until(lambda: template_ready(server), 120, "the worker template")
+    assert server.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
+    workers = server.worker_pids("probe")
+    parents = {psutil.Process(w).ppid() for w in workers}
+    assert len(parents) == 2 and server.pid in parents  # one exec'd, one forked by the template
+    clients = [
+        _later(0, lambda: server.predict("probe", {"cmd": "sleep", "s": 600}))[0]
+        for _ in workers
+    ]
+    wait_until(
+        lambda: all(w["state"] == "BUSY" for w in server.manage("GET", "/models/probe").json()[0]["workers"]),
+        10, "both workers to be busy",
+    )  # fmt: skip
     os.kill(server.pid, signal.SIGKILL)
-    wait_until(lambda: not pid_alive(worker), 10, "the busy worker to exit")
-    wait_until(lambda: not pid_alive(child), 10, "its child to exit")
-    client.join(30)
+    wait_until(lambda: not any(pid_alive(w) for w in workers), 10, "the busy workers to exit")
+    wait_until(lambda: not pid_alive(child), 10, "the first one's child to exit")
+    for client in clients:
+        client.join(30)
 
 
 def test_sigterm_while_startup_models_load_stops_at_once(
@@ -207,3 +221,39 @@ def test_a_worker_that_dies_while_idle_is_replaced_without_waiting_for_a_request
     log = (server.run_dir / "logs" / "mserve.log").read_text()
     assert f"(pid {victim}) was killed by SIGKILL; restarting" in log
     assert server.predict("probe", {}).status == 200
+
+
+def test_a_status_set_for_one_request_of_a_batch_reaches_only_its_caller(
+    make_archive, start_server
+) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server()
+    registered = server.manage(
+        "POST", "/models?url=probe.mar&batch_size=4&max_batch_delay=1000&initial_workers=1"
+    )
+    assert registered.status == 200, registered.body
+    bodies = [{}, {"cmd": "status"}, {}, {}]
+    replies = concurrently(*(partial(server.predict, "probe", body) for body in bodies))
+    assert [r.status for r in replies] == [200, 418, 200, 200]
+    assert {r.json()["batch_len"] for r in replies} == {4}  # one handler call for all four
+
+
+def test_scaling_down_retires_the_idle_worker_and_the_busy_one_finishes(
+    make_archive, start_server
+) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    assert server.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
+    client, answer = _later(0, lambda: server.predict("probe", {"cmd": "sleep", "s": 2}))
+    busy: list[int] = []
+
+    def find_busy() -> bool:
+        workers = server.manage("GET", "/models/probe").json()[0]["workers"]
+        busy[:] = [w["pid"] for w in workers if w.get("state", w["status"]) == "BUSY"]
+        return bool(busy)
+
+    wait_until(find_busy, 10, "a busy worker")
+    assert server.manage("PUT", "/models/probe?min_worker=1&synchronous=true").status == 200
+    assert server.worker_pids("probe") == busy  # the idle one went
+    client.join(30)
+    assert answer[0].status == 200 and answer[0].json()["pid"] == busy[0]
