@@ -113,7 +113,7 @@ class TextToSpeech:
         for i, p in enumerate(parsed):
             if p.ids is None:
                 context.set_response_status(400, "Bad Request", i)
-                results[i] = {"code": 400, "type": "BadRequest", "message": p.error}
+                results[i] = {"code": 400, "type": "BadRequestException", "message": p.error}
         if good:
             wavs, frames = self._synthesize([parsed[i].ids or [] for i in good], context)
             for i, wav, n in zip(good, wavs, frames, strict=True):

@@ -176,7 +176,7 @@ def test_a_batch_of_three_texts_gives_each_caller_its_own_wav(server: Server) ->
 def test_bad_text_gets_a_400_with_a_clear_message(server: Server, body: Any, message: str) -> None:
     reply = _speak(server, body)
     assert reply.status == 400
-    assert reply.json() == {"code": 400, "type": "BadRequest", "message": message}
+    assert reply.json() == {"code": 400, "type": "BadRequestException", "message": message}
 
 
 def test_bad_bytes_get_a_400(server: Server) -> None:

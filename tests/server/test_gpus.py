@@ -85,7 +85,7 @@ def test_device_ids_the_server_lacks_are_a_clear_400(
     assert far.status == 400
     assert far.json() == {
         "code": 400,
-        "type": "InvalidModel",
+        "type": "InvalidModelException",
         "message": "model far:1.0: deviceIds [5] name GPU(s) 5 that this server does not have;"
         " it has 2 GPU(s), ids 0 to 1",
     }
