@@ -257,3 +257,43 @@ def test_scaling_down_retires_the_idle_worker_and_the_busy_one_finishes(
     assert server.worker_pids("probe") == busy  # the idle one went
     client.join(30)
     assert answer[0].status == 200 and answer[0].json()["pid"] == busy[0]
+
+
+def test_callers_that_left_the_frontend_queue_do_not_fill_it(make_archive, start_server) -> None:
+    """Past the eight requests a worker holds, requests wait in the server's own queue: with
+    job_queue_size=10, one running, seven in the worker and three queued here fill it; when the
+    three queued callers leave, a live request must be accepted."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar", config={"job_queue_size": 10})
+    busy, _ = _later(0, lambda: server.predict("probe", {"cmd": "sleep", "s": 4}))
+    time.sleep(0.4)
+    held = [_later(0, lambda: server.predict("probe", {"cmd": "sleep", "s": 0.01}))[0]
+            for _ in range(7)]  # fmt: skip
+    wait_until(
+        lambda: server.manage("GET", "/models/probe").json()[0]["queueDepth"] == 7,
+        10, "seven requests waiting in the worker",
+    )  # fmt: skip
+    host, port = server.status["inference"].rsplit(":", 1)
+    leaving = []
+    body = b'{"cmd": "sleep", "s": 0.01}'
+    for _ in range(3):
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(
+            b"POST /predictions/probe HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        leaving.append(sock)
+    wait_until(
+        lambda: server.manage("GET", "/models/probe").json()[0]["queueDepth"] == 10,
+        10, "the queue to fill",
+    )  # fmt: skip
+    assert server.predict("probe", {}).status == 429
+    for sock in leaving:
+        sock.close()
+    time.sleep(0.3)
+    live, answer = _later(0, lambda: server.predict("probe", {}))
+    live.join(30)
+    assert answer[0].status == 200, answer[0].body
+    busy.join(30)
+    for thread in held:
+        thread.join(30)
