@@ -14,11 +14,11 @@ from pathlib import Path
 from archiver.errors import InputNotFound, UsageError
 
 # Handlers the server ships; naming one needs no file in the archive. The server's list is
-# server.workers.sdk.BUILTIN_HANDLERS (the archiver never imports the server; a test compares).
+# mserve_worker.sdk.BUILTIN_HANDLERS (the archiver never imports the server; a test compares).
 BUILTIN_HANDLERS = frozenset(
     {"image_classifier", "image_segmenter", "object_detector", "text_classifier"}
 )
-# Values of --handler-style besides "auto"; the worker's list is server.workers.loader.STYLES.
+# Values of --handler-style besides "auto"; the worker's list is mserve_worker.loader.STYLES.
 HANDLER_STYLES = ("module-function", "handler-class", "kernel", "hooks", "v2-model")
 
 

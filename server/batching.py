@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from server.workers.protocol import RequestItem, ResponseItem
+from mserve_worker.protocol import RequestItem, ResponseItem
 
 if TYPE_CHECKING:
     from server.workers.channel import Batch

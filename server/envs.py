@@ -42,18 +42,14 @@ log = logging.getLogger(__name__)
 
 SCHEMA = 1
 TAIL_LINES = 25
-CHILD_SIDE = ("__init__.py", "runtime.py", "protocol.py", "context.py", "payload.py",
-              "loader.py", "template.py", "sdk")  # fmt: skip
-WORKERS_DIR = Path(__file__).resolve().parent / "workers"
+# The in-worker package, whole: everything under it runs inside model environments.
+RUNTIME_PACKAGE = "mserve_worker"
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / RUNTIME_PACKAGE
 
 
 def _child_side_files() -> list[Path]:
-    """The worker-side modules (the ``sdk`` package whole), relative to ``WORKERS_DIR``."""
-    files = []
-    for name in CHILD_SIDE:
-        path = WORKERS_DIR / name
-        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
-    return [f.relative_to(WORKERS_DIR) for f in files]
+    """The in-worker package's files, relative to its parent folder."""
+    return [f.relative_to(RUNTIME_DIR.parent) for f in sorted(RUNTIME_DIR.rglob("*.py"))]
 
 
 @functools.cache
@@ -61,18 +57,16 @@ def runtime_digest() -> str:
     """Hash of the worker-side code, so a changed runtime never reuses a stale copy."""
     digest = hashlib.sha256()
     for rel in _child_side_files():
-        digest.update(str(rel).encode() + b"\0" + (WORKERS_DIR / rel).read_bytes() + b"\0")
+        digest.update(str(rel).encode() + b"\0" + (RUNTIME_DIR.parent / rel).read_bytes() + b"\0")
     return digest.hexdigest()[:12]
 
 
 def copy_runtime(root: Path) -> None:
-    """Lay out only the worker-side code under ``root`` as the importable ``server.workers``."""
-    (root / "server" / "workers").mkdir(parents=True, exist_ok=True)
-    (root / "server" / "__init__.py").write_text('"""mserve worker runtime only."""\n')
+    """Lay out only the in-worker package under ``root``, importable as ``mserve_worker``."""
     for rel in _child_side_files():
-        target = root / "server" / "workers" / rel
+        target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(WORKERS_DIR / rel, target)
+        shutil.copy(RUNTIME_DIR.parent / rel, target)
 
 
 @dataclass(frozen=True)
@@ -206,9 +200,9 @@ class EnvCache:
         return (self.path(key) / META_FILE).is_file()
 
     def runtime_dir(self) -> Path:
-        """A folder with only the stdlib worker runtime, importable as ``server.workers``."""
+        """A folder with only the stdlib worker runtime, importable as ``mserve_worker``."""
         folder = self.root / f"runtime-{__version__}-{runtime_digest()}"
-        if not (folder / "server" / "workers" / "runtime.py").is_file():
+        if not (folder / RUNTIME_PACKAGE / "runtime.py").is_file():
             tmp = self.root / f".tmp-runtime-{os.getpid()}-{secrets.token_hex(4)}"
             copy_runtime(tmp)
             try:
@@ -305,7 +299,7 @@ class EnvCache:
         else:
             cmd = [python, "-m", "pip", "install", *offline, *constraints, "-r", str(req_file)]
         self._run(cmd, "installing requirements", on_line, label)
-        probe = subprocess.run([python, "-I", "-c", "import server.workers.runtime"],
+        probe = subprocess.run([python, "-I", "-c", "import mserve_worker.runtime"],
                                capture_output=True, text=True)  # fmt: skip
         if probe.returncode != 0:
             raise EnvBuildError(f"the worker runtime does not import in the new environment for"

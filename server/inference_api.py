@@ -14,13 +14,13 @@ import logging
 import os
 import time
 
+from mserve_worker.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
 from server.app import Metrics, models_page
 from server.batching import Job
 from server.errors import BadRequest, InternalError, MserveError, ResponseTooLarge
 from server.http import Connection, Request, header_ok
 from server.model import ModelVersion
 from server.registry import Registry
-from server.workers.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from mserve_worker.protocol import RequestItem
 from server.batching import Job, JobQueue, QueueFull, gather_batch
 from server.devices import GpuPlan, shown_gpu_id, worker_env_for
 from server.errors import (
@@ -34,7 +35,6 @@ from server.errors import (
 from server.workers.channel import Batch, ChannelClosed
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
-from server.workers.protocol import RequestItem
 
 log = logging.getLogger(__name__)
 
@@ -371,9 +371,7 @@ class ModelVersion:
             if not live:
                 continue
             try:
-                batch = worker.send_batch(
-                    [j.item for j in live], self.settings.response_timeout_s
-                )
+                batch = worker.send_batch([j.item for j in live], self.settings.response_timeout_s)
             except Exception as exc:  # the supervisor's task guard: never strand a caller
                 log.exception("model %s: unexpected error sending a batch", self.label)
                 _fail(live, InternalError(f"internal error sending the batch: {exc!r}"))

@@ -5,7 +5,7 @@ A TorchServe handler would import ``ts.torch_handler.image_classifier``; that li
 
 import torch
 
-from server.workers.sdk.image_classifier import ImageClassifier
+from mserve_worker.sdk.image_classifier import ImageClassifier
 
 
 class Top1Classifier(ImageClassifier):

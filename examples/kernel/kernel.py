@@ -10,7 +10,7 @@ import os
 import torch
 from torch import nn
 
-from server.workers.sdk.kernel import Kernel
+from mserve_worker.sdk.kernel import Kernel
 
 
 class IrisKernel(Kernel):

@@ -8,7 +8,7 @@ Written as for mlrun's model server; moving it to mserve changed only the import
 import json
 import math
 
-from server.workers.sdk.v2_model import V2ModelServer
+from mserve_worker.sdk.v2_model import V2ModelServer
 
 
 class IrisClassifier(V2ModelServer):

@@ -17,8 +17,8 @@ import collections
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from server.workers import protocol
-from server.workers.protocol import Frame, Kind
+from mserve_worker import protocol
+from mserve_worker.protocol import Frame, Kind
 
 
 class ChannelClosed(Exception):

@@ -39,7 +39,7 @@ class Process(Protocol):
 
 def worker_command(python: str, fd: int) -> list[str]:
     # -I: the model folder (cwd) must not shadow our own modules on sys.path
-    return [python, "-I", "-u", "-m", "server.workers.runtime", "--fd", str(fd)]
+    return [python, "-I", "-u", "-m", "mserve_worker.runtime", "--fd", str(fd)]
 
 
 async def exec_worker(python: str, cwd: str, env: dict[str, str], fd: int) -> Process:
@@ -106,7 +106,7 @@ class Template:
         self._ready = loop.create_future()
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                self.python, "-I", "-u", "-m", "server.workers.template",
+                self.python, "-I", "-u", "-m", "mserve_worker.template",
                 "--fd", str(child.fileno()), "--preload", ",".join(self.preload),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,

@@ -2,7 +2,7 @@
 
 The channel is a Unix socketpair: the child inherits one end as a file descriptor (no socket
 paths to clean up or guess), and exits when it reads EOF, so no worker outlives the server.
-Everything that crosses it is a frame from ``server.workers.protocol``.
+Everything that crosses it is a frame from ``mserve_worker.protocol``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Any
 
 import psutil
 
+from mserve_worker import protocol
+from mserve_worker.protocol import Frame, Kind, RequestItem, ResponseItem
 from server.errors import HandlerError, InvalidModel, WorkerDied, WorkerTimeout
-from server.workers import protocol
 from server.workers.channel import Batch, BatchExpired, Channel, ChannelClosed
 from server.workers.launch import Launcher, Process
-from server.workers.protocol import Frame, Kind, RequestItem, ResponseItem
 
 log = logging.getLogger(__name__)
 

@@ -82,7 +82,7 @@ def test_failed_install_is_a_clear_registration_error(make_archive, start_server
 def test_layered_env_sees_server_packages_isolated_does_not(tmp_path: Path) -> None:
     cache = EnvCache(tmp_path / "envs")
     wheels = _wheelhouse(tmp_path, "1.0")
-    probe = "import server.workers.runtime, mservetestpkg; import yaml"
+    probe = "import mserve_worker.runtime, mservetestpkg; import yaml"
     layered = cache.ensure(EnvRequest(f"{PKG}==1.0", "m:1", wheels))
     assert subprocess.run([layered, "-I", "-c", probe], capture_output=True).returncode == 0
     isolated = cache.ensure(EnvRequest(f"{PKG}==1.0", "m:1", wheels, isolated=True))

@@ -194,7 +194,6 @@ def test_handler_entry_styles(make_archive, start_server) -> None:
 
 def test_load_failures_are_clear(make_archive, start_server) -> None:
     make_archive("bad_import", "broken", "broken")
-    make_archive("clash", "handler:handle", "clash")
     make_archive("probe", "probe:handle", "probe")
     server = start_server("probe=probe.mar")
     broken = server.manage("POST", "/models?url=broken.mar")
@@ -202,13 +201,19 @@ def test_load_failures_are_clear(make_archive, start_server) -> None:
     assert broken.json()["type"] == "InvalidModelException"
     assert "ModuleNotFoundError" in broken.json()["message"]
     assert "not found" not in broken.json()["message"].split("ModuleNotFoundError")[0]
-    clash = server.manage("POST", "/models?url=clash.mar")
-    assert clash.status == 400
-    assert "'server'" in clash.json()["message"] and "clashes" in clash.json()["message"]
     assert server.manage("GET", "/models").json()["models"] == [
         {"modelName": "probe", "modelUrl": "probe.mar"}
     ]
     assert server.predict("probe", {}).status == 200  # other models untouched
+
+
+def test_model_shipping_server_and_archiver_modules_serves(make_archive, start_server) -> None:
+    # TorchServe never reserved these names; archives made for it may well contain them.
+    make_archive("own_server", "handler:handle", "own_server")
+    server = start_server("own_server=own_server.mar")
+    answer = server.predict("own_server", {})
+    assert answer.status == 200, answer.body
+    assert answer.body == b"from the model's own server package and its own archiver module"
 
 
 def test_startup_model_failure_is_reported_not_fatal(make_archive, start_server) -> None:
@@ -464,7 +469,7 @@ def test_scaled_workers_fork_from_a_warm_template(make_archive, start_server) ->
     parents = {psutil.Process(p).ppid() for p in forked}
     assert len(parents) == 1 and parents != {server.pid}  # children of the template
     template = parents.pop()
-    assert "server.workers.template" in " ".join(psutil.Process(template).cmdline())
+    assert "mserve_worker.template" in " ".join(psutil.Process(template).cmdline())
     gpus = sorted(w["gpuId"] for w in server.manage("GET", "/models/probe").json()[0]["workers"])
     assert gpus == [0, 0, 1]
     seen = set()

@@ -19,11 +19,11 @@ import pytest
 import torch
 from PIL import Image
 
-from server.workers.context import Context
-from server.workers.loader import LoadedHandler, load_handler
-from server.workers.sdk import vision
-from server.workers.sdk.base_handler import BadInput, ModelLoadError, load_label_mapping
-from server.workers.sdk.text_classifier import load_vocab
+from mserve_worker.context import Context
+from mserve_worker.loader import LoadedHandler, load_handler
+from mserve_worker.sdk import vision
+from mserve_worker.sdk.base_handler import BadInput, ModelLoadError, load_label_mapping
+from mserve_worker.sdk.text_classifier import load_vocab
 
 HANDLERS = Path(__file__).resolve().parent.parent / "handlers"
 LINEAR = HANDLERS / "base_linear"
@@ -145,7 +145,7 @@ def test_explain_header_alone_selects_explanations(load, tmp_path) -> None:
 def test_get_insights_must_be_written_for_explanations(load, tmp_path) -> None:
     linear_model_dir(tmp_path)
     (tmp_path / "plain.py").write_text(
-        "from server.workers.sdk.base_handler import BaseHandler\n\n\n"
+        "from mserve_worker.sdk.base_handler import BaseHandler\n\n\n"
         "class Plain(BaseHandler):\n    pass\n"
     )
     handler, ctx = load("plain", EAGER)

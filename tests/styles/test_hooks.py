@@ -23,8 +23,8 @@ import pytest
 import torch
 import yaml
 
-from server.workers.context import Context
-from server.workers.loader import HandlerLoadError, LoadedHandler, load_handler
+from mserve_worker.context import Context
+from mserve_worker.loader import HandlerLoadError, LoadedHandler, load_handler
 from tests.conftest import ARCHIVER_SCRIPT, REPO
 from tests.server import conftest as serving
 from tests.server.conftest import HANDLERS, concurrently, http

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
+from mserve_worker.context import Context
+from mserve_worker.loader import HandlerLoadError, LoadedHandler, load_handler
+from mserve_worker.sdk.v2_model import V2ModelServer
 from server.envs import copy_runtime
-from server.workers.context import Context
-from server.workers.loader import HandlerLoadError, LoadedHandler, load_handler
-from server.workers.sdk.v2_model import V2ModelServer
 from tests.conftest import ARCHIVER_SCRIPT, REPO
 from tests.server import conftest as serving
 from tests.server.conftest import Reply, concurrently, http
@@ -231,7 +231,7 @@ def load_v2(tmp_path: Path) -> Iterator[Callable[..., tuple[LoadedHandler, Conte
 
     def load(source: str, config: dict[str, Any] | None = None, style: str | None = None):
         (folder / "v2m.py").write_text(
-            "from server.workers.sdk.v2_model import V2ModelServer\n" + textwrap.dedent(source)
+            "from mserve_worker.sdk.v2_model import V2ModelServer\n" + textwrap.dedent(source)
         )
         sys.path.insert(0, str(folder))
         context = make_context(folder, config)
@@ -445,7 +445,7 @@ def _old_python() -> str | None:
 
 _OLD_MODEL = """
 import json
-from server.workers.sdk.v2_model import V2ModelServer
+from mserve_worker.sdk.v2_model import V2ModelServer
 
 class Scaler(V2ModelServer):
     def load(self):
@@ -465,8 +465,8 @@ _OLD_SCRIPT = """
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from types import SimpleNamespace
-from server.workers.context import Context
-from server.workers.loader import load_handler
+from mserve_worker.context import Context
+from mserve_worker.loader import load_handler
 ctx = Context("m", sys.argv[1], {"model": {"serializedFile": "w.json"}}, 2, None, "mserve", "0",
               model_yaml_config={"params": {"boost": 10}}, model_version="3")
 handler = load_handler("scaler", sys.argv[1], ctx)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from server.workers.protocol import (
+from mserve_worker.protocol import (
     HEADER,
     MAX_META_BYTES,
     PROTOCOL_VERSION,
@@ -761,7 +761,7 @@ def test_unchecked_batch_frame_matches_the_checked_one() -> None:
 
 
 def test_small_frames_go_out_as_one_buffer_large_ones_uncopied() -> None:
-    from server.workers.protocol import JOIN_BELOW_BYTES, encode_for_send
+    from mserve_worker.protocol import JOIN_BELOW_BYTES, encode_for_send
 
     small = Frame(Kind.RESULT, {"batch_id": 1, "responses": []}, b"x" * 10)
     (joined,) = encode_for_send(small)

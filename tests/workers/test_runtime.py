@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mserve_worker import protocol
+from mserve_worker.protocol import Frame, Kind, RequestItem
 from server.envs import copy_runtime
-from server.workers import protocol
-from server.workers.protocol import Frame, Kind, RequestItem
 
 REPO = Path(__file__).resolve().parent.parent.parent
 HANDLERS = REPO / "tests" / "handlers"
@@ -63,7 +63,7 @@ def test_runtime_hello_load_batch_and_exit(tmp_path: Path, python: str) -> None:
     # -I ignores PYTHONPATH and the cwd, so put the plain copy first on the path by hand
     boot = (
         "import sys, runpy; sys.path.insert(0, sys.argv.pop(1));"
-        " runpy.run_module('server.workers.runtime', run_name='__main__')"
+        " runpy.run_module('mserve_worker.runtime', run_name='__main__')"
     )
     proc = subprocess.Popen(
         [python, "-I", "-u", "-c", boot, str(lib), "--fd", str(child.fileno())],
@@ -131,7 +131,7 @@ FRAMES_TO_SEND = [
 
 @pytest.mark.parametrize("frame", FRAMES_TO_SEND, ids=["no payload", "bytes", "memoryview"])
 def test_channel_send_is_one_sendmsg_and_finishes_a_short_one(frame: Frame) -> None:
-    from server.workers.runtime import Channel
+    from mserve_worker.runtime import Channel
 
     whole = ShortWrites(limit=1 << 20)
     Channel(whole).send(frame)  # type: ignore[arg-type]

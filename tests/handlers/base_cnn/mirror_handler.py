@@ -5,7 +5,7 @@ import io
 import torch
 from PIL import Image
 
-from server.workers.sdk.image_classifier import ImageClassifier
+from mserve_worker.sdk.image_classifier import ImageClassifier
 
 
 class MirrorClassifier(ImageClassifier):

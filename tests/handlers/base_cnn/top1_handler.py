@@ -3,7 +3,7 @@ the import line is the one change). Reports the batch size so tests can see batc
 
 import torch
 
-from server.workers.sdk.image_classifier import ImageClassifier
+from mserve_worker.sdk.image_classifier import ImageClassifier
 
 
 class Top1Classifier(ImageClassifier):

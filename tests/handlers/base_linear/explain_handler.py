@@ -1,6 +1,6 @@
 """A BaseHandler subclass that adds explanations: gradient x input for the target class."""
 
-from server.workers.sdk.base_handler import BaseHandler
+from mserve_worker.sdk.base_handler import BaseHandler
 
 
 class GradientExplainer(BaseHandler):

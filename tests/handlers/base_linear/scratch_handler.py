@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from server.workers.sdk.base_handler import BaseHandler
+from mserve_worker.sdk.base_handler import BaseHandler
 
 
 class ModelHandler(BaseHandler):

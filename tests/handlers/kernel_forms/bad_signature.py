@@ -1,6 +1,6 @@
 """A kernel whose on_task_invoke takes no task context."""
 
-from server.workers.sdk.kernel import Kernel
+from mserve_worker.sdk.kernel import Kernel
 
 
 class NoArgKernel(Kernel):

@@ -1,6 +1,6 @@
 """A Kernel subclass that forgot on_task_invoke."""
 
-from server.workers.sdk.kernel import Kernel
+from mserve_worker.sdk.kernel import Kernel
 
 
 class LazyKernel(Kernel):

@@ -7,7 +7,7 @@ model config's kernel attribute "shutdown_marker".
 
 import json
 
-from server.workers.sdk.kernel import Kernel
+from mserve_worker.sdk.kernel import Kernel
 
 
 class ProbeKernel(Kernel):

@@ -10,7 +10,7 @@ import pickle
 
 import numpy as np
 
-from server.workers.sdk.v2_model import V2ModelServer
+from mserve_worker.sdk.v2_model import V2ModelServer
 
 
 class LinearModel(V2ModelServer):

@@ -2,7 +2,7 @@
 ``on_kernel_shutdown``, for kernel files written for another inference service (kernel-file.txt).
 
 A kernel file changes only its import line: ``from redhareapi import Kernel`` becomes
-``from server.workers.sdk.kernel import Kernel``. Its lifecycle maps onto the worker's:
+``from mserve_worker.sdk.kernel import Kernel``. Its lifecycle maps onto the worker's:
 
 - load: the class is created with no arguments and ``on_kernel_start(kernel_context)`` runs once;
   :class:`KernelContext` gives the worker id and a JSON model description.

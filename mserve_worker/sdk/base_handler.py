@@ -3,7 +3,7 @@
 A handler written for TorchServe changes one line::
 
     from ts.torch_handler.base_handler import BaseHandler        # before
-    from server.workers.sdk.base_handler import BaseHandler      # after
+    from mserve_worker.sdk.base_handler import BaseHandler      # after
 
 and keeps its overrides of ``preprocess``, ``inference``, ``postprocess``, ``explain_handle`` and
 ``get_insights``. To the loader it is a plain handler class (style ``handler-class``): created

@@ -7,13 +7,13 @@ Handlers written for other servers change only their import line to these module
 =========================================  ===============================================
 they imported                              import instead
 =========================================  ===============================================
-``ts.torch_handler.base_handler``          ``server.workers.sdk.base_handler``
-``ts.torch_handler.image_classifier``      ``server.workers.sdk.image_classifier``
-``ts.torch_handler.text_classifier``       ``server.workers.sdk.text_classifier``
-``ts.torch_handler.image_segmenter``       ``server.workers.sdk.image_segmenter``
-``ts.torch_handler.object_detector``       ``server.workers.sdk.object_detector``
-``redhareapi`` (``Kernel``)                ``server.workers.sdk.kernel``
-``mlrun.serving.v2_serving``               ``server.workers.sdk.v2_model`` (or ``.v2_serving``)
+``ts.torch_handler.base_handler``          ``mserve_worker.sdk.base_handler``
+``ts.torch_handler.image_classifier``      ``mserve_worker.sdk.image_classifier``
+``ts.torch_handler.text_classifier``       ``mserve_worker.sdk.text_classifier``
+``ts.torch_handler.image_segmenter``       ``mserve_worker.sdk.image_segmenter``
+``ts.torch_handler.object_detector``       ``mserve_worker.sdk.object_detector``
+``redhareapi`` (``Kernel``)                ``mserve_worker.sdk.kernel``
+``mlrun.serving.v2_serving``               ``mserve_worker.sdk.v2_model`` (or ``.v2_serving``)
 =========================================  ===============================================
 
 Hooks files import nothing: their functions are found by name (see :mod:`.hooks`; the drivers

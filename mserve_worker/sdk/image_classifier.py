@@ -1,7 +1,7 @@
 """Built-in ``image_classifier`` (``--handler image_classifier``): an image in, top-k classes out.
 
 A handler that subclassed TorchServe's ``ImageClassifier`` changes its import line to
-``from server.workers.sdk.image_classifier import ImageClassifier``. Each request gets one
+``from mserve_worker.sdk.image_classifier import ImageClassifier``. Each request gets one
 ``{label: probability}`` object with its ``topk`` most likely classes, best first, named through
 the archive's ``index_to_name.json`` when it has one. The model config may set ``topk``,
 ``resize_size``, ``crop_size``, ``mean`` and ``std`` under ``handler:``.

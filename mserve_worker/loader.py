@@ -23,7 +23,7 @@ module are dropped, as those servers do):
     ``initialize``). Two or more such classes and no ``handle`` is an error naming them.
 
 Handler styles written for other servers are recognised from what the entry point defines, and
-wrapped by their adapter in :mod:`server.workers.sdk` (one module per style):
+wrapped by their adapter in :mod:`mserve_worker.sdk` (one module per style):
 
 ``kernel``
     A class with ``on_task_invoke(task_context)`` (a ``Kernel`` subclass).
@@ -69,7 +69,7 @@ _NEEDS = (
 )
 
 # Top-level import names of mserve itself, which share sys.path with the model's files.
-_OWN_PACKAGES = ("archiver", "server")
+_OWN_PACKAGES = ("mserve_worker",)
 _FORMS = "expected module, module:function or pkg.module:Class"
 
 

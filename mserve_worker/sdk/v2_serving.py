@@ -2,7 +2,7 @@
 
 The adapter behind :mod:`.v2_model` (whose docstring describes the contract users see); split
 from it so that module stays what a model author reads. Standard library only, Python 3.8+.
-``from server.workers.sdk.v2_serving import V2ModelServer`` works too, mirroring mlrun's
+``from mserve_worker.sdk.v2_serving import V2ModelServer`` works too, mirroring mlrun's
 ``mlrun.serving.v2_serving`` module name.
 """
 

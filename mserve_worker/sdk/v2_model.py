@@ -3,7 +3,7 @@
 
 A model class written for that contract changes only its import line::
 
-    from server.workers.sdk.v2_model import V2ModelServer
+    from mserve_worker.sdk.v2_model import V2ModelServer
 
     class MyModel(V2ModelServer):
         def load(self):

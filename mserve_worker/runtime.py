@@ -2,7 +2,7 @@
 
 Runs inside the model's own environment, so it imports the standard library and its sibling
 modules only. A handler exception fails its batch (traceback to stderr, which the server re-logs)
-and never the worker. Started as ``python -m server.workers.runtime --fd N``.
+and never the worker. Started as ``python -m mserve_worker.runtime --fd N``.
 """
 
 from __future__ import annotations

@@ -1,1 +1,0 @@
-"""A model that ships a top-level package named like mserve's own."""

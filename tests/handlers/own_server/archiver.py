@@ -1,0 +1,3 @@
+"""The model's own ``archiver`` module."""
+
+SUFFIX = "and its own archiver module"
