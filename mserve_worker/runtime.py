@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import Any
 
+from . import compat
 from .context import Context
 from .loader import HandlerLoadError, LoadedHandler, load_handler
 from .payload import PayloadError, decode_request, encode_output
@@ -223,6 +224,7 @@ def _load(init: dict, channel: Channel) -> tuple | None:
     started = time.monotonic()
     model_dir = init["model_dir"]
     sys.path.insert(0, model_dir)  # under -I nothing else puts the model on the path
+    compat.install(after=model_dir)  # `import ts...` finds ours, before any installed torchserve
     os.chdir(model_dir)
     context = Context(
         model_name=init["model_name"],

@@ -1,0 +1,22 @@
+"""Compatibility namespaces: other servers' import names, resolved to mserve's implementations.
+
+This folder (not the package) goes on a worker's ``sys.path`` right after the model's own folder,
+so ``import ts.torch_handler.base_handler`` in a handler written for TorchServe finds ours, even
+in an environment where the real ``torchserve`` package is installed (its ``ts`` talks to
+TorchServe's Java frontend and cannot serve here). docs/handlers.md says which names exist.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+COMPAT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def install(after: str | None = None) -> None:
+    """Put the compatibility folder on ``sys.path``, right after ``after`` when it is there."""
+    if COMPAT_DIR in sys.path:
+        return
+    index = sys.path.index(after) + 1 if after in sys.path else 0
+    sys.path.insert(index, COMPAT_DIR)

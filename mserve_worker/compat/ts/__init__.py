@@ -1,0 +1,1 @@
+"""TorchServe's ``ts`` package as handlers import it, served by mserve's own implementations."""

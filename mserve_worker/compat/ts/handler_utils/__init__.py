@@ -1,0 +1,1 @@
+"""TorchServe's ``ts.handler_utils`` (streaming helpers)."""

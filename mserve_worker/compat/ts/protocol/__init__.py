@@ -1,0 +1,1 @@
+"""TorchServe's ``ts.protocol`` (only what handlers import from it)."""

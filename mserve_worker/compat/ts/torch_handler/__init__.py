@@ -1,0 +1,1 @@
+"""TorchServe's built-in handlers (``ts.torch_handler.*``)."""

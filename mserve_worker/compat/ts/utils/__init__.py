@@ -1,0 +1,1 @@
+"""TorchServe's handler utilities (``ts.utils.*``)."""
