@@ -51,6 +51,17 @@ class ServerConfig:
     protected_packages: tuple[str, ...] = ("torch",)
     fork_workers: bool = True
     worker_preload: tuple[str, ...] = ("torch", "numpy")
+    # Registration by URL (TorchServe's allowed_urls: regular expressions a URL must match in
+    # full); empty: the model store and allowed_paths only.
+    allowed_urls: tuple[str, ...] = field(default_factory=tuple)
+    # TorchServe's metrics settings: "prometheus", "log" or "legacy"; its metrics.yaml file.
+    metrics_mode: str = "prometheus"
+    metrics_config: str | None = None
+    # TorchServe's security keys, accepted now; what they do lands with token auth and TLS.
+    disable_token_authorization: bool = False
+    enable_model_api: bool = True
+    certificate_file: str | None = None
+    private_key_file: str | None = None
 
     @property
     def run_path(self) -> Path:
