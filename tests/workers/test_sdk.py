@@ -435,9 +435,9 @@ import sys
 
 model, lib = sys.argv[1], sys.argv[2]
 sys.path[:0] = [model, lib]
-from mserve_worker.context import Context
-from mserve_worker.loader import load_handler
-from mserve_worker.payload import PayloadError, decode_request, encode_output
+from renamed_worker.context import Context
+from renamed_worker.loader import load_handler
+from renamed_worker.payload import PayloadError, decode_request, encode_output
 
 class Req:
     def __init__(self, request_id, headers):
@@ -481,7 +481,7 @@ print("no server, no archiver")
 def _copy_workers_and_script(tmp_path: Path) -> list[str]:
     """Arguments (after the interpreter) that run the smoke script against copied modules."""
     copy_runtime(tmp_path / "runtime")  # renamed below: relative imports must not care
-    shutil.copytree(tmp_path / "runtime" / "server" / "workers", tmp_path / "lib" / "mserve_worker")
+    shutil.copytree(tmp_path / "runtime" / "mserve_worker", tmp_path / "lib" / "renamed_worker")
     model = write_model(
         tmp_path / "model",
         {"h.py": "def handle(data, context):\n    return data and [r['body'] for r in data]\n"},
