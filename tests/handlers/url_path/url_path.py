@@ -1,0 +1,11 @@
+"""A TorchServe-style handler that routes on the ``url_path`` request header, as TorchServe's
+vLLM handler does for ``/predictions/{m}/{v}/v1/chat/completions``."""
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    return [
+        {"url_path": context.get_request_header(i, "url_path"), "body": row.get("body")}
+        for i, row in enumerate(data)
+    ]
