@@ -5,7 +5,10 @@ vLLM handler does for ``/predictions/{m}/{v}/v1/chat/completions``."""
 def handle(data, context):
     if data is None:
         return None
-    return [
-        {"url_path": context.get_request_header(i, "url_path"), "body": row.get("body")}
-        for i, row in enumerate(data)
-    ]
+    out = []
+    for i, row in enumerate(data):
+        body = row.get("body")
+        if isinstance(body, (bytes, bytearray)):
+            body = body.decode("utf-8", "replace")
+        out.append({"url_path": context.get_request_header(i, "url_path"), "body": body})
+    return out
