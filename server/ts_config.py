@@ -367,6 +367,8 @@ def load_ts_config(path: Path, environ: Mapping[str, str]) -> TsConfig:
             no_effect.append(key)
         elif key not in _QUIET:
             unknown.append(key)
+    if "install_py_dep_per_model" not in values:  # TorchServe's default differs from ours
+        layers.insert(0, (f"{path} (TorchServe's default)", {"install_py_dep_per_model": False}))
     _check_distinct_ports(layers, path)
     return TsConfig(path, tuple(layers), tuple(sorted(no_effect)), tuple(sorted(unknown)))
 

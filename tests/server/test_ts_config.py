@@ -152,6 +152,14 @@ def test_load_models_keywords(tmp_path: Path, text: str, expected: tuple[str, ..
     assert config_from(tmp_path, text)[0].load_models == expected
 
 
+def test_torchserves_default_for_installing_requirements(tmp_path: Path) -> None:
+    """TorchServe installs a model's requirements only when told to: a file that does not say
+    so keeps that default here too (mserve's own default is true)."""
+    assert config_from(tmp_path, "job_queue_size=1\n")[0].install_py_dep_per_model is False
+    assert config_from(tmp_path, "install_py_dep_per_model=true\n")[0].install_py_dep_per_model
+    assert load_config(None, {}, {}).install_py_dep_per_model is True
+
+
 def test_default_workers_zero_means_the_servers_default(tmp_path: Path) -> None:
     assert config_from(tmp_path, "default_workers_per_model=0\n")[0].default_workers_per_model == 1
 
