@@ -147,7 +147,7 @@ def _startup_models(config: ServerConfig, flag_models: list[str]) -> list[Startu
     (``model_snapshot``) the snapshot's models load instead of ``load_models``."""
     if flag_models:
         values = flag_models
-    elif config.model_snapshot:
+    elif config.model_snapshot is not None:
         values = []
     else:
         values = list(config.load_models)
@@ -271,7 +271,7 @@ def main(
             _not_used("--cpp-log-config", cpp_log_config, "mserve has no C++ backend")
             _not_used("--workflow-store", workflow_store, "mserve does not serve workflows")
             _not_used("--plugins-path", plugins_path, "mserve loads no Java plugins")
-            for warning in warnings:
+            for warning in warnings if not foreground else ():  # foreground: logged below
                 click.echo(f"mserve: warning: {warning}", err=True)
         pid = running_pid(config.run_path)
         if pid is not None:

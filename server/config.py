@@ -146,8 +146,8 @@ class ServerConfig:
     # Per-version settings (TorchServe's ``models``): between the archive's and the server's.
     models: tuple[ModelEntry, ...] = field(default_factory=tuple)
     # Models to register at start with the settings recorded (TorchServe's snapshot); when set,
-    # load_models is not used, as in TorchServe.
-    model_snapshot: tuple[ModelEntry, ...] = field(default_factory=tuple)
+    # even to none, load_models is not used, as in TorchServe.
+    model_snapshot: tuple[ModelEntry, ...] | None = None
 
     @property
     def run_path(self) -> Path:
@@ -213,6 +213,8 @@ _AT_LEAST_ONE = frozenset(
 def _coerce(key: str, value: Any, source: str) -> Any:
     """Convert ``value`` to the field's type; strings from env and flags are parsed."""
     if key in ("models", "model_snapshot"):
+        if value is None:
+            return None if key == "model_snapshot" else ()
         if isinstance(value, tuple):  # already parsed (the properties file's layer)
             return value
         return parse_model_entries(value, key, source)

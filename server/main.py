@@ -261,7 +261,7 @@ class Server:
         archive in the store with the settings it was running with; names our own snapshot
         already restored are skipped (it is newer: it holds what changed since)."""
         restored = {mv.name for mv in self.registry.all()} | set(self.load_failures)
-        entries = [e for e in self.config.model_snapshot if e.name not in restored]
+        entries = [e for e in self.config.model_snapshot or () if e.name not in restored]
         if not entries:
             return
         log.info("registering %d model version(s) from the TorchServe snapshot", len(entries))

@@ -305,6 +305,13 @@ def test_precedence_properties_below_yaml_env_and_flags(tmp_path: Path) -> None:
     assert config.number_of_gpu == 2  # flags over all
 
 
+def test_an_empty_snapshot_still_counts_as_one(tmp_path: Path) -> None:
+    """TorchServe loads no load_models when its snapshot records no models: the snapshot is
+    there (an empty tuple), not absent (None)."""
+    assert config_from(tmp_path, "model_snapshot={}\n")[0].model_snapshot == ()
+    assert config_from(tmp_path, "load_models=a.mar\n")[0].model_snapshot is None
+
+
 def test_models_key_in_yaml_too(tmp_path: Path) -> None:
     yaml_file = tmp_path / "c.yaml"
     yaml_file.write_text("models:\n  m:\n    '1.0': {batchSize: 4}\n")
