@@ -195,9 +195,7 @@ def _startup_models(config: ServerConfig, flag_models: list[str]) -> list[Startu
     "--disable-token-auth", "--dt", "disable_token_auth", is_flag=True,
     help="TorchServe's flag: disable_token_authorization=true.",
 )  # fmt: skip
-@click.option(
-    "--enable-model-api", is_flag=True, help="TorchServe's flag: enable_model_api=true."
-)
+@click.option("--enable-model-api", is_flag=True, help="TorchServe's flag: enable_model_api=true.")
 @click.option("--log-config", help="TorchServe's log4j2 file: accepted, not used.")
 @click.option("--cpp-log-config", help="TorchServe's C++ backend log config: not used.")
 @click.option("--workflow-store", help="TorchServe's workflow store: not used (no workflows).")
