@@ -184,9 +184,11 @@ def _set_url_path(req: Request, parts: list[str]) -> None:
     request header ``url_path`` (``v1/chat/completions``; empty without one). The segment after
     the model is always its version, as there. A client's own ``url_path`` header is replaced."""
     headers = req.headers
-    if any(k.lower() == "url_path" for k, _v in headers):
-        headers[:] = [h for h in headers if h[0].lower() != "url_path"]
-    headers.append(["url_path", "/".join(parts[3:])])
+    for header in headers:  # a plain loop with a length check first: this runs per request
+        if len(header[0]) == 8 and header[0].lower() == "url_path":
+            headers[:] = [h for h in headers if h[0].lower() != "url_path"]
+            break
+    headers.append(["url_path", "/".join(parts[3:]) if len(parts) > 3 else ""])
 
 
 _id_prefix = os.urandom(8).hex()
