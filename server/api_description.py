@@ -89,6 +89,8 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
             _query("max_batch_delay", "integer", "ms to wait for a batch to fill"),
             _query("initial_workers", "integer", "workers to start"),
             _query("response_timeout", "integer", "seconds one batch may take"),
+            _query("startup_timeout", "integer", "seconds a worker may take to load"),
+            _query("runtime", "string", "python, python2 or python3"),
             _query("synchronous", "boolean", "wait for the workers (default true)"),
         ]),
     },

@@ -204,12 +204,28 @@ class ManagementAPI:
         return json_answer(200, {"removed": removed})
 
 
+# TorchServe's runtimes (its Manifest.RuntimeType); all Python ones run on the model's Python 3.
+PYTHON_RUNTIMES = ("python", "python2", "python3")
+
+
+def _runtime_param(query: Mapping[str, str]) -> str | None:
+    runtime = query.get("runtime") or None
+    if runtime is None or runtime in PYTHON_RUNTIMES:
+        return runtime
+    if runtime == "LSP":
+        raise BadRequest("runtime LSP (TorchServe's C++ backend) is not supported by mserve")
+    raise BadRequest(
+        f"Invalid RuntimeType value: {runtime} (expected one of {', '.join(PYTHON_RUNTIMES)})"
+    )
+
+
 async def _register(registry: Registry, query: Mapping[str, str]) -> Answer:
     url = query.get("url")
     if not url:
         raise BadRequest("parameter 'url' is required: the archive's name in the model store")
     delay = _int_param(query, "max_batch_delay")
     timeout = _int_param(query, "response_timeout", 1)
+    startup_timeout = _int_param(query, "startup_timeout", 1)
     req = RegisterRequest(
         url=url,
         model_name=query.get("model_name") or None,
@@ -218,6 +234,8 @@ async def _register(registry: Registry, query: Mapping[str, str]) -> Answer:
         max_batch_delay_ms=delay,
         response_timeout_s=float(timeout) if timeout is not None else None,
         initial_workers=_int_param(query, "initial_workers"),
+        startup_timeout_s=float(startup_timeout) if startup_timeout is not None else None,
+        runtime=_runtime_param(query),
         synchronous=_bool_param(query, "synchronous", True),
     )
     model = await registry.register(req)

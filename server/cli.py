@@ -13,14 +13,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
 from server.config import ServerConfig, load_config
-from server.errors import MserveError
+from server.errors import ConfigError, MserveError
 from server.rundir import ENV_META_FILE, PID_FILE, StartupModel, read_status, running_pid
+from server.ts_config import TsConfig, load_ts_config
 
 START_WAIT_S = 600.0
 STOP_WAIT_S = 60.0
@@ -115,6 +117,51 @@ def _stop(config: ServerConfig) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def _ts_config(flag: Path | None, environ: Mapping[str, str]) -> TsConfig | None:
+    """TorchServe's properties file: ``--ts-config``, else ``TS_CONFIG_FILE`` (a flag beats a
+    variable here, as everywhere in mserve's config)."""
+    path = flag or (Path(environ["TS_CONFIG_FILE"]) if environ.get("TS_CONFIG_FILE") else None)
+    if path is None:
+        return None
+    if not path.exists():
+        source = "--ts-config" if flag else "TS_CONFIG_FILE"
+        raise ConfigError(f"{source} file not found: {path}")
+    return load_ts_config(path, environ)
+
+
+def _check_model_store(config: ServerConfig) -> None:
+    """A store that is not there is an error at start, as TorchServe answers it."""
+    store = config.store_path
+    if store is not None and not store.is_dir():
+        what = "is not a folder" if store.exists() else "does not exist"
+        raise ConfigError(f"model store {config.model_store} {what} ({store})")
+
+
+def _not_used(option: str, value: str | None, why: str) -> None:
+    if value:
+        click.echo(f"mserve: warning: {option} {value} is not used: {why}", err=True)
+
+
+def _startup_models(config: ServerConfig, flag_models: list[str]) -> list[StartupModel]:
+    """``--models`` replaces the config's ``load_models`` (TorchServe's rule); with a snapshot
+    (``model_snapshot``) the snapshot's models load instead of ``load_models``."""
+    if flag_models:
+        values = flag_models
+    elif config.model_snapshot is not None:
+        values = []
+    else:
+        values = list(config.load_models)
+    startup = parse_models(values)
+    if len(startup) == 1 and startup[0].name is None and startup[0].url.lower() == "all":
+        if config.store_path is None:
+            _fail("--models all needs --model-store", 2)
+        from server.store import store_archives
+
+        assert config.store_path is not None
+        startup = [StartupModel(None, str(p)) for p in store_archives(config.store_path)]
+    return startup
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--start", is_flag=True, help="Start the server (a daemon unless --foreground).")
 @click.option("--stop", is_flag=True, help="Stop the running server.")
@@ -132,10 +179,28 @@ def _stop(config: ServerConfig) -> None:
 @click.option(
     "--ncs",
     "--no-config-snapshot",
+    "--no-config-snapshots",
     "no_snapshot",
     is_flag=True,
     help="Neither restore nor save the snapshot of registered models.",
 )
+@click.option(
+    "--ts-config",
+    "ts_config_file",
+    type=click.Path(path_type=Path),
+    help="TorchServe's config.properties, or one of its config snapshots (a folder: its newest"
+    " snapshot). Default: $TS_CONFIG_FILE.",
+)
+@click.option(
+    "--disable-token-auth", "--dt", "disable_token_auth", is_flag=True,
+    help="TorchServe's flag: disable_token_authorization=true.",
+)  # fmt: skip
+@click.option("--enable-model-api", is_flag=True, help="TorchServe's flag: enable_model_api=true.")
+@click.option("--log-config", help="TorchServe's log4j2 file: accepted, not used.")
+@click.option("--cpp-log-config", help="TorchServe's C++ backend log config: not used.")
+@click.option("--workflow-store", help="TorchServe's workflow store: not used (no workflows).")
+@click.option("--plugins-path", "--ppath", help="TorchServe's Java plugins: not used.")
+@click.option("-v", "--version", "show_version", is_flag=True, help="Print the version.")
 @click.option("--quiet", is_flag=True, hidden=True)
 @click.argument("more_models", nargs=-1)
 def main(
@@ -149,11 +214,25 @@ def main(
     run_dir: str | None,
     log_dir: str | None,
     no_snapshot: bool,
+    ts_config_file: Path | None,
+    disable_token_auth: bool,
+    enable_model_api: bool,
+    log_config: str | None,
+    cpp_log_config: str | None,
+    workflow_store: str | None,
+    plugins_path: str | None,
+    show_version: bool,
     quiet: bool,
     more_models: tuple[str, ...],
 ) -> None:
     """Serve model archives (.mar) with TorchServe's REST APIs."""
+    if show_version:
+        from archiver import __version__
+
+        click.echo(f"mserve {__version__}")
+        return
     try:
+        ts = _ts_config(ts_config_file, os.environ)
         config = load_config(
             config_file,
             {
@@ -161,7 +240,10 @@ def main(
                 "run_dir": run_dir,
                 "log_dir": log_dir,
                 "snapshot": False if no_snapshot else None,
+                "disable_token_authorization": True if disable_token_auth else None,
+                "enable_model_api": True if enable_model_api else None,
             },
+            ts_layers=list(ts.layers) if ts else None,
         )
         if sum((start, stop, show_status)) != 1:
             _fail("say one of --start, --stop or --status (see mserve -h)", 2)
@@ -177,13 +259,18 @@ def main(
             return
         if more_models and not models:
             _fail(f"unexpected arguments {' '.join(more_models)} (models go after --models)", 2)
-        startup = parse_models([*models, *more_models])
-        if [m.url for m in startup] == ["all"]:
-            if config.store_path is None:
-                _fail("--models all needs --model-store", 2)
-            from server.store import store_archives
-
-            startup = [StartupModel(None, str(p)) for p in store_archives(config.store_path)]
+        if log_config and not Path(log_config).is_file():
+            _fail(f"--log-config file not found: {log_config}")
+        _check_model_store(config)
+        startup = _startup_models(config, [*models, *more_models])
+        warnings = ts.warnings() if ts else []
+        if not quiet:
+            _not_used("--log-config", log_config, "mserve logs with Python's logging (--log-dir)")
+            _not_used("--cpp-log-config", cpp_log_config, "mserve has no C++ backend")
+            _not_used("--workflow-store", workflow_store, "mserve does not serve workflows")
+            _not_used("--plugins-path", plugins_path, "mserve loads no Java plugins")
+            for warning in warnings if not foreground else ():  # foreground: logged below
+                click.echo(f"mserve: warning: {warning}", err=True)
         pid = running_pid(config.run_path)
         if pid is not None:
             _fail(f"mserve is already running (pid {pid}, run dir {config.run_path})")
@@ -193,7 +280,7 @@ def main(
             return
         from server.main import run_server  # heavy: only the server process needs it
 
-        sys.exit(run_server(config, startup, foreground=not quiet))
+        sys.exit(run_server(config, startup, foreground=not quiet, warnings=warnings))
     except MserveError as exc:
         _fail(exc.message)
 

@@ -1,13 +1,19 @@
-"""The server config: one typed object from defaults, a YAML file, ``MSERVE_*`` variables and flags.
+"""The server config: one typed object from defaults, a TorchServe properties file, a YAML file,
+``MSERVE_*`` variables and flags.
 
-Precedence, lowest to highest: built-in defaults < YAML file (``--config``) < environment
-(``MSERVE_<KEY>``, e.g. ``MSERVE_JOB_QUEUE_SIZE=50``) < command-line flags. Unknown keys are errors
-naming the key and where it came from. Every listener binds to 127.0.0.1 unless told otherwise.
+Precedence, lowest to highest: built-in defaults < TorchServe's ``config.properties``
+(``--ts-config`` or ``TS_CONFIG_FILE``; its ``TS_<KEY>`` variables when the file sets
+``enable_envvars_config=true``; server/ts_config.py) < YAML file (``--config``) < environment
+(``MSERVE_<KEY>``, e.g. ``MSERVE_JOB_QUEUE_SIZE=50``) < command-line flags. A later layer replaces
+a key's whole value. Unknown keys are errors naming the key and where it came from (the
+properties file warns instead, as TorchServe ignores them). Every listener binds to 127.0.0.1
+unless told otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -20,6 +26,79 @@ import yaml
 from server.errors import ConfigError
 
 ENV_PREFIX = "MSERVE_"
+
+# A model version's settings in the ``models`` key and in a TorchServe snapshot, under the
+# archive model-config names (TorchServe's): integers, where a value <= 0 means "not set", as
+# TorchServe reads them.
+MODEL_ENTRY_INTS = (
+    "minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout", "startupTimeout"
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model version of the ``models`` key (TorchServe's per-model settings in
+    config.properties) or of ``model_snapshot`` (the models TorchServe's snapshot records)."""
+
+    name: str
+    version: str
+    settings: tuple[tuple[str, int], ...] = ()  # (archive model-config key, value) pairs
+    default_version: bool = False
+    mar_name: str | None = None
+
+    def get(self, key: str) -> int | None:
+        return next((v for k, v in self.settings if k == key), None)
+
+
+def parse_model_entries(value: Any, key: str, source: str) -> tuple[ModelEntry, ...]:
+    """``{"name": {"version": {"minWorkers": 1, ...}}}`` as a mapping or its JSON text; for
+    ``model_snapshot``, TorchServe's snapshot object whose ``models`` holds that mapping.
+    Unknown parameters are ignored (TorchServe ignores them; newer versions add some)."""
+    where = f"{source}: '{key}'"
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where} is not valid JSON: {exc}") from None
+    if key == "model_snapshot" and isinstance(value, dict):
+        value = value.get("models", {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} should map model names to versions, found {value!r}")
+    out = []
+    for name, versions in value.items():
+        if not isinstance(versions, dict):
+            raise ConfigError(f"{where}: model {name!r} should map versions to settings")
+        for version, params in versions.items():
+            if not isinstance(params, dict):
+                raise ConfigError(f"{where}: {name} {version} should be an object of settings")
+            settings = []
+            for param in MODEL_ENTRY_INTS:
+                raw = params.get(param)
+                if raw is None:
+                    continue
+                try:
+                    if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                        raise ValueError
+                    number = int(raw)
+                except (TypeError, ValueError):
+                    raise ConfigError(
+                        f"{where}: {name} {version} {param} should be an integer, found {raw!r}"
+                    ) from None
+                if number > 0:
+                    settings.append((param, number))
+            default = params.get("defaultVersion", False)
+            if not isinstance(default, bool):
+                raise ConfigError(
+                    f"{where}: {name} {version} defaultVersion should be true or false,"
+                    f" found {default!r}"
+                )
+            mar = params.get("marName")
+            if mar is not None and (not isinstance(mar, str) or not mar):
+                raise ConfigError(f"{where}: {name} {version} marName should be a file name")
+            if key == "model_snapshot" and mar is None:
+                raise ConfigError(f"{where}: {name} {version} has no marName (the archive)")
+            out.append(ModelEntry(str(name), str(version), tuple(settings), default, mar))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -62,6 +141,13 @@ class ServerConfig:
     enable_model_api: bool = True
     certificate_file: str | None = None
     private_key_file: str | None = None
+    # Startup models (TorchServe's load_models; --models replaces them): NAME=PATH, PATH, "all".
+    load_models: tuple[str, ...] = field(default_factory=tuple)
+    # Per-version settings (TorchServe's ``models``): between the archive's and the server's.
+    models: tuple[ModelEntry, ...] = field(default_factory=tuple)
+    # Models to register at start with the settings recorded (TorchServe's snapshot); when set,
+    # even to none, load_models is not used, as in TorchServe.
+    model_snapshot: tuple[ModelEntry, ...] | None = None
 
     @property
     def run_path(self) -> Path:
@@ -78,6 +164,10 @@ class ServerConfig:
     @property
     def store_path(self) -> Path | None:
         return Path(self.model_store).expanduser().resolve() if self.model_store else None
+
+    def model_entry(self, name: str, version: str) -> ModelEntry | None:
+        """The ``models`` entry for this name and version, if any."""
+        return next((e for e in self.models if e.name == name and e.version == version), None)
 
 
 def _types() -> dict[str, Any]:
@@ -122,6 +212,12 @@ _AT_LEAST_ONE = frozenset(
 
 def _coerce(key: str, value: Any, source: str) -> Any:
     """Convert ``value`` to the field's type; strings from env and flags are parsed."""
+    if key in ("models", "model_snapshot"):
+        if value is None:
+            return None if key == "model_snapshot" else ()
+        if isinstance(value, tuple):  # already parsed (the properties file's layer)
+            return value
+        return parse_model_entries(value, key, source)
     kind, optional = _base_type(_types()[key])
     if value is None:
         if optional:
@@ -212,11 +308,14 @@ def load_config(
     config_file: Path | None = None,
     flags: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    ts_layers: list[tuple[str, Mapping[str, Any]]] | None = None,
 ) -> ServerConfig:
+    """``ts_layers``: the TorchServe properties file's values, each with where it came from
+    (server/ts_config.py), below the YAML file."""
     env = os.environ if environ is None else environ
     if config_file is None and env.get("MSERVE_CONFIG"):
         config_file = Path(env["MSERVE_CONFIG"])
-    layers: list[tuple[str, Mapping[str, Any]]] = []
+    layers: list[tuple[str, Mapping[str, Any]]] = list(ts_layers or ())
     if config_file is not None:
         layers.append((f"config file {config_file}", load_yaml(config_file)))
     layers.append(("environment (MSERVE_*)", from_environ(env)))

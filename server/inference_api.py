@@ -45,9 +45,10 @@ class InferenceAPI:
         parts = req.parts
         n = len(parts)
         head = parts[0] if parts else ""
-        if head in ("predictions", "explanations") and n in (2, 3):
+        if head in ("predictions", "explanations") and n >= 2:
             req.allow("POST", "PUT")
-            version = parts[2] if n == 3 else None
+            version = parts[2] if n >= 3 else None
+            _set_url_path(req, parts)
             if head == "predictions":
                 self._infer(conn, req, parts[1], version, "")
             else:  # TorchServe adds this header too; handlers written for it look at it
@@ -176,6 +177,18 @@ class InferenceAPI:
             )
         headers.append(["X-Request-Id", request_id])  # ours: hex digits
         return headers
+
+
+def _set_url_path(req: Request, parts: list[str]) -> None:
+    """TorchServe 0.11+: the path after ``/predictions/{m}/{v}/`` reaches the handler as the
+    request header ``url_path`` (``v1/chat/completions``; empty without one). The segment after
+    the model is always its version, as there. A client's own ``url_path`` header is replaced."""
+    headers = req.headers
+    for header in headers:  # a plain loop with a length check first: this runs per request
+        if len(header[0]) == 8 and header[0].lower() == "url_path":
+            headers[:] = [h for h in headers if h[0].lower() != "url_path"]
+            break
+    headers.append(["url_path", "/".join(parts[3:]) if len(parts) > 3 else ""])
 
 
 _id_prefix = os.urandom(8).hex()

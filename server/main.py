@@ -27,7 +27,7 @@ from archiver import __version__
 from server import snapshot
 from server.accesslog import AccessLogFile
 from server.app import ManagementAPI, Metrics, MetricsAPI
-from server.config import ServerConfig, parse_address
+from server.config import ModelEntry, ServerConfig, parse_address
 from server.devices import GpuAllocator, server_gpus
 from server.errors import MserveError
 from server.http import HttpServer
@@ -256,8 +256,46 @@ class Server:
             if self.access_log is not None:
                 self.access_log.close()
 
+    async def restore_ts_snapshot(self) -> None:
+        """The models a TorchServe config snapshot records (``model_snapshot``), each from its
+        archive in the store with the settings it was running with; names our own snapshot
+        already restored are skipped (it is newer: it holds what changed since)."""
+        restored = {mv.name for mv in self.registry.all()} | set(self.load_failures)
+        entries = [e for e in self.config.model_snapshot or () if e.name not in restored]
+        if not entries:
+            return
+        log.info("registering %d model version(s) from the TorchServe snapshot", len(entries))
+
+        async def one(entry: ModelEntry) -> None:
+            timeout = entry.get("responseTimeout")
+            startup = entry.get("startupTimeout")
+            request = RegisterRequest(
+                url=entry.mar_name or "",
+                model_name=entry.name,
+                batch_size=entry.get("batchSize"),
+                max_batch_delay_ms=entry.get("maxBatchDelay"),
+                response_timeout_s=float(timeout) if timeout else None,
+                startup_timeout_s=float(startup) if startup else None,
+                initial_workers=entry.get("minWorkers"),
+                max_workers=entry.get("maxWorkers"),
+                trusted=True,
+                at_startup=True,
+            )
+            try:
+                model = await self.registry.register(request)
+            except MserveError as exc:
+                log.error("TorchServe snapshot model %s %s failed: %s",
+                          entry.name, entry.version, exc.message)  # fmt: skip
+                self.load_failures[entry.name] = f"failed: {exc.message}"
+                return
+            if entry.default_version:
+                self.registry.defaults[entry.name] = model.version
+
+        await asyncio.gather(*(one(e) for e in entries))
+
     async def _load_models(self, models: list[StartupModel]) -> None:
         await self.restore_snapshot()
+        await self.restore_ts_snapshot()
         restored = {mv.name for mv in self.registry.all()} | {mv.url for mv in self.registry.all()}
         await self.load_startup_models(
             [m for m in models if m.name not in restored and m.url not in restored]
@@ -314,9 +352,18 @@ def hold_lock(run_dir: Path) -> int:
     return fd
 
 
-def run_server(config: ServerConfig, models: list[StartupModel], foreground: bool) -> int:
+def run_server(
+    config: ServerConfig,
+    models: list[StartupModel],
+    foreground: bool,
+    warnings: list[str] | None = None,
+) -> int:
+    """``warnings``: what reading the config found worth saying (TorchServe keys with no effect),
+    logged once logging is set up."""
     lock = hold_lock(config.run_path)
     setup_logging(config, foreground)
+    for warning in warnings or ():
+        log.warning("%s", warning)
     pid_path = config.run_path / PID_FILE
     pid_path.write_text(str(os.getpid()))
     server = Server(config)

@@ -1,8 +1,9 @@
 """Registered models and versions, and the registration flow.
 
 Setting precedence, highest first: registration API parameters, the archive's model config
-(TorchServe names: batchSize, maxBatchDelay, ...), the server config. Describe shows each
-effective value and, under ``settingSources``, where it came from.
+(TorchServe names: batchSize, maxBatchDelay, ...), the server config's ``models`` entry for that
+name and version (TorchServe's per-model settings in config.properties), the server config.
+Describe shows each effective value and, under ``settingSources``, where it came from.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from archiver import Manifest
-from server.config import ServerConfig
+from server.config import ModelEntry, ServerConfig
 from server.devices import GpuAllocator
 from server.envs import EnvCache, EnvRequest, normalise_requirements
 from server.errors import (
@@ -54,18 +55,25 @@ class RegisterRequest:
     response_timeout_s: float | None = None
     initial_workers: int | None = None
     max_workers: int | None = None
+    startup_timeout_s: float | None = None
+    runtime: str | None = None  # TorchServe's runtime parameter, checked by the API
     synchronous: bool = True
     trusted: bool = False  # the operator's --models flag may name any local path
     at_startup: bool = False
 
 
 def effective_settings(
-    request: RegisterRequest, archive_config: dict[str, Any], config: ServerConfig
+    request: RegisterRequest,
+    archive_config: dict[str, Any],
+    config: ServerConfig,
+    entry: ModelEntry | None = None,
 ) -> ModelSettings:
+    """``entry``: the server config's ``models`` entry for this name and version."""
     api = {
         "batch_size": request.batch_size,
         "max_batch_delay_ms": request.max_batch_delay_ms,
         "response_timeout_s": request.response_timeout_s,
+        "startup_timeout_s": request.startup_timeout_s,
         "min_workers": request.initial_workers,
         "max_workers": request.max_workers,
     }
@@ -76,6 +84,8 @@ def effective_settings(
             values[name], sources[name] = api[name], "api"
         elif archive_config.get(archive_key) is not None:
             values[name], sources[name] = archive_config[archive_key], "archive"
+        elif entry is not None and entry.get(archive_key) is not None:
+            values[name], sources[name] = entry.get(archive_key), "models"
         else:
             values[name], sources[name] = getattr(config, server_attr), "server"
     values["max_workers"] = max(values["max_workers"], values["min_workers"])
@@ -86,6 +96,11 @@ def effective_settings(
         device_type=archive_config.get("deviceType"),
         sources=sources,
     )
+
+
+def _with_runtime(manifest: dict[str, Any], runtime: str | None) -> dict[str, Any]:
+    """The registration's ``runtime`` replaces the archive's, as TorchServe records it."""
+    return {**manifest, "runtime": runtime} if runtime else manifest
 
 
 class Registry:
@@ -129,7 +144,9 @@ class Registry:
         manifest = unpacked.manifest
         name = request.model_name or manifest.model.model_name
         version = manifest.model.model_version
-        settings = effective_settings(request, unpacked.model_config, cfg)
+        settings = effective_settings(
+            request, unpacked.model_config, cfg, cfg.model_entry(name, version)
+        )
         # checks deviceIds and deviceType before any worker starts; draws no GPU
         gpus = self.gpus.plan(f"{name}:{version}", settings.device_ids, settings.device_type)
         async with self._lock:
@@ -140,7 +157,7 @@ class Registry:
                 version=version,
                 url=request.url,
                 model_dir=unpacked.model_dir,
-                manifest=manifest.to_json(),
+                manifest=_with_runtime(manifest.to_json(), request.runtime),
                 handler=request.handler or manifest.model.handler,
                 settings=settings,
                 model_yaml_config=unpacked.model_config,

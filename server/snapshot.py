@@ -45,6 +45,9 @@ def save(registry: Registry, path: Path) -> None:
                 "response_timeout_s": s.response_timeout_s
                 if s.sources.get("response_timeout_s") == "api"
                 else None,
+                "startup_timeout_s": s.startup_timeout_s
+                if s.sources.get("startup_timeout_s") == "api"
+                else None,
                 "trusted": mv.trusted,
             }
         )
@@ -72,6 +75,7 @@ def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict
                 batch_size=m.get("batch_size"),
                 max_batch_delay_ms=m.get("max_batch_delay_ms"),
                 response_timeout_s=m.get("response_timeout_s"),
+                startup_timeout_s=m.get("startup_timeout_s"),
                 initial_workers=m.get("min_workers"),
                 max_workers=m.get("max_workers"),
                 trusted=bool(m.get("trusted")),
