@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from server.download import parse_sha256
 from server.errors import BadRequest, ModelNotFound, ModelVersionNotFound
 from server.http import Answer, Connection, Request, json_answer
 from server.registry import RegisterRequest, Registry
@@ -147,6 +148,10 @@ class ManagementAPI:
         name, version = parts[1], (parts[2] if len(parts) == 3 else None)
         method = req.allow("GET", "PUT", "DELETE")
         if method == "GET":
+            downloading = registry.downloader.in_progress(name)
+            if downloading and name not in registry.models:  # listed while its archive arrives
+                conn.answer_json(req, 200, downloading)
+                return
             models = registry.versions(name) if version == "all" else [registry.get(name, version)]
             conn.answer_json(req, 200, [m.describe() for m in models])
         elif method == "PUT":
@@ -207,7 +212,9 @@ class ManagementAPI:
 async def _register(registry: Registry, query: Mapping[str, str]) -> Answer:
     url = query.get("url")
     if not url:
-        raise BadRequest("parameter 'url' is required: the archive's name in the model store")
+        raise BadRequest(
+            "parameter 'url' is required: the archive's name in the model store, or its URL"
+        )
     delay = _int_param(query, "max_batch_delay")
     timeout = _int_param(query, "response_timeout", 1)
     req = RegisterRequest(
@@ -219,6 +226,7 @@ async def _register(registry: Registry, query: Mapping[str, str]) -> Answer:
         response_timeout_s=float(timeout) if timeout is not None else None,
         initial_workers=_int_param(query, "initial_workers"),
         synchronous=_bool_param(query, "synchronous", True),
+        sha256=parse_sha256(query.get("sha256")),
     )
     model = await registry.register(req)
     workers = model.settings.min_workers

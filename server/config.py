@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -62,6 +63,11 @@ class ServerConfig:
     enable_model_api: bool = True
     certificate_file: str | None = None
     private_key_file: str | None = None
+    # Registration by URL: the largest archive downloaded, the wait for the upstream (connect,
+    # and between two reads) and for a whole download.
+    download_max_bytes: int = 8 * 1024**3
+    download_timeout_s: float = 30.0
+    download_total_timeout_s: float = 3600.0
 
     @property
     def run_path(self) -> Path:
@@ -116,7 +122,7 @@ _EXPECTED = {
 # (worker counts, GPU count, batch delay) may be 0. Float keys (timeouts) must be > 0 and finite.
 _AT_LEAST_ONE = frozenset(
     ("batch_size", "job_queue_size", "max_request_size_bytes", "max_response_size_bytes",
-     "max_connections")
+     "max_connections", "download_max_bytes")
 )  # fmt: skip
 
 
@@ -181,7 +187,19 @@ def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:
     config = dataclasses.replace(ServerConfig(), **values)
     for key in ("inference_address", "management_address", "metrics_address"):
         parse_address(getattr(config, key), key)
+    _check_allowed_urls(config.allowed_urls)
     return config
+
+
+def _check_allowed_urls(patterns: tuple[str, ...]) -> None:
+    """A pattern that does not compile is a start error, not a 500 at the first registration."""
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(
+                f"allowed_urls: {pattern!r} is not a valid regular expression: {exc}"
+            ) from None
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

@@ -55,6 +55,8 @@ def setup_logging(config: ServerConfig, foreground: bool) -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
+    # httpx logs every request with its full URL (query secrets included); ours say what matters
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     main = RotatingFileHandler(config.log_path / "mserve.log", maxBytes=50 << 20, backupCount=5)
     main.setFormatter(fmt)
     root.addHandler(main)
