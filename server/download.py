@@ -27,7 +27,6 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +40,7 @@ from server.errors import (
     DownloadFailed,
     DownloadTimedOut,
     DownloadTooLarge,
+    InternalError,
 )
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class Downloader:
         self.max_bytes = config.download_max_bytes
         self.timeout_s = config.download_timeout_s
         self.total_timeout_s = config.download_total_timeout_s
-        self._pool: ThreadPoolExecutor | None = None  # started by the first download
+        self._slots = threading.BoundedSemaphore(DOWNLOAD_THREADS)
         self._active: list[Progress] = []
 
     def check_allowed(self, url: str) -> None:
@@ -200,27 +200,47 @@ class Downloader:
         (the operator's ``--models``) lifts the allow-list; the scheme must still be http(s)."""
         if not trusted:
             self.check_allowed(url)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(DOWNLOAD_THREADS, thread_name_prefix="download")
         loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self._pool, self._fetch, url, sha256, trusted, progress)
+        done: asyncio.Future[Downloaded] = loop.create_future()
+
+        def settle(result: Downloaded | None, error: BaseException | None) -> None:
+            if done.cancelled():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)  # type: ignore[arg-type]
+
+        def run() -> None:
+            result, error = None, None
+            try:
+                with self._slots:
+                    result = self._fetch(url, sha256, trusted, progress)
+            except BaseException as exc:  # handed to the awaiting registration, raised there
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(settle, result, error)
+
+        # a daemon thread: a server stopping mid-download does not wait for a slow upstream
+        threading.Thread(target=run, name=f"download {progress.name}", daemon=True).start()
         try:
-            return await asyncio.shield(job)
+            return await done
         except asyncio.CancelledError:
             progress.cancelled.set()  # the thread stops at its next chunk or timeout
             raise
 
     def close(self) -> None:
-        """Stop every download: each thread ends at its next chunk or read timeout."""
+        """Stop every download: each thread ends at its next chunk or read timeout (or with the
+        process: they are daemon threads)."""
         for progress in self._active:
             progress.cancelled.set()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- in the download thread ------------------------------------------------------------
 
     def _fetch(self, url: str, pin: str | None, trusted: bool, progress: Progress) -> Downloaded:
         shown = progress.url
+        if progress.cancelled.is_set():  # gone while this waited for a download slot
+            raise _Cancelled(shown)
         folder = self.folder / hashlib.sha256(shown.encode()).hexdigest()[:32]
         if pin is not None:
             cached = folder / f"{pin}.archive"
@@ -230,10 +250,13 @@ class Downloader:
                     log.info("%s: using the cached download %s (sha256 %s)", shown, cached, pin)
                     return Downloaded(cached, pin, shown)
                 log.warning("%s: cached download %s is damaged; downloading again", shown, cached)
-        folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".download-{os.getpid()}-{secrets.token_hex(4)}"
         started = time.monotonic()
         try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for stale in folder.glob(".download-*"):  # left by a server stopped mid-download
+                if not stale.name.startswith(f".download-{os.getpid()}-"):
+                    stale.unlink(missing_ok=True)
             digest, size = self._stream(url, tmp, trusted, progress)
             if pin is not None and digest != pin:
                 raise DigestMismatch(
@@ -242,6 +265,10 @@ class Downloader:
                 )
             target = folder / f"{digest}.archive"
             os.replace(tmp, target)
+        except OSError as exc:  # the run dir's disk, not the upstream
+            raise InternalError(
+                f"{shown}: cannot write the download into {folder}: {exc.strerror or exc}"
+            ) from exc
         finally:
             tmp.unlink(missing_ok=True)
         log.info(

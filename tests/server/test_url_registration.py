@@ -17,6 +17,9 @@ from urllib.parse import quote
 
 import pytest
 
+from server.config import load_config
+from server.download import url_allowed
+from server.errors import ConfigError
 from tests.server.conftest import Server, wait_until
 
 RELEASE_S = 30  # the longest a stalled or paused answer waits before it gives up by itself
@@ -290,6 +293,7 @@ def test_other_models_serve_while_a_slow_download_shows_its_progress(
         route.release.set()
         thread.join(timeout=30)
     assert result == [(200, {"status": 'Model "slow" Version: 1.0 registered with 0 initial workers'})]  # fmt: skip
+    assert f"downloading {url} ({total} MB)" in log_text(server)
     assert server.manage("GET", "/models/slow").json()[0]["modelVersion"] == "1.0"
 
 
@@ -307,6 +311,62 @@ def test_a_restart_restores_from_the_cached_download(upstream, echo_bytes, start
     assert route.hits == 1
     assert again.manage("GET", "/models/echo").json()[0]["modelUrl"] == upstream.url("/ok/echo.mar")
     assert "using the cached download" in log_text(again)
+
+
+def test_the_operator_may_name_any_http_url_on_the_command_line(
+    upstream, echo_bytes, start_server
+) -> None:
+    """``--models name=URL`` is the operator's own choice, as with TorchServe: no allowed_urls
+    needed (the API stays held to it)."""
+    upstream.routes["/models/echo.mar"] = Route(body=echo_bytes)
+    server = start_server(f"echo={upstream.url('/models/echo.mar')}")
+    reply = server.predict("echo", "from the command line")
+    assert reply.status == 200 and reply.body == b"from the command line"
+    assert register(server, upstream.url("/models/echo.mar"), "&model_name=again")[0] == 403
+
+
+def test_stopping_the_server_does_not_wait_for_a_stalled_download(
+    upstream, echo_bytes, start_server
+) -> None:
+    upstream.routes["/ok/stall.mar"] = Route(body=echo_bytes, pause_after=10)
+    server = start_server(config=allowed_config(upstream, download_timeout_s=120))
+    thread = threading.Thread(target=register, args=(server, upstream.url("/ok/stall.mar")))
+    thread.start()
+    try:
+        wait_until(lambda: server.manage("GET", "/models/stall").status == 200, 30, "the download")
+        started = time.monotonic()
+        assert server.cli("--stop").returncode == 0
+        took = time.monotonic() - started
+        assert took < 15, f"stopping took {took:.1f} s"
+    finally:
+        upstream.routes["/ok/stall.mar"].release.set()
+        thread.join(timeout=30)
+
+
+def test_allowed_urls_follow_torchserve_matching() -> None:
+    """Whole-URL match, case ignored; the user name and password are not part of it."""
+    patterns = (r"https://models\.example\.com/.*\.mar",)
+    assert url_allowed("https://models.example.com/a/b.mar", patterns)
+    assert url_allowed("HTTPS://MODELS.EXAMPLE.COM/a/b.MAR", patterns)
+    assert url_allowed("https://user:pw@models.example.com/b.mar", patterns)
+    assert not url_allowed("https://models.example.com/b.mar.exe", patterns)  # whole URL
+    assert not url_allowed("https://models.example.com.evil/b.mar", patterns)
+    assert not url_allowed("https://models.example.com@evil.test/x/b.mar", (r"https://models\.example\.com.*",))  # fmt: skip
+    assert not url_allowed("https://models.example.com/b.mar", ())
+
+
+def test_bad_download_settings_are_config_errors() -> None:
+    for flags, message in [
+        ({"allowed_urls": "https://ok/.*,https://(broken"}, "allowed_urls: 'https://(broken' is not a valid regular expression: missing ), unterminated subpattern at position 8"),
+        ({"download_max_bytes": "0"}, "command line: 'download_max_bytes' should be a positive integer, found '0'"),
+        ({"download_timeout_s": "-1"}, "command line: 'download_timeout_s' should be a positive finite number, found '-1'"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError) as caught:
+            load_config(flags=flags, environ={})
+        assert caught.value.message == message
+    config = load_config(environ={})
+    assert (config.allowed_urls, config.download_max_bytes, config.download_timeout_s,
+            config.download_total_timeout_s) == ((), 8 * 1024**3, 30.0, 3600.0)  # fmt: skip
 
 
 # --- symlinks in the model store ----------------------------------------------------------
