@@ -229,11 +229,23 @@ class Downloader:
             progress.cancelled.set()  # the thread stops at its next chunk or timeout
             raise
 
+    def discard(self, url: str, sha256: str) -> None:
+        """Delete the cached download of ``url`` with this digest (its model was unregistered and
+        no other registered model uses it), so that ``downloads/`` does not grow without end."""
+        folder = self._folder(url)
+        (folder / f"{sha256}.archive").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # other digests (or a download) still in it
+            folder.rmdir()
+        log.info("removed the cached download of %s (sha256 %s)", url, sha256)
+
     def close(self) -> None:
         """Stop every download: each thread ends at its next chunk or read timeout (or with the
         process: they are daemon threads)."""
         for progress in self._active:
             progress.cancelled.set()
+
+    def _folder(self, recorded: str) -> Path:
+        return self.folder / hashlib.sha256(recorded.encode()).hexdigest()[:32]
 
     # --- in the download thread ------------------------------------------------------------
 
@@ -241,7 +253,7 @@ class Downloader:
         shown = progress.url
         if progress.cancelled.is_set():  # gone while this waited for a download slot
             raise _Cancelled(shown)
-        folder = self.folder / hashlib.sha256(shown.encode()).hexdigest()[:32]
+        folder = self._folder(shown)
         if pin is not None:
             cached = folder / f"{pin}.archive"
             if cached.is_file():

@@ -286,9 +286,21 @@ class Registry:
     async def unregister(self, name: str, version: str | None) -> ModelVersion:
         model = self.get(name, version)  # no version: the default one, as TorchServe does
         await self._drop(model)
+        self._discard_download(model)
         self.changed()
         log.info("unregistered %s", model.label)
         return model
+
+    def _discard_download(self, model: ModelVersion) -> None:
+        """Delete an unregistered model's cached download unless another model uses it."""
+        if not (model.archive_sha256 and is_remote(model.url)):
+            return
+        key = (model.url, model.archive_sha256)
+        if all((mv.url, mv.archive_sha256) != key for mv in self.all()):
+            try:
+                self.downloader.discard(model.url, model.archive_sha256)
+            except OSError as exc:
+                log.warning("could not remove the cached download of %s: %s", model.url, exc)
 
     def forget_unrestored(self, name: str, version: str | None) -> int:
         """Drop snapshot entries of ``name`` (one ``version``, or all) that failed to restore;

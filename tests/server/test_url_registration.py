@@ -142,6 +142,8 @@ def test_allowed_url_downloads_registers_and_predicts(upstream, echo_bytes, star
     downloads = list((server.run_dir / "downloads").rglob("*.archive"))
     assert [p.name for p in downloads] == [f"{hashlib.sha256(echo_bytes).hexdigest()}.archive"]
     assert not list((server.run_dir / "downloads").rglob(".download-*"))  # no temp file left
+    assert server.manage("DELETE", "/models/echo").status == 200
+    assert not list((server.run_dir / "downloads").rglob("*.archive"))  # unregistered: deleted
 
 
 def test_urls_outside_the_allow_list_are_refused(upstream, echo_bytes, start_server) -> None:
