@@ -59,7 +59,24 @@ _MB = 1_000_000
 
 def is_remote(url: str) -> bool:
     """Whether ``url`` is fetched over the network (http or https)."""
-    return urlsplit(url).scheme.lower() in ("http", "https")
+    scheme, sep, _ = url.partition("://")
+    return bool(sep) and scheme.lower() in ("http", "https")
+
+
+def check_remote_url(url: str) -> None:
+    """Refuse (400) an http(s) URL that cannot be fetched as written, naming the problem."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # out of range or not a number: ValueError
+    except ValueError as exc:
+        raise BadRequest(f"url {_scrubbed(url)!r} is not a valid URL: {exc}") from None
+    if not parts.hostname:
+        raise BadRequest(f"url {_scrubbed(url)!r} is not a valid URL: it names no host")
+
+
+def _scrubbed(url: str) -> str:
+    """A URL that would not parse, without what may be a password or a query secret."""
+    return re.sub(r"//[^/@]*@", "//", url).split("?", 1)[0].split("#", 1)[0]
 
 
 def _without_userinfo(url: str) -> tuple[str, str, str, str]:
@@ -186,6 +203,7 @@ class Downloader:
     def tracking(self, url: str, name: str | None, at_startup: bool) -> Iterator[Progress]:
         """List a registration in describe (under ``name``, or the URL's file name) while its
         archive downloads and unpacks."""
+        check_remote_url(url)
         progress = Progress(name or provisional_name(url), recorded_url(url), at_startup)
         self._active.append(progress)
         try:
@@ -318,7 +336,7 @@ class Downloader:
             raise DownloadTimedOut(
                 f"{shown}: timed out {what} after {self.timeout_s:g} s (download_timeout_s)"
             ) from exc
-        except httpx.UnsupportedProtocol as exc:
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise BadRequest(f"{shown}: {exc}") from exc
         except httpx.HTTPError as exc:  # refused, reset, broken framing, DNS
             raise DownloadFailed(f"{shown}: download failed: {_cause(exc)}") from exc

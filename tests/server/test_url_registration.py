@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import os
+import re
 import shutil
 import socket
 import threading
@@ -165,6 +166,8 @@ def test_urls_outside_the_allow_list_are_refused(upstream, echo_bytes, start_ser
     for url, message in [
         ("ftp://127.0.0.1/ok/echo.mar", "url 'ftp://127.0.0.1/ok/echo.mar': the scheme 'ftp' is not supported (http, https, file, or a name in the model store)"),
         ("file://host/x.mar", "url 'file://host/x.mar': a file URL must name a local path (file:///...)"),
+        ("http:///x.mar", "url 'http:///x.mar' is not a valid URL: it names no host"),
+        ("http://u:pw@127.0.0.1:99999/x.mar?sig=s3cret", "url 'http://127.0.0.1:99999/x.mar' is not a valid URL: Port out of range 0-65535"),
     ]:  # fmt: skip
         assert register(server, url) == (400, {"code": 400, "type": "BadRequestException", "message": message})  # fmt: skip
 
@@ -412,11 +415,14 @@ def test_symlinked_archives_register_through_the_api_and_escapes_are_refused(
     linked_store, start_server, tmp_path
 ) -> None:
     linked_store()
-    server = start_server()
+    elsewhere = tmp_path / "elsewhere.mar"  # outside the store, allowed by allowed_urls
+    shutil.copy(tmp_path / "outside.mar", elsewhere)
+    server = start_server(config={"allowed_urls": [re.escape(f"file://{elsewhere}")]})
     store = tmp_path / "store"
     for url, name in [("filelink.mar", "filelink"), ("dirlink", "dirlink"),
                       ("sub/filelink.mar", "viasub"), (f"{store}/filelink.mar", "absolute"),
-                      (f"file://{store}/dirlink", "fileurl")]:  # fmt: skip
+                      (f"file://{store}/dirlink", "fileurl"),
+                      (f"file://{elsewhere}", "allowedfile")]:  # fmt: skip
         status, body = register(server, url, f"&model_name={name}")
         assert status == 200, (url, body)
         reply = server.predict(name, "linked")
