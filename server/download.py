@@ -5,9 +5,10 @@ Why a module of its own: a registration URL is input from the network. Every hop
 included) must match ``allowed_urls`` unless the operator named the URL on the command line; the
 body is streamed to a temp file beside its target and renamed into place, counted against
 ``download_max_bytes`` and hashed as it arrives; the wait for the upstream is bounded by
-``download_timeout_s`` (connect, and between two reads) and ``download_total_timeout_s``. The
-downloads run on a small pool of their own threads, so a slow upstream holds neither the event
-loop nor the default executor that unpacking and environment builds use.
+``download_timeout_s`` (connect, and between two reads) and ``download_total_timeout_s``. Each
+download runs on a daemon thread of its own (``DOWNLOAD_THREADS`` at once), so a slow upstream
+holds neither the event loop, nor the default executor that unpacking and environment builds
+use, nor a stopping server.
 
 The cache: ``<run_dir>/downloads/<key>/<sha256>.archive``, ``key`` from the URL as recorded
 (credentials, query and fragment removed). A registration with a ``sha256`` pin whose file is
@@ -104,7 +105,7 @@ def url_allowed(url: str, patterns: tuple[str, ...]) -> bool:
     """TorchServe's rule: the whole URL must match one of the regular expressions, ignoring case.
     Unlike TorchServe, the URL is matched without its user name and password, so that
     ``http://trusted.host@elsewhere/`` cannot pass for ``http://trusted\\.host/.*``."""
-    if urlsplit(url).scheme.lower() in ("http", "https"):
+    if is_remote(url):
         url = urlunsplit((*_without_userinfo(url), ""))
     return any(re.fullmatch(p, url, re.IGNORECASE) for p in patterns)
 

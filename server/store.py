@@ -54,7 +54,10 @@ def resolve_url(
                 f"url {url!r}: the scheme '{scheme}' is not supported (http, https, file, or a"
                 " name in the model store)"
             )
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError as exc:
+            raise BadRequest(f"url {url!r} is not a valid URL: {exc}") from None
         if parts.netloc not in ("", "localhost"):
             raise BadRequest(f"url {url!r}: a file URL must name a local path (file:///...)")
         named = unquote(parts.path)
