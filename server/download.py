@@ -97,7 +97,10 @@ def _without_userinfo(url: str) -> tuple[str, str, str, str]:
 def recorded_url(url: str) -> str:
     """``url`` as shown, logged and written to the snapshot: without user name, password, query
     or fragment, which may carry secrets (signed URLs keep theirs in the query)."""
-    scheme, netloc, path, _ = _without_userinfo(url)
+    try:
+        scheme, netloc, path, _ = _without_userinfo(url)
+    except ValueError:  # it will not be fetched (check_remote_url); still never shown whole
+        return _scrubbed(url)
     return urlunsplit((scheme, netloc, path, "", ""))
 
 
@@ -106,7 +109,10 @@ def url_allowed(url: str, patterns: tuple[str, ...]) -> bool:
     Unlike TorchServe, the URL is matched without its user name and password, so that
     ``http://trusted.host@elsewhere/`` cannot pass for ``http://trusted\\.host/.*``."""
     if is_remote(url):
-        url = urlunsplit((*_without_userinfo(url), ""))
+        try:
+            url = urlunsplit((*_without_userinfo(url), ""))
+        except ValueError:
+            return False
     return any(re.fullmatch(p, url, re.IGNORECASE) for p in patterns)
 
 
