@@ -35,6 +35,7 @@ class Route:
     location: str | None = None
     announce_length: bool = True
     pause_after: int | None = None  # send this many bytes, then wait for ``release``
+    trickle_s: float | None = None  # send one byte, then wait this long, until ``release``
     release: threading.Event = field(default_factory=threading.Event)
     hits: int = 0
 
@@ -61,6 +62,13 @@ class Upstream:
                 else:
                     self.send_header("Connection", "close")  # the body ends with the connection
                 self.end_headers()
+                if route.trickle_s is not None:
+                    for i in range(len(route.body)):
+                        if route.release.wait(route.trickle_s):
+                            return
+                        self.wfile.write(route.body[i : i + 1])
+                        self.wfile.flush()
+                    return
                 cut = len(route.body) if route.pause_after is None else route.pause_after
                 self.wfile.write(route.body[:cut])
                 self.wfile.flush()
@@ -246,7 +254,9 @@ def test_download_failures_name_the_url_and_the_cause(upstream, echo_bytes, star
 
 def test_a_stalled_upstream_times_out_with_504(upstream, echo_bytes, start_server) -> None:
     upstream.routes["/ok/stall.mar"] = Route(body=echo_bytes, pause_after=10)
-    server = start_server(config=allowed_config(upstream))  # download_timeout_s: 1
+    upstream.routes["/ok/trickle.mar"] = Route(body=echo_bytes, trickle_s=0.2)
+    config = allowed_config(upstream, download_total_timeout_s=2)  # download_timeout_s: 1
+    server = start_server(config=config)
     url = upstream.url("/ok/stall.mar")
     started = time.monotonic()
     status, body = register(server, url)
@@ -257,6 +267,15 @@ def test_a_stalled_upstream_times_out_with_504(upstream, echo_bytes, start_serve
     })  # fmt: skip
     assert took < 8, f"the 1 s read timeout took {took:.1f} s"
     upstream.routes["/ok/stall.mar"].release.set()
+    # a byte every 0.2 s never trips the read timeout; the whole download's deadline stops it
+    url = upstream.url("/ok/trickle.mar")
+    started = time.monotonic()
+    status, body = register(server, url)
+    took = time.monotonic() - started
+    upstream.routes["/ok/trickle.mar"].release.set()
+    assert (status, body["type"]) == (504, "DownloadArchiveException")
+    assert body["message"].startswith(f"{url}: not finished after 2 s (download_total_timeout_s); 0.0 MB received")  # fmt: skip
+    assert took < 10, f"the 2 s deadline took {took:.1f} s"
 
 
 def test_other_models_serve_while_a_slow_download_shows_its_progress(
