@@ -204,7 +204,13 @@ class Registry:
         )
         progress.stage = "unpacking"
         cache = self.config.run_path / "unpacked"
-        return await asyncio.to_thread(unpack, fetched.path, fetched.url, cache, fetched.sha256)
+        try:
+            return await asyncio.to_thread(
+                unpack, fetched.path, fetched.url, cache, fetched.sha256
+            )
+        except InvalidModel:  # not an archive: nothing will ever use these bytes
+            self._discard_download(fetched.url, fetched.sha256)
+            raise
 
     def _env_request(
         self,
@@ -286,21 +292,21 @@ class Registry:
     async def unregister(self, name: str, version: str | None) -> ModelVersion:
         model = self.get(name, version)  # no version: the default one, as TorchServe does
         await self._drop(model)
-        self._discard_download(model)
+        if model.archive_sha256 and is_remote(model.url):
+            self._discard_download(model.url, model.archive_sha256)
         self.changed()
         log.info("unregistered %s", model.label)
         return model
 
-    def _discard_download(self, model: ModelVersion) -> None:
-        """Delete an unregistered model's cached download unless another model uses it."""
-        if not (model.archive_sha256 and is_remote(model.url)):
+    def _discard_download(self, url: str, sha256: str) -> None:
+        """Delete a cached download (its model was unregistered, or it is no archive) unless a
+        registered model uses it."""
+        if any((mv.url, mv.archive_sha256) == (url, sha256) for mv in self.all()):
             return
-        key = (model.url, model.archive_sha256)
-        if all((mv.url, mv.archive_sha256) != key for mv in self.all()):
-            try:
-                self.downloader.discard(model.url, model.archive_sha256)
-            except OSError as exc:
-                log.warning("could not remove the cached download of %s: %s", model.url, exc)
+        try:
+            self.downloader.discard(url, sha256)
+        except OSError as exc:
+            log.warning("could not remove the cached download of %s: %s", url, exc)
 
     def forget_unrestored(self, name: str, version: str | None) -> int:
         """Drop snapshot entries of ``name`` (one ``version``, or all) that failed to restore;

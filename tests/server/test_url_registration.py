@@ -241,8 +241,10 @@ def test_download_failures_name_the_url_and_the_cause(upstream, echo_bytes, star
         assert (status, body["type"]) == (code, kind), (url, body)
         assert body["message"].startswith(message), (url, body["message"], message)
     assert register(server, u("/ok/short.mar"))[0] == 400  # a cut-off body is a bad archive
-    # the size limit and the failures left nothing behind, and the server still registers
+    # the size limit and the failures left nothing behind (the corrupt download is deleted),
+    # and the server still registers
     assert not list((server.run_dir / "downloads").rglob(".download-*"))
+    assert not list((server.run_dir / "downloads").rglob("*.archive"))
     status, body = register(
         server, u("/ok/echo.mar"), f"&sha256={digest.upper()}&initial_workers=0"
     )
