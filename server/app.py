@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from server.download import parse_sha256
 from server.errors import BadRequest, ModelNotFound, ModelVersionNotFound
 from server.http import Answer, Connection, Request, json_answer
 from server.registry import RegisterRequest, Registry
@@ -147,6 +148,10 @@ class ManagementAPI:
         name, version = parts[1], (parts[2] if len(parts) == 3 else None)
         method = req.allow("GET", "PUT", "DELETE")
         if method == "GET":
+            downloading = registry.downloader.in_progress(name)
+            if downloading and name not in registry.models:  # listed while its archive arrives
+                conn.answer_json(req, 200, downloading)
+                return
             models = registry.versions(name) if version == "all" else [registry.get(name, version)]
             conn.answer_json(req, 200, [m.describe() for m in models])
         elif method == "PUT":
@@ -222,7 +227,9 @@ def _runtime_param(query: Mapping[str, str]) -> str | None:
 async def _register(registry: Registry, query: Mapping[str, str]) -> Answer:
     url = query.get("url")
     if not url:
-        raise BadRequest("parameter 'url' is required: the archive's name in the model store")
+        raise BadRequest(
+            "parameter 'url' is required: the archive's name in the model store, or its URL"
+        )
     delay = _int_param(query, "max_batch_delay")
     timeout = _int_param(query, "response_timeout", 1)
     startup_timeout = _int_param(query, "startup_timeout", 1)
@@ -237,6 +244,7 @@ async def _register(registry: Registry, query: Mapping[str, str]) -> Answer:
         startup_timeout_s=float(startup_timeout) if startup_timeout is not None else None,
         runtime=_runtime_param(query),
         synchronous=_bool_param(query, "synchronous", True),
+        sha256=parse_sha256(query.get("sha256")),
     )
     model = await registry.register(req)
     workers = model.settings.min_workers

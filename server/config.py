@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -148,6 +149,11 @@ class ServerConfig:
     # Models to register at start with the settings recorded (TorchServe's snapshot); when set,
     # even to none, load_models is not used, as in TorchServe.
     model_snapshot: tuple[ModelEntry, ...] | None = None
+    # Registration by URL: the largest archive downloaded, the wait for the upstream (connect,
+    # and between two reads) and for a whole download.
+    download_max_bytes: int = 8 * 1024**3
+    download_timeout_s: float = 30.0
+    download_total_timeout_s: float = 3600.0
 
     @property
     def run_path(self) -> Path:
@@ -206,7 +212,7 @@ _EXPECTED = {
 # (worker counts, GPU count, batch delay) may be 0. Float keys (timeouts) must be > 0 and finite.
 _AT_LEAST_ONE = frozenset(
     ("batch_size", "job_queue_size", "max_request_size_bytes", "max_response_size_bytes",
-     "max_connections")
+     "max_connections", "download_max_bytes")
 )  # fmt: skip
 
 
@@ -277,7 +283,19 @@ def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:
     config = dataclasses.replace(ServerConfig(), **values)
     for key in ("inference_address", "management_address", "metrics_address"):
         parse_address(getattr(config, key), key)
+    _check_allowed_urls(config.allowed_urls)
     return config
+
+
+def _check_allowed_urls(patterns: tuple[str, ...]) -> None:
+    """A pattern that does not compile is a start error, not a 500 at the first registration."""
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(
+                f"allowed_urls: {pattern!r} is not a valid regular expression: {exc}"
+            ) from None
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

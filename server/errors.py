@@ -146,3 +146,28 @@ class MethodNotAllowed(MserveError):
 
     def headers(self) -> dict[str, str]:
         return {"Allow": ", ".join(self.allowed)}
+
+
+class DigestMismatch(BadRequest):
+    """The archive's sha256 is not the one the registration's ``sha256`` parameter pins."""
+
+
+class DownloadFailed(MserveError):
+    """A registration URL could not be fetched: the upstream answered an error status, refused
+    the connection or broke off (TorchServe's exception for a failed archive download)."""
+
+    status = 502
+    type = "DownloadArchiveException"
+
+
+class DownloadTimedOut(DownloadFailed):
+    """The upstream did not connect or send data within ``download_timeout_s``, or the whole
+    download took over ``download_total_timeout_s``."""
+
+    status = 504
+
+
+class DownloadTooLarge(DownloadFailed):
+    """The archive behind a registration URL is over ``download_max_bytes``."""
+
+    status = 413

@@ -29,6 +29,7 @@ from server.accesslog import AccessLogFile
 from server.app import ManagementAPI, Metrics, MetricsAPI
 from server.config import ModelEntry, ServerConfig, parse_address
 from server.devices import GpuAllocator, server_gpus
+from server.download import is_remote, recorded_url
 from server.errors import MserveError
 from server.http import HttpServer
 from server.inference_api import InferenceAPI
@@ -55,6 +56,8 @@ def setup_logging(config: ServerConfig, foreground: bool) -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
+    # httpx logs every request with its full URL (query secrets included); ours say what matters
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     main = RotatingFileHandler(config.log_path / "mserve.log", maxBytes=50 << 20, backupCount=5)
     main.setFormatter(fmt)
     root.addHandler(main)
@@ -297,9 +300,11 @@ class Server:
         await self.restore_snapshot()
         await self.restore_ts_snapshot()
         restored = {mv.name for mv in self.registry.all()} | {mv.url for mv in self.registry.all()}
-        await self.load_startup_models(
-            [m for m in models if m.name not in restored and m.url not in restored]
-        )
+        await self.load_startup_models([
+            m for m in models
+            if m.name not in restored and m.url not in restored
+            and not (is_remote(m.url) and recorded_url(m.url) in restored)  # as the snapshot has it
+        ])  # fmt: skip
 
     async def _until_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
         """Run ``work`` unless a stop signal comes first (then cancel it): a SIGTERM during a

@@ -172,6 +172,7 @@ class ModelVersion:
         self.stage: str | None = None  # what a loading model is doing (building environment, ...)
         self.env_key: str | None = None
         self.trusted = False  # registered by the operator (--models, snapshot), not the API
+        self.archive_sha256: str | None = None  # pinned in the snapshot (see server/download.py)
         self.handler_overridden = False
         self.last_output = ""  # the last lines a failed worker printed, for describe
 

@@ -17,6 +17,7 @@ from typing import Any
 from archiver import Manifest
 from server.config import ModelEntry, ServerConfig
 from server.devices import GpuAllocator
+from server.download import Downloader, Progress, is_remote
 from server.envs import EnvCache, EnvRequest, normalise_requirements
 from server.errors import (
     InvalidModel,
@@ -26,7 +27,7 @@ from server.errors import (
     MserveError,
 )
 from server.model import ModelSettings, ModelVersion
-from server.store import resolve_url, unpack
+from server.store import UnpackedModel, resolve_url, unpack
 from server.workers.launch import Launcher
 from server.workers.process import default_python
 
@@ -60,6 +61,7 @@ class RegisterRequest:
     synchronous: bool = True
     trusted: bool = False  # the operator's --models flag may name any local path
     at_startup: bool = False
+    sha256: str | None = None  # the archive's digest the registration pins (server/download.py)
 
 
 def effective_settings(
@@ -119,6 +121,7 @@ class Registry:
         # snapshot entries that failed to restore at start: written back into every snapshot
         self.unrestored: list[dict[str, Any]] = []
         self.envs = EnvCache(config.env_path, protected=config.protected_packages)
+        self.downloader = Downloader(config)
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
         versions = self.models.get(name)
@@ -139,8 +142,18 @@ class Registry:
 
     async def register(self, request: RegisterRequest) -> ModelVersion:
         cfg = self.config
-        path = resolve_url(request.url, cfg.store_path, cfg.allowed_paths, request.trusted)
-        unpacked = await asyncio.to_thread(unpack, path, request.url, cfg.run_path / "unpacked")
+        if is_remote(request.url):
+            with self.downloader.tracking(
+                request.url, request.model_name, request.at_startup
+            ) as progress:
+                unpacked = await self._download(request, progress)
+        else:
+            path = resolve_url(
+                request.url, cfg.store_path, cfg.allowed_paths, request.trusted, cfg.allowed_urls
+            )
+            unpacked = await asyncio.to_thread(
+                unpack, path, request.url, cfg.run_path / "unpacked", None, request.sha256
+            )
         manifest = unpacked.manifest
         name = request.model_name or manifest.model.model_name
         version = manifest.model.model_version
@@ -155,7 +168,7 @@ class Registry:
             model = ModelVersion(
                 name=name,
                 version=version,
-                url=request.url,
+                url=unpacked.url,
                 model_dir=unpacked.model_dir,
                 manifest=_with_runtime(manifest.to_json(), request.runtime),
                 handler=request.handler or manifest.model.handler,
@@ -172,12 +185,14 @@ class Registry:
                 max_response_bytes=cfg.max_response_size_bytes,
             )
             model.trusted = request.trusted
+            # the snapshot pins it: a restore uses the same bytes (the cached download)
+            model.archive_sha256 = unpacked.sha256 if is_remote(request.url) else request.sha256
             model.handler_overridden = request.handler is not None
             self.models.setdefault(name, {})[version] = model
             self.defaults.setdefault(name, version)
         log.info(
             "registering %s (%s) from %s with %d worker(s)",
-            model.label, model.handler, request.url, settings.min_workers,
+            model.label, model.handler, unpacked.url, settings.min_workers,
         )  # fmt: skip
         try:
             env = self._env_request(model, unpacked.manifest, unpacked.model_config, request)
@@ -198,6 +213,22 @@ class Registry:
             task.add_done_callback(self._background.discard)
         return model
 
+    async def _download(self, request: RegisterRequest, progress: Progress) -> UnpackedModel:
+        """Fetch an http(s) registration URL (server/download.py), then unpack it like any
+        archive; describe lists it under ``progress`` meanwhile."""
+        fetched = await self.downloader.fetch(
+            request.url, progress, sha256=request.sha256, trusted=request.trusted
+        )
+        progress.stage = "unpacking"
+        cache = self.config.run_path / "unpacked"
+        try:
+            return await asyncio.to_thread(
+                unpack, fetched.path, fetched.url, cache, fetched.sha256
+            )
+        except InvalidModel:  # not an archive: nothing will ever use these bytes
+            self._discard_download(fetched.url, fetched.sha256)
+            raise
+
     def _env_request(
         self,
         model: ModelVersion,
@@ -212,7 +243,7 @@ class Registry:
         try:
             text = (model.model_dir / req_name).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidModel(f"cannot read {req_name} from {request.url}: {exc}") from exc
+            raise InvalidModel(f"cannot read {req_name} from {model.url}: {exc}") from exc
         if not normalise_requirements(text):
             return None
         wheels = (manifest.extra.get("mserve") or {}).get("wheelhouse")
@@ -243,6 +274,7 @@ class Registry:
             log.error("model %s failed to load: %s", model.label, exc.message)
 
     async def close(self) -> None:
+        self.downloader.close()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -277,9 +309,21 @@ class Registry:
     async def unregister(self, name: str, version: str | None) -> ModelVersion:
         model = self.get(name, version)  # no version: the default one, as TorchServe does
         await self._drop(model)
+        if model.archive_sha256 and is_remote(model.url):
+            self._discard_download(model.url, model.archive_sha256)
         self.changed()
         log.info("unregistered %s", model.label)
         return model
+
+    def _discard_download(self, url: str, sha256: str) -> None:
+        """Delete a cached download (its model was unregistered, or it is no archive) unless a
+        registered model uses it."""
+        if any((mv.url, mv.archive_sha256) == (url, sha256) for mv in self.all()):
+            return
+        try:
+            self.downloader.discard(url, sha256)
+        except OSError as exc:
+            log.warning("could not remove the cached download of %s: %s", url, exc)
 
     def forget_unrestored(self, name: str, version: str | None) -> int:
         """Drop snapshot entries of ``name`` (one ``version``, or all) that failed to restore;

@@ -49,6 +49,7 @@ def save(registry: Registry, path: Path) -> None:
                 if s.sources.get("startup_timeout_s") == "api"
                 else None,
                 "trusted": mv.trusted,
+                "sha256": mv.archive_sha256,
             }
         )
     models.extend(registry.unrestored)
@@ -80,6 +81,7 @@ def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict
                 max_workers=m.get("max_workers"),
                 trusted=bool(m.get("trusted")),
                 at_startup=True,
+                sha256=m.get("sha256"),
             ),
             m,
         ))  # fmt: skip

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import archiver
 from archiver import ArchiverError, Manifest, open_archive
 from archiver.model_config import load_model_config
-from server.errors import ArchiveNotAllowed, InvalidModel, ModelNotFound
+from server.download import url_allowed
+from server.errors import ArchiveNotAllowed, BadRequest, DigestMismatch, InvalidModel, ModelNotFound
 
 log = logging.getLogger(__name__)
 
@@ -27,33 +30,66 @@ class UnpackedModel:
     model_dir: Path
     manifest: Manifest
     model_config: dict[str, Any]
+    sha256: str | None = None  # of the archive file (None for a folder)
 
 
-def resolve_url(url: str, store: Path | None, allowed: tuple[str, ...], trusted: bool) -> Path:
-    """The archive a registration ``url`` names. Relative names live in the model store;
-    absolute paths must sit under the store or an ``allowed_paths`` entry unless ``trusted``
-    (the operator's own ``--models`` flag)."""
-    if "://" in url:
-        raise ArchiveNotAllowed(f"url {url!r}: only local archives are supported")
-    path = Path(url).expanduser()
+def resolve_url(
+    url: str,
+    store: Path | None,
+    allowed: tuple[str, ...],
+    trusted: bool,
+    allowed_urls: tuple[str, ...] = (),
+) -> Path:
+    """The local archive a registration ``url`` names: a name in the model store, an absolute
+    path, or a ``file://`` URL. Unless ``trusted`` (the operator's own ``--models`` flag), the
+    path as named must lie in the model store or an ``allowed_paths`` entry (or, for a
+    ``file://`` URL, match ``allowed_urls``) and hold no ``..``; symlinks inside are followed,
+    as TorchServe does (Kubernetes volumes and shared stores are made of them). http(s) URLs are
+    server/download.py's."""
+    scheme, sep, _ = url.partition("://")
+    named = url
+    if sep:
+        if scheme.lower() != "file":
+            raise BadRequest(
+                f"url {url!r}: the scheme '{scheme}' is not supported (http, https, file, or a"
+                " name in the model store)"
+            )
+        try:
+            parts = urlsplit(url)
+        except ValueError as exc:
+            raise BadRequest(f"url {url!r} is not a valid URL: {exc}") from None
+        if parts.netloc not in ("", "localhost"):
+            raise BadRequest(f"url {url!r}: a file URL must name a local path (file:///...)")
+        named = unquote(parts.path)
+    path = Path(named).expanduser()
+    if not trusted and ".." in path.parts:
+        raise ArchiveNotAllowed(f"url {url!r}: '..' is not allowed")
     if not path.is_absolute():
-        if ".." in path.parts:
-            raise ArchiveNotAllowed(f"url {url!r}: '..' is not allowed")
         if store is None:
             if not trusted:
                 raise ModelNotFound(f"url {url!r}: no model_store is configured")
             path = path.resolve()
         else:
             path = store / path
+    allowed_url = bool(sep) and url_allowed(url, allowed_urls)
+    if not trusted and not allowed_url and not _inside(path, store, allowed):
+        raise ArchiveNotAllowed(f"url {url!r} is outside the model store and allowed_paths")
     path = path.resolve()
-    if not trusted:
-        roots = [store.resolve()] if store else []
-        roots += [Path(p).expanduser().resolve() for p in allowed]
-        if not any(path.is_relative_to(root) for root in roots):
-            raise ArchiveNotAllowed(f"url {url!r} is outside the model store and allowed_paths")
     if not path.exists():
         raise ModelNotFound(f"archive not found: {url}")
     return path
+
+
+def _inside(path: Path, store: Path | None, allowed: tuple[str, ...]) -> bool:
+    """Whether ``path`` (absolute, no ``..``) lies under the store or an allowed path, either as
+    named (so that a symlink in the store may point anywhere) or once every link is resolved."""
+    roots = [store] if store else []
+    roots += [Path(p).expanduser().absolute() for p in allowed]
+    named = Path(os.path.normpath(path))
+    real = path.resolve()
+    return any(
+        named.is_relative_to(root) or real.is_relative_to(root.resolve()) for root in roots
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -64,15 +100,31 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def unpack(path: Path, url: str, cache: Path) -> UnpackedModel:
-    """Open, check and unpack ``path`` (blocking: call it in a thread)."""
+def unpack(
+    path: Path, url: str, cache: Path, sha256: str | None = None, pin: str | None = None
+) -> UnpackedModel:
+    """Open, check and unpack ``path`` (blocking: call it in a thread). ``sha256``: the file's
+    digest when already known (a download hashed it on the way in); ``pin``: the digest the
+    registration's ``sha256`` parameter asks for."""
+    digest = None
     try:
         with open_archive(path) as archive:
             manifest = archive.manifest
             if archive.format == "folder":
+                if pin is not None:
+                    raise BadRequest(
+                        f"url {url!r} is an archive folder: the sha256 parameter applies to"
+                        " archive files (.mar, .tar.gz)"
+                    )
                 model_dir = path
             else:
-                model_dir = cache / _sha256(path)
+                digest = sha256 or _sha256(path)
+                if pin is not None and digest != pin:
+                    raise DigestMismatch(
+                        f"archive {url}: its sha256 is {digest}, the sha256 parameter asks for"
+                        f" {pin}"
+                    )
+                model_dir = cache / digest
                 if not model_dir.exists():
                     log.info("unpacking %s into %s", path, model_dir)
                     try:
@@ -87,7 +139,9 @@ def unpack(path: Path, url: str, cache: Path) -> UnpackedModel:
             config = load_model_config(model_dir / manifest.model.config_file)
     except ArchiverError as exc:
         raise InvalidModel(f"cannot load archive {url}: {exc}") from exc
-    return UnpackedModel(url=url, model_dir=model_dir, manifest=manifest, model_config=config)
+    return UnpackedModel(
+        url=url, model_dir=model_dir, manifest=manifest, model_config=config, sha256=digest
+    )
 
 
 def store_archives(store: Path) -> list[Path]:
