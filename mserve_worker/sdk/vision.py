@@ -69,10 +69,11 @@ class VisionHandler(BaseHandler):
                 return torch.as_tensor(value, dtype=torch.float32)
             except (TypeError, ValueError) as exc:
                 raise BadInput(f"a list input must be a nested list of numbers: {exc}") from None
-        image = decode_image(value, self.image_mode)
         if callable(self.image_processing):
-            return self.image_processing(image)
-        return self.transform(image)
+            # As TorchServe: the user's transform gets the image as opened, in its own mode
+            # (a grayscale MNIST digit stays one channel).
+            return self.image_processing(decode_image(value, None))
+        return self.transform(decode_image(value, self.image_mode))
 
     def transform(self, image: Any) -> Any:
         """Resize, centre-crop, to tensor, normalise (the steps whose size is set)."""
@@ -86,8 +87,9 @@ class VisionHandler(BaseHandler):
         return tensor
 
 
-def decode_image(value: Any, mode: str = "RGB") -> Any:
-    """A PIL image from raw bytes or base64 text (a ``data:`` URL prefix is allowed)."""
+def decode_image(value: Any, mode: str | None = "RGB") -> Any:
+    """A PIL image from raw bytes or base64 text (a ``data:`` URL prefix is allowed), converted
+    to ``mode`` (None keeps the file's own)."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(value, str):
@@ -106,7 +108,11 @@ def decode_image(value: Any, mode: str = "RGB") -> Any:
     if not value:
         raise BadInput("the request has no image: its body is empty")
     try:
-        with Image.open(io.BytesIO(value)) as image:
+        image = Image.open(io.BytesIO(value))
+        if mode is None:
+            image.load()  # decode now, inside this error handling; the bytes stay in memory
+            return image
+        with image:
             return image.convert(mode)
     except Image.DecompressionBombError as exc:
         raise BadInput(f"image refused: {exc}") from None
