@@ -378,7 +378,9 @@ def load_label_mapping(path: str) -> dict[str, str] | None:
 
 
 def map_class_to_label(
-    probs: list[list[float]], mapping: dict[str, str] | None, classes: list[list[int]] | None
+    probs: list[list[float]],
+    mapping: dict[str, str] | None = None,
+    classes: list[list[int]] | None = None,
 ) -> list[dict[str, float]]:
     """One ``{label: probability}`` dict per request, labels through ``mapping`` when given."""
     if classes is None:
