@@ -5,11 +5,22 @@ expected answers are computed here from the same seeded models.
 
 from __future__ import annotations
 
+import io
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
+from PIL import Image
 
+from mserve_worker import compat
+from mserve_worker.context import Context, Metrics
+from mserve_worker.sdk.base_handler import BaseHandler, ModelLoadError
+from mserve_worker.sdk.errors import PredictionException
+from mserve_worker.sdk.text_handler import TextHandler
 from tests.compat_tools import CompatTool
 from tests.server import conftest as serving
 from tests.server.conftest import concurrently, wait_until
@@ -111,3 +122,125 @@ def test_installed_torchserve_is_shadowed_and_logged(make_archive, start_server,
     wait_until(lambda: line in log.read_text(), 10, "the shadowed-torchserve log line")
     described = server.manage("GET", "/models/which").json()[0]
     assert json.dumps(described).count("environment") >= 1  # it ran in its own environment
+
+
+# In process: the ts modules as a worker imports them (compat folder on sys.path).
+
+
+@pytest.fixture
+def ts_path() -> Iterator[None]:
+    """The compat folder on sys.path, as in a worker; the ts modules are forgotten after."""
+    saved = list(sys.path)
+    compat.install()
+    yield
+    sys.path[:] = saved
+    for name in [n for n in sys.modules if n == "ts" or n.startswith("ts.")]:
+        del sys.modules[name]
+
+
+def test_ts_names_are_mserves(ts_path) -> None:
+    from ts.context import Context as TsContext
+    from ts.metrics.metrics_store import MetricsStore
+    from ts.torch_handler.base_handler import BaseHandler as TsBase
+    from ts.torch_handler.image_segmenter import ImageSegmenter, ImangeSegmenter
+    from ts.torch_handler.text_handler import TextHandler
+    from ts.utils import util
+
+    assert (TsContext, MetricsStore, TsBase) == (Context, Metrics, BaseHandler)
+    assert ImangeSegmenter is ImageSegmenter
+    assert util.PredictionException is PredictionException
+    assert str(util.PredictionException("busy", 503)) == "busy : 503"
+    assert util.map_class_to_label([[0.25, 0.75]], {"0": "a", "1": "b"}) == [{"a": 0.25, "b": 0.75}]
+    assert util.check_valid_pt2_backend("inductor") and not util.check_valid_pt2_backend("x")
+    module = sys.modules[TextHandler.__module__]
+    assert util.list_classes_from_module(module) == [TextHandler]
+    assert util.list_classes_from_module(module, BaseHandler) == [TextHandler]
+
+
+def test_text_handler_steps_are_torchserves(ts_path) -> None:
+    from ts.torch_handler.text_handler import TextHandler
+
+    h = TextHandler()
+    assert h._remove_html_tags("a <b>bold</b> &amp; &#39;x&#39;") == "a bold  x"
+    assert (
+        h._expand_contractions("I'd say they won't, Don't") == "I would say they will not, Do not"
+    )
+    assert h._expand_contractions("how'd'y") == "how didy"  # the shorter form matches first
+    assert h._remove_accented_characters("Café 日本") == "Cafe "
+    assert h._remove_punctuation("a,b.c!¿") == "abc¿"
+    assert h._tokenize("Hello, World. (x)!") == ["hello", ",", "world", ".", "(", "x", ")", "!"]
+    assert h.get_word_token(["\u0120hi", "there"]) == ["hi", "there"]
+
+
+def test_text_handler_without_vocabulary_fails_clearly(tmp_path) -> None:
+    (tmp_path / "index_to_name.json").write_text("{}")
+    context = Context("m", str(tmp_path), {"model": {}}, 1, None, "mserve", "test")
+    with pytest.raises(ModelLoadError) as info:
+        TextHandler().get_source_vocab_path(context)
+    assert str(info.value) == (
+        f"TextHandler needs the vocabulary source_vocab.pt in the archive (--extra-files); "
+        f"{tmp_path / 'source_vocab.pt'} does not exist"
+    )
+
+
+def test_metrics_in_torchserves_forms(ts_path) -> None:
+    from ts.metrics.dimension import Dimension
+    from ts.metrics.metric_type_enum import MetricTypes
+
+    context = Context("m", ".", {"model": {}}, 2, None, "mserve", "test")
+    context.start_batch([SimpleNamespace(request_id=r, headers=[]) for r in ("r0", "r1")])
+    m = context.metrics
+    m.add_metric("Tokens", 7, "count", 1, [Dimension("Lang", "en")], MetricTypes.COUNTER)
+    m.add_metric("Old", 1, 0, "ms")  # the pre-0.8 order
+    m.add_time("T", 2.5, None, "ms", [Dimension("Step", "post")], MetricTypes.GAUGE)
+    cached = m.add_metric_to_cache("Dist", "km", ["Region"], MetricTypes.GAUGE)
+    assert m.get_metric("Dist", MetricTypes.GAUGE) is cached
+    cached.add_or_update(3, ["eu"], "r1")
+    cached.update(4, request_id="r0", dimensions=[Dimension("Region", "us")])
+    entries = [(e["name"], e["value"], e["unit"], e["request_id"], e["dimensions"])
+               for e in m.drain()]  # fmt: skip
+    assert entries == [
+        ("Tokens", 7, "count", "r1", [["Lang", "en"]]),
+        ("Old", 1, "ms", "r0", []),
+        ("T", 2.5, "ms", None, [["Step", "post"]]),
+        ("Dist", 3, "km", "r1", [["Region", "eu"]]),
+        ("Dist", 4, "km", "r0", [["Region", "us"]]),
+    ]
+    with pytest.raises(KeyError) as missing:
+        m.get_metric("Dist")  # defined as a gauge, asked for as a counter
+    assert missing.value.args[0] == (
+        "metric 'Dist' of type counter is not defined; call add_metric_to_cache first "
+        "(defined: Dist)"
+    )
+    with pytest.raises(ValueError) as wrong:
+        cached.add_or_update(1, ["eu", "extra"])
+    assert str(wrong.value) == (
+        "metric 'Dist' has dimensions ['Region'], but 2 values were given: ['eu', 'extra']"
+    )
+
+
+def test_timed_and_own_image_processing(ts_path, tmp_path) -> None:
+    """``@timed`` records ``ts_handler_<step>`` only when the model config asks for profiling; a
+    handler's own ``image_processing`` gets the image in its own mode (grayscale stays L)."""
+    from ts.handler_utils.timer import timed
+    from ts.torch_handler.vision_handler import VisionHandler
+
+    seen = []
+
+    class Gray(VisionHandler):
+        image_processing = staticmethod(lambda image: seen.append(image.mode) or torch.zeros(1))
+
+        @timed
+        def preprocess(self, data):
+            return super().preprocess(data)
+
+    buffer = io.BytesIO()
+    Image.new("L", (4, 3), 7).save(buffer, "PNG")
+    for profile, expected in ((False, []), (True, ["ts_handler_preprocess"])):
+        handler = Gray()
+        handler.context = Context("m", ".", {"model": {}}, 1, None, "mserve", "test",
+                                  model_yaml_config={"handler": {"profile": profile}})  # fmt: skip
+        handler.context.start_batch([SimpleNamespace(request_id="r", headers=[])])
+        assert handler.preprocess([{"body": buffer.getvalue()}]).shape == (1, 1)
+        assert [e["name"] for e in handler.context.metrics.drain()] == expected
+    assert seen == ["L", "L"]
