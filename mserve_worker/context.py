@@ -186,17 +186,30 @@ class Metrics:
         self,
         name: str,
         value: float,
-        idx: Any = None,
-        unit: Any = "",
+        *args: Any,
+        idx: int | None = None,
+        unit: str | None = "",
         dimensions: Iterable[Any] | None = None,
         metric_type: Any = None,
     ) -> None:
-        """A metric of any unit. Positional arguments are taken in either of TorchServe's orders:
-        ``(name, value, idx, unit)`` (up to 0.7) or ``(name, value, unit, idx)`` (0.8 on); a
-        unit is text and an index a number, so the types tell them apart. ``metric_type`` (here
-        and in the other ``add_*``) is accepted for TorchServe's signatures."""
-        if isinstance(idx, str):
-            idx, unit = (unit if isinstance(unit, int) else None), idx
+        """A metric of any unit. Positional arguments after ``value`` follow either of
+        TorchServe's orders: ``unit, idx, dimensions, metric_type`` (0.8 on) or ``idx, unit,
+        dimensions`` (up to 0.7); a unit is text and an index a number, so the first tells them
+        apart. ``metric_type`` (here and in the other ``add_*``) is accepted for TorchServe's
+        signatures."""
+        if args:
+            modern = isinstance(args[0], str)
+            order = ("unit", "idx") if modern else ("idx", "unit")
+            names = (*order, "dimensions", "metric_type")
+            if len(args) > len(names):
+                raise TypeError(
+                    f"metric {name!r}: add_metric takes at most {len(names) + 2} positional "
+                    f"arguments (name, value, {', '.join(names)}), got {len(args) + 2}"
+                )
+            given = dict(zip(names, args))
+            idx = given.get("idx", idx)
+            unit = given.get("unit", unit)
+            dimensions = given.get("dimensions", dimensions)
         self._add("metric", name, value, "" if unit is None else str(unit), idx, dimensions)
 
     def add_metric_to_cache(

@@ -245,3 +245,22 @@ def test_timed_and_own_image_processing(ts_path, tmp_path) -> None:
         assert handler.preprocess([{"body": buffer.getvalue()}]).shape == (1, 1)
         assert [e["name"] for e in handler.context.metrics.drain()] == expected
     assert seen == ["L", "L"]
+
+
+def test_add_metric_argument_forms() -> None:
+    context = Context("m", ".", {"model": {}}, 2, None, "mserve", "test")
+    context.start_batch([SimpleNamespace(request_id=r, headers=[]) for r in ("r0", "r1")])
+    m = context.metrics
+    m.add_metric("A", 1, "ms", idx=1)  # 0.8: unit positional, idx by keyword
+    m.add_metric("B", 2, 0, "count")  # 0.7: idx, unit
+    m.add_metric(name="C", value=3, unit="km", idx=None, dimensions=[("K", "v")])
+    m.add_metric("D", 4)
+    assert [(e["name"], e["unit"], e["request_id"]) for e in m.drain()] == [
+        ("A", "ms", "r1"), ("B", "count", "r0"), ("C", "km", None), ("D", "", None)
+    ]  # fmt: skip
+    with pytest.raises(TypeError) as info:
+        m.add_metric("E", 1, "ms", 0, [], None, "extra")
+    assert str(info.value) == (
+        "metric 'E': add_metric takes at most 6 positional arguments (name, value, unit, idx, "
+        "dimensions, metric_type), got 7"
+    )
