@@ -28,9 +28,6 @@ class VisionHandler(BaseHandler):
     mean: tuple[float, ...] = ()  # per channel; empty: no normalisation
     std: tuple[float, ...] = ()
     image_mode = "RGB"
-    # A callable PIL image -> tensor that replaces ``transform`` (a torchvision ``Compose``, as
-    # handlers written for TorchServe set it).
-    image_processing: Any = None
     handler_options: tuple[str, ...] = ("resize_size", "crop_size", "mean", "std")
 
     def initialize(self, context: Any) -> None:
@@ -41,6 +38,28 @@ class VisionHandler(BaseHandler):
             from PIL import Image
 
             Image.MAX_IMAGE_PIXELS = None
+
+    @property
+    def image_processing(self) -> Any:
+        """The PIL image -> tensor step, which TorchServe handlers set (a torchvision
+        ``Compose``) or call from their own ``preprocess``: the handler's own when it sets one,
+        else :meth:`transform` after conversion to ``image_mode``."""
+        own = self.__dict__.get("_image_processing")
+        return own if own is not None else self._builtin_processing
+
+    @image_processing.setter
+    def image_processing(self, value: Any) -> None:
+        self.__dict__["_image_processing"] = value
+
+    def _builtin_processing(self, image: Any) -> Any:
+        if image.mode != self.image_mode:
+            image = image.convert(self.image_mode)
+        return self.transform(image)
+
+    def _has_own_processing(self) -> bool:
+        processing = self.image_processing
+        builtin = getattr(processing, "__func__", None) is VisionHandler._builtin_processing
+        return processing is not None and not builtin
 
     def preprocess(self, data: list[Any]) -> Any:
         """Decode and transform each request's image; stack them when they share a shape (a list
@@ -69,8 +88,8 @@ class VisionHandler(BaseHandler):
                 return torch.as_tensor(value, dtype=torch.float32)
             except (TypeError, ValueError) as exc:
                 raise BadInput(f"a list input must be a nested list of numbers: {exc}") from None
-        if callable(self.image_processing):
-            # As TorchServe: the user's transform gets the image as opened, in its own mode
+        if self._has_own_processing():
+            # As TorchServe: the handler's transform gets the image as opened, in its own mode
             # (a grayscale MNIST digit stays one channel).
             return self.image_processing(decode_image(value, None))
         return self.transform(decode_image(value, self.image_mode))

@@ -264,3 +264,21 @@ def test_add_metric_argument_forms() -> None:
         "metric 'E': add_metric takes at most 6 positional arguments (name, value, unit, idx, "
         "dimensions, metric_type), got 7"
     )
+
+
+def test_custom_preprocess_calls_the_builtin_image_processing(ts_path) -> None:
+    """TorchServe examples decode in their own preprocess and call ``self.image_processing``:
+    on a built-in it is TorchServe's transform (here ImageClassifier's resize/crop/normalise)."""
+    from ts.torch_handler.image_classifier import ImageClassifier
+
+    class Custom(ImageClassifier):
+        def preprocess(self, data):
+            images = [Image.open(io.BytesIO(row.get("data") or row.get("body"))) for row in data]
+            return torch.stack([self.image_processing(image) for image in images])
+
+    png = noise_png(5)
+    handler = Custom()
+    assert torch.allclose(handler.preprocess([{"body": png}])[0], imagenet_tensor(png), atol=1e-5)
+    handler.image_processing = lambda image: torch.zeros(2)  # an instance's own, as __init__ sets
+    assert handler.preprocess([{"body": png}]).shape == (1, 2)
+    assert Custom().image_processing.__name__ == "_builtin_processing"  # per instance
