@@ -139,7 +139,7 @@ def ts_path() -> Iterator[None]:
         del sys.modules[name]
 
 
-def test_ts_names_are_mserves(ts_path) -> None:
+def test_ts_names_are_mserves(ts_path, tmp_path) -> None:
     from ts.context import Context as TsContext
     from ts.metrics.metrics_store import MetricsStore
     from ts.torch_handler.base_handler import BaseHandler as TsBase
@@ -156,6 +156,8 @@ def test_ts_names_are_mserves(ts_path) -> None:
     module = sys.modules[TextHandler.__module__]
     assert util.list_classes_from_module(module) == [TextHandler]
     assert util.list_classes_from_module(module, BaseHandler) == [TextHandler]
+    (tmp_path / "setup.yaml").write_text("handler:\n  max_length: 50\n")
+    assert util.get_yaml_config(str(tmp_path / "setup.yaml")) == {"handler": {"max_length": 50}}
 
 
 def test_text_handler_steps_are_torchserves(ts_path) -> None:
