@@ -126,6 +126,7 @@ class Metrics:
             raise ValueError(f"max_entries must be at least 1, got {max_entries}")
         self._entries: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_entries)
         self._request_ids: dict[int, str] = {}
+        self._cache: dict[tuple[str, str], CachedMetric] = {}
         self.dropped = 0
 
     def set_request_ids(self, request_ids: Mapping[int, str]) -> None:
@@ -139,6 +140,7 @@ class Metrics:
         idx: int | None = None,
         unit: str = "ms",
         dimensions: Iterable[Any] | None = None,
+        metric_type: Any = None,
     ) -> None:
         if unit not in _TIME_UNITS:
             raise ValueError(
@@ -162,6 +164,7 @@ class Metrics:
         idx: int | None = None,
         unit: str = "MB",
         dimensions: Iterable[Any] | None = None,
+        metric_type: Any = None,
     ) -> None:
         if unit not in _SIZE_UNITS:
             raise ValueError(
@@ -175,6 +178,7 @@ class Metrics:
         value: float,
         idx: int | None = None,
         dimensions: Iterable[Any] | None = None,
+        metric_type: Any = None,
     ) -> None:
         self._add("percent", name, value, "percent", idx, dimensions)
 
@@ -182,12 +186,55 @@ class Metrics:
         self,
         name: str,
         value: float,
+        *args: Any,
         idx: int | None = None,
         unit: str | None = "",
         dimensions: Iterable[Any] | None = None,
+        metric_type: Any = None,
     ) -> None:
-        """A metric of any unit. ``idx`` comes before ``unit``, in TorchServe's order."""
+        """A metric of any unit. Positional arguments after ``value`` follow either of
+        TorchServe's orders: ``unit, idx, dimensions, metric_type`` (0.8 on) or ``idx, unit,
+        dimensions`` (up to 0.7); a unit is text and an index a number, so the first tells them
+        apart. ``metric_type`` (here and in the other ``add_*``) is accepted for TorchServe's
+        signatures."""
+        if args:
+            modern = isinstance(args[0], str)
+            order = ("unit", "idx") if modern else ("idx", "unit")
+            names = (*order, "dimensions", "metric_type")
+            if len(args) > len(names):
+                raise TypeError(
+                    f"metric {name!r}: add_metric takes at most {len(names) + 2} positional "
+                    f"arguments (name, value, {', '.join(names)}), got {len(args) + 2}"
+                )
+            given = dict(zip(names, args))
+            idx = given.get("idx", idx)
+            unit = given.get("unit", unit)
+            dimensions = given.get("dimensions", dimensions)
         self._add("metric", name, value, "" if unit is None else str(unit), idx, dimensions)
+
+    def add_metric_to_cache(
+        self,
+        metric_name: str,
+        unit: str = "",
+        dimension_names: Iterable[str] | None = None,
+        metric_type: Any = None,
+    ) -> CachedMetric:
+        """Define a metric once and update it later (TorchServe 0.8's API): the object returned
+        (also by :meth:`get_metric`) records a value with ``add_or_update`` or ``update``."""
+        metric = CachedMetric(self, metric_name, unit, dimension_names)
+        self._cache[(metric_name, _type_name(metric_type))] = metric
+        return metric
+
+    def get_metric(self, metric_name: str, metric_type: Any = None) -> CachedMetric:
+        """The metric :meth:`add_metric_to_cache` defined under this name and type."""
+        try:
+            return self._cache[(metric_name, _type_name(metric_type))]
+        except KeyError:
+            raise KeyError(
+                f"metric {metric_name!r} of type {_type_name(metric_type)} is not defined; "
+                f"call add_metric_to_cache first (defined: "
+                f"{', '.join(sorted(n for n, _ in self._cache)) or 'none'})"
+            ) from None
 
     def drain(self) -> list[dict[str, Any]]:
         """Return the recorded entries, oldest first, and forget them."""
@@ -206,6 +253,7 @@ class Metrics:
         unit: str,
         idx: int | None,
         dimensions: Iterable[Any] | None,
+        request_id: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"metric name must be a non-empty str, got {name!r}")
@@ -214,7 +262,6 @@ class Metrics:
                 f"metric {name!r}: value must be a number, got {type(value).__name__} {value!r}"
             )
         number = int(value) if isinstance(value, numbers.Integral) else float(value)
-        request_id = None
         if idx is not None:
             if idx not in self._request_ids:
                 raise IndexError(
@@ -234,6 +281,50 @@ class Metrics:
                 "dimensions": _dimension_pairs(name, dimensions),
             }
         )
+
+
+def _type_name(metric_type: Any) -> str:
+    """``MetricTypes.GAUGE``, ``"gauge"`` -> ``"gauge"``; TorchServe's default is counter."""
+    if metric_type is None:
+        return "counter"
+    return str(getattr(metric_type, "value", metric_type)).lower()
+
+
+class CachedMetric:
+    """A metric defined by ``add_metric_to_cache``: its name, unit and dimension names fixed,
+    a value and the dimension values given at each update (TorchServe's ``CachingMetric``)."""
+
+    def __init__(
+        self, metrics: Metrics, name: str, unit: str, dimension_names: Iterable[str] | None
+    ) -> None:
+        self._metrics = metrics
+        self.metric_name = name
+        self.unit = unit
+        self.dimension_names = [str(n) for n in dimension_names or ()]
+
+    def add_or_update(
+        self,
+        value: float,
+        dimension_values: Iterable[Any] | None = None,
+        request_id: str | None = "",
+    ) -> None:
+        values = [str(v) for v in dimension_values or ()]
+        if len(values) != len(self.dimension_names):
+            raise ValueError(
+                f"metric {self.metric_name!r} has dimensions {self.dimension_names}, but "
+                f"{len(values)} values were given: {values}"
+            )
+        pairs = [[n, v] for n, v in zip(self.dimension_names, values)]
+        self._metrics._add(
+            "metric", self.metric_name, value, self.unit, None, pairs, request_id or None
+        )
+
+    def update(
+        self, value: float, request_id: str | None = "", dimensions: Iterable[Any] | None = None
+    ) -> None:
+        """The older form: ``dimensions`` as ``Dimension`` objects (or pairs)."""
+        pairs = _dimension_pairs(self.metric_name, dimensions)
+        self.add_or_update(value, [v for _, v in pairs], request_id)
 
 
 def _dimension_pairs(metric: str, dimensions: Iterable[Any] | None) -> list[list[str]]:

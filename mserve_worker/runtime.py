@@ -8,6 +8,7 @@ and never the worker. Started as ``python -m mserve_worker.runtime --fd N``.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import platform
@@ -37,6 +38,7 @@ from .protocol import (
     parse_cancel,
     result_frame,
 )
+from .sdk.errors import PredictionException
 
 _RECV_BYTES = 1 << 18
 # After the server closes the channel, how long a worker still busy in its handler may run on
@@ -188,6 +190,11 @@ def _serve_group(
     data = [decoded[i] for i in indexes]
     try:
         outputs = handler.handle(data, context)
+    except PredictionException as exc:  # the handler chose the batch's answer
+        traceback.print_exc()
+        for i in indexes:
+            responses[i] = _prediction_error(exc)
+        return None
     except Exception as exc:  # the per-batch boundary: the worker keeps serving
         traceback.print_exc()
         return {"error": _error_text(exc), "traceback": traceback.format_exc()}
@@ -220,11 +227,29 @@ def _serve_group(
     return None
 
 
+def _prediction_error(exc: PredictionException) -> ResponseItem:
+    """Each request of the batch gets the exception's status and message, in TorchServe's body;
+    a status HTTP cannot carry becomes a 500 that names it."""
+    code, message = exc.error_code, str(exc.message)
+    if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
+        message = f"{message} (PredictionException code {code!r} is not an HTTP status)"
+        code = 500
+    body = {"code": code, "type": "InternalServerException", "message": message}
+    return ResponseItem(code, json.dumps(body).encode(), "application/json")
+
+
 def _load(init: dict, channel: Channel) -> tuple | None:
     started = time.monotonic()
     model_dir = init["model_dir"]
     sys.path.insert(0, model_dir)  # under -I nothing else puts the model on the path
     compat.install(after=model_dir)  # `import ts...` finds ours, before any installed torchserve
+    shadowed = compat.shadowed_torchserve()
+    if shadowed is not None:
+        logging.getLogger("mserve_worker").info(
+            "torchserve %s is installed in this environment; handlers importing ts.* get "
+            "mserve's ts (docs/handlers.md)",
+            shadowed,
+        )
     os.chdir(model_dir)
     context = Context(
         model_name=init["model_name"],

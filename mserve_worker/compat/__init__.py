@@ -4,6 +4,10 @@ This folder (not the package) goes on a worker's ``sys.path`` right after the mo
 so ``import ts.torch_handler.base_handler`` in a handler written for TorchServe finds ours, even
 in an environment where the real ``torchserve`` package is installed (its ``ts`` talks to
 TorchServe's Java frontend and cannot serve here). docs/handlers.md says which names exist.
+
+When the model's environment has the real ``torchserve`` distribution installed, ours still wins
+(this folder is ahead of site-packages); :func:`shadowed_torchserve` names the installed version so
+the worker logs that choice once at load.
 """
 
 from __future__ import annotations
@@ -20,3 +24,14 @@ def install(after: str | None = None) -> None:
         return
     index = sys.path.index(after) + 1 if after in sys.path else 0
     sys.path.insert(index, COMPAT_DIR)
+
+
+def shadowed_torchserve() -> str | None:
+    """The version of the ``torchserve`` distribution installed in this environment, if any: its
+    ``ts`` package is the one ours hides."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torchserve")
+    except metadata.PackageNotFoundError:
+        return None

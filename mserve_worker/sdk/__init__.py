@@ -2,16 +2,13 @@
 
 Runs inside worker processes, in each model's own environment: standard library only at import
 time (torch, numpy and Pillow are imported by the handlers that need them, when they load).
-Handlers written for other servers change only their import line to these modules:
+Handlers written for TorchServe need no edit: their ``ts.*`` imports resolve to these modules
+through ``mserve_worker/compat/ts``. Handlers written for other servers change only their import
+line:
 
 =========================================  ===============================================
 they imported                              import instead
 =========================================  ===============================================
-``ts.torch_handler.base_handler``          ``mserve_worker.sdk.base_handler``
-``ts.torch_handler.image_classifier``      ``mserve_worker.sdk.image_classifier``
-``ts.torch_handler.text_classifier``       ``mserve_worker.sdk.text_classifier``
-``ts.torch_handler.image_segmenter``       ``mserve_worker.sdk.image_segmenter``
-``ts.torch_handler.object_detector``       ``mserve_worker.sdk.object_detector``
 ``redhareapi`` (``Kernel``)                ``mserve_worker.sdk.kernel``
 ``mlrun.serving.v2_serving``               ``mserve_worker.sdk.v2_model`` (or ``.v2_serving``)
 =========================================  ===============================================

@@ -55,6 +55,7 @@ class BaseHandler:
     mapping: dict[str, str] | None = None
     explain = False
     target = 0
+    model_yaml_config: dict[str, Any] | None = None
     # Names a model config may set under its ``handler:`` key (model-archiver -c); see
     # ``_apply_handler_config``. Built-in handlers list theirs (``topk``, ``threshold``, ...).
     handler_options: tuple[str, ...] = ()
@@ -82,6 +83,7 @@ class BaseHandler:
 
         self.context = context
         self.manifest = context.manifest
+        self.model_yaml_config = getattr(context, "model_yaml_config", None) or {}
         properties = context.system_properties
         model_dir = properties.get("model_dir") or "."
         gpu_id = properties.get("gpu_id")
@@ -91,7 +93,7 @@ class BaseHandler:
         else:
             self.map_location = "cpu"
             self.device = torch.device("cpu")
-        self._apply_handler_config(getattr(context, "model_yaml_config", None) or {})
+        self._apply_handler_config(self.model_yaml_config)
 
         model_info = (self.manifest or {}).get("model", {})
         serialized = model_info.get(_SERIALIZED_FILE)
@@ -184,6 +186,10 @@ class BaseHandler:
                     f"default {default!r}, found {options[name]!r}"
                 )
             setattr(self, name, value)
+
+    def get_device(self) -> Any:
+        """The ``torch.device`` the model runs on (TorchServe's accessor)."""
+        return self.device
 
     # Serving.
 
@@ -346,7 +352,8 @@ def _numbers(value: Any) -> Any:
 def load_label_mapping(path: str) -> dict[str, str] | None:
     """``index_to_name.json`` as ``{"0": "cat", ...}``; None when the file is absent.
 
-    ImageNet-style values (``["n01440764", "tench"]``) keep their last element, the name.
+    ImageNet-style values (``["n01440764", "tench"]``) keep their last element, the name; the
+    older detection form ``{"object_type_names": ["person", ...]}`` is a list of names.
     """
     if not os.path.isfile(path):
         return None
@@ -355,6 +362,8 @@ def load_label_mapping(path: str) -> dict[str, str] | None:
             mapping = json.load(f)
         except json.JSONDecodeError as exc:
             raise ModelLoadError(f"{path} is not valid JSON: {exc}") from None
+    if isinstance(mapping, dict) and isinstance(mapping.get("object_type_names"), list):
+        mapping = mapping["object_type_names"]
     if isinstance(mapping, list):
         mapping = {str(i): name for i, name in enumerate(mapping)}
     if not isinstance(mapping, dict):
@@ -369,7 +378,9 @@ def load_label_mapping(path: str) -> dict[str, str] | None:
 
 
 def map_class_to_label(
-    probs: list[list[float]], mapping: dict[str, str] | None, classes: list[list[int]] | None
+    probs: list[list[float]],
+    mapping: dict[str, str] | None = None,
+    classes: list[list[int]] | None = None,
 ) -> list[dict[str, float]]:
     """One ``{label: probability}`` dict per request, labels through ``mapping`` when given."""
     if classes is None:

@@ -1,9 +1,10 @@
 """Built-in ``image_segmenter`` (``--handler image_segmenter``): an image in, a class per pixel out.
 
-The model returns ``(N, classes, H, W)`` scores, or a dict holding them under ``"out"`` as
-torchvision's segmentation models do. Each request gets its ``H x W`` grid of class indexes (the
-argmax over classes). Images are normalised with the ImageNet mean and std and keep their size;
-images of different sizes in one batch go through the model one at a time.
+TorchServe's steps and answer: resize the shorter side to 256, centre-crop 224, ImageNet
+normalisation; the model returns ``(N, classes, H, W)`` scores, under ``"out"`` as torchvision's
+segmentation models do (a plain tensor works too). Each request gets its ``H x W`` grid (224 x 224
+for these sizes) of ``[class, probability]`` pairs: the most likely class of each pixel, as a
+float, and its softmax probability. The model config may change the sizes under ``handler:``.
 """
 
 from __future__ import annotations
@@ -14,23 +15,27 @@ from .vision import IMAGENET_MEAN, IMAGENET_STD, VisionHandler
 
 
 class ImageSegmenter(VisionHandler):
-    """ImageNet normalisation, no resize; per-pixel argmax."""
+    """Resize 256, centre-crop 224, ImageNet normalisation; per-pixel softmax and argmax."""
 
+    resize_size = 256
+    crop_size = 224
     mean = IMAGENET_MEAN
     std = IMAGENET_STD
 
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(data, list):
             return super().inference(data, *args, **kwargs)
-        outputs = []  # different sizes: one image at a time
-        for image in data:
-            outputs.append(super().inference(image.unsqueeze(0), *args, **kwargs))
-        return outputs
+        # Sizes differ (a subclass without the crop): one image at a time.
+        return [super().inference(image.unsqueeze(0), *args, **kwargs) for image in data]
 
     def postprocess(self, data: Any) -> list[Any]:
+        import torch
+
         outputs = data if isinstance(data, list) else [data]
         grids = []
         for output in outputs:
             scores = output["out"] if isinstance(output, dict) else output
-            grids.extend(scores.argmax(dim=1).tolist())
+            best = torch.max(torch.softmax(scores, dim=1), dim=1)
+            pairs = torch.stack([best.indices.to(best.values.dtype), best.values], dim=3)
+            grids.extend(pairs.tolist())
         return grids

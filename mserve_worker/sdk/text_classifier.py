@@ -2,13 +2,15 @@
 
 For models in the shape of TorchServe's text classification example: an ``nn.EmbeddingBag`` model
 called as ``model(token_ids, offsets)``, where ``token_ids`` is every request's ids end to end and
-``offsets`` where each request starts. The text is normalised (HTML tags, accents and punctuation
-removed, lower case), split on white space, extended with n-grams up to ``ngrams`` (2, as
-TorchServe's handler; model config ``handler: {ngrams: 1}`` to change) and mapped through the
-archive's vocabulary: ``source_vocab.pt`` (a dict token -> index, or a torchtext-like vocab with
-``get_stoi()`` or ``stoi``) or ``vocab.json`` (a dict, or a list of tokens). Unknown tokens take
-the index of ``<unk>`` when the vocabulary has one and are dropped otherwise. Each request gets one
-``{label: probability}`` object over all classes, named through ``index_to_name.json``.
+``offsets`` where each request starts. The text goes through TorchServe's steps (HTML tags and
+entities removed, lower case, contractions expanded, accents and non-ASCII characters removed,
+ASCII punctuation removed, torchtext's ``basic_english`` split), then n-grams up to ``ngrams`` (2,
+as TorchServe's handler; model config ``handler: {ngrams: 1}`` to change) are added and mapped
+through the archive's vocabulary: ``source_vocab.pt`` (a dict token -> index, or a torchtext-like
+vocab with ``get_stoi()`` or ``stoi``) or ``vocab.json`` (a dict, or a list of tokens). Unknown
+tokens take the index of ``<unk>`` when the vocabulary has one and are dropped otherwise. Each
+request gets one ``{label: probability}`` object over all classes, named through
+``index_to_name.json``. Unlike TorchServe's (which reads only the first request), it batches.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import re
-import unicodedata
 from typing import Any
 
 from .base_handler import (
@@ -27,16 +27,14 @@ from .base_handler import (
     map_class_to_label,
     request_input,
 )
+from .text_handler import SOURCE_VOCAB, TextHandler
 
-SOURCE_VOCAB = "source_vocab.pt"
 VOCAB_JSON = "vocab.json"
 UNKNOWN = "<unk>"
-_HTML_TAG = re.compile(r"<[^>]+>")
-_PUNCTUATION = re.compile(r"[^\w\s]")
 
 
-class TextClassifier(BaseHandler):
-    """Normalise, tokenise, look up; ``model(token_ids, offsets)``; softmax over classes."""
+class TextClassifier(TextHandler):
+    """Clean up, tokenise, look up; ``model(token_ids, offsets)``; softmax over classes."""
 
     ngrams = 2
     handler_options = ("ngrams",)
@@ -44,8 +42,9 @@ class TextClassifier(BaseHandler):
     unknown_index: int | None = None
 
     def initialize(self, context: Any) -> None:
-        super().initialize(context)
+        BaseHandler.initialize(self, context)
         self.vocab, self.unknown_index = load_vocab(context.system_properties["model_dir"])
+        self.source_vocab = self.vocab
 
     def preprocess(self, data: list[Any]) -> Any:
         """Token ids of every accepted request, end to end, and the offset where each starts."""
@@ -67,15 +66,15 @@ class TextClassifier(BaseHandler):
         return torch.tensor(ids, **as_long), torch.tensor(offsets, **as_long)
 
     def normalize(self, text: str) -> str:
-        """Lower case without HTML tags, accents or punctuation."""
-        text = _HTML_TAG.sub(" ", text)
-        text = unicodedata.normalize("NFKD", text)
-        text = "".join(c for c in text if not unicodedata.combining(c))
-        return _PUNCTUATION.sub("", text).lower()
+        """TorchServe's clean-up, in its order."""
+        text = self._remove_html_tags(text).lower()
+        text = self._expand_contractions(text)
+        text = self._remove_accented_characters(text)
+        return self._remove_punctuation(text)
 
     def tokenize(self, text: str) -> list[str]:
         """Words, then each run of 2 .. ``ngrams`` words joined by a space."""
-        words = text.split()
+        words = self._tokenize(text)
         tokens = list(words)
         for n in range(2, self.ngrams + 1):
             tokens += [" ".join(words[i : i + n]) for i in range(len(words) - n + 1)]
@@ -92,7 +91,7 @@ class TextClassifier(BaseHandler):
 
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         token_ids, offsets = data
-        return super().inference(token_ids, offsets, *args, **kwargs)
+        return BaseHandler.inference(self, token_ids, offsets, *args, **kwargs)
 
     def postprocess(self, data: Any) -> list[Any]:
         import torch

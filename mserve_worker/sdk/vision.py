@@ -28,9 +28,6 @@ class VisionHandler(BaseHandler):
     mean: tuple[float, ...] = ()  # per channel; empty: no normalisation
     std: tuple[float, ...] = ()
     image_mode = "RGB"
-    # A callable PIL image -> tensor that replaces ``transform`` (a torchvision ``Compose``, as
-    # handlers written for TorchServe set it).
-    image_processing: Any = None
     handler_options: tuple[str, ...] = ("resize_size", "crop_size", "mean", "std")
 
     def initialize(self, context: Any) -> None:
@@ -41,6 +38,28 @@ class VisionHandler(BaseHandler):
             from PIL import Image
 
             Image.MAX_IMAGE_PIXELS = None
+
+    @property
+    def image_processing(self) -> Any:
+        """The PIL image -> tensor step, which TorchServe handlers set (a torchvision
+        ``Compose``) or call from their own ``preprocess``: the handler's own when it sets one,
+        else :meth:`transform` after conversion to ``image_mode``."""
+        own = self.__dict__.get("_image_processing")
+        return own if own is not None else self._builtin_processing
+
+    @image_processing.setter
+    def image_processing(self, value: Any) -> None:
+        self.__dict__["_image_processing"] = value
+
+    def _builtin_processing(self, image: Any) -> Any:
+        if image.mode != self.image_mode:
+            image = image.convert(self.image_mode)
+        return self.transform(image)
+
+    def _has_own_processing(self) -> bool:
+        processing = self.image_processing
+        builtin = getattr(processing, "__func__", None) is VisionHandler._builtin_processing
+        return processing is not None and not builtin
 
     def preprocess(self, data: list[Any]) -> Any:
         """Decode and transform each request's image; stack them when they share a shape (a list
@@ -69,10 +88,11 @@ class VisionHandler(BaseHandler):
                 return torch.as_tensor(value, dtype=torch.float32)
             except (TypeError, ValueError) as exc:
                 raise BadInput(f"a list input must be a nested list of numbers: {exc}") from None
-        image = decode_image(value, self.image_mode)
-        if callable(self.image_processing):
-            return self.image_processing(image)
-        return self.transform(image)
+        if self._has_own_processing():
+            # As TorchServe: the handler's transform gets the image as opened, in its own mode
+            # (a grayscale MNIST digit stays one channel).
+            return self.image_processing(decode_image(value, None))
+        return self.transform(decode_image(value, self.image_mode))
 
     def transform(self, image: Any) -> Any:
         """Resize, centre-crop, to tensor, normalise (the steps whose size is set)."""
@@ -86,8 +106,9 @@ class VisionHandler(BaseHandler):
         return tensor
 
 
-def decode_image(value: Any, mode: str = "RGB") -> Any:
-    """A PIL image from raw bytes or base64 text (a ``data:`` URL prefix is allowed)."""
+def decode_image(value: Any, mode: str | None = "RGB") -> Any:
+    """A PIL image from raw bytes or base64 text (a ``data:`` URL prefix is allowed), converted
+    to ``mode`` (None keeps the file's own)."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(value, str):
@@ -106,7 +127,11 @@ def decode_image(value: Any, mode: str = "RGB") -> Any:
     if not value:
         raise BadInput("the request has no image: its body is empty")
     try:
-        with Image.open(io.BytesIO(value)) as image:
+        image = Image.open(io.BytesIO(value))
+        if mode is None:
+            image.load()  # decode now, inside this error handling; the bytes stay in memory
+            return image
+        with image:
             return image.convert(mode)
     except Image.DecompressionBombError as exc:
         raise BadInput(f"image refused: {exc}") from None

@@ -254,7 +254,8 @@ def test_image_classifier_options_from_the_model_config(load, tmp_path, monkeypa
     )
 
 
-def test_image_segmenter_gives_a_class_per_pixel(load, tmp_path) -> None:
+def test_image_segmenter_gives_class_and_probability_per_pixel(load, tmp_path) -> None:
+    """TorchServe's answer: after resize 256 / crop 224, a 224 x 224 grid of [class, prob]."""
     (tmp_path / "seg.py").write_text(
         "from torch import nn\n\n\nclass Seg(nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n"
@@ -267,12 +268,15 @@ def test_image_segmenter_gives_a_class_per_pixel(load, tmp_path) -> None:
     handler, ctx = load("image_segmenter", {"serializedFile": "seg.pt", "modelFile": "seg.py"})
     start(ctx, 2)
     out = handler.handle([{"body": png((5, 3), (255, 0, 0))}, {"body": png((2, 4))}], ctx)
-    assert [len(out[0]), len(out[0][0]), len(out[1]), len(out[1][0])] == [3, 5, 4, 2]
+    assert [len(out[0]), len(out[0][0]), len(out[1]), len(out[1][0])] == [224, 224, 224, 224]
     red = torch.tensor([[[1.0]], [[0.0]], [[0.0]]])
     normalised = vision.normalize(red, vision.IMAGENET_MEAN, vision.IMAGENET_STD)
     with torch.no_grad():
-        expected = conv(normalised.unsqueeze(0)).argmax(dim=1).item()
-    assert {c for row in out[0] for c in row} == {expected}
+        probs = torch.softmax(conv(normalised.unsqueeze(0)), dim=1)[0, :, 0, 0]
+    pairs = {tuple(pair) for row in out[0] for pair in row}
+    assert len(pairs) == 1
+    (cls, prob), *_ = pairs
+    assert cls == float(probs.argmax()) and prob == pytest.approx(probs.max().item(), abs=1e-6)
 
 
 def test_object_detector_keeps_detections_above_threshold(load, tmp_path) -> None:

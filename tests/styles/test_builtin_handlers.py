@@ -13,6 +13,7 @@ import io
 import itertools
 import json
 import re
+import string
 import subprocess
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
@@ -209,13 +210,20 @@ def test_image_batches_answer_each_caller_and_reject_bad_images_alone(start_serv
     assert max(g["batch"] for g in good) > 1  # they were served together
 
 
+CONTRACTIONS = {"don't": "do not", "it's": "it is", "won't": "will not", "i'd": "i would"}
+
+
 def text_reference(model: torch.nn.Module, text: str) -> dict[str, float]:
-    """TorchServe's text_classifier steps: no accents, tags or punctuation, lower case; words and
-    bigrams; unknown tokens -> <unk>."""
+    """TorchServe's text_classifier steps: HTML tags and entities out, lower case, contractions
+    expanded (those used here) and apostrophes dropped, ASCII only, ASCII punctuation out; words
+    and bigrams; unknown tokens -> <unk>."""
     vocab = json.loads((TEXT / "vocab.json").read_text())
     names = json.loads((TEXT / "index_to_name.json").read_text())
-    plain = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
-    words = re.sub(r"[^\w\s]", "", re.sub(r"<[^>]+>", " ", plain)).lower().split()
+    text = re.sub(r"<.*?>|&([a-z0-9]+|#[0-9]{1,6}|#x[0-9a-f]{1,6});", "", text).lower()
+    for short, long in CONTRACTIONS.items():
+        text = text.replace(short, long)
+    text = unicodedata.normalize("NFKD", text.replace("'", "")).encode("ascii", "ignore").decode()
+    words = text.translate(str.maketrans("", "", string.punctuation)).split()
     tokens = words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
     ids = torch.tensor([vocab.get(t, vocab["<unk>"]) for t in tokens])
     with torch.no_grad():
@@ -232,7 +240,8 @@ def test_text_classifier_batch(start_server, store, tmp_path) -> None:
             "--model-file", str(TEXT / "model.py"), "-c", str(config), "--extra-files",
             f"{TEXT / 'vocab.json'},{TEXT / 'index_to_name.json'}")  # fmt: skip
     server = start_server("text=text.mar")
-    texts = ["A <b>good movie</b>, great FUN!", "Boring plot... bad, bad movie", "Café"]
+    texts = ["A <b>good movie</b>, great FUN!", "Boring plot... I'd say bad, DON'T go &amp; \u00bfno?",
+             "Café 日本 won't"]  # fmt: skip
 
     calls = [lambda text=text: server.predict("text", text) for text in texts]
     calls.append(lambda: server.predict("text", {"rating": 5}))
@@ -247,6 +256,61 @@ def test_text_classifier_batch(start_server, store, tmp_path) -> None:
     )
     as_json = server.predict("text", {"text": texts[0]})
     assert as_json.json() == pytest.approx(text_reference(model, texts[0]), abs=1e-5)
+
+
+SEGMENTER_PY = """from torch import nn
+
+
+class Seg(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 1)
+
+    def forward(self, x):
+        return {"out": self.conv(x)}
+"""
+
+DETECTOR_PY = """import torch
+from torch import nn
+
+
+class Det(nn.Module):
+    def forward(self, images):
+        return [{"boxes": torch.tensor([[1.0, 2.0, 30.0, 40.0], [0.0, 0.0, 5.0, 5.0]]),
+                 "labels": torch.tensor([1, 2]), "scores": torch.tensor([0.9, 0.3])}
+                for _ in images]
+"""
+
+
+def test_segmenter_and_detector_answer_torchserves_shapes(start_server, store, tmp_path) -> None:
+    """image_segmenter: resize 256, crop 224, normalise, then per pixel [class, probability]
+    (224 x 224 x 2 whatever the photo's size); object_detector: [{label: box, "score": s}] for
+    scores of at least 0.5, labels through index_to_name.json."""
+    (tmp_path / "seg.py").write_text(SEGMENTER_PY)
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 5, 1).eval()
+    torch.save({f"conv.{k}": v for k, v in conv.state_dict().items()}, tmp_path / "seg.pt")
+    archive(store, "seg", "image_segmenter", "--serialized-file", str(tmp_path / "seg.pt"),
+            "--model-file", str(tmp_path / "seg.py"))  # fmt: skip
+    (tmp_path / "det.py").write_text(DETECTOR_PY)
+    (tmp_path / "index_to_name.json").write_text('{"1": "cat", "2": "dog"}')
+    archive(store, "det", "object_detector", "--model-file", str(tmp_path / "det.py"),
+            "--extra-files", str(tmp_path / "index_to_name.json"))  # fmt: skip
+    server = start_server("seg=seg.mar", "det=det.mar")
+    png = noise_png(4, (640, 491))
+
+    reply = post_image(server, "seg", png)
+    assert reply.status == 200, reply.body
+    grid = np.array(reply.json())
+    assert grid.shape == (224, 224, 2)
+    with torch.no_grad():
+        best = torch.softmax(conv(imagenet_tensor(png).unsqueeze(0)), dim=1)[0].max(dim=0)
+    assert (grid[:, :, 0] == best.indices.numpy()).mean() > 0.999  # ties at float precision
+    assert grid[:, :, 1] == pytest.approx(best.values.numpy(), abs=1e-5)
+
+    reply = post_image(server, "det", png)
+    assert reply.status == 200, reply.body
+    assert reply.json() == [{"cat": [1.0, 2.0, 30.0, 40.0], "score": pytest.approx(0.9)}]
 
 
 def test_explanations_call_get_insights(start_server, store, tmp_path) -> None:

@@ -1,0 +1,1 @@
+"""TorchServe's ``ts.metrics``: the names handlers use with ``context.metrics``."""
