@@ -26,12 +26,13 @@ import uvloop
 from archiver import __version__
 from server import snapshot
 from server.accesslog import AccessLogFile
-from server.app import ManagementAPI, Metrics, MetricsAPI
+from server.app import ManagementAPI
 from server.config import ServerConfig, parse_address
 from server.devices import GpuAllocator, server_gpus
 from server.errors import MserveError
 from server.http import HttpServer
 from server.inference_api import InferenceAPI
+from server.metrics import Metrics, MetricsAPI
 from server.model import ModelVersion
 from server.registry import RegisterRequest, Registry
 from server.rundir import LOCK_FILE, PID_FILE, STATUS_FILE, StartupModel, write_json_atomic
