@@ -1,21 +1,398 @@
-"""The metrics port (8082): ``GET /metrics`` in Prometheus's text format, and the frontend's
-metrics behind it."""
+"""The metrics port (8082) and every metric behind it: ours (``mserve_*``), TorchServe's default
+metrics under TorchServe's names, types and labels, the metrics handlers record through
+``context.metrics``, and TorchServe's metric log files.
+
+TorchServe's ``metrics_mode`` decides where TorchServe's metrics go: ``prometheus`` (ours
+default) puts them all on ``/metrics``; ``log`` writes them, one line per update in TorchServe's
+format, to ``ts_metrics.log`` (the frontend's) and ``model_metrics.log`` (the handlers'); ``legacy``
+keeps ``ts_inference_requests_total``, ``ts_inference_latency_microseconds`` and
+``ts_queue_latency_microseconds`` on ``/metrics`` and logs the rest. Our own ``mserve_*`` metrics
+are on ``/metrics`` in every mode.
+
+Cost on the prediction path: a request adds to a few floats held by its model version (no
+label lookups, no dicts built); the text is made when ``/metrics`` is scraped. TorchServe's
+counters are written with TorchServe's names as they are (``Requests2XX``, not
+``Requests2XX_total``), which prometheus_client's own counters cannot do, so this module writes
+that part of the exposition itself.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import logging
+import math
+import re
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
+import psutil
+import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from mserve_worker.protocol import MetricEntry
+from server.errors import ConfigError
 from server.http import Connection, Request
-from server.registry import Registry
+
+if TYPE_CHECKING:
+    from server.batching import Job
+    from server.model import ModelVersion
+    from server.registry import Registry
+
+log = logging.getLogger(__name__)
+
+METRICS_MODES = ("prometheus", "log", "legacy")
+# The three metrics TorchServe's legacy mode still serves in Prometheus's format.
+LEGACY_PROMETHEUS = (
+    "ts_inference_requests_total",
+    "ts_inference_latency_microseconds",
+    "ts_queue_latency_microseconds",
+)
+# A handler that invents label values (a request id, a user name) would grow these without end:
+# past the cap a metric takes no new label sets, and the server says so once per metric.
+MAX_SERIES_PER_METRIC = 1000
+MAX_HANDLER_METRICS = 200  # distinct metric names handlers may create, all models together
+SYSTEM_METRICS_INTERVAL_S = 60.0  # TorchServe collects its system metrics once a minute
+LOG_FLUSH_S = 1.0  # the longest a metric log line waits in memory
+# prometheus_client's (and the Java client's) default histogram buckets
+BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    math.inf,
+)
+# How TorchServe writes a handler metric's unit in its log lines (ts/metrics/unit.py).
+UNIT_NAMES = {
+    "ms": "Milliseconds",
+    "s": "Seconds",
+    "percent": "Percent",
+    "count": "Count",
+    "MB": "Megabytes",
+    "GB": "Gigabytes",
+    "kB": "Kilobytes",
+    "B": "Bytes",
+    "": "unit",
+}
+_KIND_TYPES = {
+    "counter": "counter",
+    "metric": "counter",
+    "time": "gauge",
+    "size": "gauge",
+    "percent": "gauge",
+}
+_NAME_OK = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
+
+
+# --- handler metrics ----------------------------------------------------------------------
+
+
+@dataclass
+class _Family:
+    """One metric handlers update: its type, unit and label names (Hostname last)."""
+
+    name: str
+    type: str
+    unit: str
+    labels: tuple[str, ...]
+    declared: bool = False  # from the metrics config's model_metrics
+    series: dict[tuple[str, ...], list[float]] = field(default_factory=dict)
+    warned: bool = False
+
+
+def load_model_metrics(path: Path) -> dict[str, _Family]:
+    """The ``model_metrics`` section of a TorchServe metrics.yaml: name -> declared family."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"metrics_config: cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"metrics_config: {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"metrics_config: {path} should be a mapping with model_metrics")
+    section = data.get("model_metrics") or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"metrics_config: {path}: model_metrics should map types to lists")
+    families: dict[str, _Family] = {}
+    for kind, specs in section.items():
+        if kind not in ("counter", "gauge", "histogram"):
+            raise ConfigError(
+                f"metrics_config: {path}: model_metrics type {kind!r} is not one of counter,"
+                " gauge, histogram"
+            )
+        for i, spec in enumerate(specs or []):
+            where = f"metrics_config: {path}: model_metrics.{kind}[{i}]"
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+                raise ConfigError(f"{where} should be a mapping with a name")
+            dims = spec.get("dimensions") or []
+            if not isinstance(dims, list) or not all(isinstance(d, str) for d in dims):
+                raise ConfigError(f"{where}.dimensions should be a list of names, found {dims!r}")
+            labels = (*(d for d in dims if d != "Hostname"), "Hostname")
+            families[spec["name"]] = _Family(
+                spec["name"], kind, str(spec.get("unit", "")), labels, declared=True
+            )
+    return families
+
+
+def _default_families() -> dict[str, _Family]:
+    """TorchServe's default model_metrics: HandlerTime and PredictionTime."""
+    labels = ("ModelName", "Level", "Hostname")
+    return {
+        name: _Family(name, "gauge", "ms", labels, declared=True)
+        for name in ("HandlerTime", "PredictionTime")
+    }
+
+
+class HandlerMetrics:
+    """Metrics handlers record, aggregated over every worker of every model: counters add up,
+    gauges keep the last value, histograms count each value into buckets."""
+
+    def __init__(self, declared: dict[str, _Family], hostname: str) -> None:
+        self.families = declared
+        self.hostname = hostname
+        self._full_warned = False
+
+    def series(self, family: _Family, values: tuple[str, ...]) -> list[float] | None:
+        """The stored values of one label set, created on first use; None past the cap."""
+        found = family.series.get(values)
+        if found is not None:
+            return found
+        if len(family.series) >= MAX_SERIES_PER_METRIC:
+            if not family.warned:
+                family.warned = True
+                log.warning(
+                    "metric %s has %d label sets, the most one metric may have: values with new"
+                    " labels are dropped (a handler putting ids or free text in dimensions?)",
+                    family.name, MAX_SERIES_PER_METRIC,
+                )  # fmt: skip
+            return None
+        found = [0.0] * (len(BUCKETS) + 2) if family.type == "histogram" else [0.0]
+        family.series[values] = found
+        return found
+
+    def family_for(self, entry: MetricEntry, labels: tuple[str, ...]) -> _Family | None:
+        family = self.families.get(entry.name)
+        if family is not None:
+            return family
+        if len(self.families) >= MAX_HANDLER_METRICS:
+            if not self._full_warned:
+                self._full_warned = True
+                log.warning(
+                    "handlers created %d metrics, the most the server keeps: metric %s and"
+                    " other new names are dropped", MAX_HANDLER_METRICS, entry.name,
+                )  # fmt: skip
+            return None
+        kind = entry.type or _KIND_TYPES.get(entry.kind, "counter")
+        family = self.families[entry.name] = _Family(entry.name, kind, entry.unit, labels)
+        return family
+
+    def add(self, model_name: str, entry: MetricEntry) -> tuple[_Family, tuple[str, ...]] | None:
+        """Apply one entry; the family and label values it went to (None when dropped)."""
+        dims = dict(entry.dimensions)
+        dims.pop("Hostname", None)
+        names = [name for name, _value in entry.dimensions if name != "Hostname"]
+        if "ModelName" not in dims:  # TorchServe's default dimensions, in its order
+            names.append("ModelName")
+            dims["ModelName"] = model_name
+        if "Level" not in dims:
+            names.append("Level")
+            dims["Level"] = "Model"
+        family = self.family_for(entry, (*dict.fromkeys(names), "Hostname"))
+        if family is None:
+            return None
+        try:
+            values = (*(dims[name] for name in family.labels[:-1]), self.hostname)
+        except KeyError:
+            values = None
+        if values is None or len(dims) != len(family.labels) - 1:
+            if not family.warned:
+                family.warned = True
+                log.warning(
+                    "metric %s: dimensions %s do not match its dimensions %s; value dropped",
+                    entry.name, sorted(dims), list(family.labels[:-1]),
+                )  # fmt: skip
+            return None
+        stored = self.series(family, values)
+        if stored is None:
+            return None
+        _update(family.type, stored, float(entry.value))
+        return family, values
+
+
+def _update(kind: str, stored: list[float], value: float) -> None:
+    if kind == "gauge":
+        stored[0] = value
+    elif kind == "counter":
+        if value >= 0:  # a Prometheus counter never goes down; TorchServe refuses it too
+            stored[0] += value
+    else:  # histogram: bucket counts, then count and sum
+        for i, bound in enumerate(BUCKETS):
+            if value <= bound:
+                stored[i] += 1
+        stored[-2] += 1
+        stored[-1] += value
+
+
+# --- per model version --------------------------------------------------------------------
+
+
+class ModelStats:
+    """What one model version adds to TorchServe's metrics. Request counts are kept apart for
+    requests that named the version and those that did not, which TorchServe labels
+    ``model_version="default"``."""
+
+    __slots__ = (
+        "_handler",
+        "_prediction",
+        "metrics",
+        "name",
+        "named",
+        "send_s",
+        "unnamed",
+        "version",
+        "worker_thread_ms",
+    )
+
+    def __init__(self, metrics: Metrics | None, name: str, version: str) -> None:
+        self.metrics = metrics
+        self.name = name
+        self.version = version
+        # [requests, latency in microseconds, queue latency in microseconds]
+        self.named = [0.0, 0.0, 0.0]
+        self.unnamed = [0.0, 0.0, 0.0]
+        self.worker_thread_ms: float | None = None
+        self.send_s = 0.0  # how long the frontend took to send the last batch
+        self._handler: list[float] | None = None
+        self._prediction: list[float] | None = None
+
+    def arrived(self, named: bool) -> list[float]:
+        """A request for this model version (``ts_inference_requests_total``); its counts."""
+        counts = self.named if named else self.unnamed
+        counts[0] += 1
+        metrics = self.metrics
+        if metrics is not None and metrics.log_frontend:
+            metrics.log_ts(
+                "ts_inference_requests_total", "Count", 1,
+                (("model_name", self.name), ("model_version", self.label(named))),
+            )  # fmt: skip
+        return counts
+
+    def label(self, named: bool) -> str:
+        return self.version if named else "default"
+
+    def batch_done(
+        self, handler_ms: float | None, entries: list[MetricEntry], jobs: Sequence[Job],
+        settle_s: float,
+    ) -> None:  # fmt: skip
+        """A batch was answered: the handler's time and metrics, the frontend's own time."""
+        self.worker_thread_ms = (self.send_s + settle_s) * 1000
+        metrics = self.metrics
+        if metrics is None:
+            return
+        if metrics.log_frontend:
+            metrics.log_ts("WorkerThreadTime", "Milliseconds", self.worker_thread_ms, ())
+        if handler_ms is not None:
+            if self._handler is None:
+                self._handler = metrics.builtin_series("HandlerTime", self.name)
+                self._prediction = metrics.builtin_series("PredictionTime", self.name)
+            if self._handler is not None:
+                self._handler[0] = handler_ms
+            if self._prediction is not None:
+                self._prediction[0] = handler_ms
+            if metrics.log_model:
+                dims = (("ModelName", self.name), ("Level", "Model"))
+                ids = _request_ids(jobs)
+                metrics.log_model_line("HandlerTime", "ms", handler_ms, dims, ids)
+                metrics.log_model_line("PredictionTime", "ms", handler_ms, dims, ids)
+        if entries:
+            metrics.handler_entries(self.name, entries, jobs)
+
+
+def _request_ids(jobs: Sequence[Job]) -> str:
+    return ",".join(job.item.request_id for job in jobs)
+
+
+# --- the log files ------------------------------------------------------------------------
+
+
+class MetricLog:
+    """One of TorchServe's metric log files: lines kept in memory and written every second."""
+
+    def __init__(self, path: Path) -> None:
+        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (owned, closed)
+        self._lines: list[str] = []
+        self._stamp_second = -1
+        self._stamp = ""
+
+    def add(self, line: str) -> None:
+        now = time.time()
+        second = int(now)
+        if second != self._stamp_second:
+            self._stamp_second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(second))
+        self._lines.append(f"{self._stamp},{int((now - second) * 1000):03d} - {line}\n")
+
+    def flush(self) -> None:
+        if self._lines:
+            self._file.write("".join(self._lines))
+            self._lines.clear()
+            self._file.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self._file.close()
+
+
+def metric_line(
+    name: str, unit: str, value: float, dims: Iterable[tuple[str, str]], hostname: str,
+    request_ids: str | None = None,
+) -> str:  # fmt: skip
+    """TorchServe's log form of one update: ``Name.Unit:value|#dims|#hostname:h,...``."""
+    text = ",".join(f"{k}:{v}" for k, v in dims)
+    ids = f",requestID:{request_ids}" if request_ids else ""
+    return (
+        f"{name}.{unit}:{float(value)!r}|#{text}|#hostname:{hostname}{ids},"
+        f"timestamp:{int(time.time())}"
+    )
+
+
+# --- the hub ------------------------------------------------------------------------------
 
 
 class Metrics:
-    """Prometheus metrics of the frontend; gauges are read from the registry at scrape time."""
+    """Every metric of the server, and the metrics port's text.
 
-    def __init__(self, registry: Registry) -> None:
+    Ours are prometheus_client metrics (``mserve_*``); gauges are read from the registry at
+    scrape time. TorchServe's are plain numbers kept by each model version
+    (:class:`ModelStats`) and here, written out at scrape time."""
+
+    def __init__(
+        self,
+        mode: str = "prometheus",
+        model_metrics: dict[str, _Family] | None = None,
+        log_dir: Path | None = None,
+        hostname: str | None = None,
+        gpus: Sequence[str] = (),
+    ) -> None:
         self.prom = CollectorRegistry()
         self.requests = Counter(
             "mserve_requests", "Inference requests answered", ["model", "version", "code"],
@@ -25,34 +402,341 @@ class Metrics:
             "mserve_request_latency_seconds", "Inference latency, frontend to frontend",
             ["model"], registry=self.prom,
         )  # fmt: skip
-        self._registry = registry
+        self._registry: Registry | None = None
         self._counters: dict[tuple[str, str, int], Any] = {}
         self._timers: dict[str, Any] = {}
         self.prom.register(self)  # type: ignore[arg-type]
+        if mode not in METRICS_MODES:
+            raise ConfigError(f"metrics_mode: {mode!r} is not one of {', '.join(METRICS_MODES)}")
+        self.mode = mode
+        self.hostname = hostname or socket.gethostname()
+        self.uuid = str(uuid.uuid4())  # TorchServe labels its ts_* counters with one per start
+        self.gpus = tuple(gpus)
+        # Requests2XX, 4XX, 5XX (1XX and 3XX count as 5XX, as TorchServe counts them)
+        self.statuses = [0.0, 0.0, 0.0]
+        self.queue_ms: float | None = None
+        self.system: list[tuple[str, str, tuple[tuple[str, str], ...], float]] = []
+        declared = _default_families()
+        declared.update(model_metrics or {})
+        self.handler = HandlerMetrics(declared, self.hostname)
+        self.log_frontend = mode in ("log", "legacy")
+        self.log_model = mode in ("log", "legacy")
+        self.ts_log: MetricLog | None = None
+        self.model_log: MetricLog | None = None
+        if self.log_frontend:
+            if log_dir is None:
+                raise ValueError("metrics_mode log and legacy need a log dir")
+            self.ts_log = MetricLog(log_dir / "ts_metrics.log")
+            self.model_log = MetricLog(log_dir / "model_metrics.log")
 
-    def answered(self, model: str, version: str, code: int, seconds: float | None) -> None:
-        """Count one answer; label children are cached (``labels()`` costs more than ``inc()``)."""
-        key = (model, version, code)
+    def watch(self, registry: Registry) -> None:
+        """The registry whose models the scrape-time metrics read."""
+        self._registry = registry
+
+    # --- updates ------------------------------------------------------------------------
+
+    def status(self, status: int) -> None:
+        """An HTTP answer on the inference or management port (``Requests2XX`` ...)."""
+        index = 0 if 200 <= status < 300 else 1 if 400 <= status < 500 else 2
+        self.statuses[index] += 1
+        if self.log_frontend:
+            self.log_ts(("Requests2XX", "Requests4XX", "Requests5XX")[index], "Count", 1, ())
+
+    def answered(
+        self, model: ModelVersion, code: int, seconds: float | None,
+        counts: list[float] | None = None, job: Job | None = None,
+    ) -> None:  # fmt: skip
+        """Count one answer; label children are cached (``labels()`` costs more than ``inc()``).
+        ``counts`` and ``job`` (a worker's answer): TorchServe's latency counters."""
+        key = (model.name, model.version, code)
         counter = self._counters.get(key)
         if counter is None:
-            counter = self._counters[key] = self.requests.labels(model, version, str(code))
+            counter = self._counters[key] = self.requests.labels(
+                model.name, model.version, str(code)
+            )
         counter.inc()
-        if seconds is not None:
-            timer = self._timers.get(model)
-            if timer is None:
-                timer = self._timers[model] = self.latency.labels(model)
-            timer.observe(seconds)
+        if seconds is None:
+            return
+        timer = self._timers.get(model.name)
+        if timer is None:
+            timer = self._timers[model.name] = self.latency.labels(model.name)
+        timer.observe(seconds)
+        if counts is None or job is None:
+            return
+        queue_s = job.sent_at - job.enqueued_at if job.sent_at else 0.0
+        counts[1] += seconds * 1e6
+        counts[2] += queue_s * 1e6
+        self.queue_ms = queue_s * 1000
+        if self.log_frontend:
+            dims = (
+                ("model_name", model.name),
+                ("model_version", model.stats.label(counts is model.stats.named)),
+            )
+            self.log_ts("ts_inference_latency_microseconds", "Microseconds", seconds * 1e6, dims)
+            self.log_ts("ts_queue_latency_microseconds", "Microseconds", queue_s * 1e6, dims)
+            self.log_ts("QueueTime", "Milliseconds", self.queue_ms, ())
+
+    def worker_loaded(self, worker_name: str, load_ms: float) -> None:
+        if self.log_frontend:
+            self.log_ts("WorkerLoadTime", "Milliseconds", load_ms, (("WorkerName", worker_name),))
+
+    def builtin_series(self, name: str, model_name: str) -> list[float] | None:
+        """The stored value of HandlerTime or PredictionTime for one model."""
+        family = self.handler.families.get(name)
+        if family is None:
+            return None
+        dims = {"ModelName": model_name, "Level": "Model", "Hostname": self.hostname}
+        if set(family.labels) != set(dims):
+            return None  # redeclared with other dimensions: the handler's own entries fill it
+        return self.handler.series(family, tuple(dims[label] for label in family.labels))
+
+    def handler_entries(
+        self, model_name: str, entries: list[MetricEntry], jobs: Sequence[Job]
+    ) -> None:
+        for entry in entries:
+            applied = self.handler.add(model_name, entry)
+            if applied is not None and self.log_model:
+                family, values = applied
+                ids = entry.request_id or _request_ids(jobs)
+                unit = UNIT_NAMES.get(entry.unit, entry.unit)
+                dims = tuple(zip(family.labels[:-1], values[:-1], strict=True))
+                self.log_model_line(entry.name, unit, entry.value, dims, ids)
+
+    # --- log mode -----------------------------------------------------------------------
+
+    def log_ts(self, name: str, unit: str, value: float, dims: tuple[tuple[str, str], ...]) -> None:
+        """A frontend metric update, in TorchServe's form, to ts_metrics.log; in legacy mode
+        the three ts_* counters are served on /metrics instead."""
+        if self.ts_log is None or (self.mode == "legacy" and name in LEGACY_PROMETHEUS):
+            return
+        if name not in LEGACY_PROMETHEUS:
+            dims = (
+                (("Level", "Host"), *dims)
+                if name != "WorkerLoadTime"
+                else (*dims, ("Level", "Host"))
+            )
+        self.ts_log.add(metric_line(name, unit, value, dims, self.hostname))
+
+    def log_model_line(
+        self, name: str, unit: str, value: float, dims: Iterable[tuple[str, str]], ids: str
+    ) -> None:
+        if self.model_log is not None:
+            self.model_log.add(metric_line(name, unit, value, dims, self.hostname, ids))
+
+    def flush_logs(self) -> None:
+        for sink in (self.ts_log, self.model_log):
+            if sink is not None:
+                sink.flush()
+
+    def close(self) -> None:
+        for sink in (self.ts_log, self.model_log):
+            if sink is not None:
+                sink.close()
+
+    # --- system metrics -----------------------------------------------------------------
+
+    def collect_system(self) -> None:
+        """CPU, memory, disk and GPU use, as TorchServe measures them (blocking: run it in a
+        thread)."""
+        host = (("Level", "Host"),)
+        memory = psutil.virtual_memory()
+        disk = psutil.disk_usage("/")
+        values: list[tuple[str, str, tuple[tuple[str, str], ...], float]] = [
+            ("CPUUtilization", "Percent", host, psutil.cpu_percent()),
+            ("MemoryUsed", "Megabytes", host, memory.used / 2**20),
+            ("MemoryAvailable", "Megabytes", host, memory.available / 2**20),
+            ("MemoryUtilization", "Percent", host, memory.percent),
+            ("DiskUsage", "Gigabytes", host, disk.used / 2**30),
+            ("DiskUtilization", "Percent", host, disk.percent),
+            ("DiskAvailable", "Gigabytes", host, disk.free / 2**30),
+        ]
+        values += self._gpu_metrics()
+        self.system = values
+        if self.ts_log is not None:
+            for name, unit, dims, value in values:
+                self.ts_log.add(metric_line(name, unit, value, dims, self.hostname))
+
+    def _gpu_metrics(self) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
+        if not self.gpus:
+            return []
+        query = "index,utilization.gpu,utilization.memory,memory.used"
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
+                 "-i", ",".join(self.gpus)],
+                capture_output=True, text=True, timeout=10, check=True,
+            ).stdout  # fmt: skip
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.debug("GPU metrics unavailable: %s", exc)
+            return []
+        by_physical = {}
+        for line in out.splitlines():
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) == 4:
+                by_physical[fields[0]] = fields[1:]
+        values = []
+        for device_id, physical in enumerate(self.gpus):
+            found = by_physical.get(physical)
+            if found is None:
+                continue
+            dims = (("Level", "Host"), ("DeviceId", str(device_id)))
+            for (name, unit), raw in zip(
+                (("GPUUtilization", "Percent"), ("GPUMemoryUtilization", "Percent"),
+                 ("GPUMemoryUsed", "Megabytes")),
+                found,
+                strict=True,
+            ):  # fmt: skip
+                try:
+                    values.append((name, unit, dims, float(raw)))
+                except ValueError:  # "[N/A]" on devices that do not report it
+                    continue
+        return values
+
+    async def run(self) -> None:
+        """The server's metrics chore: system metrics every minute, log lines every second."""
+        loop = asyncio.get_running_loop()
+        next_system = 0.0
+        while True:
+            if loop.time() >= next_system:
+                next_system = loop.time() + SYSTEM_METRICS_INTERVAL_S
+                try:
+                    await asyncio.to_thread(self.collect_system)
+                except (OSError, psutil.Error) as exc:
+                    log.warning("could not collect system metrics: %s", exc)
+            self.flush_logs()
+            await asyncio.sleep(LOG_FLUSH_S)
+
+    # --- scrape -------------------------------------------------------------------------
 
     def collect(self) -> Any:
         queue = GaugeMetricFamily("mserve_queue_depth", "Jobs waiting", labels=["model", "version"])
         workers = GaugeMetricFamily(
             "mserve_workers_ready", "Ready workers", labels=["model", "version"]
         )
-        for mv in self._registry.all():
+        for mv in self._models():
             queue.add_metric([mv.name, mv.version], mv.queued())
             workers.add_metric([mv.name, mv.version], mv.ready_workers())
         yield queue
         yield workers
+
+    def _models(self) -> list[ModelVersion]:
+        return list(self._registry.all()) if self._registry is not None else []
+
+    def exposition(self) -> bytes:
+        """Ours, then TorchServe's, in Prometheus's text format."""
+        return generate_latest(self.prom) + self.torchserve_text().encode("utf-8")
+
+    def torchserve_text(self) -> str:
+        if self.mode == "log":
+            return ""
+        out = _Text()
+        models = self._models()
+        host = self.hostname
+        ts_labels = ("uuid", "model_name", "model_version", "hostname")
+        for index, name in enumerate(LEGACY_PROMETHEUS):
+            rows = []
+            for mv in models:
+                for named, counts in ((False, mv.stats.unnamed), (True, mv.stats.named)):
+                    if counts[0] or counts[1]:
+                        labels = (self.uuid, mv.name, mv.stats.label(named), host)
+                        rows.append((labels, counts[index]))
+            out.family(name, "counter", ("Count", "Microseconds", "Microseconds")[index],
+                       ts_labels, rows)  # fmt: skip
+        if self.mode == "legacy":
+            return out.text()
+        host_labels = ("Level", "Hostname")
+        for i, name in enumerate(("Requests2XX", "Requests4XX", "Requests5XX")):
+            rows = [(("Host", host), self.statuses[i])] if self.statuses[i] else []
+            out.family(name, "counter", "Count", host_labels, rows)
+        out.family("QueueTime", "gauge", "Milliseconds", host_labels,
+                   [] if self.queue_ms is None else [(("Host", host), self.queue_ms)])  # fmt: skip
+        thread = [
+            mv.stats.worker_thread_ms for mv in models if mv.stats.worker_thread_ms is not None
+        ]
+        out.family("WorkerThreadTime", "gauge", "Milliseconds", host_labels,
+                   [(("Host", host), thread[-1])] if thread else [])  # fmt: skip
+        loads = []
+        for mv in models:
+            for slot in mv.slots:
+                worker = slot.worker
+                if worker is not None and worker.load_ms is not None:
+                    name = f"W-{worker.id}-{mv.name}_{mv.version}"
+                    loads.append(((name, "Host", host), worker.load_ms))
+        out.family("WorkerLoadTime", "gauge", "Milliseconds", ("WorkerName", "Level", "Hostname"),
+                   loads)  # fmt: skip
+        for name, unit, dims, value in self.system:
+            out.family(name, "gauge", unit, (*(k for k, _v in dims), "Hostname"),
+                       [((*(v for _k, v in dims), host), value)])  # fmt: skip
+        for family in self.handler.families.values():
+            if family.type == "histogram":
+                out.histogram(family)
+            else:
+                rows = [(values, stored[0]) for values, stored in family.series.items()]
+                out.family(family.name, family.type, family.unit, family.labels, rows)
+        return out.text()
+
+
+class _Text:
+    """Prometheus's text format, written by hand for TorchServe's names."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.seen: set[str] = set()
+
+    def _head(self, name: str, kind: str, unit: str) -> bool:
+        name = _name(name)
+        if name in self.seen:  # e.g. a handler metric named like a frontend one
+            return False
+        self.seen.add(name)
+        self.lines.append(f"# HELP {name} Torchserve prometheus {kind} metric with unit: {unit}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        return True
+
+    def family(
+        self, name: str, kind: str, unit: str, labels: Sequence[str],
+        rows: Iterable[tuple[Sequence[str], float]],
+    ) -> None:  # fmt: skip
+        if not self._head(name, kind, unit):
+            return
+        name = _name(name)
+        for values, value in rows:
+            self.lines.append(f"{name}{{{_labels(labels, values)}}} {_number(value)}")
+
+    def histogram(self, family: _Family) -> None:
+        if not self._head(family.name, "histogram", family.unit):
+            return
+        name = _name(family.name)
+        for values, stored in family.series.items():
+            labels = _labels(family.labels, values)
+            for bound, count in zip(BUCKETS, stored, strict=False):  # then count and sum
+                le = "+Inf" if bound == math.inf else repr(bound)
+                self.lines.append(f'{name}_bucket{{{labels},le="{le}"}} {_number(count)}')
+            self.lines.append(f"{name}_count{{{labels}}} {_number(stored[-2])}")
+            self.lines.append(f"{name}_sum{{{labels}}} {_number(stored[-1])}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n" if self.lines else ""
+
+
+def _labels(names: Sequence[str], values: Sequence[str]) -> str:
+    return ",".join(f'{_name(k)}="{_escape(v)}"' for k, v in zip(names, values, strict=True))
+
+
+def _name(name: str) -> str:
+    """A metric or label name as Prometheus allows it: a handler's ``latency-ms`` becomes
+    ``latency_ms`` (a name it refuses would fail the whole scrape)."""
+    if _NAME_OK.fullmatch(name):
+        return name
+    cleaned = _NAME_BAD.sub("_", name)
+    return cleaned if cleaned[:1].isalpha() or cleaned[:1] == "_" else f"_{cleaned}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    return repr(float(value))
 
 
 class MetricsAPI:
@@ -68,4 +752,4 @@ class MetricsAPI:
             raise req.not_found()
         req.allow("GET")
         content_type = "text/plain; version=0.0.4; charset=utf-8"
-        conn.answer(req, 200, [["Content-Type", content_type]], generate_latest(self.metrics.prom))
+        conn.answer(req, 200, [["Content-Type", content_type]], self.metrics.exposition())
