@@ -535,9 +535,16 @@ class Metrics:
 
     # --- system metrics -----------------------------------------------------------------
 
-    def collect_system(self) -> None:
-        """CPU, memory, disk and GPU use, as TorchServe measures them (blocking: run it in a
-        thread)."""
+    def record_system(
+        self, values: list[tuple[str, str, tuple[tuple[str, str], ...], float]]
+    ) -> None:
+        self.system = values
+        if self.ts_log is not None:
+            for name, unit, dims, value in values:
+                self.ts_log.add(metric_line(name, unit, value, dims, self.hostname))
+
+    def measure_system(self) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
+        """CPU, memory, disk and GPU use, as TorchServe measures them."""
         host = (("Level", "Host"),)
         memory = psutil.virtual_memory()
         disk = psutil.disk_usage("/")
@@ -551,10 +558,7 @@ class Metrics:
             ("DiskAvailable", "Gigabytes", host, disk.free / 2**30),
         ]
         values += self._gpu_metrics()
-        self.system = values
-        if self.ts_log is not None:
-            for name, unit, dims, value in values:
-                self.ts_log.add(metric_line(name, unit, value, dims, self.hostname))
+        return values
 
     def _gpu_metrics(self) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
         if not self.gpus:
@@ -600,7 +604,7 @@ class Metrics:
             if loop.time() >= next_system:
                 next_system = loop.time() + SYSTEM_METRICS_INTERVAL_S
                 try:
-                    await asyncio.to_thread(self.collect_system)
+                    self.record_system(await asyncio.to_thread(self.measure_system))
                 except (OSError, psutil.Error) as exc:
                     log.warning("could not collect system metrics: %s", exc)
             self.flush_logs()
