@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 import psutil
 import yaml
@@ -626,14 +627,16 @@ class Metrics:
     def _models(self) -> list[ModelVersion]:
         return list(self._registry.all()) if self._registry is not None else []
 
-    def exposition(self) -> bytes:
-        """Ours, then TorchServe's, in Prometheus's text format."""
-        return generate_latest(self.prom) + self.torchserve_text().encode("utf-8")
+    def exposition(self, names: set[str] | None = None) -> bytes:
+        """Ours, then TorchServe's, in Prometheus's text format; only the metrics ``names``
+        names when given (TorchServe's ``?name[]=...``)."""
+        ours = generate_latest(self.prom if not names else self.prom.restricted_registry(names))
+        return ours + self.torchserve_text(names).encode("utf-8")
 
-    def torchserve_text(self) -> str:
+    def torchserve_text(self, names: set[str] | None = None) -> str:
         if self.mode == "log":
             return ""
-        out = _Text()
+        out = _Text(names)
         models = self._models()
         host = self.hostname
         ts_labels = ("uuid", "model_name", "model_version", "hostname")
@@ -683,13 +686,16 @@ class Metrics:
 class _Text:
     """Prometheus's text format, written by hand for TorchServe's names."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: set[str] | None = None) -> None:
         self.lines: list[str] = []
         self.seen: set[str] = set()
+        self.names = names
 
     def _head(self, name: str, kind: str, unit: str) -> bool:
         name = _name(name)
         if name in self.seen:  # e.g. a handler metric named like a frontend one
+            return False
+        if self.names and name not in self.names:
             return False
         self.seen.add(name)
         self.lines.append(f"# HELP {name} Torchserve prometheus {kind} metric with unit: {unit}")
@@ -755,5 +761,10 @@ class MetricsAPI:
         if req.parts != ["metrics"]:
             raise req.not_found()
         req.allow("GET")
+        names = None
+        if req.query_string:
+            query = parse_qsl(req.query_string.decode("utf-8", "replace"))
+            names = {value for key, value in query if key == "name[]"} or None
         content_type = "text/plain; version=0.0.4; charset=utf-8"
-        conn.answer(req, 200, [["Content-Type", content_type]], self.metrics.exposition())
+        body = self.metrics.exposition(names)
+        conn.answer(req, 200, [["Content-Type", content_type]], body)

@@ -100,6 +100,11 @@ def test_torchserve_default_metrics_with_torchserve_names_types_and_labels(
         assert 0 <= value < 60_000
     assert "GPUUtilization" not in parsed  # no GPU here
 
+    # TorchServe's metrics API filter: ?name[]=...&name[]=...
+    query = "/metrics?name[]=ts_inference_requests_total&name[]=Requests2XX&name[]=mserve_requests_total"
+    picked = families(http("GET", server.url("metrics", query)).body.decode())
+    assert set(picked) == {"ts_inference_requests", "Requests2XX", "mserve_requests"}
+
 
 def test_handler_metrics_are_aggregated_across_workers(
     make_archive, start_server, tmp_path
