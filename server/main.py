@@ -30,9 +30,10 @@ from server.app import ManagementAPI
 from server.config import ServerConfig, parse_address
 from server.devices import GpuAllocator, server_gpus
 from server.errors import MserveError
+from server.handler_metrics import load_model_metrics
 from server.http import HttpServer
 from server.inference_api import InferenceAPI
-from server.metrics import Metrics, MetricsAPI, load_model_metrics
+from server.metrics import Metrics, MetricsAPI
 from server.model import ModelVersion
 from server.registry import RegisterRequest, Registry
 from server.rundir import LOCK_FILE, PID_FILE, STATUS_FILE, StartupModel, write_json_atomic

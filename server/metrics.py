@@ -10,36 +10,31 @@ keeps ``ts_inference_requests_total``, ``ts_inference_latency_microseconds`` and
 are on ``/metrics`` in every mode.
 
 Cost on the prediction path: a request adds to a few floats held by its model version (no
-label lookups, no dicts built); the text is made when ``/metrics`` is scraped. TorchServe's
-counters are written with TorchServe's names as they are (``Requests2XX``, not
-``Requests2XX_total``), which prometheus_client's own counters cannot do, so this module writes
-that part of the exposition itself.
+label lookups, no dicts built); the text is made when ``/metrics`` is scraped
+(server/metric_formats.py). Handler metrics are kept by server/handler_metrics.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import re
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 import psutil
-import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from mserve_worker.protocol import MetricEntry
 from server.errors import ConfigError
+from server.handler_metrics import Family, HandlerMetrics, default_families
 from server.http import Connection, Request
+from server.metric_formats import UNIT_NAMES, MetricLog, PromText, metric_line
 
 if TYPE_CHECKING:
     from server.batching import Job
@@ -55,202 +50,8 @@ LEGACY_PROMETHEUS = (
     "ts_inference_latency_microseconds",
     "ts_queue_latency_microseconds",
 )
-# A handler that invents label values (a request id, a user name) would grow these without end:
-# past the cap a metric takes no new label sets, and the server says so once per metric.
-MAX_SERIES_PER_METRIC = 1000
-MAX_HANDLER_METRICS = 200  # distinct metric names handlers may create, all models together
 SYSTEM_METRICS_INTERVAL_S = 60.0  # TorchServe collects its system metrics once a minute
 LOG_FLUSH_S = 1.0  # the longest a metric log line waits in memory
-# prometheus_client's (and the Java client's) default histogram buckets
-BUCKETS = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    math.inf,
-)
-# How TorchServe writes a handler metric's unit in its log lines (ts/metrics/unit.py).
-UNIT_NAMES = {
-    "ms": "Milliseconds",
-    "s": "Seconds",
-    "percent": "Percent",
-    "count": "Count",
-    "MB": "Megabytes",
-    "GB": "Gigabytes",
-    "kB": "Kilobytes",
-    "B": "Bytes",
-    "": "unit",
-}
-_KIND_TYPES = {
-    "counter": "counter",
-    "metric": "counter",
-    "time": "gauge",
-    "size": "gauge",
-    "percent": "gauge",
-}
-_NAME_OK = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
-
-
-# --- handler metrics ----------------------------------------------------------------------
-
-
-@dataclass
-class _Family:
-    """One metric handlers update: its type, unit and label names (Hostname last)."""
-
-    name: str
-    type: str
-    unit: str
-    labels: tuple[str, ...]
-    declared: bool = False  # from the metrics config's model_metrics
-    series: dict[tuple[str, ...], list[float]] = field(default_factory=dict)
-    warned: bool = False
-
-
-def load_model_metrics(path: Path) -> dict[str, _Family]:
-    """The ``model_metrics`` section of a TorchServe metrics.yaml: name -> declared family."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"metrics_config: cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"metrics_config: {path} is not valid YAML: {exc}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"metrics_config: {path} should be a mapping with model_metrics")
-    section = data.get("model_metrics") or {}
-    if not isinstance(section, dict):
-        raise ConfigError(f"metrics_config: {path}: model_metrics should map types to lists")
-    families: dict[str, _Family] = {}
-    for kind, specs in section.items():
-        if kind not in ("counter", "gauge", "histogram"):
-            raise ConfigError(
-                f"metrics_config: {path}: model_metrics type {kind!r} is not one of counter,"
-                " gauge, histogram"
-            )
-        for i, spec in enumerate(specs or []):
-            where = f"metrics_config: {path}: model_metrics.{kind}[{i}]"
-            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-                raise ConfigError(f"{where} should be a mapping with a name")
-            dims = spec.get("dimensions") or []
-            if not isinstance(dims, list) or not all(isinstance(d, str) for d in dims):
-                raise ConfigError(f"{where}.dimensions should be a list of names, found {dims!r}")
-            labels = (*(d for d in dims if d != "Hostname"), "Hostname")
-            families[spec["name"]] = _Family(
-                spec["name"], kind, str(spec.get("unit", "")), labels, declared=True
-            )
-    return families
-
-
-def _default_families() -> dict[str, _Family]:
-    """TorchServe's default model_metrics: HandlerTime and PredictionTime."""
-    labels = ("ModelName", "Level", "Hostname")
-    return {
-        name: _Family(name, "gauge", "ms", labels, declared=True)
-        for name in ("HandlerTime", "PredictionTime")
-    }
-
-
-class HandlerMetrics:
-    """Metrics handlers record, aggregated over every worker of every model: counters add up,
-    gauges keep the last value, histograms count each value into buckets."""
-
-    def __init__(self, declared: dict[str, _Family], hostname: str) -> None:
-        self.families = declared
-        self.hostname = hostname
-        self._full_warned = False
-
-    def series(self, family: _Family, values: tuple[str, ...]) -> list[float] | None:
-        """The stored values of one label set, created on first use; None past the cap."""
-        found = family.series.get(values)
-        if found is not None:
-            return found
-        if len(family.series) >= MAX_SERIES_PER_METRIC:
-            if not family.warned:
-                family.warned = True
-                log.warning(
-                    "metric %s has %d label sets, the most one metric may have: values with new"
-                    " labels are dropped (a handler putting ids or free text in dimensions?)",
-                    family.name, MAX_SERIES_PER_METRIC,
-                )  # fmt: skip
-            return None
-        found = [0.0] * (len(BUCKETS) + 2) if family.type == "histogram" else [0.0]
-        family.series[values] = found
-        return found
-
-    def family_for(self, entry: MetricEntry, labels: tuple[str, ...]) -> _Family | None:
-        family = self.families.get(entry.name)
-        if family is not None:
-            return family
-        if len(self.families) >= MAX_HANDLER_METRICS:
-            if not self._full_warned:
-                self._full_warned = True
-                log.warning(
-                    "handlers created %d metrics, the most the server keeps: metric %s and"
-                    " other new names are dropped", MAX_HANDLER_METRICS, entry.name,
-                )  # fmt: skip
-            return None
-        kind = entry.type or _KIND_TYPES.get(entry.kind, "counter")
-        family = self.families[entry.name] = _Family(entry.name, kind, entry.unit, labels)
-        return family
-
-    def add(self, model_name: str, entry: MetricEntry) -> tuple[_Family, tuple[str, ...]] | None:
-        """Apply one entry; the family and label values it went to (None when dropped)."""
-        dims = dict(entry.dimensions)
-        dims.pop("Hostname", None)
-        names = [name for name, _value in entry.dimensions if name != "Hostname"]
-        if "ModelName" not in dims:  # TorchServe's default dimensions, in its order
-            names.append("ModelName")
-            dims["ModelName"] = model_name
-        if "Level" not in dims:
-            names.append("Level")
-            dims["Level"] = "Model"
-        family = self.family_for(entry, (*dict.fromkeys(names), "Hostname"))
-        if family is None:
-            return None
-        try:
-            values = (*(dims[name] for name in family.labels[:-1]), self.hostname)
-        except KeyError:
-            values = None
-        if values is None or len(dims) != len(family.labels) - 1:
-            if not family.warned:
-                family.warned = True
-                log.warning(
-                    "metric %s: dimensions %s do not match its dimensions %s; value dropped",
-                    entry.name, sorted(dims), list(family.labels[:-1]),
-                )  # fmt: skip
-            return None
-        stored = self.series(family, values)
-        if stored is None:
-            return None
-        _update(family.type, stored, float(entry.value))
-        return family, values
-
-
-def _update(kind: str, stored: list[float], value: float) -> None:
-    if kind == "gauge":
-        stored[0] = value
-    elif kind == "counter":
-        if value >= 0:  # a Prometheus counter never goes down; TorchServe refuses it too
-            stored[0] += value
-    else:  # histogram: bucket counts, then count and sum
-        for i, bound in enumerate(BUCKETS):
-            if value <= bound:
-                stored[i] += 1
-        stored[-2] += 1
-        stored[-1] += value
 
 
 # --- per model version --------------------------------------------------------------------
@@ -332,50 +133,6 @@ def _request_ids(jobs: Sequence[Job]) -> str:
     return ",".join(job.item.request_id for job in jobs)
 
 
-# --- the log files ------------------------------------------------------------------------
-
-
-class MetricLog:
-    """One of TorchServe's metric log files: lines kept in memory and written every second."""
-
-    def __init__(self, path: Path) -> None:
-        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (owned, closed)
-        self._lines: list[str] = []
-        self._stamp_second = -1
-        self._stamp = ""
-
-    def add(self, line: str) -> None:
-        now = time.time()
-        second = int(now)
-        if second != self._stamp_second:
-            self._stamp_second = second
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(second))
-        self._lines.append(f"{self._stamp},{int((now - second) * 1000):03d} - {line}\n")
-
-    def flush(self) -> None:
-        if self._lines:
-            self._file.write("".join(self._lines))
-            self._lines.clear()
-            self._file.flush()
-
-    def close(self) -> None:
-        self.flush()
-        self._file.close()
-
-
-def metric_line(
-    name: str, unit: str, value: float, dims: Iterable[tuple[str, str]], hostname: str,
-    request_ids: str | None = None,
-) -> str:  # fmt: skip
-    """TorchServe's log form of one update: ``Name.Unit:value|#dims|#hostname:h,...``."""
-    text = ",".join(f"{k}:{v}" for k, v in dims)
-    ids = f",requestID:{request_ids}" if request_ids else ""
-    return (
-        f"{name}.{unit}:{float(value)!r}|#{text}|#hostname:{hostname}{ids},"
-        f"timestamp:{int(time.time())}"
-    )
-
-
 # --- the hub ------------------------------------------------------------------------------
 
 
@@ -389,7 +146,7 @@ class Metrics:
     def __init__(
         self,
         mode: str = "prometheus",
-        model_metrics: dict[str, _Family] | None = None,
+        model_metrics: dict[str, Family] | None = None,
         log_dir: Path | None = None,
         hostname: str | None = None,
         gpus: Sequence[str] = (),
@@ -417,7 +174,7 @@ class Metrics:
         self.statuses = [0.0, 0.0, 0.0]
         self.queue_ms: float | None = None
         self.system: list[tuple[str, str, tuple[tuple[str, str], ...], float]] = []
-        declared = _default_families()
+        declared = default_families()
         declared.update(model_metrics or {})
         self.handler = HandlerMetrics(declared, self.hostname)
         self.log_frontend = mode in ("log", "legacy")
@@ -636,7 +393,7 @@ class Metrics:
     def torchserve_text(self, names: set[str] | None = None) -> str:
         if self.mode == "log":
             return ""
-        out = _Text(names)
+        out = PromText(names)
         models = self._models()
         host = self.hostname
         ts_labels = ("uuid", "model_name", "model_version", "hostname")
@@ -681,72 +438,6 @@ class Metrics:
                 rows = [(values, stored[0]) for values, stored in family.series.items()]
                 out.family(family.name, family.type, family.unit, family.labels, rows)
         return out.text()
-
-
-class _Text:
-    """Prometheus's text format, written by hand for TorchServe's names."""
-
-    def __init__(self, names: set[str] | None = None) -> None:
-        self.lines: list[str] = []
-        self.seen: set[str] = set()
-        self.names = names
-
-    def _head(self, name: str, kind: str, unit: str) -> bool:
-        name = _name(name)
-        if name in self.seen:  # e.g. a handler metric named like a frontend one
-            return False
-        if self.names and name not in self.names:
-            return False
-        self.seen.add(name)
-        self.lines.append(f"# HELP {name} Torchserve prometheus {kind} metric with unit: {unit}")
-        self.lines.append(f"# TYPE {name} {kind}")
-        return True
-
-    def family(
-        self, name: str, kind: str, unit: str, labels: Sequence[str],
-        rows: Iterable[tuple[Sequence[str], float]],
-    ) -> None:  # fmt: skip
-        if not self._head(name, kind, unit):
-            return
-        name = _name(name)
-        for values, value in rows:
-            self.lines.append(f"{name}{{{_labels(labels, values)}}} {_number(value)}")
-
-    def histogram(self, family: _Family) -> None:
-        if not self._head(family.name, "histogram", family.unit):
-            return
-        name = _name(family.name)
-        for values, stored in family.series.items():
-            labels = _labels(family.labels, values)
-            for bound, count in zip(BUCKETS, stored, strict=False):  # then count and sum
-                le = "+Inf" if bound == math.inf else repr(bound)
-                self.lines.append(f'{name}_bucket{{{labels},le="{le}"}} {_number(count)}')
-            self.lines.append(f"{name}_count{{{labels}}} {_number(stored[-2])}")
-            self.lines.append(f"{name}_sum{{{labels}}} {_number(stored[-1])}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n" if self.lines else ""
-
-
-def _labels(names: Sequence[str], values: Sequence[str]) -> str:
-    return ",".join(f'{_name(k)}="{_escape(v)}"' for k, v in zip(names, values, strict=True))
-
-
-def _name(name: str) -> str:
-    """A metric or label name as Prometheus allows it: a handler's ``latency-ms`` becomes
-    ``latency_ms`` (a name it refuses would fail the whole scrape)."""
-    if _NAME_OK.fullmatch(name):
-        return name
-    cleaned = _NAME_BAD.sub("_", name)
-    return cleaned if cleaned[:1].isalpha() or cleaned[:1] == "_" else f"_{cleaned}"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value: float) -> str:
-    return repr(float(value))
 
 
 class MetricsAPI:

@@ -152,7 +152,7 @@ def test_handler_metrics_are_aggregated_across_workers(
 
 
 def test_invented_label_values_are_capped_with_one_warning(make_archive, start_server) -> None:
-    from server.metrics import MAX_SERIES_PER_METRIC
+    from server.handler_metrics import MAX_SERIES_PER_METRIC
 
     make_archive("custom_metrics", "metrics_handler:handle", "custom")
     server = start_server("custom=custom.mar", config={"batch_size": 8})
