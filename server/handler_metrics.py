@@ -42,6 +42,18 @@ BUCKETS = (
     10.0,
     math.inf,
 )
+# How TorchServe writes a handler metric's unit in its log lines (ts/metrics/unit.py).
+UNIT_NAMES = {
+    "ms": "Milliseconds",
+    "s": "Seconds",
+    "percent": "Percent",
+    "count": "Count",
+    "MB": "Megabytes",
+    "GB": "Gigabytes",
+    "kB": "Kilobytes",
+    "B": "Bytes",
+    "": "unit",
+}
 _KIND_TYPES = {
     "counter": "counter",
     "metric": "counter",
@@ -149,7 +161,8 @@ class HandlerMetrics:
                 )  # fmt: skip
             return None
         kind = entry.type or _KIND_TYPES.get(entry.kind, "counter")
-        family = self.families[entry.name] = Family(entry.name, kind, entry.unit, labels)
+        unit = UNIT_NAMES.get(entry.unit, entry.unit)  # as TorchServe's backend names it
+        family = self.families[entry.name] = Family(entry.name, kind, unit, labels)
         return family
 
     def add(self, model_name: str, entry: MetricEntry) -> tuple[Family, tuple[str, ...]] | None:

@@ -13,18 +13,6 @@ from typing import IO
 
 from server.handler_metrics import BUCKETS, Family
 
-# How TorchServe writes a handler metric's unit in its log lines (ts/metrics/unit.py).
-UNIT_NAMES = {
-    "ms": "Milliseconds",
-    "s": "Seconds",
-    "percent": "Percent",
-    "count": "Count",
-    "MB": "Megabytes",
-    "GB": "Gigabytes",
-    "kB": "Kilobytes",
-    "B": "Bytes",
-    "": "unit",
-}
 _NAME_OK = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
 

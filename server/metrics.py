@@ -34,7 +34,7 @@ from mserve_worker.protocol import MetricEntry
 from server.errors import ConfigError
 from server.handler_metrics import Family, HandlerMetrics, default_families
 from server.http import Connection, Request
-from server.metric_formats import UNIT_NAMES, MetricLog, PromText, metric_line
+from server.metric_formats import MetricLog, PromText, metric_line
 
 if TYPE_CHECKING:
     from server.batching import Job
@@ -256,9 +256,8 @@ class Metrics:
             if applied is not None and self.log_model:
                 family, values = applied
                 ids = entry.request_id or _request_ids(jobs)
-                unit = UNIT_NAMES.get(entry.unit, entry.unit)
                 dims = tuple(zip(family.labels[:-1], values[:-1], strict=True))
-                self.log_model_line(entry.name, unit, entry.value, dims, ids)
+                self.log_model_line(entry.name, family.unit, entry.value, dims, ids)
 
     # --- log mode -----------------------------------------------------------------------
 

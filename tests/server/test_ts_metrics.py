@@ -135,6 +135,7 @@ def test_handler_metrics_are_aggregated_across_workers(
     assert samples(text, "DistanceInKM") == [(model, 3.0 * sent)]  # add_metric: a counter
     assert samples(text, "StepTime") == [({"Stage": "pre", **model}, 2.5)]  # a gauge
     assert parsed["StepTime"].type == "gauge"
+    assert "# HELP StepTime Torchserve prometheus gauge metric with unit: Milliseconds" in text
     assert samples(text, "PayloadSize") == [(model, 0.5)]
     assert samples(text, "Confidence") == [(model, 90.0)]
     # the load-time counter of each worker, added up
