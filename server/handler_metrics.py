@@ -12,6 +12,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -76,8 +77,16 @@ class Family:
     warned: bool = False
 
 
-def load_model_metrics(path: Path) -> dict[str, Family]:
-    """The ``model_metrics`` section of a TorchServe metrics.yaml: name -> declared family."""
+@dataclass(frozen=True)
+class MetricsConfig:
+    """What a TorchServe metrics.yaml says: the handler metrics it declares, and which frontend
+    metrics to emit (None: all; TorchServe emits only those its ``ts_metrics`` lists)."""
+
+    model: dict[str, Family]
+    frontend: frozenset[str] | None
+
+
+def load_metrics_config(path: Path) -> MetricsConfig:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -85,30 +94,37 @@ def load_model_metrics(path: Path) -> dict[str, Family]:
     except yaml.YAMLError as exc:
         raise ConfigError(f"metrics_config: {path} is not valid YAML: {exc}") from exc
     if data is None:
-        return {}
+        return MetricsConfig({}, None)
     if not isinstance(data, dict):
         raise ConfigError(f"metrics_config: {path} should be a mapping with model_metrics")
-    section = data.get("model_metrics") or {}
+    frontend = None
+    if data.get("ts_metrics") is not None:
+        frontend = frozenset(f.name for f in _section(path, data, "ts_metrics"))
+    model = {f.name: f for f in _section(path, data, "model_metrics")}
+    return MetricsConfig(model, frontend)
+
+
+def _section(path: Path, data: dict[str, Any], key: str) -> list[Family]:
+    section = data.get(key) or {}
     if not isinstance(section, dict):
-        raise ConfigError(f"metrics_config: {path}: model_metrics should map types to lists")
-    families: dict[str, Family] = {}
+        raise ConfigError(f"metrics_config: {path}: {key} should map types to lists")
+    families = []
     for kind, specs in section.items():
         if kind not in ("counter", "gauge", "histogram"):
             raise ConfigError(
-                f"metrics_config: {path}: model_metrics type {kind!r} is not one of counter,"
+                f"metrics_config: {path}: {key} type {kind!r} is not one of counter,"
                 " gauge, histogram"
             )
         for i, spec in enumerate(specs or []):
-            where = f"metrics_config: {path}: model_metrics.{kind}[{i}]"
+            where = f"metrics_config: {path}: {key}.{kind}[{i}]"
             if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
                 raise ConfigError(f"{where} should be a mapping with a name")
             dims = spec.get("dimensions") or []
             if not isinstance(dims, list) or not all(isinstance(d, str) for d in dims):
                 raise ConfigError(f"{where}.dimensions should be a list of names, found {dims!r}")
             labels = (*(d for d in dims if d != "Hostname"), "Hostname")
-            families[spec["name"]] = Family(
-                spec["name"], kind, str(spec.get("unit", "")), labels, declared=True
-            )
+            unit = str(spec.get("unit", ""))
+            families.append(Family(spec["name"], kind, unit, labels, declared=True))
     return families
 
 

@@ -30,7 +30,7 @@ from server.app import ManagementAPI
 from server.config import ServerConfig, parse_address
 from server.devices import GpuAllocator, server_gpus
 from server.errors import MserveError
-from server.handler_metrics import load_model_metrics
+from server.handler_metrics import MetricsConfig, load_metrics_config
 from server.http import HttpServer
 from server.inference_api import InferenceAPI
 from server.metrics import Metrics, MetricsAPI
@@ -119,7 +119,9 @@ class Server:
         self.launcher = Launcher(config.fork_workers, config.worker_preload)
         self.metrics = Metrics(
             config.metrics_mode,
-            load_model_metrics(Path(config.metrics_config)) if config.metrics_config else None,
+            load_metrics_config(Path(config.metrics_config))
+            if config.metrics_config
+            else MetricsConfig({}, None),
             config.log_path,
             gpus=self.gpus.devices,
         )

@@ -65,12 +65,15 @@ class PromText:
         self.lines: list[str] = []
         self.seen: set[str] = set()
         self.names = names
+        self.only: frozenset[str] | None = None  # further, while set: these names only
 
     def _head(self, name: str, kind: str, unit: str) -> bool:
         name = _name(name)
         if name in self.seen:  # e.g. a handler metric named like a frontend one
             return False
         if self.names and name not in self.names:
+            return False
+        if self.only is not None and name not in self.only:
             return False
         self.seen.add(name)
         self.lines.append(f"# HELP {name} Torchserve prometheus {kind} metric with unit: {unit}")

@@ -32,7 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from mserve_worker.protocol import MetricEntry
 from server.errors import ConfigError
-from server.handler_metrics import Family, HandlerMetrics, default_families
+from server.handler_metrics import HandlerMetrics, MetricsConfig, default_families
 from server.http import Connection, Request
 from server.metric_formats import MetricLog, PromText, metric_line
 
@@ -146,7 +146,7 @@ class Metrics:
     def __init__(
         self,
         mode: str = "prometheus",
-        model_metrics: dict[str, Family] | None = None,
+        config: MetricsConfig | None = None,
         log_dir: Path | None = None,
         hostname: str | None = None,
         gpus: Sequence[str] = (),
@@ -175,7 +175,8 @@ class Metrics:
         self.queue_ms: float | None = None
         self.system: list[tuple[str, str, tuple[tuple[str, str], ...], float]] = []
         declared = default_families()
-        declared.update(model_metrics or {})
+        declared.update(config.model if config else {})
+        self.frontend = config.frontend if config else None  # None: every frontend metric
         self.handler = HandlerMetrics(declared, self.hostname)
         self.log_frontend = mode in ("log", "legacy")
         self.log_model = mode in ("log", "legacy")
@@ -266,6 +267,8 @@ class Metrics:
         the three ts_* counters are served on /metrics instead."""
         if self.ts_log is None or (self.mode == "legacy" and name in LEGACY_PROMETHEUS):
             return
+        if self.frontend is not None and name not in self.frontend:
+            return
         if name not in LEGACY_PROMETHEUS:
             dims = (
                 (("Level", "Host"), *dims)
@@ -298,7 +301,8 @@ class Metrics:
         self.system = values
         if self.ts_log is not None:
             for name, unit, dims, value in values:
-                self.ts_log.add(metric_line(name, unit, value, dims, self.hostname))
+                if self.frontend is None or name in self.frontend:
+                    self.ts_log.add(metric_line(name, unit, value, dims, self.hostname))
 
     def measure_system(self) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
         """CPU, memory, disk and GPU use, as TorchServe measures them."""
@@ -393,6 +397,7 @@ class Metrics:
         if self.mode == "log":
             return ""
         out = PromText(names)
+        out.only = self.frontend  # a metrics config's ts_metrics section picks frontend metrics
         models = self._models()
         host = self.hostname
         ts_labels = ("uuid", "model_name", "model_version", "hostname")
@@ -406,7 +411,7 @@ class Metrics:
             out.family(name, "counter", ("Count", "Microseconds", "Microseconds")[index],
                        ts_labels, rows)  # fmt: skip
         if self.mode == "legacy":
-            return out.text()
+            return out.text()  # TorchServe's legacy mode: no handler metrics on /metrics either
         host_labels = ("Level", "Hostname")
         for i, name in enumerate(("Requests2XX", "Requests4XX", "Requests5XX")):
             rows = [(("Host", host), self.statuses[i])] if self.statuses[i] else []
@@ -430,6 +435,7 @@ class Metrics:
         for name, unit, dims, value in self.system:
             out.family(name, "gauge", unit, (*(k for k, _v in dims), "Hostname"),
                        [((*(v for _k, v in dims), host), value)])  # fmt: skip
+        out.only = None
         for family in self.handler.families.values():
             if family.type == "histogram":
                 out.histogram(family)

@@ -112,6 +112,8 @@ def test_handler_metrics_are_aggregated_across_workers(
     declared = tmp_path / "metrics.yaml"
     declared.write_text(
         "dimensions:\n  - &model_name ModelName\n  - &level Level\n"
+        "ts_metrics:\n  counter:\n    - name: Requests2XX\n      unit: Count\n"
+        "      dimensions: [*level, Hostname]\n"
         "model_metrics:\n  histogram:\n    - name: LatencyHist\n      unit: ms\n"
         "      dimensions: [*model_name, *level]\n"
     )
@@ -128,6 +130,9 @@ def test_handler_metrics_are_aggregated_across_workers(
     sent = 8 * (40 - deadline)
     text = scrape(server)
     parsed = families(text)
+    # the config's ts_metrics lists only Requests2XX: TorchServe emits no other frontend metric
+    assert "Requests2XX" in parsed and "QueueTime" not in parsed and "CPUUtilization" not in parsed
+    assert "ts_inference_requests" not in parsed
 
     model = {"ModelName": "custom", "Level": "Model", "Hostname": HOST}
     assert samples(text, "ItemsSeen") == [({"Color": "blue", **model}, float(sent))]
