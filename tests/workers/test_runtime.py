@@ -151,7 +151,11 @@ def test_a_result_carries_the_handler_time_and_what_it_recorded(monkeypatch) -> 
         model = HANDLERS / folder
         monkeypatch.syspath_prepend(str(model))
         context = Context(folder, str(model), {}, 2, None, "mserve", "0")
-        return load_handler(entry, str(model), context, None), context
+        handler = load_handler(entry, str(model), context, None)
+        for name, module in list(sys.modules.items()):  # other tests load their own `echo`
+            if str(getattr(module, "__file__", "")).startswith(str(HANDLERS)):
+                del sys.modules[name]
+        return handler, context
 
     handler, context = loaded("custom_metrics", "metrics_handler:handle")
     context.metrics.add_time("NotANumber", float("nan"))  # not JSON: dropped, batch unharmed
