@@ -17,6 +17,8 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .protocol import METRIC_TYPES
+
 # Units TorchServe accepts for the typed helpers; add_metric takes any unit.
 _TIME_UNITS = ("ms", "s")
 _SIZE_UNITS = ("MB", "kB", "GB", "B")
@@ -146,7 +148,7 @@ class Metrics:
             raise ValueError(
                 f"time metric {name!r}: unit must be one of {_TIME_UNITS}, got {unit!r}"
             )
-        self._add("time", name, value, unit, idx, dimensions)
+        self._add("time", name, value, unit, idx, dimensions, metric_type=metric_type)
 
     def add_counter(
         self,
@@ -154,8 +156,9 @@ class Metrics:
         value: float,
         idx: int | None = None,
         dimensions: Iterable[Any] | None = None,
+        metric_type: Any = None,
     ) -> None:
-        self._add("counter", name, value, "count", idx, dimensions)
+        self._add("counter", name, value, "count", idx, dimensions, metric_type=metric_type)
 
     def add_size(
         self,
@@ -170,7 +173,7 @@ class Metrics:
             raise ValueError(
                 f"size metric {name!r}: unit must be one of {_SIZE_UNITS}, got {unit!r}"
             )
-        self._add("size", name, value, unit, idx, dimensions)
+        self._add("size", name, value, unit, idx, dimensions, metric_type=metric_type)
 
     def add_percent(
         self,
@@ -180,7 +183,7 @@ class Metrics:
         dimensions: Iterable[Any] | None = None,
         metric_type: Any = None,
     ) -> None:
-        self._add("percent", name, value, "percent", idx, dimensions)
+        self._add("percent", name, value, "percent", idx, dimensions, metric_type=metric_type)
 
     def add_metric(
         self,
@@ -210,7 +213,9 @@ class Metrics:
             idx = given.get("idx", idx)
             unit = given.get("unit", unit)
             dimensions = given.get("dimensions", dimensions)
-        self._add("metric", name, value, "" if unit is None else str(unit), idx, dimensions)
+            metric_type = given.get("metric_type", metric_type)
+        unit_text = "" if unit is None else str(unit)
+        self._add("metric", name, value, unit_text, idx, dimensions, metric_type=metric_type)
 
     def add_metric_to_cache(
         self,
@@ -221,7 +226,7 @@ class Metrics:
     ) -> CachedMetric:
         """Define a metric once and update it later (TorchServe 0.8's API): the object returned
         (also by :meth:`get_metric`) records a value with ``add_or_update`` or ``update``."""
-        metric = CachedMetric(self, metric_name, unit, dimension_names)
+        metric = CachedMetric(self, metric_name, unit, dimension_names, metric_type)
         self._cache[(metric_name, _type_name(metric_type))] = metric
         return metric
 
@@ -254,7 +259,10 @@ class Metrics:
         idx: int | None,
         dimensions: Iterable[Any] | None,
         request_id: str | None = None,
+        metric_type: Any = None,
     ) -> None:
+        """Record one entry; ``metric_type`` (TorchServe's ``MetricTypes`` or its text) travels
+        as the entry's ``type`` only when given, so the server's own choice stays the default."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"metric name must be a non-empty str, got {name!r}")
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -269,18 +277,25 @@ class Metrics:
                     f"(batch has {len(self._request_ids)} requests)"
                 )
             request_id = self._request_ids[idx]
+        entry = {
+            "name": name,
+            "value": number,
+            "unit": unit,
+            "kind": kind,
+            "request_id": request_id,
+            "dimensions": _dimension_pairs(name, dimensions),
+        }
+        if metric_type is not None:
+            type_name = _type_name(metric_type)
+            if type_name not in METRIC_TYPES:
+                raise ValueError(
+                    f"metric {name!r}: metric_type must be one of {METRIC_TYPES}"
+                    f" (or TorchServe's MetricTypes), got {metric_type!r}"
+                )
+            entry["type"] = type_name
         if len(self._entries) == self._entries.maxlen:
             self.dropped += 1
-        self._entries.append(
-            {
-                "name": name,
-                "value": number,
-                "unit": unit,
-                "kind": kind,
-                "request_id": request_id,
-                "dimensions": _dimension_pairs(name, dimensions),
-            }
-        )
+        self._entries.append(entry)
 
 
 def _type_name(metric_type: Any) -> str:
@@ -295,9 +310,15 @@ class CachedMetric:
     a value and the dimension values given at each update (TorchServe's ``CachingMetric``)."""
 
     def __init__(
-        self, metrics: Metrics, name: str, unit: str, dimension_names: Iterable[str] | None
+        self,
+        metrics: Metrics,
+        name: str,
+        unit: str,
+        dimension_names: Iterable[str] | None,
+        metric_type: Any = None,
     ) -> None:
         self._metrics = metrics
+        self.metric_type = metric_type
         self.metric_name = name
         self.unit = unit
         self.dimension_names = [str(n) for n in dimension_names or ()]
@@ -316,7 +337,14 @@ class CachedMetric:
             )
         pairs = [[n, v] for n, v in zip(self.dimension_names, values)]
         self._metrics._add(
-            "metric", self.metric_name, value, self.unit, None, pairs, request_id or None
+            "metric",
+            self.metric_name,
+            value,
+            self.unit,
+            None,
+            pairs,
+            request_id or None,
+            metric_type=self.metric_type,
         )
 
     def update(

@@ -384,7 +384,15 @@ def parse_cancel(frame: Frame) -> tuple[int, list[str]]:
     return batch_id, [_check_str(r, "CANCEL ids[]") for r in ids]
 
 
-def result_frame(batch_id: int, items: Sequence[ResponseItem]) -> Frame:
+def result_frame(
+    batch_id: int,
+    items: Sequence[ResponseItem],
+    *,
+    handler_ms: float | None = None,
+    metrics: Sequence[dict[str, Any]] | None = None,
+) -> Frame:
+    """``handler_ms``: how long the handler took on the batch; ``metrics``: what it recorded
+    through ``context.metrics`` (the key is left out when there is nothing)."""
     _check_uint(batch_id, "RESULT batch_id")
     entries = []
     bodies: list[bytes | memoryview] = []
@@ -418,7 +426,12 @@ def result_frame(batch_id: int, items: Sequence[ResponseItem]) -> Frame:
             }
         )
         bodies.append(body)
-    return Frame(Kind.RESULT, {"batch_id": batch_id, "responses": entries}, b"".join(bodies))
+    meta: dict[str, Any] = {"batch_id": batch_id, "responses": entries}
+    if handler_ms is not None:
+        meta["handler_ms"] = handler_ms
+    if metrics:
+        meta["metrics"] = list(metrics)
+    return Frame(Kind.RESULT, meta, b"".join(bodies))
 
 
 def parse_result(frame: Frame) -> tuple[int, list[ResponseItem]]:
@@ -440,6 +453,70 @@ def parse_result(frame: Frame) -> tuple[int, list[ResponseItem]]:
             items.append(ResponseItem(status, body, content_type, headers))
         return batch_id, items
     return _parse_result_checked(frame)
+
+
+# What a handler's metric entry says it is (context.metrics' add_* method), and the metric
+# types TorchServe's metrics.yaml and MetricTypes name.
+METRIC_KINDS = ("counter", "time", "size", "percent", "metric")
+METRIC_TYPES = ("counter", "gauge", "histogram")
+
+
+@dataclass(frozen=True)
+class MetricEntry:
+    """One value a handler recorded through ``context.metrics``, as a RESULT frame carries it."""
+
+    name: str
+    value: float
+    unit: str
+    kind: str
+    request_id: str | None
+    dimensions: list[list[str]]
+    type: str | None = None  # overrides the type the kind implies
+
+
+def parse_result_metrics(frame: Frame) -> tuple[float | None, list[MetricEntry]]:
+    """A RESULT's ``handler_ms`` (None when absent) and its handler metric entries."""
+    meta = frame.meta
+    handler_ms = meta.get("handler_ms")
+    if handler_ms is not None and (
+        type(handler_ms) not in (int, float) or not 0 <= handler_ms < float("inf")
+    ):
+        raise ProtocolError(f"RESULT handler_ms must be a number >= 0, got {handler_ms!r}")
+    raw = meta.get("metrics")
+    if raw is None:
+        return handler_ms, []
+    if type(raw) is not list:
+        raise ProtocolError(f"RESULT metrics must be a list, got {type(raw).__name__}")
+    entries = []
+    for i, entry in enumerate(raw):
+        where = f"RESULT metrics[{i}]"
+        if type(entry) is not dict:
+            raise ProtocolError(f"{where} must be an object, got {type(entry).__name__}")
+        name = _check_str(_required(entry, "name", where), f"{where}.name")
+        value = _required(entry, "value", where)
+        if type(value) not in (int, float) or value != value:
+            raise ProtocolError(f"{where}.value must be a number, got {value!r}")
+        kind = entry.get("kind", "metric")
+        if kind not in METRIC_KINDS:
+            raise ProtocolError(f"{where}.kind must be one of {METRIC_KINDS}, got {kind!r}")
+        metric_type = entry.get("type")
+        if metric_type is not None and metric_type not in METRIC_TYPES:
+            raise ProtocolError(f"{where}.type must be one of {METRIC_TYPES}, got {metric_type!r}")
+        request_id = entry.get("request_id")
+        if request_id is not None:
+            _check_str(request_id, f"{where}.request_id")
+        entries.append(
+            MetricEntry(
+                name=name,
+                value=value,
+                unit=_check_str(entry.get("unit", ""), f"{where}.unit"),
+                kind=kind,
+                request_id=request_id,
+                dimensions=_check_pairs(entry.get("dimensions", []), f"{where}.dimensions"),
+                type=metric_type,
+            )
+        )
+    return handler_ms, entries
 
 
 def _parse_result_checked(frame: Frame) -> tuple[int, list[ResponseItem]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import select
@@ -22,7 +23,7 @@ import traceback
 from typing import Any
 
 from . import compat
-from .context import Context
+from .context import Context, Metrics
 from .loader import HandlerLoadError, LoadedHandler, load_handler
 from .payload import PayloadError, decode_request, encode_output
 from .protocol import (
@@ -153,6 +154,7 @@ def _serve_batch(
             responses[i] = ResponseItem(400, str(exc).encode(), "text/plain; charset=utf-8")
             continue
         groups.setdefault(item.op, []).append(i)
+    started = time.perf_counter()
     for op, indexes in groups.items():
         failure = _serve_group(
             op, indexes, items, decoded, handler, context, responses, max_response_bytes
@@ -164,8 +166,18 @@ def _serve_batch(
         # A batch mixing operations: only the requests of the failed one share its fate.
         for i in indexes:
             responses[i] = ResponseItem(500, failure["error"].encode(), "text/plain; charset=utf-8")
+    handler_ms = round((time.perf_counter() - started) * 1000, 3) if groups else None
+    metrics = context.metrics
+    recorded = None
+    if isinstance(metrics, Metrics) and len(metrics):  # NaN and infinities are not JSON
+        recorded = [m for m in metrics.drain() if math.isfinite(m["value"])]
     try:
-        return result_frame(batch_id, [r for r in responses if r is not None])
+        return result_frame(
+            batch_id,
+            [r for r in responses if r is not None],
+            handler_ms=handler_ms,
+            metrics=recorded,
+        )
     except ProtocolError as exc:  # e.g. a status outside 100-599 set by the handler
         print(f"cannot send the handler's results: {exc}", file=sys.stderr)
         return Frame(

@@ -16,12 +16,15 @@ from typing import IO
 
 
 class AccessLogFile:
-    def __init__(self, path: Path, max_lines: int = 512) -> None:
+    def __init__(self, path: Path, max_lines: int = 512, torchserve: bool = False) -> None:
+        """``torchserve``: TorchServe's access_log.log line, ``<time> - /client "POST /p
+        HTTP/1.1" 200 12`` (the last number: milliseconds)."""
         self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (owned, closed)
         self._lines: list[str] = []
         self._max_lines = max_lines
         self._stamp_second = -1
         self._stamp = ""
+        self._torchserve = torchserve
 
     def add_line(
         self, remote: str, method: str, target: str, version: str, status: int, length: int,
@@ -31,11 +34,18 @@ class AccessLogFile:
         second = int(now)
         if second != self._stamp_second:  # strftime once a second, not once a request
             self._stamp_second = second
-            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        self._lines.append(
-            f"{self._stamp},{int((now - second) * 1000):03d} {remote} "
-            f'"{method} {target} HTTP/{version}" {status} {length} {elapsed_s:.6f}\n'
-        )
+            form = "%Y-%m-%dT%H:%M:%S" if self._torchserve else "%Y-%m-%d %H:%M:%S"
+            self._stamp = time.strftime(form, time.localtime(second))
+        if self._torchserve:
+            self._lines.append(
+                f"{self._stamp},{int((now - second) * 1000):03d} - /{remote} "
+                f'"{method} {target} HTTP/{version}" {status} {int(elapsed_s * 1000)}\n'
+            )
+        else:
+            self._lines.append(
+                f"{self._stamp},{int((now - second) * 1000):03d} {remote} "
+                f'"{method} {target} HTTP/{version}" {status} {length} {elapsed_s:.6f}\n'
+            )
         if len(self._lines) >= self._max_lines:
             self.flush()
 

@@ -28,6 +28,7 @@ class Job:
     enqueued_at: float = field(default_factory=time.monotonic)
     retried: bool = False  # sent to a worker that died, and given its one more try
     sent: tuple[Worker, Batch] | None = None  # (worker, batch) it was last sent in
+    sent_at: float = 0.0  # monotonic time its batch was sent (TorchServe's queue latency ends)
 
 
 class Flag(Protocol):

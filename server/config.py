@@ -137,6 +137,9 @@ class ServerConfig:
     # TorchServe's metrics settings: "prometheus", "log" or "legacy"; its metrics.yaml file.
     metrics_mode: str = "prometheus"
     metrics_config: str | None = None
+    # "torchserve": TorchServe's log files (ts_log.log, access_log.log, model_log.log) in place
+    # of ours (mserve.log, access.log), in TorchServe's line formats.
+    log_layout: str = "mserve"
     # TorchServe's security keys, accepted now; what they do lands with token auth and TLS.
     disable_token_authorization: bool = False
     enable_model_api: bool = True
@@ -216,6 +219,23 @@ _AT_LEAST_ONE = frozenset(
 )  # fmt: skip
 
 
+# Keys that take one of a few words; TorchServe reads metrics_mode without regard to case or
+# spaces, and so do we.
+_CHOICES = {
+    "metrics_mode": ("prometheus", "log", "legacy"),
+    "log_layout": ("mserve", "torchserve"),
+}
+
+
+def _choice(key: str, value: str, source: str) -> str:
+    word = "".join(value.split()).lower()
+    if word not in _CHOICES[key]:
+        raise ConfigError(
+            f"{source}: '{key}' should be one of {', '.join(_CHOICES[key])}, found {value!r}"
+        )
+    return word
+
+
 def _coerce(key: str, value: Any, source: str) -> Any:
     """Convert ``value`` to the field's type; strings from env and flags are parsed."""
     if key in ("models", "model_snapshot"):
@@ -261,6 +281,8 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             return tuple(str(v).strip() for v in value if str(v).strip())
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError
+        if key in _CHOICES:
+            return _choice(key, str(value), source)
         return str(value)
     except (TypeError, ValueError, OverflowError):
         expected = _EXPECTED.get(kind, "a list")

@@ -21,7 +21,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Protocol
@@ -153,6 +153,7 @@ class HttpServer:
         keepalive_s: float = 75.0,
         read_timeout_s: float = 60.0,
         max_connections: int = 4096,
+        on_answer: Callable[[int], None] | None = None,
     ) -> None:
         """``keepalive_s``: an idle connection is closed after it. ``read_timeout_s``: a request
         that stops arriving for that long, or whose request line and headers are not complete
@@ -160,6 +161,7 @@ class HttpServer:
         ``max_connections``: more are closed as soon as they open (file descriptors are finite)."""
         self.router = router
         self.access_log = access_log
+        self.on_answer = on_answer  # called with each answer's status (metrics)
         self.max_request_bytes = max_request_bytes
         self.keepalive_s = keepalive_s
         self.read_timeout_s = read_timeout_s
@@ -486,6 +488,8 @@ class Connection(asyncio.Protocol):
                     self.remote, ex.method, ex.target.decode("latin-1"), ex.version, ex.status,
                     ex.length, time.perf_counter() - ex.started,
                 )  # fmt: skip
+            if self.api.on_answer is not None:
+                self.api.on_answer(ex.status)
             if not ex.keep_alive:
                 self.closing = True
                 for rest in pending:

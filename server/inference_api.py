@@ -15,10 +15,11 @@ import os
 import time
 
 from mserve_worker.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
-from server.app import Metrics, models_page
+from server.app import models_page
 from server.batching import Job
 from server.errors import BadRequest, InternalError, MserveError, ResponseTooLarge
 from server.http import Connection, Request, header_ok
+from server.metrics import Metrics
 from server.model import ModelVersion
 from server.registry import Registry
 
@@ -115,6 +116,7 @@ class InferenceAPI:
         self, conn: Connection, req: Request, name: str, version: str | None, op: str
     ) -> None:
         model = self.registry.get(name, version)
+        counts = model.stats.arrived(version is not None)
         item = RequestItem(
             request_id=_request_id(),
             content_type=req.header("Content-Type") or "",
@@ -126,14 +128,16 @@ class InferenceAPI:
         try:
             job = model.enqueue(item)
         except MserveError as exc:
-            self.metrics.answered(model.name, model.version, exc.status, None)
+            self.metrics.answered(model, exc.status, None)
             raise
         req.future = job.future
-        job.future.add_done_callback(functools.partial(self._answered, conn, req, model, job))
+        job.future.add_done_callback(
+            functools.partial(self._answered, conn, req, model, job, counts)
+        )
 
     def _answered(
         self, conn: Connection, req: Request, model: ModelVersion, job: Job,
-        future: asyncio.Future[ResponseItem],
+        counts: list[float], future: asyncio.Future[ResponseItem],
     ) -> None:  # fmt: skip
         if future.cancelled():  # the client went away
             model.withdraw(job)
@@ -149,10 +153,10 @@ class InferenceAPI:
             error = InternalError("internal server error; see the server log")
         else:
             elapsed = time.perf_counter() - req.started
-            self.metrics.answered(model.name, model.version, result.status, elapsed)
+            self.metrics.answered(model, result.status, elapsed, counts, job)
             conn.answer(req, result.status, headers, result.body)
             return
-        self.metrics.answered(model.name, model.version, error.status, None)
+        self.metrics.answered(model, error.status, None)
         conn.answer_error(req, error)
 
     def _headers(

@@ -26,13 +26,15 @@ import uvloop
 from archiver import __version__
 from server import snapshot
 from server.accesslog import AccessLogFile
-from server.app import ManagementAPI, Metrics, MetricsAPI
+from server.app import ManagementAPI
 from server.config import ModelEntry, ServerConfig, parse_address
 from server.devices import GpuAllocator, server_gpus
 from server.download import is_remote, recorded_url
 from server.errors import MserveError
+from server.handler_metrics import MetricsConfig, load_metrics_config
 from server.http import HttpServer
 from server.inference_api import InferenceAPI
+from server.metrics import Metrics, MetricsAPI
 from server.model import ModelVersion
 from server.registry import RegisterRequest, Registry
 from server.rundir import LOCK_FILE, PID_FILE, STATUS_FILE, StartupModel, write_json_atomic
@@ -58,7 +60,14 @@ def setup_logging(config: ServerConfig, foreground: bool) -> None:
     root.setLevel(logging.INFO)
     # httpx logs every request with its full URL (query secrets included); ours say what matters
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    main = RotatingFileHandler(config.log_path / "mserve.log", maxBytes=50 << 20, backupCount=5)
+    if config.log_layout == "torchserve":
+        fmt = TorchServeFormatter()
+        main = _rotating(config.log_path / "ts_log.log")
+        models = _rotating(config.log_path / "model_log.log")
+        models.setFormatter(fmt)
+        logging.getLogger("mserve.model").addHandler(models)  # and on to ts_log.log, as there
+    else:
+        main = _rotating(config.log_path / "mserve.log")
     main.setFormatter(fmt)
     root.addHandler(main)
     if foreground:
@@ -67,13 +76,60 @@ def setup_logging(config: ServerConfig, foreground: bool) -> None:
         root.addHandler(console)
 
 
+_LOG4J_LEVELS = {"WARNING": "WARN", "CRITICAL": "FATAL"}
+
+
+def _rotating(path: Path) -> RotatingFileHandler:
+    return RotatingFileHandler(path, maxBytes=50 << 20, backupCount=5)
+
+
+class TorchServeFormatter(logging.Formatter):
+    """TorchServe's log4j2 line, ``2024-05-01T12:00:00,123 [INFO ] thread logger - message``,
+    for tools that parse its files. A worker's output line is written as TorchServe writes it:
+    thread ``W-9000-<model>_<version>-stdout``, logger ``MODEL_LOG``, the line as printed."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "%(asctime)s [%(ts_level)-5s] %(ts_thread)s %(ts_logger)s - %(message)s"
+        )
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(record.created))
+        return f"{stamp},{int(record.msecs):03d}"
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.ts_level = _LOG4J_LEVELS.get(record.levelname, record.levelname)
+        worker_line = record.name.startswith("mserve.model.") and isinstance(record.args, tuple)
+        if worker_line and len(record.args) == 2:  # type: ignore[arg-type]
+            worker_id, line = record.args  # type: ignore[misc]
+            label = record.name[len("mserve.model.") :].replace(":", "_")
+            record.ts_thread = f"W-{worker_id}-{label}-{getattr(record, 'stream', 'stdout')}"
+            record.ts_logger = "MODEL_LOG"
+            record.msg, record.args = "%s", (line,)
+            try:
+                return super().format(record)
+            finally:
+                record.msg, record.args = "[worker %s] %s", (worker_id, line)
+        record.ts_thread = "main" if record.threadName == "MainThread" else record.threadName
+        record.ts_logger = record.name
+        return super().format(record)
+
+
 class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.gpus = GpuAllocator(server_gpus(config.number_of_gpu, os.environ))
         self.launcher = Launcher(config.fork_workers, config.worker_preload)
-        self.registry = Registry(config, self.gpus, __version__, self.launcher)
-        self.metrics = Metrics(self.registry)
+        self.metrics = Metrics(
+            config.metrics_mode,
+            load_metrics_config(Path(config.metrics_config))
+            if config.metrics_config
+            else MetricsConfig({}, None),
+            config.log_path,
+            gpus=self.gpus.devices,
+        )
+        self.registry = Registry(config, self.gpus, __version__, self.launcher, self.metrics)
+        self.metrics.watch(self.registry)
         self.listeners: list[HttpServer] = []
         self.addresses: dict[str, str] = {}
         self.load_failures: dict[str, str] = {}  # startup or snapshot models that failed
@@ -133,7 +189,9 @@ class Server:
 
     async def listen(self) -> None:
         if self.config.access_log:
-            self.access_log = AccessLogFile(self.config.log_path / "access.log")
+            torchserve = self.config.log_layout == "torchserve"
+            name = "access_log.log" if torchserve else "access.log"
+            self.access_log = AccessLogFile(self.config.log_path / name, torchserve=torchserve)
         routers = {
             "inference": InferenceAPI(
                 self.registry, self.metrics, self.config.max_response_size_bytes
@@ -155,6 +213,7 @@ class Server:
                 keepalive_s=self.config.keepalive_timeout_s,
                 read_timeout_s=self.config.read_timeout_s,
                 max_connections=self.config.max_connections,
+                on_answer=self.metrics.status if name != "metrics" else None,
             )
             try:
                 bound = await listener.listen(host, port)
@@ -245,7 +304,10 @@ class Server:
             if self.config.fork_workers:
                 self.launcher.allow_warming()
             log.info("mserve %s ready", __version__)
-            chores = [asyncio.create_task(self.refresh_status())]
+            chores = [
+                asyncio.create_task(self.refresh_status()),
+                asyncio.create_task(self.metrics.run()),
+            ]
             if self.access_log is not None:
                 chores.append(asyncio.create_task(self.access_log.flush_every(ACCESS_LOG_FLUSH_S)))
             try:
@@ -258,6 +320,7 @@ class Server:
             await self.shutdown()
             if self.access_log is not None:
                 self.access_log.close()
+            self.metrics.close()
 
     async def restore_ts_snapshot(self) -> None:
         """The models a TorchServe config snapshot records (``model_snapshot``), each from its

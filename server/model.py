@@ -32,6 +32,7 @@ from server.errors import (
     WorkerDied,
     WorkerTimeout,
 )
+from server.metrics import Metrics, ModelStats
 from server.workers.channel import Batch, ChannelClosed
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
@@ -147,6 +148,7 @@ class ModelVersion:
         max_payload_bytes: int,
         loaded_at_startup: bool,
         max_response_bytes: int | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -175,6 +177,7 @@ class ModelVersion:
         self.archive_sha256: str | None = None  # pinned in the snapshot (see server/download.py)
         self.handler_overridden = False
         self.last_output = ""  # the last lines a failed worker printed, for describe
+        self.stats = ModelStats(metrics, name, version)  # TorchServe's metrics
 
     @property
     def label(self) -> str:
@@ -299,6 +302,10 @@ class ModelVersion:
                 continue
             if slot.first_start is not None and not slot.first_start.done():
                 slot.first_start.set_result(None)
+            if self.stats.metrics is not None and worker.load_ms is not None:
+                self.stats.metrics.worker_loaded(
+                    f"W-{worker.id}-{self.name}_{self.version}", worker.load_ms
+                )
             serving_since = time.monotonic()
             ended = await self._serve(slot, worker)
             if ended is None:
@@ -372,6 +379,7 @@ class ModelVersion:
             if not live:
                 continue
             try:
+                sent_at = time.monotonic()
                 batch = worker.send_batch([j.item for j in live], self.settings.response_timeout_s)
             except Exception as exc:  # the supervisor's task guard: never strand a caller
                 log.exception("model %s: unexpected error sending a batch", self.label)
@@ -380,8 +388,10 @@ class ModelVersion:
                 pipe.lose(f"unexpected error sending a batch to worker {worker.id}")
                 break
             pipe.in_flight += 1
+            self.stats.send_s = time.monotonic() - sent_at
             for job in live:
                 job.sent = (worker, batch)
+                job.sent_at = sent_at
             batch.future.add_done_callback(
                 functools.partial(self._settle, pipe, worker, live, batch)
             )
@@ -399,6 +409,7 @@ class ModelVersion:
     ) -> None:
         """A batch's future is done: answer its callers, or hand a failure to a task."""
         try:
+            started = time.perf_counter()
             results = worker.answered(batch, len(live))
             if results is None:
                 task = asyncio.ensure_future(self._settle_failed(pipe, worker, live, batch))
@@ -408,6 +419,8 @@ class ModelVersion:
             for job, result in zip(live, results, strict=True):
                 if not job.future.done():
                     job.future.set_result(result)
+            handler_ms, entries = worker.result_metrics(batch)
+            self.stats.batch_done(handler_ms, entries, live, time.perf_counter() - started)
         except Exception as exc:  # the supervisor's guard: never strand a caller
             log.exception("model %s: unexpected error settling a batch", self.label)
             _fail(live, InternalError(f"internal error answering the batch: {exc!r}"))

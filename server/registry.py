@@ -26,6 +26,7 @@ from server.errors import (
     ModelVersionNotFound,
     MserveError,
 )
+from server.metrics import Metrics
 from server.model import ModelSettings, ModelVersion
 from server.store import UnpackedModel, resolve_url, unpack
 from server.workers.launch import Launcher
@@ -107,9 +108,11 @@ def _with_runtime(manifest: dict[str, Any], runtime: str | None) -> dict[str, An
 
 class Registry:
     def __init__(
-        self, config: ServerConfig, gpus: GpuAllocator, server_version: str, launcher: Launcher
-    ) -> None:
+        self, config: ServerConfig, gpus: GpuAllocator, server_version: str, launcher: Launcher,
+        metrics: Metrics | None = None,
+    ) -> None:  # fmt: skip
         self.config = config
+        self.metrics = metrics
         self.gpus = gpus
         self.launcher = launcher
         self.server_version = server_version
@@ -183,6 +186,7 @@ class Registry:
                 + (1 << 20),
                 loaded_at_startup=request.at_startup,
                 max_response_bytes=cfg.max_response_size_bytes,
+                metrics=self.metrics,
             )
             model.trusted = request.trusted
             # the snapshot pins it: a restore uses the same bytes (the cached download)

@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 from mserve_worker import protocol
-from mserve_worker.protocol import Frame, Kind, RequestItem, ResponseItem
+from mserve_worker.protocol import Frame, Kind, MetricEntry, RequestItem, ResponseItem
 from server.errors import HandlerError, InvalidModel, WorkerDied, WorkerTimeout
 from server.workers.channel import Batch, BatchExpired, Channel, ChannelClosed
 from server.workers.launch import Launcher, Process
@@ -78,6 +78,7 @@ class Worker:
         self.state = WorkerState.STARTING
         self.started_at = time.time()
         self.load_s: float | None = None
+        self.load_ms: float | None = None  # spawn to READY (TorchServe's WorkerLoadTime)
         self.style: str | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._proc: Process | None = None
@@ -87,6 +88,7 @@ class Worker:
         self.timed_out = False  # killed by us because a batch passed response_timeout_s
         self._killing: asyncio.Future[None] | None = None
         self._batch_ids = 0
+        self._bad_metrics_logged = False
         self._log = logging.getLogger(f"mserve.model.{model_label}")
 
     @property
@@ -131,12 +133,13 @@ class Worker:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, signal.SIGKILL)  # ESRCH when nothing of the group is left
 
-    async def _pipe(self, stream: asyncio.StreamReader, level: int) -> None:
+    async def _pipe(self, stream: asyncio.StreamReader, level: int, name: str = "stdout") -> None:
         """Re-log the worker's output line by line under the model's name, keeping a tail."""
+        extra = {"stream": name}  # TorchServe's log layout names the stream
         while line := await stream.readline():
             text = line.decode("utf-8", "replace").rstrip()
             self.stderr_tail.append(text)
-            self._log.log(level, "[worker %s] %s", self.id, text)
+            self._log.log(level, "[worker %s] %s", self.id, text, extra=extra)
 
     async def _next_frame(self) -> Frame:
         """The next handshake frame; the worker's death or a protocol breach is WorkerDied."""
@@ -174,7 +177,7 @@ class Worker:
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._pipes = [
             asyncio.create_task(self._pipe(self._proc.stdout, logging.INFO)),
-            asyncio.create_task(self._pipe(self._proc.stderr, logging.INFO)),
+            asyncio.create_task(self._pipe(self._proc.stderr, logging.INFO, "stderr")),
         ]
         max_payload = self.spec.max_payload_bytes
         _, self._channel = await asyncio.get_running_loop().create_unix_connection(
@@ -212,6 +215,7 @@ class Worker:
         if reply.kind != Kind.READY:
             raise InvalidModel(f"worker {self.id} sent {reply.kind!r} instead of READY")
         self.load_s = reply.meta.get("load_s")
+        self.load_ms = (time.time() - self.started_at) * 1000
         self.style = reply.meta.get("style")
         self.state = WorkerState.READY
         log.info(
@@ -304,6 +308,21 @@ class Worker:
         if channel is not None and channel.in_flight == 0 and self.state is WorkerState.BUSY:
             self.state = WorkerState.READY
         return responses
+
+    def result_metrics(self, batch: Batch) -> tuple[float | None, list[MetricEntry]]:
+        """The handler's time and the metrics it recorded, from an answered batch's RESULT;
+        malformed metrics are dropped (logged once per worker): the answers were fine."""
+        reply = batch.future.result()
+        meta = reply.meta
+        if "metrics" not in meta and type(meta.get("handler_ms")) is float:
+            return meta["handler_ms"], []
+        try:
+            return protocol.parse_result_metrics(reply)
+        except protocol.ProtocolError as exc:
+            if not self._bad_metrics_logged:
+                self._bad_metrics_logged = True
+                log.warning("worker %s sent malformed metrics (dropped): %s", self.id, exc)
+            return None, []
 
     def _responses(self, batch_id: int, reply: Frame, size: int) -> list[ResponseItem]:
         try:

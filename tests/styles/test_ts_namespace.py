@@ -200,15 +200,21 @@ def test_metrics_in_torchserves_forms(ts_path) -> None:
     assert m.get_metric("Dist", MetricTypes.GAUGE) is cached
     cached.add_or_update(3, ["eu"], "r1")
     cached.update(4, request_id="r0", dimensions=[Dimension("Region", "us")])
-    entries = [(e["name"], e["value"], e["unit"], e["request_id"], e["dimensions"])
-               for e in m.drain()]  # fmt: skip
-    assert entries == [
-        ("Tokens", 7, "count", "r1", [["Lang", "en"]]),
-        ("Old", 1, "ms", "r0", []),
-        ("T", 2.5, "ms", None, [["Step", "post"]]),
-        ("Dist", 3, "km", "r1", [["Region", "eu"]]),
-        ("Dist", 4, "km", "r0", [["Region", "us"]]),
+    entries = [(e["name"], e["value"], e["unit"], e["request_id"], e["dimensions"],
+                e.get("type")) for e in m.drain()]  # fmt: skip
+    assert entries == [  # the metric type travels to the server only when the handler gave one
+        ("Tokens", 7, "count", "r1", [["Lang", "en"]], "counter"),
+        ("Old", 1, "ms", "r0", [], None),
+        ("T", 2.5, "ms", None, [["Step", "post"]], "gauge"),
+        ("Dist", 3, "km", "r1", [["Region", "eu"]], "gauge"),
+        ("Dist", 4, "km", "r0", [["Region", "us"]], "gauge"),
     ]
+    with pytest.raises(ValueError) as bad_type:
+        m.add_counter("Tokens", 1, metric_type="summary")
+    assert str(bad_type.value) == (
+        "metric 'Tokens': metric_type must be one of ('counter', 'gauge', 'histogram') "
+        "(or TorchServe's MetricTypes), got 'summary'"
+    )
     with pytest.raises(KeyError) as missing:
         m.get_metric("Dist")  # defined as a gauge, asked for as a counter
     assert missing.value.args[0] == (

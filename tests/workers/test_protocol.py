@@ -15,6 +15,7 @@ from mserve_worker.protocol import (
     Decoder,
     Frame,
     Kind,
+    MetricEntry,
     ProtocolError,
     RequestItem,
     ResponseItem,
@@ -25,6 +26,7 @@ from mserve_worker.protocol import (
     parse_batch,
     parse_cancel,
     parse_result,
+    parse_result_metrics,
     result_frame,
 )
 
@@ -780,3 +782,62 @@ def test_cancel_frame_round_trips_and_is_checked() -> None:
         parse_cancel(Frame(Kind.CANCEL, {"batch_id": 4, "ids": "r2"}))
     with pytest.raises(ProtocolError, match="CANCEL lacks the required field 'batch_id'"):
         parse_cancel(Frame(Kind.CANCEL, {"ids": []}))
+
+
+# --- handler metrics in RESULT ---------------------------------------------------------------
+
+METRIC = {
+    "name": "ItemsSeen",
+    "value": 1,
+    "unit": "count",
+    "kind": "counter",
+    "request_id": "a1",
+    "dimensions": [["Color", "red"]],
+}
+
+
+def test_result_metrics_keys_are_absent_unless_given() -> None:
+    assert set(result_frame(3, [ResponseItem(200, b"ok")]).meta) == {"batch_id", "responses"}
+    frame = result_frame(3, [ResponseItem(200, b"ok")], handler_ms=1.5, metrics=[])
+    assert set(frame.meta) == {"batch_id", "responses", "handler_ms"}  # no empty list sent
+
+
+def test_result_with_metrics_bytes_are_exact() -> None:
+    frame = result_frame(3, [ResponseItem(200, b"ok")], handler_ms=1.5, metrics=[METRIC])
+    meta = (
+        b'{"batch_id":3,"responses":[{"status":200,"content_type":"","headers":[],"size":2}],'
+        b'"handler_ms":1.5,"metrics":[{"name":"ItemsSeen","value":1,"unit":"count",'
+        b'"kind":"counter","request_id":"a1","dimensions":[["Color","red"]]}]}'
+    )
+    assert encode_bytes(frame) == HEADER.pack(b"MS", 2, Kind.RESULT, 0, len(meta), 2) + meta + b"ok"
+
+
+def test_result_metrics_round_trip() -> None:
+    frame = result_frame(3, [ResponseItem(200, b"ok")], handler_ms=1.5, metrics=[METRIC])
+    (decoded,) = decode_all(encode_bytes(frame))
+    assert parse_result(decoded) == (3, [ResponseItem(200, b"ok")])
+    handler_ms, entries = parse_result_metrics(decoded)
+    assert handler_ms == 1.5
+    assert entries == [MetricEntry("ItemsSeen", 1, "count", "counter", "a1", [["Color", "red"]])]
+    assert parse_result_metrics(result_frame(1, [])) == (None, [])
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ({"handler_ms": "1"}, "RESULT handler_ms must be a number >= 0, got '1'"),
+        ({"handler_ms": -1.0}, "RESULT handler_ms must be a number >= 0, got -1.0"),
+        ({"metrics": {}}, "RESULT metrics must be a list, got dict"),
+        ({"metrics": [1]}, "RESULT metrics[0] must be an object, got int"),
+        ({"metrics": [{"value": 1}]}, "RESULT metrics[0] lacks the required field 'name'"),
+        ({"metrics": [{**METRIC, "value": True}]}, "RESULT metrics[0].value must be a number"),
+        ({"metrics": [{**METRIC, "kind": "x"}]}, "RESULT metrics[0].kind must be one of"),
+        ({"metrics": [{**METRIC, "type": "summary"}]}, "RESULT metrics[0].type must be one of"),
+        ({"metrics": [{**METRIC, "dimensions": [["a"]]}]}, "RESULT metrics[0].dimensions"),
+    ],
+)
+def test_result_metrics_errors_name_the_field(meta: dict, message: str) -> None:
+    frame = Frame(Kind.RESULT, {"batch_id": 1, "responses": [], **meta})
+    with pytest.raises(ProtocolError) as info:
+        parse_result_metrics(frame)
+    assert str(info.value).startswith(message)

@@ -1,0 +1,466 @@
+"""The metrics port (8082) and every metric behind it: ours (``mserve_*``), TorchServe's default
+metrics under TorchServe's names, types and labels, the metrics handlers record through
+``context.metrics``, and TorchServe's metric log files.
+
+TorchServe's ``metrics_mode`` decides where TorchServe's metrics go: ``prometheus`` (ours
+default) puts them all on ``/metrics``; ``log`` writes them, one line per update in TorchServe's
+format, to ``ts_metrics.log`` (the frontend's) and ``model_metrics.log`` (the handlers'); ``legacy``
+keeps ``ts_inference_requests_total``, ``ts_inference_latency_microseconds`` and
+``ts_queue_latency_microseconds`` on ``/metrics`` and logs the rest. Our own ``mserve_*`` metrics
+are on ``/metrics`` in every mode.
+
+Cost on the prediction path: a request adds to a few floats held by its model version (no
+label lookups, no dicts built); the text is made when ``/metrics`` is scraped
+(server/metric_formats.py). Handler metrics are kept by server/handler_metrics.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from mserve_worker.protocol import MetricEntry
+from server.errors import ConfigError
+from server.handler_metrics import HandlerMetrics, MetricsConfig, default_families
+from server.http import Connection, Request
+from server.metric_formats import MetricLog, PromText, metric_line
+
+if TYPE_CHECKING:
+    from server.batching import Job
+    from server.model import ModelVersion
+    from server.registry import Registry
+
+log = logging.getLogger(__name__)
+
+METRICS_MODES = ("prometheus", "log", "legacy")
+# The three metrics TorchServe's legacy mode still serves in Prometheus's format.
+LEGACY_PROMETHEUS = (
+    "ts_inference_requests_total",
+    "ts_inference_latency_microseconds",
+    "ts_queue_latency_microseconds",
+)
+SYSTEM_METRICS_INTERVAL_S = 60.0  # TorchServe collects its system metrics once a minute
+LOG_FLUSH_S = 1.0  # the longest a metric log line waits in memory
+
+
+# --- per model version --------------------------------------------------------------------
+
+
+class ModelStats:
+    """What one model version adds to TorchServe's metrics. Request counts are kept apart for
+    requests that named the version and those that did not, which TorchServe labels
+    ``model_version="default"``."""
+
+    __slots__ = (
+        "_handler",
+        "_prediction",
+        "metrics",
+        "name",
+        "named",
+        "send_s",
+        "unnamed",
+        "version",
+        "worker_thread_ms",
+    )
+
+    def __init__(self, metrics: Metrics | None, name: str, version: str) -> None:
+        self.metrics = metrics
+        self.name = name
+        self.version = version
+        # [requests, latency in microseconds, queue latency in microseconds]
+        self.named = [0.0, 0.0, 0.0]
+        self.unnamed = [0.0, 0.0, 0.0]
+        self.worker_thread_ms: float | None = None
+        self.send_s = 0.0  # how long the frontend took to send the last batch
+        self._handler: list[float] | None = None
+        self._prediction: list[float] | None = None
+
+    def arrived(self, named: bool) -> list[float]:
+        """A request for this model version (``ts_inference_requests_total``); its counts."""
+        counts = self.named if named else self.unnamed
+        counts[0] += 1
+        metrics = self.metrics
+        if metrics is not None and metrics.log_frontend:
+            metrics.log_ts(
+                "ts_inference_requests_total", "Count", 1,
+                (("model_name", self.name), ("model_version", self.label(named))),
+            )  # fmt: skip
+        return counts
+
+    def label(self, named: bool) -> str:
+        return self.version if named else "default"
+
+    def batch_done(
+        self, handler_ms: float | None, entries: list[MetricEntry], jobs: Sequence[Job],
+        settle_s: float,
+    ) -> None:  # fmt: skip
+        """A batch was answered: the handler's time and metrics, the frontend's own time."""
+        self.worker_thread_ms = (self.send_s + settle_s) * 1000
+        metrics = self.metrics
+        if metrics is None:
+            return
+        if metrics.log_frontend:
+            metrics.log_ts("WorkerThreadTime", "Milliseconds", self.worker_thread_ms, ())
+        if handler_ms is not None:
+            if self._handler is None:
+                self._handler = metrics.builtin_series("HandlerTime", self.name)
+                self._prediction = metrics.builtin_series("PredictionTime", self.name)
+            if self._handler is not None:
+                self._handler[0] = handler_ms
+            if self._prediction is not None:
+                self._prediction[0] = handler_ms
+            if metrics.log_model:
+                dims = (("ModelName", self.name), ("Level", "Model"))
+                ids = _request_ids(jobs)
+                metrics.log_model_line("HandlerTime", "ms", handler_ms, dims, ids)
+                metrics.log_model_line("PredictionTime", "ms", handler_ms, dims, ids)
+        if entries:
+            metrics.handler_entries(self.name, entries, jobs)
+
+
+def _request_ids(jobs: Sequence[Job]) -> str:
+    return ",".join(job.item.request_id for job in jobs)
+
+
+# --- the hub ------------------------------------------------------------------------------
+
+
+class Metrics:
+    """Every metric of the server, and the metrics port's text.
+
+    Ours are prometheus_client metrics (``mserve_*``); gauges are read from the registry at
+    scrape time. TorchServe's are plain numbers kept by each model version
+    (:class:`ModelStats`) and here, written out at scrape time."""
+
+    def __init__(
+        self,
+        mode: str = "prometheus",
+        config: MetricsConfig | None = None,
+        log_dir: Path | None = None,
+        hostname: str | None = None,
+        gpus: Sequence[str] = (),
+    ) -> None:
+        self.prom = CollectorRegistry()
+        self.requests = Counter(
+            "mserve_requests", "Inference requests answered", ["model", "version", "code"],
+            registry=self.prom,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "mserve_request_latency_seconds", "Inference latency, frontend to frontend",
+            ["model"], registry=self.prom,
+        )  # fmt: skip
+        self._registry: Registry | None = None
+        self._counters: dict[tuple[str, str, int], Any] = {}
+        self._timers: dict[str, Any] = {}
+        self.prom.register(self)  # type: ignore[arg-type]
+        if mode not in METRICS_MODES:
+            raise ConfigError(f"metrics_mode: {mode!r} is not one of {', '.join(METRICS_MODES)}")
+        self.mode = mode
+        self.hostname = hostname or socket.gethostname()
+        self.uuid = str(uuid.uuid4())  # TorchServe labels its ts_* counters with one per start
+        self.gpus = tuple(gpus)
+        # Requests2XX, 4XX, 5XX (1XX and 3XX count as 5XX, as TorchServe counts them)
+        self.statuses = [0.0, 0.0, 0.0]
+        self.queue_ms: float | None = None
+        self.system: list[tuple[str, str, tuple[tuple[str, str], ...], float]] = []
+        declared = default_families()
+        declared.update(config.model if config else {})
+        self.frontend = config.frontend if config else None  # None: every frontend metric
+        self.handler = HandlerMetrics(declared, self.hostname)
+        self.log_frontend = mode in ("log", "legacy")
+        self.log_model = mode in ("log", "legacy")
+        self.ts_log: MetricLog | None = None
+        self.model_log: MetricLog | None = None
+        if self.log_frontend:
+            if log_dir is None:
+                raise ValueError("metrics_mode log and legacy need a log dir")
+            self.ts_log = MetricLog(log_dir / "ts_metrics.log")
+            self.model_log = MetricLog(log_dir / "model_metrics.log")
+
+    def watch(self, registry: Registry) -> None:
+        """The registry whose models the scrape-time metrics read."""
+        self._registry = registry
+
+    # --- updates ------------------------------------------------------------------------
+
+    def status(self, status: int) -> None:
+        """An HTTP answer on the inference or management port (``Requests2XX`` ...)."""
+        index = 0 if 200 <= status < 300 else 1 if 400 <= status < 500 else 2
+        self.statuses[index] += 1
+        if self.log_frontend:
+            self.log_ts(("Requests2XX", "Requests4XX", "Requests5XX")[index], "Count", 1, ())
+
+    def answered(
+        self, model: ModelVersion, code: int, seconds: float | None,
+        counts: list[float] | None = None, job: Job | None = None,
+    ) -> None:  # fmt: skip
+        """Count one answer; label children are cached (``labels()`` costs more than ``inc()``).
+        ``counts`` and ``job`` (a worker's answer): TorchServe's latency counters."""
+        key = (model.name, model.version, code)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self.requests.labels(
+                model.name, model.version, str(code)
+            )
+        counter.inc()
+        if seconds is None:
+            return
+        timer = self._timers.get(model.name)
+        if timer is None:
+            timer = self._timers[model.name] = self.latency.labels(model.name)
+        timer.observe(seconds)
+        if counts is None or job is None:
+            return
+        queue_s = job.sent_at - job.enqueued_at if job.sent_at else 0.0
+        counts[1] += seconds * 1e6
+        counts[2] += queue_s * 1e6
+        self.queue_ms = queue_s * 1000
+        if self.log_frontend:
+            dims = (
+                ("model_name", model.name),
+                ("model_version", model.stats.label(counts is model.stats.named)),
+            )
+            self.log_ts("ts_inference_latency_microseconds", "Microseconds", seconds * 1e6, dims)
+            self.log_ts("ts_queue_latency_microseconds", "Microseconds", queue_s * 1e6, dims)
+            self.log_ts("QueueTime", "Milliseconds", self.queue_ms, ())
+
+    def worker_loaded(self, worker_name: str, load_ms: float) -> None:
+        if self.log_frontend:
+            self.log_ts("WorkerLoadTime", "Milliseconds", load_ms, (("WorkerName", worker_name),))
+
+    def builtin_series(self, name: str, model_name: str) -> list[float] | None:
+        """The stored value of HandlerTime or PredictionTime for one model."""
+        family = self.handler.families.get(name)
+        if family is None:
+            return None
+        dims = {"ModelName": model_name, "Level": "Model", "Hostname": self.hostname}
+        if set(family.labels) != set(dims):
+            return None  # redeclared with other dimensions: the handler's own entries fill it
+        return self.handler.series(family, tuple(dims[label] for label in family.labels))
+
+    def handler_entries(
+        self, model_name: str, entries: list[MetricEntry], jobs: Sequence[Job]
+    ) -> None:
+        for entry in entries:
+            applied = self.handler.add(model_name, entry)
+            if applied is not None and self.log_model:
+                family, values = applied
+                ids = entry.request_id or _request_ids(jobs)
+                dims = tuple(zip(family.labels[:-1], values[:-1], strict=True))
+                self.log_model_line(entry.name, family.unit, entry.value, dims, ids)
+
+    # --- log mode -----------------------------------------------------------------------
+
+    def log_ts(self, name: str, unit: str, value: float, dims: tuple[tuple[str, str], ...]) -> None:
+        """A frontend metric update, in TorchServe's form, to ts_metrics.log; in legacy mode
+        the three ts_* counters are served on /metrics instead."""
+        if self.ts_log is None or (self.mode == "legacy" and name in LEGACY_PROMETHEUS):
+            return
+        if self.frontend is not None and name not in self.frontend:
+            return
+        if name not in LEGACY_PROMETHEUS:
+            dims = (
+                (("Level", "Host"), *dims)
+                if name != "WorkerLoadTime"
+                else (*dims, ("Level", "Host"))
+            )
+        self.ts_log.add(metric_line(name, unit, value, dims, self.hostname))
+
+    def log_model_line(
+        self, name: str, unit: str, value: float, dims: Iterable[tuple[str, str]], ids: str
+    ) -> None:
+        if self.model_log is not None:
+            self.model_log.add(metric_line(name, unit, value, dims, self.hostname, ids))
+
+    def flush_logs(self) -> None:
+        for sink in (self.ts_log, self.model_log):
+            if sink is not None:
+                sink.flush()
+
+    def close(self) -> None:
+        for sink in (self.ts_log, self.model_log):
+            if sink is not None:
+                sink.close()
+
+    # --- system metrics -----------------------------------------------------------------
+
+    def record_system(
+        self, values: list[tuple[str, str, tuple[tuple[str, str], ...], float]]
+    ) -> None:
+        self.system = values
+        if self.ts_log is not None:
+            for name, unit, dims, value in values:
+                if self.frontend is None or name in self.frontend:
+                    self.ts_log.add(metric_line(name, unit, value, dims, self.hostname))
+
+    def measure_system(self) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
+        """CPU, memory, disk and GPU use, as TorchServe measures them."""
+        host = (("Level", "Host"),)
+        memory = psutil.virtual_memory()
+        disk = psutil.disk_usage("/")
+        values: list[tuple[str, str, tuple[tuple[str, str], ...], float]] = [
+            ("CPUUtilization", "Percent", host, psutil.cpu_percent()),
+            ("MemoryUsed", "Megabytes", host, memory.used / 2**20),
+            ("MemoryAvailable", "Megabytes", host, memory.available / 2**20),
+            ("MemoryUtilization", "Percent", host, memory.percent),
+            ("DiskUsage", "Gigabytes", host, disk.used / 2**30),
+            ("DiskUtilization", "Percent", host, disk.percent),
+            ("DiskAvailable", "Gigabytes", host, disk.free / 2**30),
+        ]
+        values += self._gpu_metrics()
+        return values
+
+    def _gpu_metrics(self) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
+        if not self.gpus:
+            return []
+        query = "index,utilization.gpu,utilization.memory,memory.used"
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
+                 "-i", ",".join(self.gpus)],
+                capture_output=True, text=True, timeout=10, check=True,
+            ).stdout  # fmt: skip
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.debug("GPU metrics unavailable: %s", exc)
+            return []
+        by_physical = {}
+        for line in out.splitlines():
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) == 4:
+                by_physical[fields[0]] = fields[1:]
+        values = []
+        for device_id, physical in enumerate(self.gpus):
+            found = by_physical.get(physical)
+            if found is None:
+                continue
+            dims = (("Level", "Host"), ("DeviceId", str(device_id)))
+            for (name, unit), raw in zip(
+                (("GPUUtilization", "Percent"), ("GPUMemoryUtilization", "Percent"),
+                 ("GPUMemoryUsed", "Megabytes")),
+                found,
+                strict=True,
+            ):  # fmt: skip
+                try:
+                    values.append((name, unit, dims, float(raw)))
+                except ValueError:  # "[N/A]" on devices that do not report it
+                    continue
+        return values
+
+    async def run(self) -> None:
+        """The server's metrics chore: system metrics every minute, log lines every second."""
+        loop = asyncio.get_running_loop()
+        next_system = 0.0
+        while True:
+            if loop.time() >= next_system:
+                next_system = loop.time() + SYSTEM_METRICS_INTERVAL_S
+                try:
+                    self.record_system(await asyncio.to_thread(self.measure_system))
+                except (OSError, psutil.Error) as exc:
+                    log.warning("could not collect system metrics: %s", exc)
+            self.flush_logs()
+            await asyncio.sleep(LOG_FLUSH_S)
+
+    # --- scrape -------------------------------------------------------------------------
+
+    def collect(self) -> Any:
+        queue = GaugeMetricFamily("mserve_queue_depth", "Jobs waiting", labels=["model", "version"])
+        workers = GaugeMetricFamily(
+            "mserve_workers_ready", "Ready workers", labels=["model", "version"]
+        )
+        for mv in self._models():
+            queue.add_metric([mv.name, mv.version], mv.queued())
+            workers.add_metric([mv.name, mv.version], mv.ready_workers())
+        yield queue
+        yield workers
+
+    def _models(self) -> list[ModelVersion]:
+        return list(self._registry.all()) if self._registry is not None else []
+
+    def exposition(self, names: set[str] | None = None) -> bytes:
+        """Ours, then TorchServe's, in Prometheus's text format; only the metrics ``names``
+        names when given (TorchServe's ``?name[]=...``)."""
+        ours = generate_latest(self.prom if not names else self.prom.restricted_registry(names))
+        return ours + self.torchserve_text(names).encode("utf-8")
+
+    def torchserve_text(self, names: set[str] | None = None) -> str:
+        if self.mode == "log":
+            return ""
+        out = PromText(names)
+        out.only = self.frontend  # a metrics config's ts_metrics section picks frontend metrics
+        models = self._models()
+        host = self.hostname
+        ts_labels = ("uuid", "model_name", "model_version", "hostname")
+        for index, name in enumerate(LEGACY_PROMETHEUS):
+            rows = []
+            for mv in models:
+                for named, counts in ((False, mv.stats.unnamed), (True, mv.stats.named)):
+                    if counts[0] or counts[1]:
+                        labels = (self.uuid, mv.name, mv.stats.label(named), host)
+                        rows.append((labels, counts[index]))
+            out.family(name, "counter", ("Count", "Microseconds", "Microseconds")[index],
+                       ts_labels, rows)  # fmt: skip
+        if self.mode == "legacy":
+            return out.text()  # TorchServe's legacy mode: no handler metrics on /metrics either
+        host_labels = ("Level", "Hostname")
+        for i, name in enumerate(("Requests2XX", "Requests4XX", "Requests5XX")):
+            rows = [(("Host", host), self.statuses[i])] if self.statuses[i] else []
+            out.family(name, "counter", "Count", host_labels, rows)
+        out.family("QueueTime", "gauge", "Milliseconds", host_labels,
+                   [] if self.queue_ms is None else [(("Host", host), self.queue_ms)])  # fmt: skip
+        thread = [
+            mv.stats.worker_thread_ms for mv in models if mv.stats.worker_thread_ms is not None
+        ]
+        out.family("WorkerThreadTime", "gauge", "Milliseconds", host_labels,
+                   [(("Host", host), thread[-1])] if thread else [])  # fmt: skip
+        loads = []
+        for mv in models:
+            for slot in mv.slots:
+                worker = slot.worker
+                if worker is not None and worker.load_ms is not None:
+                    name = f"W-{worker.id}-{mv.name}_{mv.version}"
+                    loads.append(((name, "Host", host), worker.load_ms))
+        out.family("WorkerLoadTime", "gauge", "Milliseconds", ("WorkerName", "Level", "Hostname"),
+                   loads)  # fmt: skip
+        for name, unit, dims, value in self.system:
+            out.family(name, "gauge", unit, (*(k for k, _v in dims), "Hostname"),
+                       [((*(v for _k, v in dims), host), value)])  # fmt: skip
+        out.only = None
+        for family in self.handler.families.values():
+            if family.type == "histogram":
+                out.histogram(family)
+            else:
+                rows = [(values, stored[0]) for values, stored in family.series.items()]
+                out.family(family.name, family.type, family.unit, family.labels, rows)
+        return out.text()
+
+
+class MetricsAPI:
+    """The router of the metrics port: ``GET /metrics`` in Prometheus's text format."""
+
+    api_name = ""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def route(self, conn: Connection, req: Request) -> None:
+        if req.parts != ["metrics"]:
+            raise req.not_found()
+        req.allow("GET")
+        names = None
+        if req.query_string:
+            query = parse_qsl(req.query_string.decode("utf-8", "replace"))
+            names = {value for key, value in query if key == "name[]"} or None
+        content_type = "text/plain; version=0.0.4; charset=utf-8"
+        body = self.metrics.exposition(names)
+        conn.answer(req, 200, [["Content-Type", content_type]], body)
