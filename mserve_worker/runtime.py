@@ -20,12 +20,13 @@ import time
 import traceback
 from typing import Any
 
-from . import compat
+from . import compat, streaming
 from .context import Context
 from .loader import HandlerLoadError, LoadedHandler, load_handler
 from .payload import PayloadError, decode_request, encode_output
 from .protocol import (
     PROTOCOL_VERSION,
+    STREAM_FAILED_HEADER,
     TOO_LARGE_HEADER,
     Decoder,
     Frame,
@@ -138,6 +139,10 @@ def _serve_batch(
     ):
         channel.poll()  # it waited here behind another batch: its callers may have left
     cancelled = channel.cancelled(batch_id) if channel is not None else set()
+    stream = getattr(context, "_mserve_stream", None)
+    if stream is not None:
+        stream.reset()
+        stream.batch_id = batch_id
     responses: list[ResponseItem | None] = [None] * len(items)
     decoded: dict[int, Any] = {}
     groups: dict[str, list[int]] = {}  # one handler call per operation, in arrival order
@@ -161,7 +166,7 @@ def _serve_batch(
             return Frame(Kind.BATCH_FAILED, dict(failure, batch_id=batch_id))
         # A batch mixing operations: only the requests of the failed one share its fate.
         for i in indexes:
-            responses[i] = ResponseItem(500, failure["error"].encode(), "text/plain; charset=utf-8")
+            responses[i] = _failed(failure["error"], i, stream)
     try:
         return result_frame(batch_id, [r for r in responses if r is not None])
     except ProtocolError as exc:  # e.g. a status outside 100-599 set by the handler
@@ -186,11 +191,24 @@ def _serve_group(
     their responses; returns the failure (``error``, ``traceback``) when the call failed."""
     context.start_batch([items[i] for i in indexes], op)
     data = [decoded[i] for i in indexes]
+    stream = getattr(context, "_mserve_stream", None)
+    if stream is not None:
+        stream.begin(stream.batch_id, indexes, context)
     try:
         outputs = handler.handle(data, context)
     except Exception as exc:  # the per-batch boundary: the worker keeps serving
         traceback.print_exc()
+        if stream is not None:
+            stream.end()
         return {"error": _error_text(exc), "traceback": traceback.format_exc()}
+    broken: dict[int, str] = {}
+    if stream is not None and type(outputs) is list:
+        iterators = streaming.iterators_in(outputs)
+        if iterators:  # mserve's own streaming: each item of a returned iterator is a chunk
+            broken = stream.drain(iterators)
+            for j in iterators:
+                outputs[j] = b""  # every item went out as a chunk; the RESULT closes the stream
+        stream.end()
     if not isinstance(outputs, list) or len(outputs) != len(data):
         if isinstance(outputs, list):
             found = f"{len(outputs)} results"
@@ -203,6 +221,9 @@ def _serve_group(
         print(message, file=sys.stderr)
         return {"error": message, "traceback": ""}
     for j, i in enumerate(indexes):
+        if broken and j in broken:
+            responses[i] = _failed(broken[j], i, stream)
+            continue
         request = context._request(j)  # the checked lookup, once per request
         try:
             body, content_type = encode_output(
@@ -210,7 +231,7 @@ def _serve_group(
             )
         except PayloadError as exc:
             print(f"request {items[i].request_id}: {exc}", file=sys.stderr)
-            responses[i] = ResponseItem(500, str(exc).encode(), "text/plain; charset=utf-8")
+            responses[i] = _failed(str(exc), i, stream)
             continue
         if max_response_bytes is not None and len(body) > max_response_bytes:
             responses[i] = ResponseItem(413, b"", "", [[TOO_LARGE_HEADER, str(len(body))]])
@@ -218,6 +239,15 @@ def _serve_group(
         headers = [[k, v] for k, v in request.get_response_headers().items()]
         responses[i] = ResponseItem(request.get_response_status_code(), body, content_type, headers)
     return None
+
+
+def _failed(error: str, i: int, stream: streaming.Stream | None) -> ResponseItem:
+    """The 500 answer of request ``i``; one that already streamed a chunk says so in a header,
+    so that the server ends the response where the client can see it broke."""
+    headers = []
+    if stream is not None and i in stream.started:
+        headers = [[STREAM_FAILED_HEADER, error]]
+    return ResponseItem(500, error.encode(), "text/plain; charset=utf-8", headers)
 
 
 def _load(init: dict, channel: Channel) -> tuple | None:
@@ -335,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 1
     handler, context = loaded
+    streaming.install(streaming.Stream(channel.send), context)
     max_response = init.meta.get("max_response_bytes")
     try:
         while True:
