@@ -1,0 +1,275 @@
+"""Streamed responses end to end: real server, real workers, chunks read off a raw socket.
+
+Fixture handlers: tests/handlers/streaming (TorchServe's send_intermediate_predict_response from
+both of its import paths, and generators returned per request).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+from functools import partial
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.server.conftest import Server, concurrently, wait_until
+
+
+class Incomplete(Exception):
+    """The connection closed before the terminating zero-length chunk."""
+
+
+class RawStream:
+    """One POST on its own connection, its answer read chunk by chunk as it arrives."""
+
+    def __init__(self, server: Server, model: str, body: dict[str, Any], *,
+                 version: str = "1.1", timeout_s: float = 30.0) -> None:  # fmt: skip
+        host, port = server.status["inference"].rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        data = json.dumps(body).encode()
+        self.sent_at = time.monotonic()
+        self.sock.sendall(
+            f"POST /predictions/{model} HTTP/{version}\r\nHost: x\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        self.buf = b""
+        head = self._until(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        self.status = int(lines[0].split()[1])
+        self.headers = {k.lower(): v for k, _, v in (x.partition(": ") for x in lines[1:])}
+        self.head_at = time.monotonic()
+
+    def _fill(self) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            raise Incomplete(self.buf)
+        self.buf += data
+
+    def _until(self, mark: bytes) -> bytes:
+        while mark not in self.buf:
+            self._fill()
+        out, _, self.buf = self.buf.partition(mark)
+        return out
+
+    def _exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def next_chunk(self) -> bytes | None:
+        """The next chunk's bytes, None at the terminating chunk."""
+        size = int(self._until(b"\r\n"), 16)
+        if size == 0:
+            self._until(b"\r\n")
+            return None
+        data = self._exactly(size)
+        assert self._exactly(2) == b"\r\n"
+        return data
+
+    def chunks(self) -> list[bytes]:
+        out = []
+        while (chunk := self.next_chunk()) is not None:
+            out.append(chunk)
+        return out
+
+    def rest(self) -> bytes:
+        """Everything until the server closes (HTTP/1.0)."""
+        while True:
+            try:
+                self._fill()
+            except Incomplete:
+                return self.buf
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def stream_all(server: Server, model: str, body: dict[str, Any]) -> tuple[RawStream, list[bytes]]:
+    stream = RawStream(server, model, body)
+    try:
+        return stream, stream.chunks()
+    finally:
+        stream.close()
+
+
+@pytest.fixture
+def ts_server(make_archive, start_server) -> Server:
+    make_archive("streaming", "ts_stream:handle", "ts")
+    make_archive("streaming", "gen_stream:handle", "gen")
+    make_archive("streaming", "cls_stream:StreamingHandler", "cls")
+    return start_server("ts=ts.mar", "gen=gen.mar", "cls=cls.mar")
+
+
+def test_send_intermediate_predict_response_streams_chunks_then_the_returned_last_one(
+    ts_server,
+) -> None:
+    stream, chunks = stream_all(ts_server, "ts", {"name": "a", "parts": 3})
+    assert stream.status == 200
+    assert stream.headers["transfer-encoding"] == "chunked"
+    assert "content-length" not in stream.headers
+    assert stream.headers["content-type"].startswith("text/plain")
+    assert chunks == [b"a:0;", b"a:1;", b"a:2;", b"a:end"]
+    # TorchServe sends ts_stream_next with every chunk; no internal header reaches a client here
+    assert not [k for k in stream.headers if "stream" in k or k.startswith("x-mserve")]
+
+
+def test_the_first_chunk_arrives_while_the_handler_still_runs(ts_server) -> None:
+    stream = RawStream(ts_server, "ts", {"name": "slow", "parts": 3, "sleep": 1.0})
+    try:
+        first = stream.next_chunk()
+        first_at = time.monotonic()
+        rest = stream.chunks()
+        last_at = time.monotonic()
+    finally:
+        stream.close()
+    assert first == b"slow:0;" and rest == [b"slow:1;", b"slow:2;", b"slow:end"]
+    # the handler sleeps 2 s in all, between parts: the first chunk came long before its end
+    assert first_at - stream.sent_at < 1.0, f"first chunk after {first_at - stream.sent_at:.2f} s"
+    assert last_at - first_at > 1.5
+
+
+def test_status_and_headers_come_from_the_context_when_the_first_chunk_is_sent(
+    ts_server,
+) -> None:
+    stream, chunks = stream_all(ts_server, "ts", {"name": "h", "parts": 1, "status": 206,
+                                                  "header": "yes"})  # fmt: skip
+    assert stream.status == 206 and stream.headers["x-stream"] == "yes"
+    assert "x-request-id" in stream.headers
+    assert chunks == [b"h:0;", b"h:end"]
+
+
+def test_a_handler_class_streams_through_the_deprecated_import_path(ts_server) -> None:
+    stream, chunks = stream_all(ts_server, "cls", {"text": "one two three"})
+    assert stream.status == 200
+    assert chunks == [b"one ", b"two ", b"three ", b"<eos>"]
+
+
+def test_a_handler_may_return_a_generator_per_request(ts_server) -> None:
+    stream, chunks = stream_all(ts_server, "gen", {"name": "g", "parts": 4})
+    assert stream.status == 200 and stream.headers["transfer-encoding"] == "chunked"
+    assert chunks == [b"g:0;", b"g:1;", b"g:2;", b"g:3;"]
+
+
+def test_a_non_streaming_answer_is_unchanged(ts_server) -> None:
+    reply = ts_server.predict("gen", {"pid": True})
+    assert reply.status == 200 and "Content-Length" in reply.headers
+    assert "Transfer-Encoding" not in reply.headers
+    assert reply.json()["pid"] > 0
+
+
+@pytest.mark.parametrize("model", ["ts", "gen"])
+def test_each_request_of_a_batch_gets_its_own_stream(model, make_archive, start_server) -> None:
+    handler = {"ts": "ts_stream:handle", "gen": "gen_stream:handle"}[model]
+    make_archive("streaming", handler, model)
+    server = start_server()
+    registered = server.manage(
+        "POST", f"/models?url={model}.mar&batch_size=4&max_batch_delay=2000&initial_workers=1"
+    )
+    assert registered.status == 200, registered.body
+    names = ["a", "b", "c", "d"]
+    results = concurrently(
+        *(partial(stream_all, server, model, {"name": n, "parts": 2 + i, "sleep": 0.05})
+          for i, n in enumerate(names))
+    )  # fmt: skip
+    for i, (name, (stream, chunks)) in enumerate(zip(names, results, strict=True)):
+        assert stream.status == 200
+        expected = [f"{name}:{p};".encode() for p in range(2 + i)]
+        assert chunks == ([*expected, f"{name}:end".encode()] if model == "ts" else expected)
+
+
+@pytest.mark.parametrize("model", ["ts", "gen"])
+def test_a_failure_mid_stream_is_visible_and_the_worker_keeps_serving(model, ts_server) -> None:
+    pid = ts_server.worker_pids(model)[0]
+    stream = RawStream(ts_server, model, {"name": "f", "parts": 5, "fail_after": 2})
+    try:
+        assert stream.status == 200
+        assert stream.next_chunk() == b"f:0;" and stream.next_chunk() == b"f:1;"
+        with pytest.raises(Incomplete):  # closed without the terminating chunk
+            stream.next_chunk()
+    finally:
+        stream.close()
+    _, chunks = stream_all(ts_server, model, {"name": "next", "parts": 1})
+    assert chunks[0] == b"next:0;"
+    assert ts_server.worker_pids(model) == [pid]
+    log = (ts_server.run_dir / "logs" / "mserve.log").read_text()
+    assert "broke after 8 bytes" in log and "f failed after 2 parts" in log
+
+
+def test_a_failure_before_the_first_chunk_is_an_ordinary_error_answer(ts_server) -> None:
+    reply = ts_server.predict("gen", {"name": "early", "parts": 3, "fail_after": 0})
+    assert reply.status == 500
+    assert "early failed after 0 parts" in reply.body.decode()
+
+
+def test_an_http_1_0_client_gets_the_whole_answer_with_a_length(ts_server) -> None:
+    stream = RawStream(ts_server, "ts", {"name": "old", "parts": 2}, version="1.0")
+    try:
+        body = stream.rest()
+    finally:
+        stream.close()
+    assert stream.status == 200 and "transfer-encoding" not in stream.headers
+    assert body == b"old:0;old:1;old:end"
+    assert stream.headers["content-length"] == str(len(body))
+
+
+def test_a_slow_reader_holds_the_handler_back_instead_of_filling_the_server(
+    make_archive, start_server
+) -> None:
+    """40 MB streamed to a client that does not read: the server's memory stays bounded (the
+    worker is paused), and the client still gets every byte once it reads."""
+    make_archive("streaming", "gen_stream:handle", "gen")
+    server = start_server("gen=gen.mar")
+    proc = psutil.Process(server.pid)
+    before = proc.memory_info().rss
+    token = "x" * 65536
+    parts = 640
+    stream = RawStream(server, "gen", {"name": "big", "parts": parts, "token": token})
+    stream.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    try:
+        time.sleep(3)  # the handler would be done by now if nothing held it back
+        grown = proc.memory_info().rss - before
+        assert grown < 16 * 1024 * 1024, f"the server grew by {grown} bytes"
+        total = sum(len(c) for c in stream.chunks())
+    finally:
+        stream.close()
+    assert total == parts * len(token)
+
+
+def test_a_client_that_leaves_mid_stream_costs_nothing_more(ts_server) -> None:
+    stream = RawStream(ts_server, "gen", {"name": "gone", "parts": 20, "sleep": 0.05})
+    assert stream.next_chunk() == b"gone:0;"
+    stream.close()
+    _, chunks = stream_all(ts_server, "gen", {"name": "after", "parts": 2})
+    assert chunks == [b"after:0;", b"after:1;"]
+
+
+def test_the_response_timeout_ends_a_stream_that_runs_too_long(make_archive, start_server) -> None:
+    make_archive("streaming", "gen_stream:handle", "gen")
+    server = start_server()
+    assert server.manage("POST", "/models?url=gen.mar&response_timeout=1").status == 200
+    stream = RawStream(server, "gen", {"name": "t", "parts": 50, "sleep": 0.2})
+    try:
+        assert stream.next_chunk() == b"t:0;"
+        with pytest.raises(Incomplete):
+            stream.chunks()
+    finally:
+        stream.close()
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    assert "response_timeout_s=1" in log
+
+
+def test_a_stream_counts_once_in_the_access_log_and_metrics(ts_server) -> None:
+    stream_all(ts_server, "ts", {"name": "m", "parts": 3})
+    access = ts_server.run_dir / "logs" / "access.log"
+    wait_until(lambda: "/predictions/ts" in access.read_text(), 5, "the access log line")
+    lines = [line for line in access.read_text().splitlines() if "/predictions/ts" in line]
+    assert len(lines) == 1 and '" 200 17 ' in lines[0]  # the body's bytes: 4 + 4 + 4 + 5
+    with urllib.request.urlopen(ts_server.url("metrics", "/metrics"), timeout=10) as resp:
+        metrics = resp.read().decode()
+    assert 'mserve_requests_total{code="200",model="ts",version="1.0"} 1.0' in metrics
