@@ -47,6 +47,8 @@ _GRACE_AFTER_CLOSE_S = 5.0
 # first; one that waited less is run at once. With eight requests in flight, polling before every
 # batch was one failing recv() per request for a window of a few hundred microseconds.
 _CANCEL_POLL_AFTER_S = 0.001
+# How often a streaming handler's sends look for CANCELs of its own batch (clients that left).
+_STREAM_POLL_S = 0.01
 CLIENT_GONE = 499  # the answer to a cancelled request, which nobody reads
 
 
@@ -111,6 +113,13 @@ class Channel:
             del self._cancelled[stale]
         return self._cancelled.pop(batch_id, set())
 
+    def gone(self, batch_id: int) -> set[str]:
+        """Request ids of the running batch ``batch_id`` whose callers left mid-stream; looks at
+        the socket (without waiting) at most once per ``_STREAM_POLL_S``."""
+        if time.monotonic() - self.read_at >= _STREAM_POLL_S:
+            self.poll()
+        return self._cancelled.get(batch_id, set()) if self._cancelled else set()
+
     def _take(self, frames: list[Frame]) -> None:
         for frame in frames:
             if frame.kind == Kind.CANCEL:
@@ -141,8 +150,7 @@ def _serve_batch(
     cancelled = channel.cancelled(batch_id) if channel is not None else set()
     stream = getattr(context, "_mserve_stream", None)
     if stream is not None:
-        stream.reset()
-        stream.batch_id = batch_id
+        stream.reset(batch_id)
     responses: list[ResponseItem | None] = [None] * len(items)
     decoded: dict[int, Any] = {}
     groups: dict[str, list[int]] = {}  # one handler call per operation, in arrival order
@@ -193,22 +201,15 @@ def _serve_group(
     data = [decoded[i] for i in indexes]
     stream = getattr(context, "_mserve_stream", None)
     if stream is not None:
-        stream.begin(stream.batch_id, indexes, context)
+        stream.begin(indexes, context)
     try:
         outputs = handler.handle(data, context)
     except Exception as exc:  # the per-batch boundary: the worker keeps serving
         traceback.print_exc()
-        if stream is not None:
-            stream.end()
         return {"error": _error_text(exc), "traceback": traceback.format_exc()}
-    broken: dict[int, str] = {}
-    if stream is not None and type(outputs) is list:
-        iterators = streaming.iterators_in(outputs)
-        if iterators:  # mserve's own streaming: each item of a returned iterator is a chunk
-            broken = stream.drain(iterators)
-            for j in iterators:
-                outputs[j] = b""  # every item went out as a chunk; the RESULT closes the stream
-        stream.end()
+    finally:
+        if stream is not None:
+            stream.end()  # send_intermediate_predict_response is refused from here on
     if not isinstance(outputs, list) or len(outputs) != len(data):
         if isinstance(outputs, list):
             found = f"{len(outputs)} results"
@@ -220,6 +221,13 @@ def _serve_group(
         )
         print(message, file=sys.stderr)
         return {"error": message, "traceback": ""}
+    broken: dict[int, str] = {}
+    if stream is not None:
+        iterators = streaming.iterators_in(outputs)
+        if iterators:  # mserve's own streaming: each item of a returned iterator is a chunk
+            broken = stream.drain(iterators)
+            for j in iterators:
+                outputs[j] = b""  # every item went out as a chunk; the RESULT closes the stream
     for j, i in enumerate(indexes):
         if broken and j in broken:
             responses[i] = _failed(broken[j], i, stream)
@@ -365,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 1
     handler, context = loaded
-    streaming.install(streaming.Stream(channel.send), context)
+    streaming.install(streaming.Stream(channel.send, channel.gone), context)
     max_response = init.meta.get("max_response_bytes")
     try:
         while True:

@@ -34,36 +34,45 @@ class Stream:
     ``started`` holds the batch positions (index in the BATCH frame) that have sent a first
     chunk: their RESULT entry is the last chunk, not a whole answer."""
 
-    def __init__(self, send: Callable[[Frame], None]) -> None:
+    def __init__(
+        self, send: Callable[[Frame], None], gone: Callable[[int], set[str]] | None = None
+    ) -> None:
         self._send = send
+        self._gone = gone  # batch id -> ids of its requests whose callers left
         self._lock = threading.Lock()  # a handler may stream from a thread of its own
-        self.batch_id = -1  # -1: no handler call is running
+        self.batch_id = -1  # the batch being run
+        self.active = False  # a handler call is running
         self.indexes: Sequence[int] = ()  # the handler's idx -> position in the BATCH frame
         self.context: Any = None
         self.started: set[int] = set()
 
-    def begin(self, batch_id: int, indexes: Sequence[int], context: Any) -> None:
-        self.batch_id = batch_id
-        self.indexes = indexes
-        self.context = context
-
-    def end(self) -> None:
-        self.batch_id = -1
-        self.context = None
-
-    def reset(self) -> None:
+    def reset(self, batch_id: int) -> None:
         """A new batch: no request of it has streamed yet."""
+        self.batch_id = batch_id
         if self.started:
             self.started = set()
+
+    def begin(self, indexes: Sequence[int], context: Any) -> None:
+        """A handler call for the requests at ``indexes`` of the batch starts."""
+        self.indexes = indexes
+        self.context = context
+        self.active = True
+
+    def end(self) -> None:
+        self.active = False
 
     def send(self, pieces: Sequence[tuple[int, Any]]) -> None:
         """Send ``(idx, value)`` pieces (``idx`` as the handler knows the request) in one frame;
         raises when there is no running handler call or a value cannot be encoded."""
-        if self.batch_id < 0:
+        if not self.active:
             raise RuntimeError(
                 "send_intermediate_predict_response was called outside a handler call (after"
                 " the batch was answered, or from a thread that outlived it)"
             )
+        gone = self._gone(self.batch_id) if self._gone is not None else ()
+        if gone:  # a caller that left gets no more chunks (the server would drop them)
+            ids = self.context.request_ids
+            pieces = [(idx, value) for idx, value in pieces if ids.get(idx) not in gone]
         items = [self._item(idx, value) for idx, value in pieces]
         if not items:
             return
@@ -94,6 +103,11 @@ class Stream:
         live = dict(iterators)
         failed: dict[int, str] = {}
         while live:
+            gone = self._gone(self.batch_id) if self._gone is not None else ()
+            if gone:  # a caller left: stop making its chunks (the generator is closed)
+                ids = self.context.request_ids
+                for idx in [i for i in live if ids.get(i) in gone]:
+                    _close(live.pop(idx))
             pieces = []
             for idx in list(live):
                 try:

@@ -485,6 +485,7 @@ class ModelVersion:
                 stream = job.stream = ChunkStream(
                     chunk.status or 200, chunk.content_type, chunk.headers,
                     worker.pause_reading, worker.resume_reading,
+                    functools.partial(worker.stop_streaming, batch, job.item.request_id),
                 )  # fmt: skip
                 job.future.set_result(stream)  # type: ignore[arg-type]
             stream.push(bytes(chunk.body))

@@ -46,6 +46,7 @@ class ChunkStream:
         headers: list[list[str]],
         pause: Callable[[], None],
         resume: Callable[[], None],
+        on_cancel: Callable[[], None] | None = None,
     ) -> None:
         self.status = status
         self.content_type = content_type
@@ -56,6 +57,7 @@ class ChunkStream:
         self.bytes_in = 0
         self._pause_source = pause
         self._resume_source = resume
+        self._on_cancel = on_cancel  # tells the worker to stop the request's stream
         self._paused = False
         self._consumer: StreamConsumer | None = None
         # what arrived before a consumer: ("chunk", bytes) / ("end", bytes) / ("fail", error)
@@ -115,14 +117,17 @@ class ChunkStream:
             self._resume_source()
 
     def cancel(self) -> None:
-        """The caller went away: drop what is left of the stream (the handler runs on; its
-        chunks are read and discarded, so the worker is never held up by a gone client)."""
+        """The caller went away: drop what is left of the stream, and tell the worker, which
+        stops sending its chunks (and closes its generator); chunks already under way are read
+        and discarded, so the worker is never held up by a gone client."""
         self.cancelled = True
         self._consumer = None
         self._backlog.clear()
         if not self.finished:
             self.finished = True
             self.resume()
+            if self._on_cancel is not None:
+                self._on_cancel()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The chunks as an async iterator, the last one included when it is not empty; raises

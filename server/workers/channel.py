@@ -163,6 +163,12 @@ class Channel(asyncio.Protocol):
             batch.cancelled += len(request_ids)  # they no longer wait: job_queue_size frees up
             self.waiting -= len(request_ids)
 
+    def cancel_running(self, batch: Batch, request_ids: list[str]) -> None:
+        """Tell the worker that callers of the batch it runs left mid-stream: it stops sending
+        their chunks (and stops their generators)."""
+        if not self.closed and self._batches and self._batches[0] is batch:
+            self.send(protocol.cancel_frame(batch.batch_id, request_ids))
+
     async def drain(self) -> None:
         if self._paused and not self.closed:
             self._drain_waiter = self._loop.create_future()

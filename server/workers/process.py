@@ -124,6 +124,11 @@ class Worker:
         if self._channel is not None:
             self._channel.resume_reading()
 
+    def stop_streaming(self, batch: Batch, request_id: str) -> None:
+        """The caller of a request streaming in ``batch`` (the running one) went away."""
+        if self._channel is not None:
+            self._channel.cancel_running(batch, [request_id])
+
     def chunks_broke_protocol(self, reason: str) -> None:
         """A CHUNK frame the worker should not have sent: drop the channel, as for any breach
         (its batches fail with the reason, see :meth:`_lost`)."""
