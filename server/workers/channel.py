@@ -87,6 +87,8 @@ class Channel(asyncio.Protocol):
         for frame in frames:
             if frame.kind is Kind.CHUNK and self._batches and self.on_chunk is not None:
                 self.on_chunk(self._batches[0], frame)  # the worker runs its batches in order
+                if self.broken is not None:  # the chunk broke the protocol: nothing more counts
+                    return
             elif frame.kind in (Kind.RESULT, Kind.BATCH_FAILED) and self._batches:
                 batch = self._batches.popleft()
                 if self._batches:  # the worker starts the next one now

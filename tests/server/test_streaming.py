@@ -218,6 +218,37 @@ def test_an_http_1_0_client_gets_the_whole_answer_with_a_length(ts_server) -> No
     assert stream.headers["content-length"] == str(len(body))
 
 
+def test_an_http_1_0_answer_over_max_response_size_is_refused(make_archive, start_server) -> None:
+    make_archive("streaming", "gen_stream:handle", "gen")
+    server = start_server("gen=gen.mar", config={"max_response_size_bytes": 100})
+    stream = RawStream(server, "gen", {"name": "long", "parts": 50}, version="1.0")
+    try:
+        body = json.loads(stream.rest())
+    finally:
+        stream.close()
+    assert stream.status == 413
+    assert body["message"] == (
+        "the streamed response of gen:1.0 is more than max_response_size_bytes=100, too much to"
+        " hold for a client that cannot take it as it comes (HTTP/1.0, or behind an earlier"
+        " answer on the connection)"
+    )
+    # an HTTP/1.1 client takes it as it comes: the cap is not for streams
+    _, chunks = stream_all(server, "gen", {"name": "long", "parts": 50})
+    assert len(chunks) == 50
+
+
+def test_a_worker_that_sends_a_chunk_for_no_request_is_replaced(ts_server) -> None:
+    pid = ts_server.worker_pids("gen")[0]
+    reply = ts_server.predict("gen", {"bogus": True})
+    assert reply.status == 500
+    assert reply.json()["message"].endswith(
+        "broke the protocol (CHUNK for request 99 of batch 1, which has 1); killed"
+    )
+    wait_until(lambda: ts_server.worker_pids("gen") not in ([], [pid]), 30, "a new worker")
+    _, chunks = stream_all(ts_server, "gen", {"name": "again", "parts": 1})
+    assert chunks == [b"again:0;"]
+
+
 def test_a_slow_reader_holds_the_handler_back_instead_of_filling_the_server(
     make_archive, start_server
 ) -> None:

@@ -1,7 +1,9 @@
 """mserve's own streaming: the handler returns, per request, a generator; each item is a chunk.
 
-Same JSON body as ``ts_stream``: ``name``, ``parts``, ``sleep``, ``fail_after``; ``pid`` answers
-the worker's pid (as the whole, unstreamed answer) so tests can see the worker survived.
+Same JSON body as ``ts_stream``: ``name``, ``parts``, ``sleep``, ``fail_after``, and ``token``
+(the chunk to repeat instead); ``pid`` answers the worker's pid (as the whole, unstreamed
+answer) so tests can see the worker survived; ``bogus`` sends, by hand, a CHUNK frame for a
+request the batch does not have (a worker breaking the protocol).
 """
 
 import os
@@ -25,6 +27,12 @@ def handle(data, context):
         spec = row.get("body") or {}
         if spec.get("pid"):
             out.append({"pid": os.getpid()})
+        elif spec.get("bogus"):
+            from mserve_worker.protocol import ChunkItem, chunk_frame
+
+            stream = context._mserve_stream
+            stream._send(chunk_frame(stream.batch_id, [ChunkItem(99, b"?", 200)]))
+            out.append("never read")
         else:
             out.append(_tokens(spec))
     return out
