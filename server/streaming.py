@@ -131,7 +131,9 @@ class ChunkStream:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The chunks as an async iterator, the last one included when it is not empty; raises
-        the stream's error if it breaks. Leaving the loop early cancels the stream."""
+        the stream's error if it breaks. Closing it early (``contextlib.aclosing``, or the
+        reading task being cancelled, as a gRPC call is when its client leaves) cancels the
+        stream."""
         reader = _Reader(self)
         self.attach(reader)
         try:

@@ -6,6 +6,8 @@ both of its import paths, and generators returned per request).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -148,6 +150,14 @@ def test_a_handler_class_streams_through_the_deprecated_import_path(ts_server) -
     stream, chunks = stream_all(ts_server, "cls", {"text": "one two three"})
     assert stream.status == 200
     assert chunks == [b"one ", b"two ", b"three ", b"<eos>"]
+
+
+@pytest.mark.parametrize("gen", [False, True], ids=["send_intermediate", "generator"])
+def test_a_base_handler_subclass_streams_from_inference(gen, make_archive, start_server) -> None:
+    make_archive("streaming", "base_stream:WordStreamer", "words")
+    server = start_server("words=words.mar")
+    stream, chunks = stream_all(server, "words", {"text": "to be or not", "gen": gen})
+    assert stream.status == 200 and chunks == [b"to", b"be", b"or", b"not"]
 
 
 def test_a_handler_may_return_a_generator_per_request(ts_server) -> None:
@@ -308,3 +318,53 @@ def test_a_stream_counts_once_in_the_access_log_and_metrics(ts_server) -> None:
     with urllib.request.urlopen(ts_server.url("metrics", "/metrics"), timeout=10) as resp:
         metrics = resp.read().decode()
     assert 'mserve_requests_total{code="200",model="ts",version="1.0"} 1.0' in metrics
+
+
+# -- ChunkStream as another frontend (gRPC server streaming) would read it ----------------------
+
+
+def test_a_chunk_stream_reads_as_an_async_iterator_with_back_pressure() -> None:
+    from server.errors import HandlerError
+    from server.streaming import BACKLOG_BYTES, ChunkStream
+
+    async def scenario() -> None:
+        paused: list[str] = []
+        stream = ChunkStream(200, "text/plain", [], lambda: paused.append("pause"),
+                             lambda: paused.append("resume"))  # fmt: skip
+        stream.push(b"early")  # before any reader: held
+        got: list[bytes] = []
+
+        async def read() -> None:
+            async for chunk in stream.chunks():
+                got.append(chunk)
+                await asyncio.sleep(0)
+
+        reader = asyncio.ensure_future(read())
+        await asyncio.sleep(0)
+        big = b"x" * (BACKLOG_BYTES + 1)
+        stream.push(big)  # more than the reader holds: the worker's channel is paused
+        assert paused == ["pause"]
+        await asyncio.sleep(0.01)
+        assert paused == ["pause", "resume"]  # the reader took it
+        stream.finish(b"last")
+        await asyncio.wait_for(reader, 5)
+        assert got == [b"early", big, b"last"]
+
+        failing = ChunkStream(200, "", [], lambda: None, lambda: None)
+        failing.push(b"a")
+        failing.fail(HandlerError("handler of m:1 failed mid-stream: boom"))
+        seen = []
+        with pytest.raises(HandlerError, match="failed mid-stream: boom"):
+            async for chunk in failing.chunks():
+                seen.append(chunk)
+        assert seen == [b"a"]
+
+        cancelled: list[bool] = []
+        left = ChunkStream(200, "", [], lambda: None, lambda: None, lambda: cancelled.append(True))
+        left.push(b"1")
+        async with contextlib.aclosing(left.chunks()) as chunks:
+            async for _chunk in chunks:
+                break  # the consumer leaves early: the worker is told
+        assert cancelled == [True] and left.cancelled
+
+    asyncio.run(scenario())
