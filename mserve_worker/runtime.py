@@ -221,7 +221,7 @@ def _serve_group(
         )
         print(message, file=sys.stderr)
         return {"error": message, "traceback": ""}
-    broken: dict[int, str] = {}
+    broken: dict[int, str] | None = None
     if stream is not None:
         iterators = streaming.iterators_in(outputs)
         if iterators:  # mserve's own streaming: each item of a returned iterator is a chunk

@@ -126,11 +126,14 @@ class Stream:
         return failed
 
 
-def iterators_in(outputs: list[Any]) -> dict[int, Iterator[Any]]:
-    """The outputs that are streams (iterators, generators), by position."""
-    found = {}
+def iterators_in(outputs: list[Any]) -> dict[int, Iterator[Any]] | None:
+    """The outputs that are streams (iterators, generators), by position; None when there are
+    none (the usual case costs one type test per output and allocates nothing)."""
+    found = None
     for j, out in enumerate(outputs):
         if type(out) not in _PLAIN and isinstance(out, Iterator):
+            if found is None:
+                found = {}
             found[j] = out
     return found
 
