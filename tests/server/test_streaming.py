@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import socket
 import time
@@ -164,6 +165,39 @@ def test_a_handler_may_return_a_generator_per_request(ts_server) -> None:
     stream, chunks = stream_all(ts_server, "gen", {"name": "g", "parts": 4})
     assert stream.status == 200 and stream.headers["transfer-encoding"] == "chunked"
     assert chunks == [b"g:0;", b"g:1;", b"g:2;", b"g:3;"]
+
+
+def test_the_connection_stays_usable_after_a_stream_and_pipelined_answers_keep_order(
+    ts_server,
+) -> None:
+    host, port = ts_server.status["inference"].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    headers = {"Content-Type": "application/json"}
+    conn.request("POST", "/predictions/gen", json.dumps({"name": "k", "parts": 3}), headers)
+    first = conn.getresponse()
+    assert first.read() == b"k:0;k:1;k:2;"  # http.client decodes the chunked body
+    conn.request("POST", "/predictions/gen", json.dumps({"pid": True}), headers)
+    second = conn.getresponse()
+    assert second.status == 200 and json.loads(second.read())["pid"] > 0
+    conn.close()
+    # pipelined: a slow stream, then a plain request, on one connection, answered in order
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    # the second (ts, no parts: a plain answer) is ready long before the first ends
+    bodies = [json.dumps({"name": "p", "parts": 3, "sleep": 0.2}), json.dumps({"name": "q"})]
+    sock.sendall(b"".join(
+        f"POST /predictions/{m} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(b)}\r\n\r\n{b}".encode()
+        for m, b in zip(["gen", "ts"], bodies, strict=True)
+    ))  # fmt: skip
+    data = b""
+    while not data.endswith(b"q:end"):
+        more = sock.recv(65536)
+        assert more, data
+        data += more
+    sock.close()
+    streamed, _, plain = data.partition(b"0\r\n\r\nHTTP/1.1 200")
+    assert b"transfer-encoding: chunked" in streamed.lower() and streamed.count(b"p:") == 3
+    assert b"content-length" in plain.lower()
 
 
 def test_a_non_streaming_answer_is_unchanged(ts_server) -> None:
