@@ -480,14 +480,15 @@ class ModelVersion:
             job = jobs[chunk.index]
             stream = job.stream
             if stream is None:
-                if job.future.done():  # its caller is gone: the chunks reach nobody
-                    continue
                 stream = job.stream = ChunkStream(
                     chunk.status or 200, chunk.content_type, chunk.headers,
                     worker.pause_reading, worker.resume_reading,
                     functools.partial(worker.stop_streaming, batch, job.item.request_id),
                 )  # fmt: skip
-                job.future.set_result(stream)  # type: ignore[arg-type]
+                if job.future.done():  # its caller left before the first chunk: stop it
+                    stream.cancel()
+                else:
+                    job.future.set_result(stream)  # type: ignore[arg-type]
             stream.push(bytes(chunk.body))
 
     def _add_slot(self, wait: bool) -> _Slot:

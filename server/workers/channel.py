@@ -85,7 +85,11 @@ class Channel(asyncio.Protocol):
             self.close()
             return
         for frame in frames:
-            if frame.kind is Kind.CHUNK and self._batches and self.on_chunk is not None:
+            if frame.kind is Kind.CHUNK:
+                if not self._batches or self.on_chunk is None:
+                    self.broken = "CHUNK frame while no batch runs"
+                    self.close()
+                    return
                 self.on_chunk(self._batches[0], frame)  # the worker runs its batches in order
                 if self.broken is not None:  # the chunk broke the protocol: nothing more counts
                     return
