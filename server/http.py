@@ -631,13 +631,16 @@ class ChunkedAnswer:
                 self._refuse()
             return
         ex = self.ex
-        ex.length += len(data)
         out = ex.out
         assert out is not None
+        first = not ex.length
+        ex.length += len(data)
         out.append(b"%x\r\n%b\r\n" % (len(data), data))
         self.buffered += len(data)
         conn = self.conn
-        if conn.pending and conn.pending[0] is ex:
+        if first and conn.pending and conn.pending[0] is ex:
+            conn._flush()  # the first chunk goes at once: time to first token
+        elif conn.pending and conn.pending[0] is ex:
             # written at the end of this loop iteration: the chunks a worker sent together
             # leave in one system call, not one each (1,000 tiny chunks: 1 write, not 1,000)
             if self._flush_handle is None:

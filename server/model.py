@@ -488,6 +488,10 @@ class ModelVersion:
                 if job.future.done():  # its caller left before the first chunk: stop it
                     stream.cancel()
                 else:
+                    # read no more of the worker until a frontend takes the stream (next loop
+                    # iteration): a handler flooding chunks would otherwise fill the backlog
+                    # first and delay the first chunk by milliseconds
+                    stream.pause()
                     job.future.set_result(stream)  # type: ignore[arg-type]
             stream.push(bytes(chunk.body))
 
