@@ -606,6 +606,8 @@ class ChunkedAnswer:
         self._whole: list[bytes] = []  # HTTP/1.0: the answer so far
         if self.chunked:
             self._begin()
+        else:
+            ex.stream = self  # so that a client that leaves cancels it
 
     def _begin(self) -> None:
         conn, ex = self.conn, self.ex
