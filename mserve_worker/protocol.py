@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 2  # 2: CANCEL, for batches pipelined behind a running one
+PROTOCOL_VERSION = 3  # 2: CANCEL, for batches pipelined behind a running one; 3: CHUNK
 MAGIC = b"MS"
 # magic, version, kind, flags, meta_len, payload_len, then 2 reserved zero bytes ("2x" packs zeros
 # and unpacks to nothing) so the header is 16 bytes and meta starts aligned.
@@ -42,6 +42,7 @@ class Kind(enum.IntEnum):
     RESULT = 6
     BATCH_FAILED = 7
     CANCEL = 8
+    CHUNK = 9
 
 
 _KINDS = {kind.value: kind for kind in Kind}
@@ -78,6 +79,25 @@ class RequestItem:
     params: dict[str, str] = field(default_factory=dict)
     # What the caller asked the model to do: "" (predict), "explain", or a custom operation name.
     op: str = ""
+
+
+# A streamed request whose stream broke after its first chunk (the handler raised, an output could
+# not be encoded): its RESULT entry carries this header with the reason, and the server ends the
+# response in a way the client can detect instead of sending a last chunk.
+STREAM_FAILED_HEADER = "x-mserve-stream-failed"
+
+
+@dataclass(frozen=True)
+class ChunkItem:
+    """One piece of a streamed response. ``index`` is the request's position in its BATCH frame.
+    The first chunk of a request carries its status, content type and headers (``status`` > 0);
+    later ones carry only bytes (``status`` 0)."""
+
+    index: int
+    body: bytes | bytearray | memoryview
+    status: int = 0
+    content_type: str = ""
+    headers: list[list[str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -530,6 +550,45 @@ def _parse_result_checked(frame: Frame) -> tuple[int, list[ResponseItem]]:
                 body=bodies[i],
                 content_type=_check_str(entry.get("content_type", ""), f"{where}.content_type"),
                 headers=_check_pairs(entry.get("headers", []), f"{where}.headers"),
+            )
+        )
+    return batch_id, items
+
+
+def chunk_frame(batch_id: int, items: Sequence[ChunkItem]) -> Frame:
+    """Chunks of requests of the running batch, sent before its RESULT (which closes them)."""
+    _check_uint(batch_id, "CHUNK batch_id")
+    entries: list[dict[str, Any]] = []
+    bodies: list[bytes | memoryview] = []
+    for i, item in enumerate(items):
+        where = f"CHUNK chunks[{i}]"
+        body = item.body if type(item.body) is bytes else _byte_view(item.body, f"{where}.body")
+        entry: dict[str, Any] = {"i": _check_uint(item.index, f"{where}.index"), "size": len(body)}
+        if item.status:  # the first chunk of its request: the response's head comes with it
+            entry["status"] = _check_status(item.status, f"{where}.status")
+            entry["content_type"] = _check_str(item.content_type, f"{where}.content_type")
+            entry["headers"] = _check_pairs(item.headers, f"{where}.headers")
+        entries.append(entry)
+        bodies.append(body)
+    return Frame(Kind.CHUNK, {"batch_id": batch_id, "chunks": entries}, b"".join(bodies))
+
+
+def parse_chunk(frame: Frame) -> tuple[int, list[ChunkItem]]:
+    batch_id, entries, bodies = _split(frame, Kind.CHUNK, "chunks")
+    items = []
+    for i, entry in enumerate(entries):
+        where = f"CHUNK chunks[{i}]"
+        index = _check_uint(_required(entry, "i", where), f"{where}.i")
+        if "status" not in entry:
+            items.append(ChunkItem(index, bodies[i]))
+            continue
+        items.append(
+            ChunkItem(
+                index,
+                bodies[i],
+                _check_status(entry["status"], f"{where}.status"),
+                _check_str(entry.get("content_type", ""), f"{where}.content_type"),
+                _check_pairs(entry.get("headers", []), f"{where}.headers"),
             )
         )
     return batch_id, items

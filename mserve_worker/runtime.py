@@ -22,12 +22,13 @@ import time
 import traceback
 from typing import Any
 
-from . import compat
+from . import compat, streaming
 from .context import Context, Metrics
 from .loader import HandlerLoadError, LoadedHandler, load_handler
 from .payload import PayloadError, decode_request, encode_output
 from .protocol import (
     PROTOCOL_VERSION,
+    STREAM_FAILED_HEADER,
     TOO_LARGE_HEADER,
     Decoder,
     Frame,
@@ -49,6 +50,8 @@ _GRACE_AFTER_CLOSE_S = 5.0
 # first; one that waited less is run at once. With eight requests in flight, polling before every
 # batch was one failing recv() per request for a window of a few hundred microseconds.
 _CANCEL_POLL_AFTER_S = 0.001
+# How often a streaming handler's sends look for CANCELs of its own batch (clients that left).
+_STREAM_POLL_S = 0.01
 CLIENT_GONE = 499  # the answer to a cancelled request, which nobody reads
 
 
@@ -113,6 +116,13 @@ class Channel:
             del self._cancelled[stale]
         return self._cancelled.pop(batch_id, set())
 
+    def gone(self, batch_id: int) -> set[str]:
+        """Request ids of the running batch ``batch_id`` whose callers left mid-stream; looks at
+        the socket (without waiting) at most once per ``_STREAM_POLL_S``."""
+        if time.monotonic() - self.read_at >= _STREAM_POLL_S:
+            self.poll()
+        return self._cancelled.get(batch_id, set()) if self._cancelled else set()
+
     def _take(self, frames: list[Frame]) -> None:
         for frame in frames:
             if frame.kind == Kind.CANCEL:
@@ -141,6 +151,9 @@ def _serve_batch(
     ):
         channel.poll()  # it waited here behind another batch: its callers may have left
     cancelled = channel.cancelled(batch_id) if channel is not None else set()
+    stream = getattr(context, "_mserve_stream", None)
+    if stream is not None:
+        stream.reset(batch_id)
     responses: list[ResponseItem | None] = [None] * len(items)
     decoded: dict[int, Any] = {}
     groups: dict[str, list[int]] = {}  # one handler call per operation, in arrival order
@@ -165,7 +178,7 @@ def _serve_batch(
             return Frame(Kind.BATCH_FAILED, dict(failure, batch_id=batch_id))
         # A batch mixing operations: only the requests of the failed one share its fate.
         for i in indexes:
-            responses[i] = ResponseItem(500, failure["error"].encode(), "text/plain; charset=utf-8")
+            responses[i] = _failed(failure["error"], i, stream)
     handler_ms = round((time.perf_counter() - started) * 1000, 3) if groups else None
     metrics = context.metrics
     recorded = None
@@ -200,16 +213,22 @@ def _serve_group(
     their responses; returns the failure (``error``, ``traceback``) when the call failed."""
     context.start_batch([items[i] for i in indexes], op)
     data = [decoded[i] for i in indexes]
+    stream = getattr(context, "_mserve_stream", None)
+    if stream is not None:
+        stream.begin(indexes, context)
     try:
         outputs = handler.handle(data, context)
     except PredictionException as exc:  # the handler chose the batch's answer
         traceback.print_exc()
         for i in indexes:
-            responses[i] = _prediction_error(exc)
+            responses[i] = _prediction_error(exc, i, stream)
         return None
     except Exception as exc:  # the per-batch boundary: the worker keeps serving
         traceback.print_exc()
         return {"error": _error_text(exc), "traceback": traceback.format_exc()}
+    finally:
+        if stream is not None:
+            stream.end()  # send_intermediate_predict_response is refused from here on
     if not isinstance(outputs, list) or len(outputs) != len(data):
         if isinstance(outputs, list):
             found = f"{len(outputs)} results"
@@ -221,7 +240,17 @@ def _serve_group(
         )
         print(message, file=sys.stderr)
         return {"error": message, "traceback": ""}
+    broken: dict[int, str] | None = None
+    if stream is not None:
+        iterators = streaming.iterators_in(outputs)
+        if iterators:  # mserve's own streaming: each item of a returned iterator is a chunk
+            broken = stream.drain(iterators)
+            for j in iterators:
+                outputs[j] = b""  # every item went out as a chunk; the RESULT closes the stream
     for j, i in enumerate(indexes):
+        if broken and j in broken:
+            responses[i] = _failed(broken[j], i, stream)
+            continue
         request = context._request(j)  # the checked lookup, once per request
         try:
             body, content_type = encode_output(
@@ -229,7 +258,7 @@ def _serve_group(
             )
         except PayloadError as exc:
             print(f"request {items[i].request_id}: {exc}", file=sys.stderr)
-            responses[i] = ResponseItem(500, str(exc).encode(), "text/plain; charset=utf-8")
+            responses[i] = _failed(str(exc), i, stream)
             continue
         if max_response_bytes is not None and len(body) > max_response_bytes:
             responses[i] = ResponseItem(413, b"", "", [[TOO_LARGE_HEADER, str(len(body))]])
@@ -239,15 +268,29 @@ def _serve_group(
     return None
 
 
-def _prediction_error(exc: PredictionException) -> ResponseItem:
+def _prediction_error(
+    exc: PredictionException, i: int, stream: streaming.Stream | None
+) -> ResponseItem:
     """Each request of the batch gets the exception's status and message, in TorchServe's body;
-    a status HTTP cannot carry becomes a 500 that names it."""
+    a status HTTP cannot carry becomes a 500 that names it. A request that already streamed a
+    chunk cannot change its status any more: its stream ends broken, as any failure's does."""
     code, message = exc.error_code, str(exc.message)
     if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
         message = f"{message} (PredictionException code {code!r} is not an HTTP status)"
         code = 500
+    if stream is not None and i in stream.started:
+        return _failed(f"PredictionException {code}: {message}", i, stream)
     body = {"code": code, "type": "InternalServerException", "message": message}
     return ResponseItem(code, json.dumps(body).encode(), "application/json")
+
+
+def _failed(error: str, i: int, stream: streaming.Stream | None) -> ResponseItem:
+    """The 500 answer of request ``i``; one that already streamed a chunk says so in a header,
+    so that the server ends the response where the client can see it broke."""
+    headers = []
+    if stream is not None and i in stream.started:
+        headers = [[STREAM_FAILED_HEADER, error]]
+    return ResponseItem(500, error.encode(), "text/plain; charset=utf-8", headers)
 
 
 def _load(init: dict, channel: Channel) -> tuple | None:
@@ -372,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 1
     handler, context = loaded
+    streaming.install(streaming.Stream(channel.send, channel.gone), context)
     max_response = init.meta.get("max_response_bytes")
     try:
         while True:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mserve_worker.protocol import RequestItem, ResponseItem
 
 if TYPE_CHECKING:
+    from server.streaming import ChunkStream
     from server.workers.channel import Batch
     from server.workers.process import Worker
 
@@ -29,6 +30,8 @@ class Job:
     retried: bool = False  # sent to a worker that died, and given its one more try
     sent: tuple[Worker, Batch] | None = None  # (worker, batch) it was last sent in
     sent_at: float = 0.0  # monotonic time its batch was sent (TorchServe's queue latency ends)
+    # its streamed response, once the worker sent a first chunk (the future then holds it too)
+    stream: ChunkStream | None = None
 
 
 class Flag(Protocol):

@@ -18,10 +18,11 @@ from mserve_worker.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
 from server.app import models_page
 from server.batching import Job
 from server.errors import BadRequest, InternalError, MserveError, ResponseTooLarge
-from server.http import Connection, Request, header_ok
+from server.http import ChunkedAnswer, Connection, Request, header_ok
 from server.metrics import Metrics
 from server.model import ModelVersion
 from server.registry import Registry
+from server.streaming import ChunkStream
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,9 @@ class InferenceAPI:
         request_id = job.item.request_id
         try:
             result = future.result()
+            if type(result) is ChunkStream:  # the handler streams: its first chunk is here
+                self._stream(conn, req, model, result, request_id, counts, job)
+                return
             headers = self._headers(model, result, request_id)
         except MserveError as exc:
             error = exc
@@ -158,6 +162,41 @@ class InferenceAPI:
             return
         self.metrics.answered(model, error.status, None)
         conn.answer_error(req, error)
+
+    def _stream(
+        self, conn: Connection, req: Request, model: ModelVersion, stream: ChunkStream,
+        request_id: str, counts: list[float], job: Job,
+    ) -> None:  # fmt: skip
+        """Answer with the chunks as they come (docs/server.md, Streaming); the request counts
+        in the metrics once, when its answer ends."""
+        try:
+            headers = self._headers(
+                model, ResponseItem(stream.status, b"", stream.content_type, stream.headers),
+                request_id,
+            )
+        except MserveError:
+            stream.cancel()
+            raise
+
+        def done(status: int, ok: bool) -> None:
+            if ok:
+                elapsed = time.perf_counter() - req.started
+                self.metrics.answered(model, status, elapsed, counts, job)
+            else:
+                self.metrics.answered(model, status, None)
+
+        def too_large() -> MserveError:
+            return ResponseTooLarge(
+                f"the streamed response of {model.label} is more than"
+                f" max_response_size_bytes={self.max_response_bytes}, too much to hold for a"
+                " client that cannot take it as it comes (HTTP/1.0, or behind an earlier"
+                " answer on the connection)"
+            )
+
+        answer = ChunkedAnswer(
+            conn, req, stream.status, headers, stream, self.max_response_bytes, too_large, done
+        )
+        stream.attach(answer)
 
     def _headers(
         self, model: ModelVersion, result: ResponseItem, request_id: str

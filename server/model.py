@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mserve_worker.protocol import RequestItem
+from mserve_worker import protocol
+from mserve_worker.protocol import STREAM_FAILED_HEADER, TOO_LARGE_HEADER, Frame, RequestItem
 from server.batching import Job, JobQueue, QueueFull, gather_batch
 from server.devices import GpuPlan, shown_gpu_id, worker_env_for
 from server.errors import (
@@ -33,6 +34,7 @@ from server.errors import (
     WorkerTimeout,
 )
 from server.metrics import Metrics, ModelStats
+from server.streaming import ChunkStream
 from server.workers.channel import Batch, ChannelClosed
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
@@ -364,6 +366,7 @@ class ModelVersion:
                 self.queue.wake_all()
 
         worker.on_lost(lost_while_idle)
+        worker.on_chunk(functools.partial(self._chunk, worker))
         while not pipe.lost.is_set():
             if pipe.in_flight >= pipe.depth:
                 await pipe.wait()
@@ -389,6 +392,7 @@ class ModelVersion:
                 break
             pipe.in_flight += 1
             self.stats.send_s = time.monotonic() - sent_at
+            batch.jobs = live
             for job in live:
                 job.sent = (worker, batch)
                 job.sent_at = sent_at
@@ -419,6 +423,8 @@ class ModelVersion:
             for job, result in zip(live, results, strict=True):
                 if not job.future.done():
                     job.future.set_result(result)
+                elif job.stream is not None:
+                    _end_stream(job.stream, result, self.label)
             handler_ms, entries = worker.result_metrics(batch)
             self.stats.batch_done(handler_ms, entries, live, time.perf_counter() - started)
         except Exception as exc:  # the supervisor's guard: never strand a caller
@@ -461,7 +467,47 @@ class ModelVersion:
         for job, result in zip(live, results, strict=False):
             if not job.future.done():
                 job.future.set_result(result)
+            elif job.stream is not None:
+                _end_stream(job.stream, result, self.label)
         return None
+
+    def _chunk(self, worker: Worker, batch: Batch, frame: Frame) -> None:
+        """A CHUNK frame of the batch ``worker`` runs: each chunk goes to its job's stream, the
+        first one of a job opening it (its future then resolves to the stream)."""
+        jobs = batch.jobs
+        try:
+            batch_id, chunks = protocol.parse_chunk(frame)
+        except protocol.ProtocolError as exc:
+            worker.chunks_broke_protocol(f"malformed CHUNK frame: {exc}")
+            return
+        if jobs is None or batch_id != batch.batch_id:
+            worker.chunks_broke_protocol(
+                f"CHUNK for batch {batch_id} while it runs batch {batch.batch_id}"
+            )
+            return
+        for chunk in chunks:
+            if chunk.index >= len(jobs):
+                worker.chunks_broke_protocol(
+                    f"CHUNK for request {chunk.index} of batch {batch_id}, which has {len(jobs)}"
+                )
+                return
+            job = jobs[chunk.index]
+            stream = job.stream
+            if stream is None:
+                stream = job.stream = ChunkStream(
+                    chunk.status or 200, chunk.content_type, chunk.headers,
+                    worker.pause_reading, worker.resume_reading,
+                    functools.partial(worker.stop_streaming, batch, job.item.request_id),
+                )  # fmt: skip
+                if job.future.done():  # its caller left before the first chunk: stop it
+                    stream.cancel()
+                else:
+                    # read no more of the worker until a frontend takes the stream (next loop
+                    # iteration): a handler flooding chunks would otherwise fill the backlog
+                    # first and delay the first chunk by milliseconds
+                    stream.pause()
+                    job.future.set_result(stream)  # type: ignore[arg-type]
+            stream.push(bytes(chunk.body))
 
     def _add_slot(self, wait: bool) -> _Slot:
         # only a synchronous caller waits on the first start; otherwise failures take the
@@ -616,6 +662,22 @@ def _fail(jobs: list[Job], error: BaseException) -> None:
     for job in jobs:
         if not job.future.done():
             job.future.set_exception(error)
+        elif job.stream is not None:  # a stream already under way breaks off
+            job.stream.fail(
+                error if isinstance(error, MserveError) else InternalError(str(error))
+            )
+
+
+def _end_stream(stream: ChunkStream, result: Any, label: str) -> None:
+    """The RESULT entry of a streamed request: its last chunk, or why the stream broke."""
+    headers = result.headers
+    if headers and headers[0][0] == STREAM_FAILED_HEADER:
+        stream.fail(HandlerError(f"handler of {label} failed mid-stream: {headers[0][1]}"))
+    elif headers and headers[0][0] == TOO_LARGE_HEADER:
+        stream.fail(InternalError(f"the last chunk of {label} is {headers[0][1]} bytes, more"
+                                  " than max_response_size_bytes"))  # fmt: skip
+    else:
+        stream.finish(bytes(result.body))
 
 
 def _replace(settings: ModelSettings, source: str | None, **changes: Any) -> ModelSettings:

@@ -16,6 +16,7 @@ import asyncio
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from mserve_worker import protocol
 from mserve_worker.protocol import Frame, Kind
@@ -44,6 +45,7 @@ class Batch:
     future: asyncio.Future[Frame]
     deadline: float | None = None  # loop time; set when the worker starts the batch
     cancelled: int = 0  # requests whose callers left before the worker started the batch
+    jobs: Any = None  # what the owner sent in it, in order (CHUNK frames name them by index)
 
 
 class Channel(asyncio.Protocol):
@@ -66,6 +68,9 @@ class Channel(asyncio.Protocol):
         self.closed = False
         self.broken: str | None = None  # why the stream was dropped, if it broke the protocol
         self.on_lost: Callable[[], None] | None = None  # called once the connection is gone
+        # called with the running batch and each CHUNK frame (streamed responses)
+        self.on_chunk: Callable[[Batch, Frame], None] | None = None
+        self._read_pauses = 0  # streams whose consumers cannot keep up (see pause_reading)
 
     # asyncio.Protocol ---------------------------------------------------------------------
 
@@ -80,7 +85,15 @@ class Channel(asyncio.Protocol):
             self.close()
             return
         for frame in frames:
-            if frame.kind in (Kind.RESULT, Kind.BATCH_FAILED) and self._batches:
+            if frame.kind is Kind.CHUNK:
+                if not self._batches or self.on_chunk is None:
+                    self.broken = "CHUNK frame while no batch runs"
+                    self.close()
+                    return
+                self.on_chunk(self._batches[0], frame)  # the worker runs its batches in order
+                if self.broken is not None:  # the chunk broke the protocol: nothing more counts
+                    return
+            elif frame.kind in (Kind.RESULT, Kind.BATCH_FAILED) and self._batches:
                 batch = self._batches.popleft()
                 if self._batches:  # the worker starts the next one now
                     head = self._batches[0]
@@ -156,10 +169,28 @@ class Channel(asyncio.Protocol):
             batch.cancelled += len(request_ids)  # they no longer wait: job_queue_size frees up
             self.waiting -= len(request_ids)
 
+    def cancel_running(self, batch: Batch, request_ids: list[str]) -> None:
+        """Tell the worker that callers of the batch it runs left mid-stream: it stops sending
+        their chunks (and stops their generators)."""
+        if not self.closed and self._batches and self._batches[0] is batch:
+            self.send(protocol.cancel_frame(batch.batch_id, request_ids))
+
     async def drain(self) -> None:
         if self._paused and not self.closed:
             self._drain_waiter = self._loop.create_future()
             await self._drain_waiter
+
+    def pause_reading(self) -> None:
+        """Stop reading the worker's frames (a streamed response's client cannot keep up): its
+        sends block, so its handler waits. Counted: reading resumes when every pause is."""
+        self._read_pauses += 1
+        if self._read_pauses == 1 and self._transport is not None and not self.closed:
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._read_pauses -= 1
+        if self._read_pauses == 0 and self._transport is not None and not self.closed:
+            self._transport.resume_reading()
 
     @property
     def in_flight(self) -> int:

@@ -112,6 +112,32 @@ class Worker:
             if callback is not None and self._channel.closed:
                 asyncio.get_running_loop().call_soon(callback)
 
+    def on_chunk(self, callback: Callable[[Batch, Frame], None] | None) -> None:
+        """Call ``callback`` with the running batch and each CHUNK frame the worker sends."""
+        if self._channel is not None:
+            self._channel.on_chunk = callback
+
+    def pause_reading(self) -> None:
+        """Back-pressure from a streamed response: see :meth:`Channel.pause_reading`."""
+        if self._channel is not None:
+            self._channel.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._channel is not None:
+            self._channel.resume_reading()
+
+    def stop_streaming(self, batch: Batch, request_id: str) -> None:
+        """The caller of a request streaming in ``batch`` (the running one) went away."""
+        if self._channel is not None:
+            self._channel.cancel_running(batch, [request_id])
+
+    def chunks_broke_protocol(self, reason: str) -> None:
+        """A CHUNK frame the worker should not have sent: drop the channel, as for any breach
+        (its batches fail with the reason, see :meth:`_lost`)."""
+        if self._channel is not None:
+            self._channel.broken = reason
+            self._channel.close()
+
     async def ended(self) -> str:
         """Why the worker was lost while idle: how its process ended, or its protocol breach."""
         return (await self._lost()).message

@@ -12,6 +12,7 @@ from mserve_worker.protocol import (
     HEADER,
     MAX_META_BYTES,
     PROTOCOL_VERSION,
+    ChunkItem,
     Decoder,
     Frame,
     Kind,
@@ -21,10 +22,12 @@ from mserve_worker.protocol import (
     ResponseItem,
     batch_frame,
     cancel_frame,
+    chunk_frame,
     encode,
     encode_bytes,
     parse_batch,
     parse_cancel,
+    parse_chunk,
     parse_result,
     parse_result_metrics,
     result_frame,
@@ -63,14 +66,14 @@ def raw_frame(
 
 def test_hello_frame_bytes_are_exact() -> None:
     meta = b'{"protocol":2,"pid":4242,"python":"3.11.7","runtime":"mserve-worker"}'
-    header = bytes.fromhex("4d53 02 01 0000 00000045 00000000 0000")
+    header = bytes.fromhex("4d53 03 01 0000 00000045 00000000 0000")
     assert len(meta) == 0x45
     assert encode_bytes(Frame(Kind.HELLO, HELLO_META)) == header + meta
 
 
 def test_batch_frame_bytes_match_the_worked_example_in_the_docs() -> None:
     expected = bytes.fromhex(
-        "4d53 02 05 0000 00000065 00000002 0000"
+        "4d53 03 05 0000 00000065 00000002 0000"
         "7b22 6261 7463 685f 6964 223a 372c 2272 6571 7565 7374 7322 3a5b 7b22 6964 223a"
         "2272 3122 2c22 636f 6e74 656e 745f 7479 7065 223a 2274 6578 742f 706c 6169 6e22"
         "2c22 6865 6164 6572 7322 3a5b 5d2c 2270 6172 616d 7322 3a7b 7d2c 2273 697a 6522"
@@ -134,6 +137,7 @@ EXAMPLES = {
     Kind.RESULT: result_frame(3, [ResponseItem(200, b"ok")]),
     Kind.BATCH_FAILED: Frame(Kind.BATCH_FAILED, {"batch_id": 3, "error": "e", "traceback": "t"}),
     Kind.CANCEL: cancel_frame(4, ["r2", "r3"]),
+    Kind.CHUNK: chunk_frame(3, [ChunkItem(0, b"tok", 200, "text/plain", [["X-A", "1"]])]),
 }
 
 
@@ -165,6 +169,8 @@ STREAM_FRAMES = [
             RequestItem("r2", "", [], b""),
         ],
     ),
+    chunk_frame(9, [ChunkItem(1, b"first", 201, "text/plain", [["X-Ünï", "値"]])]),
+    chunk_frame(9, [ChunkItem(1, ALL_BYTES[:8]), ChunkItem(0, b"")]),
     Frame(Kind.READY, {}),
 ]
 STREAM = b"".join(encode_bytes(f) for f in STREAM_FRAMES)
@@ -240,14 +246,14 @@ DECODE_ERRORS = [
         raw_frame(magic=b"GE"),
         "bad frame magic b'GE', expected b'MS': the peer is not speaking the mserve worker protocol",
     ),
-    ("version", raw_frame(version=1), "unsupported protocol version 1, this side speaks 2"),
+    ("version", raw_frame(version=1), "unsupported protocol version 1, this side speaks 3"),
     (
         "kind 0",
         raw_frame(kind=0),
         "unknown frame kind 0, expected one of 1 (HELLO), 2 (INIT), 3 (READY), 4 (LOAD_FAILED), "
-        "5 (BATCH), 6 (RESULT), 7 (BATCH_FAILED), 8 (CANCEL)",
+        "5 (BATCH), 6 (RESULT), 7 (BATCH_FAILED), 8 (CANCEL), 9 (CHUNK)",
     ),
-    ("kind 9", raw_frame(kind=9), "unknown frame kind 9, expected one of 1 (HELLO), "),
+    ("kind 10", raw_frame(kind=10), "unknown frame kind 10, expected one of 1 (HELLO), "),
     ("flags", raw_frame(flags=0x8001), "frame flags must be 0 (reserved), got 0x8001"),
     (
         "reserved",
@@ -346,7 +352,7 @@ def test_a_failed_decoder_refuses_further_input() -> None:
     with pytest.raises(ProtocolError) as info:
         decoder.feed(encode_bytes(Frame(Kind.READY, {})))
     assert str(info.value) == (
-        "decoder stopped after an earlier error: unsupported protocol version 9, this side speaks 2"
+        "decoder stopped after an earlier error: unsupported protocol version 9, this side speaks 3"
     )
 
 
@@ -370,7 +376,7 @@ def test_decoder_limit_must_fit_u32(limit: object) -> None:
 # -- encode errors -------------------------------------------------------------------------------
 
 ENCODE_ERRORS = [
-    ("kind", Frame(9, {}), "unknown frame kind 9, expected one of 1 (HELLO)"),  # type: ignore[arg-type]
+    ("kind", Frame(10, {}), "unknown frame kind 10, expected one of 1 (HELLO)"),  # type: ignore[arg-type]
     (
         "meta list",
         Frame(Kind.INIT, [1]),
@@ -775,7 +781,7 @@ def test_small_frames_go_out_as_one_buffer_large_ones_uncopied() -> None:
 
 def test_cancel_frame_round_trips_and_is_checked() -> None:
     frame = cancel_frame(4, ["r2", "r3"])
-    assert encode_bytes(frame)[:4] == b"MS\x02\x08"
+    assert encode_bytes(frame)[:4] == b"MS\x03\x08"
     (decoded,) = decode_all(encode_bytes(frame))
     assert parse_cancel(decoded) == (4, ["r2", "r3"])
     with pytest.raises(ProtocolError, match="CANCEL ids must be a list of strings"):
@@ -809,7 +815,7 @@ def test_result_with_metrics_bytes_are_exact() -> None:
         b'"handler_ms":1.5,"metrics":[{"name":"ItemsSeen","value":1,"unit":"count",'
         b'"kind":"counter","request_id":"a1","dimensions":[["Color","red"]]}]}'
     )
-    assert encode_bytes(frame) == HEADER.pack(b"MS", 2, Kind.RESULT, 0, len(meta), 2) + meta + b"ok"
+    assert encode_bytes(frame) == HEADER.pack(b"MS", PROTOCOL_VERSION, Kind.RESULT, 0, len(meta), 2) + meta + b"ok"
 
 
 def test_result_metrics_round_trip() -> None:
@@ -841,3 +847,83 @@ def test_result_metrics_errors_name_the_field(meta: dict, message: str) -> None:
     with pytest.raises(ProtocolError) as info:
         parse_result_metrics(frame)
     assert str(info.value).startswith(message)
+# -- CHUNK: pieces of streamed responses ---------------------------------------------------------
+
+
+def test_chunk_frame_bytes_are_exact() -> None:
+    frame = chunk_frame(7, [ChunkItem(0, b"hi", 200, "text/plain"), ChunkItem(2, b"!")])
+    meta = (
+        b'{"batch_id":7,"chunks":[{"i":0,"size":2,"status":200,"content_type":"text/plain",'
+        b'"headers":[]},{"i":2,"size":1}]}'
+    )
+    header = HEADER.pack(b"MS", 3, 9, 0, len(meta), 3)
+    assert header[:4] == b"MS\x03\x09"
+    assert encode_bytes(frame) == header + meta + b"hi!"
+
+
+def test_chunk_round_trips_with_first_and_later_chunks() -> None:
+    items = [ChunkItem(3, ALL_BYTES, 404, "application/json", [["X-B", "2"]]), ChunkItem(1, b"x")]
+    (decoded,) = decode_all(encode_bytes(chunk_frame(11, items)))
+    batch_id, got = parse_chunk(decoded)
+    assert batch_id == 11
+    assert [(c.index, bytes(c.body), c.status, c.content_type, c.headers) for c in got] == [
+        (3, ALL_BYTES, 404, "application/json", [["X-B", "2"]]),
+        (1, b"x", 0, "", []),
+    ]
+
+
+def test_chunk_split_at_every_offset() -> None:
+    frames = [
+        chunk_frame(1, [ChunkItem(0, b"a" * 8, 200, "text/plain")]),
+        chunk_frame(1, [ChunkItem(0, bytes(range(8)))]),
+        result_frame(1, [ResponseItem(200, b"end")]),
+    ]
+    data = b"".join(encode_bytes(f) for f in frames)
+    for i in range(len(data) + 1):
+        decoder = Decoder()
+        assert decoder.feed(data[:i]) + decoder.feed(data[i:]) == frames, i
+
+
+CHUNK_ERRORS = [
+    (
+        "no i",
+        Frame(Kind.CHUNK, {"batch_id": 1, "chunks": [{"size": 0}]}),
+        "CHUNK chunks[0] lacks the required field 'i'",
+    ),
+    (
+        "i negative",
+        Frame(Kind.CHUNK, {"batch_id": 1, "chunks": [{"i": -1, "size": 0}]}),
+        "CHUNK chunks[0].i must be a non-negative integer, got -1",
+    ),
+    (
+        "status 700",
+        Frame(Kind.CHUNK, {"batch_id": 1, "chunks": [{"i": 0, "size": 0, "status": 700}]}),
+        "CHUNK chunks[0].status must be an HTTP status in 100..599, got 700",
+    ),
+    (
+        "sizes",
+        Frame(Kind.CHUNK, {"batch_id": 2, "chunks": [{"i": 0, "size": 5}]}, b"abc"),
+        "CHUNK 2: chunks sizes add up to 5 bytes but the payload holds 3 bytes",
+    ),
+    (
+        "not a chunk",
+        result_frame(1, []),
+        "expected a CHUNK frame, got RESULT",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"), [c[1:] for c in CHUNK_ERRORS], ids=[c[0] for c in CHUNK_ERRORS]
+)
+def test_chunk_parse_error(frame: Frame, message: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_chunk(frame)
+    assert str(info.value) == message
+
+
+def test_chunk_build_error_names_the_field() -> None:
+    with pytest.raises(ProtocolError, match=r"CHUNK chunks\[0\].body must be bytes-like, got str"):
+        chunk_frame(1, [ChunkItem(0, "text")])  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match=r"CHUNK chunks\[1\].status must be an HTTP status"):
+        chunk_frame(1, [ChunkItem(0, b""), ChunkItem(1, b"", 1000)])
