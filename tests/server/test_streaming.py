@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import re
 import socket
 import time
 import urllib.request
@@ -245,6 +246,25 @@ def test_a_failure_mid_stream_is_visible_and_the_worker_keeps_serving(model, ts_
     assert "broke after 8 bytes" in log and "f failed after 2 parts" in log
 
 
+def test_a_prediction_exception_breaks_a_started_stream_and_sets_the_status_before(
+    ts_server,
+) -> None:
+    """Once a chunk went out the status is sent: TorchServe's PredictionException can only end
+    the stream broken; raised before the first chunk it answers its own status and message."""
+    stream = RawStream(ts_server, "ts", {"name": "p", "parts": 4, "fail_after": 1,
+                                         "prediction_error": 429})  # fmt: skip
+    try:
+        assert stream.status == 200 and stream.next_chunk() == b"p:0;"
+        with pytest.raises(Incomplete):  # closed without the terminating chunk
+            stream.next_chunk()
+    finally:
+        stream.close()
+    reply = ts_server.predict("ts", {"name": "q", "parts": 2, "fail_after": 0,
+                                     "prediction_error": 429})  # fmt: skip
+    assert reply.status == 429
+    assert reply.json()["message"] == "q refused after 0 parts"
+
+
 def test_a_failure_before_the_first_chunk_is_an_ordinary_error_answer(ts_server) -> None:
     reply = ts_server.predict("gen", {"name": "early", "parts": 3, "fail_after": 0})
     assert reply.status == 500
@@ -352,6 +372,8 @@ def test_a_stream_counts_once_in_the_access_log_and_metrics(ts_server) -> None:
     with urllib.request.urlopen(ts_server.url("metrics", "/metrics"), timeout=10) as resp:
         metrics = resp.read().decode()
     assert 'mserve_requests_total{code="200",model="ts",version="1.0"} 1.0' in metrics
+    # TorchServe's names count it once too
+    assert re.search(r'^ts_inference_requests_total\{[^}]*model_name="ts"[^}]*\} 1\.0$', metrics, re.M)
 
 
 # -- ChunkStream as another frontend (gRPC server streaming) would read it ----------------------
