@@ -27,8 +27,10 @@ mserve --stop --run-dir "$RUN" >/dev/null 2>&1 || true
 mserve --start --config out/mserve.yaml --run-dir "$RUN" --models mlp=mlp.mar
 trap 'mserve --stop --run-dir "$RUN"' EXIT
 ADDR=$(python -c "import json; print(json.load(open('$RUN/status.json'))['inference'])")
+# token authorization is on: the inference key is in the run dir's key file (mode 0600)
+KEY=$(python -c "import json; print(json.load(open('$RUN/key_file.json'))['inference']['key'])")
 BODY=$(python -c "import json; print(json.dumps({'data': [0.01 * i for i in range(256)]}))")
 echo "==> querying http://$ADDR/predictions/mlp"
 curl -sS --fail-with-body -X POST "http://$ADDR/predictions/mlp" \
-    -H 'Content-Type: application/json' -d "$BODY"
+    -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -d "$BODY"
 echo

@@ -12,8 +12,15 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from server.auth import Keys
 from server.download import parse_sha256
-from server.errors import BadRequest, ModelNotFound, ModelVersionNotFound
+from server.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    ModelNotFound,
+    ModelVersionNotFound,
+    PathNotFound,
+)
 from server.http import Answer, Connection, Request, json_answer
 from server.registry import RegisterRequest, Registry
 
@@ -73,8 +80,23 @@ class ManagementAPI:
 
     api_name = "management"
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, keys: Keys | None, model_api: bool) -> None:
+        """``keys``: token authorization's keys (None: off), rotated by ``GET /token``.
+        ``model_api``: whether registering and unregistering through the API is allowed
+        (``enable_model_api``); startup models load either way."""
         self.registry = registry
+        self.keys = keys
+        self.model_api = model_api
+
+    def _model_api(self, action: str) -> None:
+        """TorchServe's model API control: 405 unless the operator enabled it."""
+        if not self.model_api:
+            raise MethodNotAllowed(
+                f"{action} through the API is disabled (model API control): start mserve with"
+                " --enable-model-api or set enable_model_api to true; models given at start"
+                " (--models, load_models, the snapshot) load either way",
+                ("GET",) if action == "registering models" else ("GET", "PUT"),
+            )  # fmt: skip
 
     def route(self, conn: Connection, req: Request) -> None:
         parts, registry = req.parts, self.registry
@@ -82,7 +104,17 @@ class ManagementAPI:
             if req.allow("GET", "POST") == "GET":
                 conn.answer_json(req, 200, models_page(registry, req.query))
             else:
+                self._model_api("registering models")
                 conn.answer_later(req, _register(registry, req.query))
+            return
+        if parts == ["token"]:
+            req.allow("GET")
+            if self.keys is None:
+                raise PathNotFound(
+                    "token authorization is off (disable_token_authorization): there are no"
+                    " keys to rotate"
+                )
+            conn.answer_json(req, 200, self.keys.rotate(req.query.get("type", "")))
             return
         if parts == ["environments"]:
             if req.allow("GET", "DELETE") == "GET":
@@ -111,6 +143,7 @@ class ManagementAPI:
         elif method == "PUT":
             conn.answer_later(req, self._scale(name, version, req.query))
         else:
+            self._model_api("unregistering models")
             conn.answer_later(req, self._unregister(name, version))
 
     async def _scale(self, name: str, version: str | None, query: Mapping[str, str]) -> Answer:

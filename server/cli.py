@@ -48,13 +48,18 @@ def parse_models(values: list[str]) -> list[StartupModel]:
 
 def _print_status(status: dict[str, Any]) -> None:
     click.echo(f"mserve {status.get('version')} pid {status['pid']}: {status['state']}")
+    urls = status.get("urls") or {}
     for api in ("inference", "management", "metrics"):
-        click.echo(f"  {api:<10} http://{status.get(api)}")
+        click.echo(f"  {api:<10} {urls.get(api) or f'http://{status.get(api)}'}")
+    if status.get("key_file"):
+        click.echo(f"  keys       {status['key_file']} (send 'Authorization: Bearer <key>')")
     for name, state in sorted(status.get("models", {}).items()):
         click.echo(f"  model {name}: {state}")
     click.echo(f"  logs       {status.get('log_dir')}")
     if status.get("env_dir"):
         click.echo(f"  envs       {status['env_dir']} ({_env_summary(Path(status['env_dir']))})")
+    for warning in status.get("warnings") or ():
+        click.echo(f"mserve: WARNING: {warning}", err=True)
 
 
 def _env_summary(root: Path) -> str:
@@ -193,9 +198,14 @@ def _startup_models(config: ServerConfig, flag_models: list[str]) -> list[Startu
 )
 @click.option(
     "--disable-token-auth", "--dt", "disable_token_auth", is_flag=True,
-    help="TorchServe's flag: disable_token_authorization=true.",
+    help="Serve without token authorization (disable_token_authorization=true; keys are"
+    " required by default, as in TorchServe).",
 )  # fmt: skip
-@click.option("--enable-model-api", is_flag=True, help="TorchServe's flag: enable_model_api=true.")
+@click.option(
+    "--enable-model-api", "--model-api-enabled", "enable_model_api", is_flag=True,
+    help="Allow registering and unregistering models through the management API"
+    " (enable_model_api=true; off by default, as in TorchServe).",
+)  # fmt: skip
 @click.option("--log-config", help="TorchServe's log4j2 file: accepted, not used.")
 @click.option("--cpp-log-config", help="TorchServe's C++ backend log config: not used.")
 @click.option("--workflow-store", help="TorchServe's workflow store: not used (no workflows).")

@@ -140,9 +140,21 @@ class ServerConfig:
     # "torchserve": TorchServe's log files (ts_log.log, access_log.log, model_log.log) in place
     # of ours (mserve.log, access.log), in TorchServe's line formats.
     log_layout: str = "mserve"
-    # TorchServe's security keys, accepted now; what they do lands with token auth and TLS.
+    # Token authorization (server/auth.py): on unless disabled. Keys expire after
+    # token_expiration_min, or the per-kind value when set; the paths that need no key (on the
+    # inference and management ports); whether the metrics port wants the management key.
     disable_token_authorization: bool = False
-    enable_model_api: bool = True
+    token_expiration_min: float = 60.0
+    inference_token_expiration_min: float | None = None
+    management_token_expiration_min: float | None = None
+    token_exempt_paths: tuple[str, ...] = (
+        "/ping", "/v2/health/live", "/v2/health/ready", "/api-description"
+    )  # fmt: skip
+    metrics_need_token: bool = False
+    # TorchServe's model API control: registering and unregistering through the API is off
+    # unless enabled; startup models load either way.
+    enable_model_api: bool = False
+    # TLS for listeners whose address is https:// (server/tls.py): PEM files.
     certificate_file: str | None = None
     private_key_file: str | None = None
     # Startup models (TorchServe's load_models; --models replaces them): NAME=PATH, PATH, "all".
@@ -179,14 +191,23 @@ class ServerConfig:
         return next((e for e in self.models if e.name == name and e.version == version), None)
 
 
+ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
+
+
 def _types() -> dict[str, Any]:
     return get_type_hints(ServerConfig)
 
 
-def parse_address(value: str, key: str) -> tuple[str, int]:
-    """``host:port`` (port 0 = any free port); a bare port means 127.0.0.1."""
+def split_address(value: str, key: str) -> tuple[bool, str, int]:
+    """(TLS, host, port) of ``[http://|https://]host:port`` (port 0 = any free port); a bare
+    port means 127.0.0.1, as does an empty host."""
+    tls = False
+    lower = value.lower()
+    if lower.startswith(("http://", "https://")):
+        tls = lower.startswith("https://")
+        value = value.split("://", 1)[1].rstrip("/")
     host, sep, port = value.rpartition(":")
-    if not sep:
+    if not sep or "]" in port:
         host, port = "127.0.0.1", value
     try:
         number = int(port)
@@ -194,7 +215,12 @@ def parse_address(value: str, key: str) -> tuple[str, int]:
         raise ConfigError(f"{key}: {value!r} is not host:port") from None
     if not 0 <= number <= 65535:
         raise ConfigError(f"{key}: port {number} is out of range 0-65535")
-    return host.strip("[]") or "127.0.0.1", number
+    return tls, host.strip("[]") or "127.0.0.1", number
+
+
+def parse_address(value: str, key: str) -> tuple[str, int]:
+    """(host, port) of an address (see split_address)."""
+    return split_address(value, key)[1:]
 
 
 def _base_type(hint: Any) -> tuple[Any, bool]:
@@ -303,8 +329,12 @@ def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:
                 )
             values[key] = _coerce(key, value, source)
     config = dataclasses.replace(ServerConfig(), **values)
-    for key in ("inference_address", "management_address", "metrics_address"):
-        parse_address(getattr(config, key), key)
+    tls = [k for k in ADDRESS_KEYS if split_address(getattr(config, k), k)[0]]
+    if tls and not (config.certificate_file and config.private_key_file):
+        raise ConfigError(
+            f"{tls[0]} is {getattr(config, tls[0])}: serving https needs certificate_file and"
+            " private_key_file (PEM files)"
+        )
     _check_allowed_urls(config.allowed_urls)
     return config
 

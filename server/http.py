@@ -20,6 +20,7 @@ import collections
 import functools
 import json
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
@@ -31,6 +32,7 @@ import httptools
 
 from server.accesslog import AccessLogFile
 from server.api_description import describe
+from server.auth import Guard
 from server.errors import (
     BadRequest,
     InternalError,
@@ -156,12 +158,15 @@ class HttpServer:
         read_timeout_s: float = 60.0,
         max_connections: int = 4096,
         on_answer: Callable[[int], None] | None = None,
+        guard: Guard | None = None,
     ) -> None:
         """``keepalive_s``: an idle connection is closed after it. ``read_timeout_s``: a request
         that stops arriving for that long, or whose request line and headers are not complete
         that long after they began (a client trickling them in), is dropped.
-        ``max_connections``: more are closed as soon as they open (file descriptors are finite)."""
+        ``max_connections``: more are closed as soon as they open (file descriptors are finite).
+        ``guard``: token authorization, checked before a request is routed (None: off)."""
         self.router = router
+        self.guard = guard
         self.access_log = access_log
         self.on_answer = on_answer  # called with each answer's status (metrics)
         self.max_request_bytes = max_request_bytes
@@ -177,11 +182,15 @@ class HttpServer:
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def listen(self, host: str, port: int) -> tuple[str, int]:
+    async def listen(
+        self, host: str, port: int, tls: ssl.SSLContext | None = None
+    ) -> tuple[str, int]:
+        """``tls``: serve HTTPS with it (server/tls.py), else plain HTTP."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Connection(self), host, port, reuse_address=True
-        )
+            lambda: Connection(self), host, port, reuse_address=True, ssl=tls,
+            ssl_handshake_timeout=self.read_timeout_s if tls else None,
+        )  # fmt: skip
         self._sweeper = loop.call_later(self._sweep_s, self._sweep)
         bound = self._server.sockets[0].getsockname()
         return bound[0], bound[1]
@@ -229,6 +238,8 @@ class HttpServer:
         try:
             if self.stopping:
                 raise ServiceUnavailable("the server is shutting down")
+            if self.guard is not None:
+                self.guard.check(req.parts, req.method, req.header("Authorization"))
             api = self.router.api_name
             if api and (req.parts == ["api-description"] or (
                     req.method == "OPTIONS" and req.parts == [""])):  # fmt: skip

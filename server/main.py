@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import ipaddress
 import logging
 import os
 import signal
@@ -27,7 +28,8 @@ from archiver import __version__
 from server import snapshot
 from server.accesslog import AccessLogFile
 from server.app import ManagementAPI
-from server.config import ModelEntry, ServerConfig, parse_address
+from server.auth import Guard, Keys
+from server.config import ModelEntry, ServerConfig, split_address
 from server.devices import GpuAllocator, server_gpus
 from server.download import is_remote, recorded_url
 from server.errors import MserveError
@@ -37,8 +39,16 @@ from server.inference_api import InferenceAPI
 from server.metrics import Metrics, MetricsAPI
 from server.model import ModelVersion
 from server.registry import RegisterRequest, Registry
-from server.rundir import LOCK_FILE, PID_FILE, STATUS_FILE, StartupModel, write_json_atomic
+from server.rundir import (
+    KEY_FILE,
+    LOCK_FILE,
+    PID_FILE,
+    STATUS_FILE,
+    StartupModel,
+    write_json_atomic,
+)
 from server.snapshot import SNAPSHOT_FILE
+from server.tls import server_context
 from server.workers.launch import Launcher
 
 log = logging.getLogger("mserve")
@@ -130,8 +140,11 @@ class Server:
         )
         self.registry = Registry(config, self.gpus, __version__, self.launcher, self.metrics)
         self.metrics.watch(self.registry)
+        self.keys = None if config.disable_token_authorization else _keys(config)
         self.listeners: list[HttpServer] = []
         self.addresses: dict[str, str] = {}
+        self.urls: dict[str, str] = {}  # each API's base URL, http:// or https://
+        self.warnings: list[str] = []  # said at start and by mserve --status
         self.load_failures: dict[str, str] = {}  # startup or snapshot models that failed
         self._written_models: dict[str, str] | None = None
         self.state = "starting"
@@ -169,6 +182,10 @@ class Server:
                 "inference": self.addresses.get("inference"),
                 "management": self.addresses.get("management"),
                 "metrics": self.addresses.get("metrics"),
+                "urls": self.urls,
+                "token_authorization": self.keys is not None,
+                "key_file": str(self.keys.path) if self.keys is not None else None,
+                "warnings": self.warnings,
                 "gpus": self.gpus.count,
                 "models": models,
                 "log_dir": str(self.config.log_path),
@@ -188,43 +205,71 @@ class Server:
                     log.error("could not save the status file: %s", exc)
 
     async def listen(self) -> None:
-        if self.config.access_log:
-            torchserve = self.config.log_layout == "torchserve"
+        config = self.config
+        if config.access_log:
+            torchserve = config.log_layout == "torchserve"
             name = "access_log.log" if torchserve else "access.log"
-            self.access_log = AccessLogFile(self.config.log_path / name, torchserve=torchserve)
+            self.access_log = AccessLogFile(config.log_path / name, torchserve=torchserve)
         routers = {
-            "inference": InferenceAPI(
-                self.registry, self.metrics, self.config.max_response_size_bytes
-            ),
-            "management": ManagementAPI(self.registry),
+            "inference": InferenceAPI(self.registry, self.metrics, config.max_response_size_bytes),
+            "management": ManagementAPI(self.registry, self.keys, config.enable_model_api),
             "metrics": MetricsAPI(self.metrics),
         }
         max_request = {
-            "inference": self.config.max_request_size_bytes,
+            "inference": config.max_request_size_bytes,
             "management": 1 << 20,
             "metrics": 1 << 16,
         }
+        addresses = {name: split_address(getattr(config, f"{name}_address"), name)
+                     for name in routers}  # fmt: skip
+        tls = None
+        if any(secure for secure, _, _ in addresses.values()):
+            assert config.certificate_file and config.private_key_file  # checked by the config
+            tls = server_context(config.certificate_file, config.private_key_file)
+        if self.keys is not None:
+            self.keys.write()
+            log.info("token authorization is on: keys in %s", self.keys.path)
         for name, router in routers.items():
-            host, port = parse_address(getattr(self.config, f"{name}_address"), name)
+            secure, host, port = addresses[name]
             listener = HttpServer(
                 router,
                 self.access_log if name != "metrics" else None,
                 max_request[name],
-                keepalive_s=self.config.keepalive_timeout_s,
-                read_timeout_s=self.config.read_timeout_s,
-                max_connections=self.config.max_connections,
+                keepalive_s=config.keepalive_timeout_s,
+                read_timeout_s=config.read_timeout_s,
+                max_connections=config.max_connections,
                 on_answer=self.metrics.status if name != "metrics" else None,
+                guard=self._guard(name),
             )
             try:
-                bound = await listener.listen(host, port)
+                bound = await listener.listen(host, port, tls if secure else None)
             except OSError as exc:
                 raise MserveError(
                     f"cannot listen on {host}:{port} for the {name} API: {exc.strerror}"
                     f" (set {name}_address to another port, or 0 for any free port)"
                 ) from exc
             self.listeners.append(listener)
-            self.addresses[name] = f"{bound[0]}:{bound[1]}"
-            log.info("%s API listening on http://%s", name, self.addresses[name])
+            address = f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
+            self.addresses[name] = address
+            self.urls[name] = f"{'https' if secure else 'http'}://{address}"
+            log.info("%s API listening on %s", name, self.urls[name])
+        self._warn_if_open()
+
+    def _guard(self, api: str) -> Guard | None:
+        """Token authorization for one listener: the inference key on the inference port, the
+        management key on the management port and, when asked, on the metrics port."""
+        if self.keys is None or (api == "metrics" and not self.config.metrics_need_token):
+            return None
+        kind = "inference" if api == "inference" else "management"
+        exempt = self.config.token_exempt_paths if api != "metrics" else ()
+        return Guard(self.keys, kind, api, exempt)
+
+    def _warn_if_open(self) -> None:
+        if self.keys is None:
+            warning = open_warning(self.urls, self.config.enable_model_api)
+            if warning:
+                self.warnings.append(warning)
+                log.warning("%s", warning)
 
     async def restore_snapshot(self) -> None:
         if not self.config.snapshot:
@@ -397,7 +442,39 @@ class Server:
             listener.close()
         for listener in self.listeners:
             await listener.wait_closed(1.0)
+        if self.keys is not None:
+            self.keys.remove()
         log.info("mserve stopped")
+
+
+def _keys(config: ServerConfig) -> Keys:
+    minutes = {
+        "inference": config.inference_token_expiration_min or config.token_expiration_min,
+        "management": config.management_token_expiration_min or config.token_expiration_min,
+    }
+    return Keys(config.run_path / KEY_FILE, {k: m * 60 for k, m in minutes.items()})
+
+
+def open_warning(urls: dict[str, str], model_api: bool) -> str | None:
+    """What to say when token authorization is off and an API listens beyond loopback: anyone
+    who reaches it can call it without a key, and register models (their code runs here)."""
+    exposed = [f"{api} ({url})" for api, url in urls.items()
+               if not _loopback(split_address(url, api)[1])]  # fmt: skip
+    if not exposed:
+        return None
+    runs_code = " and register models, which runs their code here" if model_api else ""
+    return (
+        f"token authorization is OFF and the {', '.join(exposed)} API listens beyond this"
+        f" machine: anyone who reaches it can call it without a key{runs_code}; remove"
+        " --disable-token-auth / disable_token_authorization to require keys"
+    )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _state(mv: ModelVersion) -> str:

@@ -5,6 +5,7 @@ Kept free of heavy imports so ``mserve --start/--stop/--status`` start in millis
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 STATUS_FILE = "status.json"
+KEY_FILE = "key_file.json"  # token authorization's keys (server/auth.py), TorchServe's name
 PID_FILE = "mserve.pid"
 LOCK_FILE = "mserve.lock"
 ENV_META_FILE = ".mserve-env.json"  # written last into a finished per-model environment
@@ -24,11 +26,15 @@ class StartupModel:
     url: str
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o644) -> None:
     """Replace ``path`` so that a reader, a crash or a power cut finds the old file or the new
-    one, never a mix: the data reaches the disk before the rename, the rename before return."""
+    one, never a mix: the data reaches the disk before the rename, the rename before return.
+    ``mode`` is the file's from its creation (0o600 for secrets: never readable by others, not
+    even for an instant)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a crash's leftover may carry another mode
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w") as f:
         f.write(json.dumps(data, indent=2))
         f.flush()
         os.fsync(f.fileno())

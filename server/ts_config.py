@@ -142,23 +142,17 @@ def newest_snapshot(folder: Path) -> Path:
 
 
 def _address(value: str, where: str, key: str) -> str:
-    """``http://host[:port]`` (TorchServe's form) or ``host:port``. https and unix sockets are
-    refused: serving plain HTTP where the operator configured TLS would be worse than not
-    starting."""
+    """``http://host[:port]`` (TorchServe's form), ``https://host[:port]`` (TLS, with
+    certificate_file and private_key_file) or ``host:port``. Unix sockets are refused."""
     lower = value.lower()
-    if lower.startswith("https://"):
-        raise ConfigError(
-            f"{where}: {key}={value}: TLS (https) is not available in mserve yet, and mserve"
-            " will not serve plain HTTP on an address configured as https; use http:// (behind"
-            " a TLS proxy) until TLS support lands"
-        )
     if lower.startswith("unix:"):
         raise ConfigError(f"{where}: {key}={value}: unix socket addresses are not supported")
-    if lower.startswith("http://"):
-        rest = value[len("http://") :].rstrip("/")
-        if ":" not in rest.rsplit("]", 1)[-1]:
-            rest += ":80"  # TorchServe's default port for a bare http:// host
-        return rest
+    for scheme, port in (("http://", ":80"), ("https://", ":443")):
+        if lower.startswith(scheme):
+            rest = value[len(scheme) :].rstrip("/")
+            if ":" not in rest.rsplit("]", 1)[-1]:
+                rest += port  # TorchServe's default port for a bare host
+            return rest if scheme == "http://" else scheme + rest
     return value
 
 
@@ -218,6 +212,8 @@ _MAPPED: dict[str, tuple[str, _Convert]] = {
     "allowed_urls": ("allowed_urls", _list),
     "disable_token_authorization": ("disable_token_authorization", _boolean),
     "enable_model_api": ("enable_model_api", _boolean),
+    "model_api_enabled": ("enable_model_api", _boolean),  # TorchServe 0.11's name
+    "token_expiration_min": ("token_expiration_min", _same),
     "certificate_file": ("certificate_file", _same),
     "private_key_file": ("private_key_file", _same),
     "metrics_mode": ("metrics_mode", lambda v, w, k: v.strip().lower()),
@@ -244,7 +240,7 @@ _NO_EFFECT = frozenset((
     "metric_time_interval", "model_metrics_auto_detect", "disable_system_metrics",
     "system_metrics_cmd", "enable_metrics_api", "ipex_enable", "cpu_launcher_enable",
     "cpu_launcher_args", "ipex_gpu_enable", "workflow_store", "cpp_log_config",
-    "token_expiration_min", "ts_header_key_sequence_id", "ts_header_key_sequence_start",
+    "ts_header_key_sequence_id", "ts_header_key_sequence_start",
     "ts_header_key_sequence_end", "debug",
 ))  # fmt: skip
 # Keys whose non-default value would change what clients or handlers get, or what workers can

@@ -57,7 +57,11 @@ class Server:
         return int(self.status["pid"])
 
     def url(self, api: str, path: str) -> str:
-        return f"http://{self.status[api]}{path}"
+        return f"{self.status['urls'][api]}{path}"
+
+    def key(self, kind: str) -> str:
+        """A key from the server's key file ("management", "inference" or "API")."""
+        return json.loads((self.run_dir / "key_file.json").read_text())[kind]["key"]
 
     def predict(self, model: str, body: bytes | dict[str, Any] | str, *, version: str | None = None,
                 headers: dict[str, str] | None = None) -> Reply:  # fmt: skip
@@ -69,10 +73,18 @@ class Server:
             data, hdrs = body.encode(), {"Content-Type": "text/plain", **hdrs}
         else:
             data = body
-        return http("POST", self.url("inference", path), data, hdrs)
+        return http("POST", self.url("inference", path), data, {**self.auth("inference"), **hdrs})
 
     def manage(self, method: str, path: str) -> Reply:
-        return http(method, self.url("management", path), b"" if method != "GET" else None)
+        return http(method, self.url("management", path), b"" if method != "GET" else None,
+                    self.auth("management"))  # fmt: skip
+
+    def auth(self, kind: str) -> dict[str, str]:
+        """The Authorization header a client of this server sends for ``kind``'s API, read
+        from the key file as a client script would (none when token authorization is off)."""
+        if not self.status.get("token_authorization"):
+            return {}
+        return {"Authorization": f"Bearer {self.key(kind)}"}
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -158,13 +170,19 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
               extra: tuple[str, ...] = (), run_dir: Path | None = None,
               env: dict[str, str] | None = None) -> Server:  # fmt: skip
         """``env`` adds to the server's environment; CUDA_VISIBLE_DEVICES is unset unless it
-        names it, so a developer's own setting cannot change which GPUs the tests see."""
+        names it, so a developer's own setting cannot change which GPUs the tests see.
+
+        Token authorization is off and the model API on unless ``config`` says otherwise: most
+        tests are about serving, registering and scaling, and send no key;
+        tests/server/test_auth.py starts servers with the secure defaults."""
         run_dir = run_dir or tmp_path / f"run{len(started)}"
         settings = {
             "inference_address": "127.0.0.1:0",
             "management_address": "127.0.0.1:0",
             "metrics_address": "127.0.0.1:0",
             "model_store": str(tmp_path / "store"),
+            "disable_token_authorization": True,
+            "enable_model_api": True,
             **(config or {}),
         }
         (tmp_path / "store").mkdir(exist_ok=True)

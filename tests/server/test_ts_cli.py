@@ -285,7 +285,10 @@ def test_start_flag_errors_and_warnings(
     assert out.stderr.strip() == "mserve: --log-config file not found: log4j2.xml"
     (tmp_path / "c.properties").write_text("inference_address=https://127.0.0.1:8443\n")
     server, out = ts_start("--ts-config", "c.properties")
-    assert "TLS (https) is not available in mserve yet" in out.stderr and server is None
+    assert out.stderr.strip() == (
+        "mserve: inference_address is https://127.0.0.1:8443: serving https needs"
+        " certificate_file and private_key_file (PEM files)"
+    ) and server is None  # fmt: skip
 
     (tmp_path / "log4j2.xml").write_text("<Configuration/>")
     server, out = ts_start(

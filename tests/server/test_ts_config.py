@@ -205,15 +205,37 @@ def test_bad_values_name_file_line_and_key(tmp_path: Path, text: str, message: s
         config_from(tmp_path, text)
 
 
-def test_https_and_unix_addresses_are_refused(tmp_path: Path) -> None:
+def test_https_addresses_need_the_certificate_keys_and_unix_ones_are_refused(
+    tmp_path: Path,
+) -> None:
     with pytest.raises(ConfigError) as err:
         config_from(tmp_path, "\ninference_address=https://0.0.0.0:8443\n")
-    assert "line 2: inference_address=https://0.0.0.0:8443: TLS (https) is not available" in str(
-        err.value
+    assert str(err.value) == (
+        "inference_address is https://0.0.0.0:8443: serving https needs certificate_file and"
+        " private_key_file (PEM files)"
     )
-    assert "will not serve plain HTTP on an address configured as https" in str(err.value)
+    config, _ = config_from(tmp_path, (
+        "inference_address=https://127.0.0.1:8443\nmanagement_address=https://localhost\n"
+        "certificate_file=/etc/ts/cert.pem\nprivate_key_file=/etc/ts/key.pem\n"
+    ))  # fmt: skip
+    assert config.inference_address == "https://127.0.0.1:8443"
+    assert config.management_address == "https://localhost:443"  # TorchServe's default port
+    assert (config.certificate_file, config.private_key_file) == (
+        "/etc/ts/cert.pem", "/etc/ts/key.pem"
+    )  # fmt: skip
     with pytest.raises(ConfigError, match="unix socket addresses are not supported"):
         config_from(tmp_path, "management_address=unix:/tmp/ts.sock\n")
+
+
+def test_token_and_model_api_keys(tmp_path: Path) -> None:
+    config, ts = config_from(tmp_path, "token_expiration_min=30\nmodel_api_enabled=true\n")
+    assert (config.token_expiration_min, config.enable_model_api) == (30.0, True)
+    assert ts.warnings() == []
+    defaults, _ = config_from(tmp_path, "")
+    assert (defaults.disable_token_authorization, defaults.enable_model_api) == (False, False)
+    env = {"TS_DISABLE_TOKEN_AUTHORIZATION": "true", "TS_TOKEN_EXPIRATION_TIME_MIN": "5"}
+    config, _ = config_from(tmp_path, "enable_envvars_config=true\n", env)
+    assert (config.disable_token_authorization, config.token_expiration_min) == (True, 5.0)
 
 
 def test_one_port_for_two_apis_is_refused(tmp_path: Path) -> None:

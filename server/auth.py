@@ -1,0 +1,159 @@
+"""Token authorization, on by default, with TorchServe's three keys and key file.
+
+At start the server makes a management key, an inference key and an API key (32 random bytes
+each, URL-safe base64: 256 bits, where TorchServe's keys carry 48) and writes them to
+``<run_dir>/key_file.json`` (mode 0600) in TorchServe's layout, so scripts that read
+``.management.key`` or ``.inference.key`` from that file keep working. Clients send
+``Authorization: Bearer <key>``: the inference key on the inference port, the management key on
+the management port (and on the metrics port when ``metrics_need_token``). The API key only
+rotates the other two: ``GET /token?type=management|inference`` on the management port.
+Keys are compared in constant time; the management and inference keys expire
+(``token_expiration_min``, 60 as in TorchServe; per kind with
+``{inference,management}_token_expiration_min``) and a rotation starts a new term.
+
+A refusal is 401 with ``WWW-Authenticate: Bearer`` and TorchServe's error body (type
+``InvalidKeyException``); TorchServe answers 400. Probes (``token_exempt_paths``: ``/ping``,
+``/v2/health/*`` and the API description by default) need no key.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from server.errors import BadRequest, MserveError
+from server.rundir import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+KINDS = ("management", "inference")  # the keys that expire and rotate
+API = "API"  # the key that rotates them (TorchServe's name in its key file)
+KEY_BYTES = 32
+
+
+class Unauthorized(MserveError):
+    """No key, a wrong key or an expired one. TorchServe answers 400 with this type; 401 with
+    ``WWW-Authenticate`` is what HTTP clients and proxies expect."""
+
+    status = 401
+    type = "InvalidKeyException"
+
+    def __init__(self, message: str, realm: str, error: str | None) -> None:
+        super().__init__(message)
+        self.realm = realm
+        self.error = error  # RFC 6750: "invalid_token" once a key was sent
+
+    def headers(self) -> dict[str, str]:
+        value = f'Bearer realm="{self.realm}"'
+        if self.error:
+            value += f', error="{self.error}"'
+        return {"WWW-Authenticate": value}
+
+
+@dataclass
+class _Key:
+    value: str
+    expires: float | None  # epoch seconds; None: never (the API key)
+
+    def entry(self) -> dict[str, str]:
+        out = {"key": self.value}
+        if self.expires is not None:
+            out["expiration time"] = _iso(self.expires)
+        return out
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _new_key() -> str:
+    return secrets.token_urlsafe(KEY_BYTES)
+
+
+def bearer(header: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header (scheme in any case), else None."""
+    if not header:
+        return None
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return value.strip() or None
+
+
+class Keys:
+    """The server's keys and their file; rotation rewrites the file."""
+
+    def __init__(
+        self, path: Path, lifetimes_s: Mapping[str, float],
+        clock: Callable[[], float] = time.time,
+    ) -> None:  # fmt: skip
+        self.path = path
+        self.lifetimes_s = dict(lifetimes_s)
+        self.clock = clock
+        now = clock()
+        self._keys = {kind: _Key(_new_key(), now + lifetimes_s[kind]) for kind in KINDS}
+        self._keys[API] = _Key(_new_key(), None)
+
+    def write(self) -> None:
+        write_json_atomic(self.path, {k: key.entry() for k, key in self._keys.items()}, 0o600)
+
+    def remove(self) -> None:
+        """TorchServe deletes its key file when it stops; so do we (the keys die with us)."""
+        self.path.unlink(missing_ok=True)
+
+    def rotate(self, kind: str) -> dict[str, Any]:
+        """A new key of ``kind`` with a new term; the old one stops working at once."""
+        if kind not in KINDS:
+            raise BadRequest(
+                f"parameter 'type' should be one of {', '.join(KINDS)}, found {kind!r}"
+            )
+        key = self._keys[kind] = _Key(_new_key(), self.clock() + self.lifetimes_s[kind])
+        self.write()
+        log.info("the %s key was rotated (GET /token); it expires %s", kind, _iso(key.expires or 0))
+        return {kind: key.entry()}
+
+    def check(self, kind: str, sent: str | None, realm: str) -> None:
+        """Raise Unauthorized unless ``sent`` is the live key of ``kind``."""
+        key = self._keys[kind]
+        what = "the API key" if kind == API else f"the {kind} key"
+        if sent is None:
+            raise Unauthorized(
+                f"token authorization is on: send {what} as 'Authorization: Bearer <key>'"
+                " (the keys are in key_file.json in the server's run dir)", realm, None,
+            )  # fmt: skip
+        if not hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), key.value.encode()):
+            raise Unauthorized(f"the key sent is not {what}", realm, "invalid_token")
+        if key.expires is not None and self.clock() >= key.expires:
+            raise Unauthorized(
+                f"{what} expired at {_iso(key.expires)}; get a new one with"
+                f" GET /token?type={kind} on the management port, sending the API key",
+                realm, "invalid_token",
+            )  # fmt: skip
+
+
+class Guard:
+    """What one listener asks of each request before routing it."""
+
+    def __init__(self, keys: Keys, kind: str, api: str, exempt_paths: tuple[str, ...]) -> None:
+        self.keys = keys
+        self.kind = kind
+        self.realm = f"mserve {api} API"
+        # paths as the router sees them: "/v2/health/live" -> ["v2", "health", "live"]
+        self.exempt = {tuple(p.strip("/").split("/")) for p in exempt_paths}
+        self.rotates = api == "management"
+
+    def check(self, parts: list[str], method: str, authorization: str | None) -> None:
+        path = tuple(parts)
+        if path in self.exempt or (
+            method == "OPTIONS" and path == ("",) and ("api-description",) in self.exempt
+        ):
+            return
+        kind = API if self.rotates and path == ("token",) else self.kind
+        self.keys.check(kind, bearer(authorization), self.realm)

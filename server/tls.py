@@ -1,0 +1,64 @@
+"""TLS for the listeners whose address is ``https://``: one server context from the PEM
+certificate (chain) and private key files (TorchServe's ``certificate_file`` and
+``private_key_file``).
+
+Modern defaults: TLS 1.2 or newer; for TLS 1.2, forward-secret AEAD suites only (ECDHE or DHE
+with AES-GCM or ChaCha20-Poly1305); TLS 1.3 suites are OpenSSL's, all strong. No compression,
+no renegotiation. A file that is missing, unreadable, not PEM, or a key that does not match the
+certificate stops the start with a message naming the file.
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+from server.errors import ConfigError
+
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20:!aNULL:!eNULL:!MD5:!DSS"
+
+
+def server_context(certificate_file: str, private_key_file: str) -> ssl.SSLContext:
+    cert, key = Path(certificate_file).expanduser(), Path(private_key_file).expanduser()
+    for what, path in (("certificate_file", cert), ("private_key_file", key)):
+        if not path.is_file():
+            raise ConfigError(f"{what} {path} does not exist or is not a file")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(TLS12_CIPHERS)
+    context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION
+    context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    if not _holds_certificate(cert):
+        raise ConfigError(f"certificate_file {cert} holds no PEM certificate")
+    try:
+        # an encrypted key gets an empty password (and fails) rather than a terminal prompt
+        context.load_cert_chain(str(cert), str(key), password=lambda: b"")
+    except PermissionError as exc:
+        raise ConfigError(f"cannot read {exc.filename or key}: permission denied") from None
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc).upper():
+            raise ConfigError(
+                f"private_key_file {key} does not belong to certificate_file {cert}"
+            ) from None
+        raise ConfigError(
+            f"private_key_file {key} is not a usable PEM private key ({exc.reason or exc});"
+            " it must be unencrypted PEM"
+        ) from None
+    return context
+
+
+def _holds_certificate(path: Path) -> bool:
+    """Whether ``path`` starts with a PEM certificate (a chain may follow)."""
+    try:
+        text = path.read_text(errors="replace")
+    except PermissionError:
+        raise ConfigError(f"cannot read {path}: permission denied") from None
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    if begin not in text or end not in text:
+        return False
+    first = text[text.index(begin) : text.index(end) + len(end)]
+    try:
+        ssl.PEM_cert_to_DER_cert(first)
+    except ValueError:
+        return False
+    return True
