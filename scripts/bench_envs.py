@@ -73,7 +73,9 @@ def main() -> None:
                            check=True, capture_output=True)  # fmt: skip
         cfg = work / "mserve.yaml"
         cfg.write_text("inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
-                       f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\n")  # fmt: skip
+                       f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\n"
+                       # loopback only; it registers models and measures environments
+                       "disable_token_authorization: true\nenable_model_api: true\n")  # fmt: skip
         run = work / "run"
         subprocess.run([str(BIN / "mserve"), "--start", "--config", str(cfg), "--run-dir",
                         str(run)], check=True, capture_output=True)  # fmt: skip

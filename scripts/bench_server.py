@@ -75,11 +75,17 @@ class Server:
         config.write_text(
             "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
             f"metrics_address: 127.0.0.1:0\nmodel_store: {work / 'store'}\n"
+            "enable_model_api: true\n"  # the MLP rows register models; token auth stays on
         )
         started = time.perf_counter()
         run([str(BIN / "mserve"), "--start", "--config", str(config), "--run-dir",
              str(self.run_dir), "--models", *models])  # fmt: skip
         self.status = json.loads((self.run_dir / "status.json").read_text())
+        keys = json.loads((self.run_dir / "key_file.json").read_text())
+        self.headers = {  # what a client sends with the default token authorization
+            api: {"Content-Type": "application/json", "Authorization": f"Bearer {keys[api]['key']}"}
+            for api in ("inference", "management")
+        }
         self.host, port = self.status["inference"].rsplit(":", 1)
         self.port = int(port)
         self.ready_s = time.perf_counter() - started
@@ -89,7 +95,7 @@ class Server:
     ) -> tuple[int, bytes]:
         host, port = self.status[api].rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=120)
-        conn.request(method, path, body, {"Content-Type": "application/json"})
+        conn.request(method, path, body, self.headers[api])
         resp = conn.getresponse()
         data = resp.read()
         conn.close()
@@ -106,6 +112,7 @@ def wrk_load(server: Server, path: str, body: bytes, conns: int, duration: int) 
             'wrk.method = "POST"\n'
             f"wrk.body = {json.dumps(body.decode())}\n"
             'wrk.headers["Content-Type"] = "application/json"\n'
+            f'wrk.headers["Authorization"] = "{server.headers["inference"]["Authorization"]}"\n'
         )
     url = f"http://{server.host}:{server.port}{path}"
     out = run(["wrk", "-t", str(min(2, conns)), "-c", str(conns), "-d", f"{duration}s",
@@ -141,7 +148,7 @@ def python_load(
         mine = []
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
-            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            conn.request("POST", path, body, server.headers["inference"])
             resp = conn.getresponse()
             resp.read()
             mine.append(time.perf_counter() - t0)

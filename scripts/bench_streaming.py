@@ -172,6 +172,9 @@ def main() -> None:
         config.write_text(
             "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
             f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\n"
+            # loopback only; it registers its models and measures streaming, not keys
+            # (scripts/bench_server.py runs with token authorization on)
+            "disable_token_authorization: true\nenable_model_api: true\n"
         )
         run_dir = work / "run"
         run([str(BIN / "mserve"), "--start", "--config", str(config), "--run-dir", str(run_dir)])

@@ -216,7 +216,8 @@ def test_url_path_reaches_the_handler(
     assert server is not None, out.stdout + out.stderr
 
     def post(path: str, headers: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
-        reply = http("POST", server.url("inference", path), b"hi", headers)
+        reply = http("POST", server.url("inference", path), b"hi",
+                     {**server.auth("inference"), **(headers or {})})  # fmt: skip
         assert reply.status == 200, reply.body
         return reply.json()  # type: ignore[no-any-return]
 
@@ -226,7 +227,8 @@ def test_url_path_reaches_the_handler(
     assert post("/predictions/paths")["url_path"] == ""
     assert post("/predictions/paths/1.0", {"url_path": "forged"})["url_path"] == ""
     # as in TorchServe, the segment after the model is always its version
-    reply = http("POST", server.url("inference", "/predictions/paths/v1/chat/completions"), b"x")
+    reply = http("POST", server.url("inference", "/predictions/paths/v1/chat/completions"), b"x",
+                 server.auth("inference"))  # fmt: skip
     assert reply.status == 404
     assert reply.json()["message"] == "Model version v1 does not exist for model paths"
 
@@ -236,7 +238,7 @@ def test_registration_startup_timeout_and_runtime(
 ) -> None:
     make_archive("echo_fn", "echo", "echo")
     make_archive("slow_load", "slow:handle", "slow")
-    server, out = ts_start("--model-store", "store", *free_ports)
+    server, out = ts_start("--model-store", "store", "--enable-model-api", *free_ports)
     assert server is not None, out.stdout + out.stderr
     reply = server.manage("POST", "/models?url=echo.mar&startup_timeout=33&runtime=python3")
     assert reply.status == 200, reply.body
