@@ -148,6 +148,11 @@ class MethodNotAllowed(MserveError):
         return {"Allow": ", ".join(self.allowed)}
 
 
+class ModelApiDisabled(MethodNotAllowed):
+    """Registering or unregistering through the API while the model API is off
+    (``enable_model_api``): 405 over HTTP, PERMISSION_DENIED over gRPC, as in TorchServe."""
+
+
 class DigestMismatch(BadRequest):
     """The archive's sha256 is not the one the registration's ``sha256`` parameter pins."""
 

@@ -15,10 +15,10 @@ import os
 import time
 
 from mserve_worker.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
-from server.app import models_page
 from server.batching import Job
 from server.errors import BadRequest, InternalError, MserveError, ResponseTooLarge
 from server.http import ChunkedAnswer, Connection, Request, header_ok
+from server.management import models_page
 from server.metrics import Metrics
 from server.model import ModelVersion
 from server.registry import Registry

@@ -1,0 +1,171 @@
+"""The management operations, whatever the transport: register, scale, unregister, set-default,
+describe and list, with their parameters read and checked once, by the names the REST API gives
+them. The REST router (server/app.py) and the gRPC management service (server/rpc/management.py)
+both call these, so both answer with the same semantics, errors and messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from server.download import parse_sha256
+from server.errors import BadRequest, ModelApiDisabled, ModelNotFound, ModelVersionNotFound
+from server.registry import RegisterRequest, Registry
+
+MAX_PAGE = 100
+# TorchServe's runtimes (its Manifest.RuntimeType); all Python ones run on the model's Python 3.
+PYTHON_RUNTIMES = ("python", "python2", "python3")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a management call did: ``done`` when finished (200), else still under way (202)."""
+
+    message: str
+    done: bool = True
+
+
+def int_param(params: Mapping[str, str], name: str, minimum: int | None = 0) -> int | None:
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"parameter '{name}' should be an integer, found {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise BadRequest(f"parameter '{name}' should be >= {minimum}, found {value}")
+    return value
+
+
+def bool_param(params: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise BadRequest(f"parameter '{name}' should be true or false, found {raw!r}")
+
+
+def runtime_param(params: Mapping[str, str]) -> str | None:
+    runtime = params.get("runtime") or None
+    if runtime is None or runtime in PYTHON_RUNTIMES:
+        return runtime
+    if runtime == "LSP":
+        raise BadRequest("runtime LSP (TorchServe's C++ backend) is not supported by mserve")
+    raise BadRequest(
+        f"Invalid RuntimeType value: {runtime} (expected one of {', '.join(PYTHON_RUNTIMES)})"
+    )
+
+
+def check_model_api(enabled: bool, action: str) -> None:
+    """TorchServe's model API control: registering and unregistering are refused unless the
+    operator enabled them (``enable_model_api``). ``action``: "registering models" or
+    "unregistering models"."""
+    if not enabled:
+        raise ModelApiDisabled(
+            f"{action} through the API is disabled (model API control): start mserve with"
+            " --enable-model-api or set enable_model_api to true; models given at start"
+            " (--models, load_models, the snapshot) load either way",
+            ("GET",) if action == "registering models" else ("GET", "PUT"),
+        )  # fmt: skip
+
+
+def models_page(registry: Registry, params: Mapping[str, str]) -> dict[str, Any]:
+    """``GET /models`` on either port, paged as TorchServe pages it: ``limit`` is 100 when
+    missing, over 100 or negative, and 0 gives an empty page; a negative ``next_page_token``
+    starts at the beginning."""
+    limit = int_param(params, "limit", None)
+    if limit is None or not 0 <= limit <= MAX_PAGE:
+        limit = MAX_PAGE
+    start = max(0, int_param(params, "next_page_token", None) or 0)
+    names = sorted(registry.models)
+    page = names[start : start + limit]
+    out: dict[str, Any] = {
+        "models": [{"modelName": n, "modelUrl": registry.get(n).url} for n in page]
+    }
+    if start + limit < len(names):
+        out["nextPageToken"] = str(start + limit)
+    return out
+
+
+def describe(registry: Registry, name: str, version: str | None) -> Any:
+    """Describe one version (None: the default one) or, for ``all``, every version; a model
+    whose archive is still downloading is described by its download's progress."""
+    downloading = registry.downloader.in_progress(name)
+    if downloading and name not in registry.models:  # listed while its archive arrives
+        return downloading
+    models = registry.versions(name) if version == "all" else [registry.get(name, version)]
+    return [m.describe() for m in models]
+
+
+async def register_model(registry: Registry, params: Mapping[str, str]) -> Outcome:
+    url = params.get("url")
+    if not url:
+        raise BadRequest(
+            "parameter 'url' is required: the archive's name in the model store, or its URL"
+        )
+    delay = int_param(params, "max_batch_delay")
+    timeout = int_param(params, "response_timeout", 1)
+    startup_timeout = int_param(params, "startup_timeout", 1)
+    req = RegisterRequest(
+        url=url,
+        model_name=params.get("model_name") or None,
+        handler=params.get("handler") or None,
+        batch_size=int_param(params, "batch_size", 1),
+        max_batch_delay_ms=delay,
+        response_timeout_s=float(timeout) if timeout is not None else None,
+        initial_workers=int_param(params, "initial_workers"),
+        startup_timeout_s=float(startup_timeout) if startup_timeout is not None else None,
+        runtime=runtime_param(params),
+        synchronous=bool_param(params, "synchronous", True),
+        sha256=parse_sha256(params.get("sha256")),
+    )
+    model = await registry.register(req)
+    workers = model.settings.min_workers
+    if req.synchronous:
+        return Outcome(
+            f'Model "{model.name}" Version: {model.version} registered with'
+            f" {workers} initial workers"
+        )
+    return Outcome(
+        f'Model "{model.name}" Version: {model.version} registered; starting {workers} workers',
+        done=False,
+    )
+
+
+async def scale_model(
+    registry: Registry, name: str, version: str | None, params: Mapping[str, str]
+) -> Outcome:
+    model = registry.get(name, version)
+    min_worker = int_param(params, "min_worker")
+    max_worker = int_param(params, "max_worker")
+    if min_worker is None:
+        min_worker = model.settings.min_workers
+    if max_worker is not None and max_worker < min_worker:
+        raise BadRequest(f"max_worker ({max_worker}) is less than min_worker ({min_worker})")
+    synchronous = bool_param(params, "synchronous", False)
+    await model.scale(min_worker, max_worker, synchronous)
+    registry.changed()
+    if synchronous:
+        return Outcome(f"Workers scaled to {min_worker} for model: {model.name}")
+    return Outcome("Processing worker updates...", done=False)
+
+
+async def unregister_model(registry: Registry, name: str, version: str | None) -> Outcome:
+    try:
+        model = await registry.unregister(name, version)
+    except (ModelNotFound, ModelVersionNotFound):
+        if not registry.forget_unrestored(name, version):
+            raise
+        return Outcome(f'Model "{name}" removed from the snapshot (it had failed to restore)')
+    return Outcome(f'Model "{model.name}" version {model.version} unregistered')
+
+
+def set_default(registry: Registry, name: str, version: str) -> Outcome:
+    registry.set_default(name, version)
+    return Outcome(f'Default version successfully updated for model "{name}" to "{version}"')
