@@ -157,6 +157,13 @@ class ServerConfig:
     # TLS for listeners whose address is https:// (server/tls.py): PEM files.
     certificate_file: str | None = None
     private_key_file: str | None = None
+    # The gRPC frontend (server/rpc/): TorchServe's inference and management services; off with
+    # grpc: false. Over TLS when enable_grpc_ssl (TorchServe's name) or an https:// address,
+    # from certificate_file and private_key_file.
+    grpc: bool = True
+    grpc_inference_address: str = "127.0.0.1:7070"
+    grpc_management_address: str = "127.0.0.1:7071"
+    enable_grpc_ssl: bool = False
     # Startup models (TorchServe's load_models; --models replaces them): NAME=PATH, PATH, "all".
     load_models: tuple[str, ...] = field(default_factory=tuple)
     # Per-version settings (TorchServe's ``models``): between the archive's and the server's.
@@ -192,6 +199,7 @@ class ServerConfig:
 
 
 ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
+GRPC_ADDRESS_KEYS = ("grpc_inference_address", "grpc_management_address")
 
 
 def _types() -> dict[str, Any]:
@@ -216,6 +224,14 @@ def split_address(value: str, key: str) -> tuple[bool, str, int]:
     if not 0 <= number <= 65535:
         raise ConfigError(f"{key}: port {number} is out of range 0-65535")
     return tls, host.strip("[]") or "127.0.0.1", number
+
+
+def grpc_tls(config: ServerConfig) -> bool:
+    """Whether the gRPC frontend serves TLS: TorchServe's ``enable_grpc_ssl``, or an address
+    written ``https://``; both of its ports alike."""
+    return config.enable_grpc_ssl or any(
+        split_address(getattr(config, key), key)[0] for key in GRPC_ADDRESS_KEYS
+    )
 
 
 def parse_address(value: str, key: str) -> tuple[str, int]:
@@ -334,6 +350,17 @@ def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:
         raise ConfigError(
             f"{tls[0]} is {getattr(config, tls[0])}: serving https needs certificate_file and"
             " private_key_file (PEM files)"
+        )
+    for key in GRPC_ADDRESS_KEYS:
+        split_address(getattr(config, key), key)  # a bad one stops the start, naming the key
+    if (
+        config.grpc
+        and grpc_tls(config)
+        and not (config.certificate_file and config.private_key_file)
+    ):
+        raise ConfigError(
+            "enable_grpc_ssl is true (or a grpc_*_address is https://): serving gRPC over TLS"
+            " needs certificate_file and private_key_file (PEM files)"
         )
     _check_allowed_urls(config.allowed_urls)
     return config

@@ -156,6 +156,16 @@ def _address(value: str, where: str, key: str) -> str:
     return value
 
 
+def _grpc_address(host: str, port: str, where: str, key: str) -> str:
+    """TorchServe's gRPC host (an IP or name, no port) and port as our ``host:port``."""
+    host = host.strip()
+    if host.lower().startswith(("http://", "https://", "unix:")):
+        raise ConfigError(f"{where}: {key}={host}: TorchServe's gRPC address is a host, no scheme")
+    if ":" in host and not host.startswith("["):  # an IPv6 address
+        host = f"[{host}]"
+    return f"{host}:{port.strip()}"
+
+
 def _boolean(value: str, where: str, key: str) -> bool:
     """``true``/``false`` in any case; anything else is an error here, where Java would read it
     as false without a word."""
@@ -218,7 +228,14 @@ _MAPPED: dict[str, tuple[str, _Convert]] = {
     "private_key_file": ("private_key_file", _same),
     "metrics_mode": ("metrics_mode", lambda v, w, k: v.strip().lower()),
     "metrics_config": ("metrics_config", _same),
+    "enable_grpc_ssl": ("enable_grpc_ssl", _boolean),
 }
+# TorchServe gives each gRPC API a host and a port in two keys; ours is one host:port.
+# (our key, TorchServe's host key, its default, TorchServe's port key, its default)
+_GRPC_ADDRESSES = tuple(
+    (f"grpc_{api}_address", f"grpc_{api}_address", "127.0.0.1", f"grpc_{api}_port", port)
+    for api, port in (("inference", "7070"), ("management", "7071"))
+)
 # Keys that steer how the file itself is read, or that TorchServe writes into its snapshots
 # for its own bookkeeping: used here or meaningless, never warned about.
 _QUIET = frozenset(
@@ -230,10 +247,9 @@ _NO_EFFECT = frozenset((
     "vmargs", "number_of_netty_threads", "netty_client_threads", "async_logging",
     "prefer_direct_buffer", "use_native_io", "io_ratio", "plugins_path", "model_server_home",
     "snapshot_store", "initial_worker_port", "initial_distribution_port", "python",
-    "grpc_inference_address", "grpc_management_address", "grpc_inference_port",
-    "grpc_management_port", "grpc_inference_max_connection_age_ms",
+    "grpc_inference_max_connection_age_ms",
     "grpc_management_max_connection_age_ms", "grpc_inference_max_connection_age_grace_ms",
-    "grpc_management_max_connection_age_grace_ms", "enable_grpc_ssl",
+    "grpc_management_max_connection_age_grace_ms",
     "ts_open_inference_protocol", "cors_allowed_origin", "cors_allowed_methods",
     "cors_allowed_headers", "keystore", "keystore_pass", "keystore_type",
     "default_service_handler", "limit_max_image_pixels", "unregister_model_timeout",
@@ -349,7 +365,18 @@ def load_ts_config(path: Path, environ: Mapping[str, str]) -> TsConfig:
                 values[key] = (environ[env_name], f"environment variable {env_name}")
     layers: list[tuple[str, dict[str, Any]]] = []
     no_effect, unknown = [], []
+    grpc_keys = {k for row in _GRPC_ADDRESSES for k in (row[1], row[3])}
+    for ours, host_key, host_default, port_key, port_default in _GRPC_ADDRESSES:
+        if host_key in values or port_key in values:
+            host, where = values.get(host_key, (host_default, ""))
+            port, port_where = values.get(port_key, (port_default, ""))
+            layers.append((
+                f"{where or port_where} ({host_key}, {port_key})",
+                {ours: _grpc_address(host, port, where or port_where, host_key)},
+            ))  # fmt: skip
     for key, (value, where) in values.items():
+        if key in grpc_keys:
+            continue
         if key in _MAPPED:
             ours, convert = _MAPPED[key]
             converted = convert(value, where, key)

@@ -238,6 +238,39 @@ def test_token_and_model_api_keys(tmp_path: Path) -> None:
     assert (config.disable_token_authorization, config.token_expiration_min) == (True, 5.0)
 
 
+def test_grpc_hosts_and_ports_map_onto_our_addresses(tmp_path: Path) -> None:
+    """TorchServe's gRPC APIs: a host key and a port key each; ours one host:port each."""
+    config, ts = config_from(tmp_path, (
+        "grpc_inference_address=0.0.0.0\ngrpc_inference_port=9070\ngrpc_management_port=9071\n"
+        "grpc_inference_max_connection_age_ms=60000\n"
+    ))  # fmt: skip
+    assert (config.grpc_inference_address, config.grpc_management_address) == (
+        "0.0.0.0:9070", "127.0.0.1:9071"
+    )  # fmt: skip
+    assert ts.no_effect == ("grpc_inference_max_connection_age_ms",)
+    defaults, _ = config_from(tmp_path, "")
+    assert (defaults.grpc, defaults.grpc_inference_address, defaults.grpc_management_address) == (
+        True, "127.0.0.1:7070", "127.0.0.1:7071"
+    )  # fmt: skip
+    ipv6, _ = config_from(tmp_path, "grpc_management_address=::1\n")
+    assert ipv6.grpc_management_address == "[::1]:7071"
+    with pytest.raises(ConfigError, match="TorchServe's gRPC address is a host, no scheme"):
+        config_from(tmp_path, "grpc_inference_address=http://0.0.0.0\n")
+    with pytest.raises(ConfigError) as err:
+        config_from(tmp_path, "enable_grpc_ssl=true\n")
+    assert str(err.value) == (
+        "enable_grpc_ssl is true (or a grpc_*_address is https://): serving gRPC over TLS needs"
+        " certificate_file and private_key_file (PEM files)"
+    )
+    tls, _ = config_from(tmp_path, (
+        "enable_grpc_ssl=true\ncertificate_file=/etc/ts/cert.pem\nprivate_key_file=/etc/ts/key.pem\n"
+    ))  # fmt: skip
+    assert tls.enable_grpc_ssl
+    env = {"TS_GRPC_MANAGEMENT_PORT": "9171"}
+    config, _ = config_from(tmp_path, "enable_envvars_config=true\n", env)
+    assert config.grpc_management_address == "127.0.0.1:9171"
+
+
 def test_one_port_for_two_apis_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="inference_address and management_address are both"):
         config_from(
