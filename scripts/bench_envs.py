@@ -74,6 +74,7 @@ def main() -> None:
         cfg = work / "mserve.yaml"
         cfg.write_text("inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
                        f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\n"
+                       "grpc: false\n"
                        # loopback only; it registers models and measures environments
                        "disable_token_authorization: true\nenable_model_api: true\n")  # fmt: skip
         run = work / "run"

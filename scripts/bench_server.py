@@ -75,6 +75,7 @@ class Server:
         config.write_text(
             "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
             f"metrics_address: 127.0.0.1:0\nmodel_store: {work / 'store'}\n"
+            "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n"
             "enable_model_api: true\n"  # the MLP rows register models; token auth stays on
         )
         started = time.perf_counter()

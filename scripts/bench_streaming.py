@@ -171,7 +171,7 @@ def main() -> None:
         config = work / "mserve.yaml"
         config.write_text(
             "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
-            f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\n"
+            f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\ngrpc: false\n"
             # loopback only; it registers its models and measures streaming, not keys
             # (scripts/bench_server.py runs with token authorization on)
             "disable_token_authorization: true\nenable_model_api: true\n"

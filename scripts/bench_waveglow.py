@@ -148,6 +148,7 @@ def through_mserve(root: Path, store: Path, rounds: int) -> dict[int, tuple[floa
     config.write_text(yaml.safe_dump({
         "inference_address": "127.0.0.1:0", "management_address": "127.0.0.1:0",
         "metrics_address": "127.0.0.1:0", "model_store": str(store), "access_log": False,
+        "grpc": False,
         # loopback only; it registers models and measures the model, not keys
         "disable_token_authorization": True, "enable_model_api": True,
     }))  # fmt: skip

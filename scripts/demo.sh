@@ -21,6 +21,8 @@ cat > out/mserve.yaml <<YAML
 inference_address: 127.0.0.1:0
 management_address: 127.0.0.1:0
 metrics_address: 127.0.0.1:0
+grpc_inference_address: 127.0.0.1:0
+grpc_management_address: 127.0.0.1:0
 model_store: out
 YAML
 mserve --stop --run-dir "$RUN" >/dev/null 2>&1 || true

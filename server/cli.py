@@ -51,6 +51,10 @@ def _print_status(status: dict[str, Any]) -> None:
     urls = status.get("urls") or {}
     for api in ("inference", "management", "metrics"):
         click.echo(f"  {api:<10} {urls.get(api) or f'http://{status.get(api)}'}")
+    grpc = [f"{api} {urls[f'grpc_{api}']}" for api in ("inference", "management")
+            if urls.get(f"grpc_{api}")]  # fmt: skip
+    if grpc:
+        click.echo(f"  grpc       {', '.join(grpc)}")
     if status.get("key_file"):
         click.echo(f"  keys       {status['key_file']} (send 'Authorization: Bearer <key>')")
     for name, state in sorted(status.get("models", {}).items()):

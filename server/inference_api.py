@@ -119,7 +119,7 @@ class InferenceAPI:
         model = self.registry.get(name, version)
         counts = model.stats.arrived(version is not None)
         item = RequestItem(
-            request_id=_request_id(),
+            request_id=request_id(),
             content_type=req.header("Content-Type") or "",
             headers=req.headers,
             body=req.body,
@@ -202,14 +202,7 @@ class InferenceAPI:
         self, model: ModelVersion, result: ResponseItem, request_id: str
     ) -> list[list[str]]:
         """The answer's headers; raises when the answer cannot be sent as the handler made it."""
-        size = len(result.body)
-        if result.status == 413 and result.headers and result.headers[0][0] == TOO_LARGE_HEADER:
-            size = int(result.headers[0][1])  # the worker kept the body: it was too large
-        if size > self.max_response_bytes:
-            raise ResponseTooLarge(
-                f"the response of {model.label} is {size} bytes, more than"
-                f" max_response_size_bytes={self.max_response_bytes}"
-            )
+        check_size(model, result, self.max_response_bytes)
         headers = [[k, v] for k, v in result.headers if k.lower() not in _SERVER_HEADERS]
         headers.append(["Content-Type", result.content_type or "application/octet-stream"])
         bad = next((k for k, v in headers if not header_ok(k, v)), None)
@@ -220,6 +213,19 @@ class InferenceAPI:
             )
         headers.append(["X-Request-Id", request_id])  # ours: hex digits
         return headers
+
+
+def check_size(model: ModelVersion, result: ResponseItem, max_bytes: int) -> None:
+    """Raise ResponseTooLarge for an answer over ``max_response_size_bytes`` (one the worker
+    already refused to send included)."""
+    size = len(result.body)
+    if result.status == 413 and result.headers and result.headers[0][0] == TOO_LARGE_HEADER:
+        size = int(result.headers[0][1])  # the worker kept the body: it was too large
+    if size > max_bytes:
+        raise ResponseTooLarge(
+            f"the response of {model.label} is {size} bytes, more than"
+            f" max_response_size_bytes={max_bytes}"
+        )
 
 
 def _set_url_path(req: Request, parts: list[str]) -> None:
@@ -238,7 +244,7 @@ _id_prefix = os.urandom(8).hex()
 _id_counter = itertools.count()
 
 
-def _request_id() -> str:
+def request_id() -> str:
     """32 hex digits, unique like uuid4's: random per server process, then a counter (one
     ``os.urandom`` per request was a getrandom() system call each)."""
     return f"{_id_prefix}{next(_id_counter):016x}"

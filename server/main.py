@@ -20,7 +20,7 @@ import time
 from collections.abc import Coroutine
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
@@ -29,7 +29,7 @@ from server import snapshot
 from server.accesslog import AccessLogFile
 from server.app import ManagementAPI
 from server.auth import Guard, Keys
-from server.config import ModelEntry, ServerConfig, split_address
+from server.config import ModelEntry, ServerConfig, grpc_tls, split_address
 from server.devices import GpuAllocator, server_gpus
 from server.download import is_remote, recorded_url
 from server.errors import MserveError
@@ -50,6 +50,9 @@ from server.rundir import (
 from server.snapshot import SNAPSHOT_FILE
 from server.tls import server_context
 from server.workers.launch import Launcher
+
+if TYPE_CHECKING:
+    from server.rpc.server import GrpcListener
 
 log = logging.getLogger("mserve")
 
@@ -142,6 +145,7 @@ class Server:
         self.metrics.watch(self.registry)
         self.keys = None if config.disable_token_authorization else _keys(config)
         self.listeners: list[HttpServer] = []
+        self.grpc_listeners: list[GrpcListener] = []
         self.addresses: dict[str, str] = {}
         self.urls: dict[str, str] = {}  # each API's base URL, http:// or https://
         self.warnings: list[str] = []  # said at start and by mserve --status
@@ -182,6 +186,8 @@ class Server:
                 "inference": self.addresses.get("inference"),
                 "management": self.addresses.get("management"),
                 "metrics": self.addresses.get("metrics"),
+                "grpc_inference": self.addresses.get("grpc_inference"),
+                "grpc_management": self.addresses.get("grpc_management"),
                 "urls": self.urls,
                 "token_authorization": self.keys is not None,
                 "key_file": str(self.keys.path) if self.keys is not None else None,
@@ -253,7 +259,47 @@ class Server:
             self.addresses[name] = address
             self.urls[name] = f"{'https' if secure else 'http'}://{address}"
             log.info("%s API listening on %s", name, self.urls[name])
+        if config.grpc:
+            await self._listen_grpc()
         self._warn_if_open()
+
+    async def _listen_grpc(self) -> None:
+        """TorchServe's gRPC inference and management services (server/rpc/), each on its own
+        address, on this event loop."""
+        # grpc takes ~0.2 s to import: only a server that serves gRPC pays for it
+        from server.rpc.inference import PING, InferenceService
+        from server.rpc.management import ManagementService
+        from server.rpc.server import GrpcListener, TokenGuard, credentials
+
+        config = self.config
+        tls = None
+        if grpc_tls(config):
+            assert config.certificate_file and config.private_key_file  # checked by the config
+            server_context(config.certificate_file, config.private_key_file)  # checks the files
+            tls = credentials(config.certificate_file, config.private_key_file)
+        services = {
+            "inference": [InferenceService(
+                self.registry, self.metrics, config.max_response_size_bytes
+            ).add_to()],
+            "management": [ManagementService(self.registry, config.enable_model_api).add_to()],
+        }  # fmt: skip
+        max_request = {"inference": config.max_request_size_bytes, "management": 1 << 20}
+        # Ping is a probe, exempt as /ping is (token_exempt_paths)
+        exempt = frozenset((PING,) if "/ping" in config.token_exempt_paths else ())
+        for api, added in services.items():
+            guard = None if self.keys is None else TokenGuard(self.keys, api, api, exempt)
+            listener = GrpcListener(
+                api, added, guard, max_request[api], config.max_response_size_bytes
+            )
+            key = f"grpc_{api}_address"
+            _, host, port = split_address(getattr(config, key), key)
+            bound = listener.bind(host, port, tls)
+            await listener.start()
+            self.grpc_listeners.append(listener)
+            address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
+            self.addresses[f"grpc_{api}"] = address
+            self.urls[f"grpc_{api}"] = f"{'grpcs' if tls else 'grpc'}://{address}"
+            log.info("gRPC %s API listening on %s", api, self.urls[f"grpc_{api}"])
 
     def _guard(self, api: str) -> Guard | None:
         """Token authorization for one listener: the inference key on the inference port, the
@@ -434,6 +480,8 @@ class Server:
         self.write_status()
         for listener in self.listeners:  # new requests get 503 and "Connection: close"
             listener.stop_accepting()
+        # new gRPC calls are refused at once (UNAVAILABLE); calls under way drain with the rest
+        grpc_stops = [asyncio.ensure_future(g.stop(SHUTDOWN_DRAIN_S)) for g in self.grpc_listeners]
         await self._drain(SHUTDOWN_DRAIN_S)
         await self.registry.close()
         await asyncio.gather(*(mv.stop(SHUTDOWN_DRAIN_S) for mv in self.registry.all()))
@@ -442,6 +490,7 @@ class Server:
             listener.close()
         for listener in self.listeners:
             await listener.wait_closed(1.0)
+        await asyncio.gather(*grpc_stops)
         if self.keys is not None:
             self.keys.remove()
         log.info("mserve stopped")
@@ -459,7 +508,7 @@ def open_warning(urls: dict[str, str], model_api: bool) -> str | None:
     """What to say when token authorization is off and an API listens beyond loopback: anyone
     who reaches it can call it without a key, and register models (their code runs here)."""
     exposed = [f"{api} ({url})" for api, url in urls.items()
-               if not _loopback(split_address(url, api)[1])]  # fmt: skip
+               if not _loopback(split_address(url.split("://", 1)[-1], api)[1])]  # fmt: skip
     if not exposed:
         return None
     runs_code = " and register models, which runs their code here" if model_api else ""

@@ -92,6 +92,8 @@ def server(checkpoints: tuple[Path, Path], tmp_path_factory) -> Iterator[Server]
         "inference_address": "127.0.0.1:0",
         "management_address": "127.0.0.1:0",
         "metrics_address": "127.0.0.1:0",
+        "grpc_inference_address": "127.0.0.1:0",
+        "grpc_management_address": "127.0.0.1:0",
         "model_store": str(store),
     }
     server_config = root / "mserve.yaml"

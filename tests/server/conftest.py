@@ -180,6 +180,8 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
             "inference_address": "127.0.0.1:0",
             "management_address": "127.0.0.1:0",
             "metrics_address": "127.0.0.1:0",
+            "grpc_inference_address": "127.0.0.1:0",
+            "grpc_management_address": "127.0.0.1:0",
             "model_store": str(tmp_path / "store"),
             "disable_token_authorization": True,
             "enable_model_api": True,

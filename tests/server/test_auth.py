@@ -324,6 +324,7 @@ def test_bad_certificate_files_stop_the_start(tmp_path: Path, files: str, messag
     config.write_text(
         "inference_address: https://127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
         f"metrics_address: 127.0.0.1:0\ncertificate_file: {chosen[0]}\n"
+        "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n"
         f"private_key_file: {chosen[1]}\n"
     )
     out = subprocess.run(

@@ -511,7 +511,7 @@ def test_port_in_use_is_reported_plainly(start_server, tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         cfg = tmp_path / "busy.yaml"
         cfg.write_text(f"inference_address: 127.0.0.1:{port}\nmanagement_address: 127.0.0.1:0\n"
-                       "metrics_address: 127.0.0.1:0\n")  # fmt: skip
+                       "metrics_address: 127.0.0.1:0\ngrpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n")  # fmt: skip
         out = subprocess.run(
             [MSERVE, "--start", "--config", str(cfg), "--run-dir", str(tmp_path / "r")],
             capture_output=True, text=True, timeout=60,

@@ -21,6 +21,8 @@ FREE_PORTS = (
     "inference_address=http://127.0.0.1:0\n"
     "management_address=http://127.0.0.1:0\n"
     "metrics_address=http://127.0.0.1:0\n"
+    "grpc_inference_port=0\n"
+    "grpc_management_port=0\n"
 )
 
 
@@ -65,7 +67,7 @@ def free_ports(tmp_path: Path) -> tuple[str, str]:
     path = tmp_path / "ports.yaml"
     path.write_text(
         "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
-        "metrics_address: 127.0.0.1:0\n"
+        "metrics_address: 127.0.0.1:0\n" + "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n"
     )
     return ("--config", str(path))
 
@@ -149,6 +151,7 @@ def test_torchserve_snapshot_brings_the_models_back(
         "inference_address=http\\://127.0.0.1\\:0\n"
         "management_address=http\\://127.0.0.1\\:0\n"
         "metrics_address=http\\://127.0.0.1\\:0\n"
+        "grpc_inference_port=0\ngrpc_management_port=0\n"
         "load_models=paths.mar\n"
         "model_snapshot={\\n"
         '  "name"\\: "20240301093015123-snapshot.cfg",\\n'

@@ -274,7 +274,9 @@ def start_output(tmp_path: Path, settings: dict[str, object]) -> str:
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump({"metrics_address": "127.0.0.1:0",
                                       "inference_address": "127.0.0.1:0",
-                                      "management_address": "127.0.0.1:0", **settings}))  # fmt: skip
+                                      "management_address": "127.0.0.1:0",
+                                      "grpc_inference_address": "127.0.0.1:0",
+                                      "grpc_management_address": "127.0.0.1:0", **settings}))  # fmt: skip
     out = subprocess.run(
         [MSERVE, "--start", "--config", str(config), "--run-dir", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=120,

@@ -1,0 +1,193 @@
+"""TorchServe's gRPC inference service (``InferenceAPIsService``) on our model queues.
+
+A ``PredictionsRequest`` becomes one request on the model's queue, as a REST prediction does:
+each entry of its ``input`` map is one field of the handler's request (``data[i]["data"]``), its
+value the entry's bytes, as TorchServe passes them. The entries travel to the worker as a
+``multipart/form-data`` body of ``application/octet-stream`` parts, which the worker decodes into
+exactly those fields (mserve_worker/payload.py), so the worker and its protocol are unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+
+from google.rpc import status_pb2
+from grpc import aio
+
+from mserve_worker.protocol import RequestItem, ResponseItem
+from server.batching import Job
+from server.errors import BadRequest, MserveError, ResponseTooLarge
+from server.inference_api import check_size, request_id
+from server.metrics import Metrics
+from server.model import ModelVersion
+from server.registry import Registry
+from server.rpc import status
+from server.rpc.protos import inference_pb2 as pb
+from server.rpc.protos import inference_pb2_grpc
+from server.rpc.server import AddService, abort
+from server.streaming import ChunkStream
+
+SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
+PING = f"/{SERVICE}/Ping"  # a probe: needs no key
+# TorchServe's request header for a sequence id (its ts_header_key_sequence_id default)
+SEQUENCE_HEADER = "ts_request_sequence_id"
+
+
+class _HandlerStatus(Exception):
+    """A worker's answer with an error status (>= 400): it ends the call with the code
+    TorchServe gives that status and the answer's text."""
+
+    def __init__(self, result: ResponseItem) -> None:
+        super().__init__(bytes(result.body).decode("utf-8", "replace"))
+        self.status = result.status
+
+
+def form(inputs: Mapping[str, bytes]) -> tuple[str, bytes]:
+    """The ``input`` map as a multipart/form-data body (content type, body)."""
+    if not inputs:
+        return "", b""
+    boundary = os.urandom(16).hex().encode()
+    while any(boundary in value for value in inputs.values()):
+        boundary = os.urandom(16).hex().encode()
+    parts: list[bytes] = []
+    for name, value in inputs.items():
+        if any(c in name for c in '"\r\n'):
+            raise BadRequest(f"input name {name!r} has a quote or a line break; these are refused")
+        parts += [
+            b"--", boundary, b'\r\nContent-Disposition: form-data; name="', name.encode(),
+            b'"\r\nContent-Type: application/octet-stream\r\n\r\n', value, b"\r\n",
+        ]  # fmt: skip
+    parts += [b"--", boundary, b"--\r\n"]
+    return f"multipart/form-data; boundary={boundary.decode()}", b"".join(parts)
+
+
+class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
+    def __init__(self, registry: Registry, metrics: Metrics, max_response_bytes: int) -> None:
+        self.registry = registry
+        self.metrics = metrics
+        self.max_response_bytes = max_response_bytes
+
+    def add_to(self) -> AddService:
+        return lambda server: inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(
+            self, server
+        )
+
+    async def Ping(
+        self, request: object, context: aio.ServicerContext
+    ) -> pb.TorchServeHealthResponse:
+        healthy = all(mv.healthy() for mv in self.registry.all())
+        health = json.dumps({"status": "Healthy" if healthy else "Unhealthy"}, indent=2)
+        return pb.TorchServeHealthResponse(health=health)
+
+    async def Predictions(
+        self, request: pb.PredictionsRequest, context: aio.ServicerContext
+    ) -> pb.PredictionResponse:
+        """One answer; a streamed one is gathered whole (up to max_response_size_bytes)."""
+        try:
+            body = bytearray()
+            async with contextlib.aclosing(self._answer(request)) as answer:
+                async for chunk in answer:
+                    body += chunk
+                    if len(body) > self.max_response_bytes:
+                        raise ResponseTooLarge(
+                            f"the streamed response of {request.model_name} is more than"
+                            f" max_response_size_bytes={self.max_response_bytes}, too much to"
+                            " gather for a unary call (use StreamPredictions)"
+                        )
+        except MserveError as exc:
+            await abort(context, exc)
+        except _HandlerStatus as exc:
+            await context.abort(status.code_of_http(exc.status), status.message(str(exc)))
+        return pb.PredictionResponse(prediction=bytes(body))
+
+    async def StreamPredictions(
+        self, request: pb.PredictionsRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[pb.PredictionResponse]:
+        """The answer as the handler streams it, one message per chunk."""
+        try:
+            async with contextlib.aclosing(self._answer(request)) as answer:
+                async for chunk in answer:
+                    yield pb.PredictionResponse(prediction=chunk)
+        except MserveError as exc:
+            await abort(context, exc)
+        except _HandlerStatus as exc:
+            await context.abort(status.code_of_http(exc.status), status.message(str(exc)))
+
+    async def StreamPredictions2(
+        self, requests: AsyncIterator[pb.PredictionsRequest], context: aio.ServicerContext
+    ) -> AsyncIterator[pb.PredictionResponse]:
+        """Each request in turn, its answer (chunks) tagged with its ``sequenceId``; a request
+        that fails is answered with a ``status`` and the call goes on, as in TorchServe."""
+        async for request in requests:
+            sequence = request.sequenceId
+            try:
+                if not sequence:
+                    raise BadRequest("parameter 'sequenceId' is required for StreamPredictions2")
+                async with contextlib.aclosing(self._answer(request)) as answer:
+                    async for chunk in answer:
+                        yield pb.PredictionResponse(prediction=chunk, sequenceId=sequence)
+            except MserveError as exc:
+                code, text = status.code_of(exc), exc.message
+            except _HandlerStatus as exc:
+                code, text = status.code_of_http(exc.status), str(exc)
+            else:
+                continue
+            failed = status_pb2.Status(code=code.value[0], message=status.message(text))
+            yield pb.PredictionResponse(sequenceId=sequence, status=failed)
+
+    async def _answer(self, request: pb.PredictionsRequest) -> AsyncIterator[bytes]:
+        """Queue the request and yield its answer's bytes (one piece, or each chunk of a
+        streamed answer); raises the error that answers it instead."""
+        if not request.model_name:
+            raise BadRequest("parameter 'model_name' is required")
+        version = request.model_version or None
+        model = self.registry.get(request.model_name, version)
+        counts = model.stats.arrived(version is not None)
+        started = time.perf_counter()
+        content_type, body = form(request.input)
+        headers = [["Content-Type", content_type]] if content_type else []
+        if request.sequenceId:
+            headers.append([SEQUENCE_HEADER, request.sequenceId])
+        item = RequestItem(
+            request_id=request_id(), content_type=content_type, headers=headers, body=body
+        )
+        try:
+            job = model.enqueue(item)
+        except MserveError as exc:
+            self.metrics.answered(model, exc.status, None)
+            raise
+        try:
+            result = await self._wait(model, job)
+            if type(result) is ChunkStream:
+                async with contextlib.aclosing(result.chunks()) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                code = result.status
+            else:
+                check_size(model, result, self.max_response_bytes)
+                if result.status >= 400:
+                    raise _HandlerStatus(result)
+                code = result.status
+                yield bytes(result.body)
+        except MserveError as exc:
+            self.metrics.answered(model, exc.status, None)
+            raise
+        except _HandlerStatus as exc:
+            self.metrics.answered(model, exc.status, None)
+            raise
+        self.metrics.answered(model, code, time.perf_counter() - started, counts, job)
+
+    async def _wait(self, model: ModelVersion, job: Job) -> ResponseItem | ChunkStream:
+        """The job's answer; a call that ends first (the client left, its deadline passed)
+        withdraws the request, which then costs no worker time if no worker started it."""
+        try:
+            return await job.future  # type: ignore[no-any-return]
+        except asyncio.CancelledError:
+            if job.future.cancelled():
+                model.withdraw(job)
+            raise
