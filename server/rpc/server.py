@@ -118,9 +118,9 @@ class GrpcListener:
             else:
                 bound = self.server.add_secure_port(target, tls)
         except RuntimeError as exc:  # grpcio raises where older versions returned 0
-            raise _cannot_listen(self.api, target, str(exc)) from exc
+            raise _cannot_listen(self.api, target) from exc
         if not bound:
-            raise _cannot_listen(self.api, target, "the address is in use or not available")
+            raise _cannot_listen(self.api, target)
         return bound
 
     async def start(self) -> None:
@@ -132,8 +132,10 @@ class GrpcListener:
         await self.server.stop(grace_s)
 
 
-def _cannot_listen(api: str, target: str, why: str) -> MserveError:
+def _cannot_listen(api: str, target: str) -> MserveError:
+    """grpcio says only that binding failed (its core logs why, e.g. the address in use)."""
     return MserveError(
-        f"cannot listen on {target} for the gRPC {api} API: {why} (set grpc_{api}_address"
+        f"cannot listen on {target} for the gRPC {api} API: the address is in use or not"
+        f" available here (set grpc_{api}_address"
         " to another port, or 0 for any free port, or grpc: false to serve no gRPC)"
     )
