@@ -300,8 +300,11 @@ class Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
+            # llhttp stops after a request that asks to switch protocols; it was refused, or
+            # answered as HTTP/1.1 with the connection closing after it (_framing_refusal)
             self._parser_ok = False
-            self._reject(BadRequest("protocol upgrades (WebSocket, h2c) are not supported"))
+            if not self.closing:
+                self._reject(BadRequest("protocol upgrades (WebSocket, h2c) are not supported"))
         except httptools.HttpParserError as exc:
             self._parser_ok = False
             if not self.closing:  # not one of our own rejections from a callback
@@ -365,6 +368,10 @@ class Connection(asyncio.Protocol):
             parser.should_keep_alive(),
         )
         ex.headers = self._headers
+        refusal = self._framing_refusal(ex)
+        if refusal is not None:
+            self._reject(refusal, ex)
+            return
         length = ex.header("Content-Length")
         limit = self.api.max_request_bytes
         if length is not None and length.isdigit() and int(length) > limit:
@@ -374,6 +381,32 @@ class Connection(asyncio.Protocol):
             return
         if (ex.header("Expect") or "").lower() == "100-continue" and not self.pending:
             self._write([b"HTTP/1.1 100 Continue\r\n\r\n"])
+
+    def _framing_refusal(self, ex: Request) -> MserveError | None:
+        """What llhttp lets through but we refuse, since a proxy in front may frame it another
+        way (request smuggling) or we would misread it: a version other than 1.0 and 1.1, a
+        transfer coding other than plain ``chunked`` (``gzip, chunked`` would hand the handler
+        compressed bytes), Transfer-Encoding in HTTP/1.0 (RFC 9112 6.1), and a protocol switch
+        (llhttp stops at it, so a body would be lost). An Upgrade without a body is answered as
+        HTTP/1.1, as RFC 9110 lets a server do, and the connection closes after it."""
+        if ex.version not in ("1.0", "1.1"):
+            return _VersionNotSupported(f"HTTP/{ex.version} is not supported; use HTTP/1.1")
+        coding = ex.header("Transfer-Encoding")
+        if coding is not None:
+            if ex.version == "1.0":
+                return BadRequest("Transfer-Encoding is not allowed in an HTTP/1.0 request")
+            if coding.strip().lower() != "chunked":
+                return _CodingNotImplemented(
+                    f"Transfer-Encoding {coding!r} is not supported; only chunked is"
+                )
+        if self.parser.should_upgrade():
+            length = ex.header("Content-Length")
+            if ex.method == "CONNECT" or coding is not None or (length and length.strip("0")):
+                return BadRequest(
+                    "protocol upgrades (WebSocket, h2c) are not supported, nor CONNECT"
+                )
+            ex.keep_alive = False
+        return None
 
     def on_body(self, body: bytes) -> None:
         if self.closing:
@@ -791,6 +824,15 @@ class _HeadTooLarge(MserveError):
     status = 431
     type = "BadRequestException"  # TorchServe: its HTTP decoder fails, a 400
 
+
+class _CodingNotImplemented(MserveError):
+    status = 501  # RFC 9112 6.1: a transfer coding the server does not understand
+    type = "BadRequestException"
+
+
+class _VersionNotSupported(MserveError):
+    status = 505
+    type = "BadRequestException"
 
 
 def header_ok(name: str, value: str) -> bool:
