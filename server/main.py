@@ -39,6 +39,7 @@ from server.model import ModelVersion
 from server.registry import RegisterRequest, Registry
 from server.rundir import LOCK_FILE, PID_FILE, STATUS_FILE, StartupModel, write_json_atomic
 from server.snapshot import SNAPSHOT_FILE
+from server.workers.environ import WorkerEnvironment, hide_own_environ
 from server.workers.launch import Launcher
 
 log = logging.getLogger("mserve")
@@ -119,7 +120,10 @@ class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.gpus = GpuAllocator(server_gpus(config.number_of_gpu, os.environ))
-        self.launcher = Launcher(config.fork_workers, config.worker_preload)
+        worker_env = WorkerEnvironment.split(
+            os.environ, config.worker_env_deny, config.worker_env_deny_regex
+        )
+        self.launcher = Launcher(config.fork_workers, config.worker_preload, worker_env)
         self.metrics = Metrics(
             config.metrics_mode,
             load_metrics_config(Path(config.metrics_config))
@@ -434,6 +438,9 @@ def run_server(
         log.warning("%s", warning)
     pid_path = config.run_path / PID_FILE
     pid_path.write_text(str(os.getpid()))
+    # workers run as this user: keep them from reading the secrets the deny-list withholds
+    # out of /proc/<server pid>/environ
+    hide_own_environ()
     server = Server(config)
     try:
         # uvloop: libuv's loop reuses its read buffers and runs the HTTP path several times
