@@ -47,10 +47,13 @@ def _bool_param(query: Mapping[str, str], name: str, default: bool) -> bool:
 MAX_PAGE = 100
 
 
-def models_page(registry: Registry, query: Mapping[str, str]) -> dict[str, Any]:
+def models_page(
+    registry: Registry, query: Mapping[str, str], public: bool = False
+) -> dict[str, Any]:
     """``GET /models`` on either port, paged as TorchServe pages it: ``limit`` is 100 when
     missing, over 100 or negative, and 0 gives an empty page; a negative ``next_page_token``
-    starts at the beginning."""
+    starts at the beginning. ``public`` (the inference port): a ``modelUrl`` that is a server
+    path (a startup model named by its absolute path) shows no server folder."""
     limit = _int_param(query, "limit", None)
     if limit is None or not 0 <= limit <= MAX_PAGE:
         limit = MAX_PAGE
@@ -58,7 +61,11 @@ def models_page(registry: Registry, query: Mapping[str, str]) -> dict[str, Any]:
     names = sorted(registry.models)
     page = names[start : start + limit]
     out: dict[str, Any] = {
-        "models": [{"modelName": n, "modelUrl": registry.get(n).url} for n in page]
+        "models": [
+            {"modelName": n, "modelUrl": registry.redact(url) if public else url}
+            for n in page
+            for url in (registry.get(n).url,)
+        ]
     }
     if start + limit < len(names):
         out["nextPageToken"] = str(start + limit)
@@ -107,7 +114,7 @@ class ManagementAPI:
                 conn.answer_json(req, 200, downloading)
                 return
             models = registry.versions(name) if version == "all" else [registry.get(name, version)]
-            conn.answer_json(req, 200, [m.describe() for m in models])
+            conn.answer_json(req, 200, [registry.redact.describe(m.describe()) for m in models])
         elif method == "PUT":
             conn.answer_later(req, self._scale(name, version, req.query))
         else:

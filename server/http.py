@@ -163,14 +163,18 @@ class HttpServer:
         read_timeout_s: float = 60.0,
         max_connections: int = 4096,
         on_answer: Callable[[int], None] | None = None,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         """``keepalive_s``: an idle connection is closed after it. ``read_timeout_s``: a request
         that stops arriving for that long, or whose request line and headers are not complete
         that long after they began (a client trickling them in), is dropped.
-        ``max_connections``: more are closed as soon as they open (file descriptors are finite)."""
+        ``max_connections``: more are closed as soon as they open (file descriptors are finite).
+        ``redact``: applied to every error message answered (server paths out, the log keeps
+        them; server/redaction.py)."""
         self.router = router
         self.access_log = access_log
         self.on_answer = on_answer  # called with each answer's status (metrics)
+        self.redact = redact
         self.max_request_bytes = max_request_bytes
         self.keepalive_s = keepalive_s
         self.read_timeout_s = read_timeout_s
@@ -469,7 +473,10 @@ class Connection(asyncio.Protocol):
 
     def answer_error(self, ex: Request, error: MserveError) -> None:
         headers = [["Content-Type", JSON], *([k, v] for k, v in error.headers().items())]
-        self.answer(ex, error.status, headers, json.dumps(error.body()).encode())
+        body = error.body()
+        if self.api.redact is not None:
+            body["message"] = self.api.redact(str(body["message"]))
+        self.answer(ex, error.status, headers, json.dumps(body).encode())
 
     def answer_later(self, req: Request, work: Awaitable[Answer]) -> None:
         """Answer with what ``work`` returns (management calls that wait on workers). It runs to

@@ -218,6 +218,7 @@ class Server:
                 read_timeout_s=self.config.read_timeout_s,
                 max_connections=self.config.max_connections,
                 on_answer=self.metrics.status if name != "metrics" else None,
+                redact=self.registry.redact,
             )
             try:
                 bound = await listener.listen(host, port)
