@@ -25,6 +25,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 import yaml
 
 from server.errors import ConfigError
+from server.workers.environ import DEFAULT_DENY
 
 ENV_PREFIX = "MSERVE_"
 
@@ -176,6 +177,12 @@ class ServerConfig:
     download_max_bytes: int = 8 * 1024**3
     download_timeout_s: float = 30.0
     download_total_timeout_s: float = 3600.0
+    # Environment variables workers do not get (shell-style globs on the name, case ignored;
+    # server/workers/environ.py), unless the model's config names them in allowedEnvVars;
+    # MSERVE_* never. worker_env_deny_regex: TorchServe's blacklist_env_vars, a regular
+    # expression the whole name must match, on top.
+    worker_env_deny: tuple[str, ...] = DEFAULT_DENY
+    worker_env_deny_regex: str | None = None
 
     @property
     def run_path(self) -> Path:
@@ -363,6 +370,14 @@ def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:
             " needs certificate_file and private_key_file (PEM files)"
         )
     _check_allowed_urls(config.allowed_urls)
+    if config.worker_env_deny_regex is not None:
+        try:
+            re.compile(config.worker_env_deny_regex)
+        except re.error as exc:
+            raise ConfigError(
+                f"worker_env_deny_regex: {config.worker_env_deny_regex!r} is not a valid regular"
+                f" expression: {exc}"
+            ) from None
     return config
 
 

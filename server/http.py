@@ -49,6 +49,13 @@ MAX_HEAD_BYTES = 64 * 1024  # request line plus headers; more is answered 431
 MAX_IN_FLIGHT = 32  # requests of one connection being served; reading pauses beyond it
 SWEEP_S = 5.0  # how often connections are checked against the timeouts, at most
 LARGE_BODY = 64 * 1024  # bodies from here on are written next to the head, not copied into it
+# After refusing a request (413, 400, 431) the connection stays open a little while the client
+# finishes sending, and what it sends is read and dropped: closing a socket with unread input
+# makes the kernel send RST, and a client still sending its body (Python's http.client, urllib,
+# requests) then loses the answer it had not read yet. Bounded in bytes and in time; a body
+# declared larger than LINGER_BYTES is not waited for.
+LINGER_BYTES = 8 * 1024 * 1024
+LINGER_S = 5.0
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 JSON = "application/json"
@@ -159,16 +166,20 @@ class HttpServer:
         max_connections: int = 4096,
         on_answer: Callable[[int], None] | None = None,
         guard: Guard | None = None,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         """``keepalive_s``: an idle connection is closed after it. ``read_timeout_s``: a request
         that stops arriving for that long, or whose request line and headers are not complete
         that long after they began (a client trickling them in), is dropped.
         ``max_connections``: more are closed as soon as they open (file descriptors are finite).
-        ``guard``: token authorization, checked before a request is routed (None: off)."""
+        ``guard``: token authorization, checked before a request is routed (None: off).
+        ``redact``: applied to every error message answered (server paths out, the log keeps
+        them; server/redaction.py)."""
         self.router = router
         self.guard = guard
         self.access_log = access_log
         self.on_answer = on_answer  # called with each answer's status (metrics)
+        self.redact = redact
         self.max_request_bytes = max_request_bytes
         self.keepalive_s = keepalive_s
         self.read_timeout_s = read_timeout_s
@@ -277,6 +288,10 @@ class Connection(asyncio.Protocol):
         self._body_bytes = 0
         self._read_paused = False
         self._write_paused = False
+        self._lingering = False  # refused: reading and dropping the rest before closing
+        self._linger_left = 0  # bytes still allowed in
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._parser_ok = True  # httptools has not failed on this connection
 
     # asyncio.Protocol ------------------------------------------------------------------
 
@@ -293,18 +308,28 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
+            if self._lingering:
+                self._drop(data)
             return
         self.last_active = time.monotonic()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reject(BadRequest("protocol upgrades (WebSocket, h2c) are not supported"))
+            # llhttp stops after a request that asks to switch protocols; it was refused, or
+            # answered as HTTP/1.1 with the connection closing after it (_framing_refusal)
+            self._parser_ok = False
+            if not self.closing:
+                self._reject(BadRequest("protocol upgrades (WebSocket, h2c) are not supported"))
         except httptools.HttpParserError as exc:
+            self._parser_ok = False
             if not self.closing:  # not one of our own rejections from a callback
                 self._reject(BadRequest(f"malformed HTTP request: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self._lingering = False
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         self.api.connections.discard(self)
         for ex in self.pending:  # queued requests of a gone client cost no worker time
             if ex.future is not None and not ex.future.done():
@@ -358,15 +383,45 @@ class Connection(asyncio.Protocol):
             parser.should_keep_alive(),
         )
         ex.headers = self._headers
+        refusal = self._framing_refusal(ex)
+        if refusal is not None:
+            self._reject(refusal, ex)
+            return
         length = ex.header("Content-Length")
         limit = self.api.max_request_bytes
         if length is not None and length.isdigit() and int(length) > limit:
             self._reject(RequestTooLarge(
                 f"request body is {length} bytes, more than max_request_size_bytes={limit}"
-            ), ex)  # fmt: skip
+            ), ex, linger=int(length) <= LINGER_BYTES)  # fmt: skip
             return
         if (ex.header("Expect") or "").lower() == "100-continue" and not self.pending:
             self._write([b"HTTP/1.1 100 Continue\r\n\r\n"])
+
+    def _framing_refusal(self, ex: Request) -> MserveError | None:
+        """What llhttp lets through but we refuse, since a proxy in front may frame it another
+        way (request smuggling) or we would misread it: a version other than 1.0 and 1.1, a
+        transfer coding other than plain ``chunked`` (``gzip, chunked`` would hand the handler
+        compressed bytes), Transfer-Encoding in HTTP/1.0 (RFC 9112 6.1), and a protocol switch
+        (llhttp stops at it, so a body would be lost). An Upgrade without a body is answered as
+        HTTP/1.1, as RFC 9110 lets a server do, and the connection closes after it."""
+        if ex.version not in ("1.0", "1.1"):
+            return _VersionNotSupported(f"HTTP/{ex.version} is not supported; use HTTP/1.1")
+        coding = ex.header("Transfer-Encoding")
+        if coding is not None:
+            if ex.version == "1.0":
+                return BadRequest("Transfer-Encoding is not allowed in an HTTP/1.0 request")
+            if coding.strip().lower() != "chunked":
+                return _CodingNotImplemented(
+                    f"Transfer-Encoding {coding!r} is not supported; only chunked is"
+                )
+        if self.parser.should_upgrade():
+            length = ex.header("Content-Length")
+            if ex.method == "CONNECT" or coding is not None or (length and length.strip("0")):
+                return BadRequest(
+                    "protocol upgrades (WebSocket, h2c) are not supported, nor CONNECT"
+                )
+            ex.keep_alive = False
+        return None
 
     def on_body(self, body: bytes) -> None:
         if self.closing:
@@ -384,6 +439,9 @@ class Connection(asyncio.Protocol):
         self._receiving = False
         ex = self._current
         self._current = None
+        if self._lingering:  # the refused request's body has all arrived (and was dropped)
+            self._stop_lingering()
+            return
         if self.closing or ex is None:
             return
         ex.body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -426,7 +484,10 @@ class Connection(asyncio.Protocol):
 
     def answer_error(self, ex: Request, error: MserveError) -> None:
         headers = [["Content-Type", JSON], *([k, v] for k, v in error.headers().items())]
-        self.answer(ex, error.status, headers, json.dumps(error.body()).encode())
+        body = error.body()
+        if self.api.redact is not None:
+            body["message"] = self.api.redact(str(body["message"]))
+        self.answer(ex, error.status, headers, json.dumps(body).encode())
 
     def answer_later(self, req: Request, work: Awaitable[Answer]) -> None:
         """Answer with what ``work`` returns (management calls that wait on workers). It runs to
@@ -485,8 +546,13 @@ class Connection(asyncio.Protocol):
             ))  # fmt: skip
         return not self.closing
 
-    def _reject(self, error: MserveError, ex: Request | None = None) -> None:
-        """Answer a request we will not read to the end, after those before it, and close."""
+    def _reject(self, error: MserveError, ex: Request | None = None, linger: bool = True) -> None:
+        """Answer a request we will not read to the end, after those before it, and close.
+
+        With ``linger``, what the client still sends is read and dropped until its request ends
+        (when the parser can still tell), it half-closes, LINGER_BYTES have come or LINGER_S
+        have passed; the answer goes out meanwhile, followed by our half-close (FIN), so a
+        client that reads only once it has sent everything still gets it."""
         if self.closing:
             return
         if ex is None:
@@ -494,7 +560,40 @@ class Connection(asyncio.Protocol):
         ex.keep_alive = False
         self.pending.append(ex)
         self.closing = True
+        if linger and self.transport is not None:
+            self._lingering = True
+            self._linger_left = LINGER_BYTES
+            self._linger_timer = asyncio.get_running_loop().call_later(
+                LINGER_S, self._stop_lingering
+            )
+            if self._read_paused:
+                self.transport.resume_reading()
+                self._read_paused = False
         self.answer_error(ex, error)
+
+    def _drop(self, data: bytes) -> None:
+        """Lingering after a refusal: count ``data`` against the budget and drop it; the parser
+        (while it still can) says when the refused request ends."""
+        self._linger_left -= len(data)
+        if self._linger_left < 0:
+            self._stop_lingering()
+            return
+        if self._parser_ok:
+            try:
+                self.parser.feed_data(data)  # callbacks drop the body: we are closing
+            except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+                self._parser_ok = False  # the rest is dropped raw, until EOF or the bounds
+
+    def _stop_lingering(self) -> None:
+        """Close now, or once the answers still owed are written."""
+        if not self._lingering:
+            return
+        self._lingering = False
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        if not self.pending and self.transport is not None:
+            self.transport.close()
 
     def _flush(self) -> None:
         pending, transport = self.pending, self.transport
@@ -517,10 +616,14 @@ class Connection(asyncio.Protocol):
                     if rest.future is not None and not rest.future.done():
                         rest.future.cancel()
                 pending.clear()
-                if transport is not None:
+                if transport is None:
+                    return
+                if not self._lingering:
                     transport.close()
+                elif transport.can_write_eof():
+                    transport.write_eof()  # the answer is complete; the client's rest is read
                 return
-        if self.closing and not pending and transport is not None:
+        if self.closing and not pending and transport is not None and not self._lingering:
             transport.close()
             return
         self._update_reading()
@@ -738,6 +841,16 @@ class ChunkedAnswer:
 class _HeadTooLarge(MserveError):
     status = 431
     type = "BadRequestException"  # TorchServe: its HTTP decoder fails, a 400
+
+
+class _CodingNotImplemented(MserveError):
+    status = 501  # RFC 9112 6.1: a transfer coding the server does not understand
+    type = "BadRequestException"
+
+
+class _VersionNotSupported(MserveError):
+    status = 505
+    type = "BadRequestException"
 
 
 def header_ok(name: str, value: str) -> bool:

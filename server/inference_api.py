@@ -65,7 +65,7 @@ class InferenceAPI:
             return
         if parts == ["models"]:
             req.allow("GET")
-            conn.answer_json(req, 200, models_page(self.registry, req.query))
+            conn.answer_json(req, 200, models_page(self.registry, req.query, public=True))
             return
         if head == "v2":
             self._v2(conn, req, parts[1:])

@@ -49,6 +49,7 @@ from server.rundir import (
 )
 from server.snapshot import SNAPSHOT_FILE
 from server.tls import server_context
+from server.workers.environ import WorkerEnvironment, hide_own_environ
 from server.workers.launch import Launcher
 
 if TYPE_CHECKING:
@@ -132,7 +133,10 @@ class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.gpus = GpuAllocator(server_gpus(config.number_of_gpu, os.environ))
-        self.launcher = Launcher(config.fork_workers, config.worker_preload)
+        worker_env = WorkerEnvironment.split(
+            os.environ, config.worker_env_deny, config.worker_env_deny_regex
+        )
+        self.launcher = Launcher(config.fork_workers, config.worker_preload, worker_env)
         self.metrics = Metrics(
             config.metrics_mode,
             load_metrics_config(Path(config.metrics_config))
@@ -246,6 +250,7 @@ class Server:
                 max_connections=config.max_connections,
                 on_answer=self.metrics.status if name != "metrics" else None,
                 guard=self._guard(name),
+                redact=self.registry.redact,
             )
             try:
                 bound = await listener.listen(host, port, tls if secure else None)
@@ -566,6 +571,9 @@ def run_server(
         # starts workers with fork(); tested: 4 of 60 spawns inside a call). The server's
         # children never use gRPC: turn them off, before grpc is first imported (_listen_grpc).
         os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+    # workers run as this user: keep them from reading the secrets the deny-list withholds
+    # out of /proc/<server pid>/environ
+    hide_own_environ()
     server = Server(config)
     try:
         # uvloop: libuv's loop reuses its read buffers and runs the HTTP path several times

@@ -75,10 +75,13 @@ def check_model_api(enabled: bool, action: str) -> None:
         )  # fmt: skip
 
 
-def models_page(registry: Registry, params: Mapping[str, str]) -> dict[str, Any]:
+def models_page(
+    registry: Registry, params: Mapping[str, str], public: bool = False
+) -> dict[str, Any]:
     """``GET /models`` on either port, paged as TorchServe pages it: ``limit`` is 100 when
     missing, over 100 or negative, and 0 gives an empty page; a negative ``next_page_token``
-    starts at the beginning."""
+    starts at the beginning. ``public`` (the inference port): a ``modelUrl`` that is a server
+    path (a startup model named by its absolute path) shows no server folder."""
     limit = int_param(params, "limit", None)
     if limit is None or not 0 <= limit <= MAX_PAGE:
         limit = MAX_PAGE
@@ -86,7 +89,11 @@ def models_page(registry: Registry, params: Mapping[str, str]) -> dict[str, Any]
     names = sorted(registry.models)
     page = names[start : start + limit]
     out: dict[str, Any] = {
-        "models": [{"modelName": n, "modelUrl": registry.get(n).url} for n in page]
+        "models": [
+            {"modelName": n, "modelUrl": registry.redact(url) if public else url}
+            for n in page
+            for url in (registry.get(n).url,)
+        ]
     }
     if start + limit < len(names):
         out["nextPageToken"] = str(start + limit)
@@ -100,7 +107,7 @@ def describe(registry: Registry, name: str, version: str | None) -> Any:
     if downloading and name not in registry.models:  # listed while its archive arrives
         return downloading
     models = registry.versions(name) if version == "all" else [registry.get(name, version)]
-    return [m.describe() for m in models]
+    return [registry.redact.describe(m.describe()) for m in models]
 
 
 async def register_model(registry: Registry, params: Mapping[str, str]) -> Outcome:

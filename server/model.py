@@ -179,6 +179,10 @@ class ModelVersion:
         self.archive_sha256: str | None = None  # pinned in the snapshot (see server/download.py)
         self.handler_overridden = False
         self.last_output = ""  # the last lines a failed worker printed, for describe
+        # withheld server variables the model config names in allowedEnvVars (environ.py)
+        self.worker_env = launcher.environment.for_model(
+            model_yaml_config.get("allowedEnvVars") or (), self.label
+        )
         self.stats = ModelStats(metrics, name, version)  # TorchServe's metrics
 
     @property
@@ -261,7 +265,7 @@ class ModelVersion:
             python=self.python,
             model_dir=self.model_dir,
             init=init,
-            env=worker_env_for(gpu),
+            env={**self.worker_env, **worker_env_for(gpu)},
             max_payload_bytes=self.max_payload_bytes,
         )
 

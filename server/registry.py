@@ -28,6 +28,7 @@ from server.errors import (
 )
 from server.metrics import Metrics
 from server.model import ModelSettings, ModelVersion
+from server.redaction import PathRedactor
 from server.store import UnpackedModel, resolve_url, unpack
 from server.workers.launch import Launcher
 from server.workers.process import default_python
@@ -125,6 +126,11 @@ class Registry:
         self.unrestored: list[dict[str, Any]] = []
         self.envs = EnvCache(config.env_path, protected=config.protected_packages)
         self.downloader = Downloader(config)
+        # server paths out of error answers and describe's worker output (server/redaction.py)
+        self.redact = PathRedactor.for_server(
+            config.run_path, config.store_path, config.env_path, config.log_path,
+            config.allowed_paths,
+        )  # fmt: skip
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
         versions = self.models.get(name)

@@ -201,6 +201,20 @@ def _list(value: str, where: str, key: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in value.split(",") if item.strip())
 
 
+def _name_regex(value: str, where: str, key: str) -> str | None:
+    """TorchServe's ``blacklist_env_vars``: a (Java) regular expression a variable's whole name
+    must match for workers not to get it; empty, none. Python reads the usual ones alike."""
+    if not value.strip():
+        return None
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ConfigError(
+            f"{where}: {key}={value} is not a valid regular expression: {exc}"
+        ) from None
+    return value
+
+
 # TorchServe key -> (our key, conversion)
 _Convert = Callable[[str, str, str], Any]
 _MAPPED: dict[str, tuple[str, _Convert]] = {
@@ -220,6 +234,7 @@ _MAPPED: dict[str, tuple[str, _Convert]] = {
     "max_response_size": ("max_response_size_bytes", _same),
     "install_py_dep_per_model": ("install_py_dep_per_model", _boolean),
     "allowed_urls": ("allowed_urls", _list),
+    "blacklist_env_vars": ("worker_env_deny_regex", _name_regex),
     "disable_token_authorization": ("disable_token_authorization", _boolean),
     "enable_model_api": ("enable_model_api", _boolean),
     "model_api_enabled": ("enable_model_api", _boolean),  # TorchServe 0.11's name
@@ -262,11 +277,6 @@ _NO_EFFECT = frozenset((
 # Keys whose non-default value would change what clients or handlers get, or what workers can
 # see: ignoring them would be silently wrong, so only their default value is accepted.
 _REFUSED: dict[str, tuple[Callable[[str], bool], str]] = {
-    "blacklist_env_vars": (
-        lambda v: not v.strip(),
-        "mserve does not filter the environment of workers; without the filter they would see"
-        " the variables this key hides",
-    ),
     "service_envelope": (
         lambda v: not v.strip(),
         "mserve has no request/response envelopes (kserve, kservev2, json); clients would get"

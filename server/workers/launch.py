@@ -15,7 +15,10 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Mapping
 from typing import Any, Protocol
+
+from server.workers.environ import DEFAULT_DENY, WorkerEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +45,15 @@ def worker_command(python: str, fd: int) -> list[str]:
     return [python, "-I", "-u", "-m", "mserve_worker.runtime", "--fd", str(fd)]
 
 
-async def exec_worker(python: str, cwd: str, env: dict[str, str], fd: int) -> Process:
+async def exec_worker(
+    python: str, cwd: str, env: dict[str, str], fd: int, base_env: Mapping[str, str]
+) -> Process:
+    """``base_env``: what every worker gets of the server's environment (server/workers/environ.py);
+    ``env``: this worker's own (its GPU, the variables its model is allowed)."""
     return await asyncio.create_subprocess_exec(
         *worker_command(python, fd),
         cwd=cwd,
-        env={**os.environ, **env},
+        env={**base_env, **env},
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -87,9 +94,12 @@ async def _pipe_reader(fd: int) -> asyncio.StreamReader:
 
 
 class Template:
-    def __init__(self, python: str, preload: tuple[str, ...]) -> None:
+    def __init__(self, python: str, preload: tuple[str, ...], base_env: Mapping[str, str]) -> None:
+        """``base_env``: the template's environment, which every worker forked from it starts
+        with; nothing the deny-list holds back, since the template serves every model."""
         self.python = python
         self.preload = preload
+        self.base_env = base_env
         self.proc: asyncio.subprocess.Process | None = None
         self._sock: socket.socket | None = None
         self._buffer = bytearray()
@@ -115,7 +125,7 @@ class Template:
                 start_new_session=True,
                 # no GPU for the template: a preload that touches CUDA cannot take a device
                 # (its children set their own CUDA_VISIBLE_DEVICES before they load anything)
-                env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                env={**self.base_env, "CUDA_VISIBLE_DEVICES": ""},
             )  # fmt: skip
         finally:
             child.close()
@@ -222,9 +232,24 @@ class Launcher:
     later workers (scale-ups, restarts) are forked from it in milliseconds.
     """
 
-    def __init__(self, use_templates: bool = True, preload: tuple[str, ...] = DEFAULT_PRELOAD):
+    def __init__(
+        self,
+        use_templates: bool = True,
+        preload: tuple[str, ...] = DEFAULT_PRELOAD,
+        environment: WorkerEnvironment | None = None,
+    ) -> None:
+        """``environment``: the server's environment as workers may see it; by default the
+        process's own without the default deny-list."""
         self.use_templates = use_templates
         self.preload = preload
+        if environment is None:
+            environment = WorkerEnvironment.split(os.environ, DEFAULT_DENY)
+        self.environment = environment
+        if environment.withheld:
+            log.info(
+                "workers do not get %d of the server's environment variables (worker_env_deny):"
+                " %s", len(environment.withheld), ", ".join(sorted(environment.withheld)),
+            )  # fmt: skip
         self._templates: dict[str, Template] = {}
         self._warming: dict[str, asyncio.Task[None]] = {}
         self._seen: set[str] = set()
@@ -238,7 +263,7 @@ class Launcher:
             self._ready_template(python)
 
     async def _warm(self, python: str) -> None:
-        template = Template(python, self.preload)
+        template = Template(python, self.preload, self.environment.base)
         try:
             await template.start(timeout_s=300)
         except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
@@ -268,7 +293,7 @@ class Launcher:
                 return await template.spawn(cwd, env, fd)
             except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
                 log.warning("fork from the worker template failed (%s); using exec", exc)
-        return await exec_worker(python, cwd, env, fd)
+        return await exec_worker(python, cwd, env, fd, self.environment.base)
 
     async def close(self) -> None:
         for task in self._warming.values():

@@ -221,6 +221,12 @@ def test_user_errors(
             "'deviceType' should be one of ['cpu', 'gpu', 'neuron'], found 'tpu'",
         ),
         ("minWorkers: 4\nmaxWorkers: 2\n", "minWorkers (4) is greater than maxWorkers (2)"),
+        ("allowedEnvVars: HF_TOKEN\n", "'allowedEnvVars' should be array, found 'HF_TOKEN'"),
+        ("allowedEnvVars: [HF_TOKEN, 3]\n", "'allowedEnvVars.1' should be string, found 3"),
+        (
+            "allowedEnvVar: [HF_TOKEN]\n",
+            "unknown key 'allowedEnvVar'; did you mean 'allowedEnvVars'?",
+        ),
         ("a: [\n", "YAML syntax error at line 2, column 1"),
         ("- 1\n- 2\n", "expected a mapping of keys, found list"),
     ],

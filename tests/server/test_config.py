@@ -87,6 +87,13 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
         ("access_log: maybe\n", {}, "'access_log' should be true or false, found 'maybe'"),
         ("allowed_paths: 5\n", {}, "'allowed_paths' should be a list, found 5"),
         ("a: [\n", {}, "is not valid YAML"),
+        (
+            "worker_env_deny_regex: 'AWS_('\n",
+            {},
+            "worker_env_deny_regex: 'AWS_(' is not a valid regular expression: missing ),"
+            " unterminated subpattern at position 4",
+        ),
+        ("worker_env_deny: 5\n", {}, "'worker_env_deny' should be a list, found 5"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path: Path, text: str, env: dict, message: str) -> None:
@@ -95,6 +102,15 @@ def test_config_errors_name_the_key(tmp_path: Path, text: str, env: dict, messag
     with pytest.raises(ConfigError) as info:
         load_config(cfg, {}, env)
     assert message in info.value.message
+
+
+def test_worker_env_deny_from_yaml_and_environment(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("worker_env_deny: ['*_TOKEN', 'AWS_*']\n")
+    assert load_config(cfg, {}, {}).worker_env_deny == ("*_TOKEN", "AWS_*")
+    config = load_config(None, {}, {"MSERVE_WORKER_ENV_DENY": "*_KEY, DB_*"})
+    assert config.worker_env_deny == ("*_KEY", "DB_*")
+    assert "*SECRET*" in load_config(None, {}, {}).worker_env_deny  # the default
 
 
 def test_zero_is_allowed_where_it_means_something() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from server.config import load_config
+from server.config import ServerConfig, load_config
 from server.errors import ConfigError
 from server.ts_config import load_ts_config, newest_snapshot, parse_properties
 
@@ -279,10 +279,24 @@ def test_one_port_for_two_apis_is_refused(tmp_path: Path) -> None:
         )
 
 
+def test_blacklist_env_vars_becomes_the_worker_env_deny_regex(tmp_path: Path) -> None:
+    """TorchServe's regular expression is kept whole (Java and Python read the usual ones
+    alike), on top of the deny-list; empty means none; a broken one names the line."""
+    config, _ = config_from(tmp_path, "blacklist_env_vars=AWS_.*|.*_KEY\n")
+    assert config.worker_env_deny_regex == "AWS_.*|.*_KEY"
+    assert config.worker_env_deny == ServerConfig().worker_env_deny
+    assert config_from(tmp_path, "blacklist_env_vars=\n")[0].worker_env_deny_regex is None
+    with pytest.raises(ConfigError) as caught:
+        config_from(tmp_path, "# comment\nblacklist_env_vars=AWS_(\n")
+    assert str(caught.value).endswith(
+        "line 2: blacklist_env_vars=AWS_( is not a valid regular expression:"
+        " missing ), unterminated subpattern at position 4"
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("blacklist_env_vars=AWS_.*\n", "mserve does not filter the environment of workers"),
         ("service_envelope=kserve\n", "mserve has no request/response envelopes"),
         ("decode_input_request=false\n", "mserve always decodes JSON and text bodies"),
     ],

@@ -460,3 +460,27 @@ def test_symlinked_archives_register_through_the_api_and_escapes_are_refused(
             "code": 403, "type": "ArchiveNotAllowedException", "message": message,
         }), url  # fmt: skip
     assert server.manage("GET", "/models/escape").status == 404
+
+
+def test_a_store_archive_pinned_to_another_sha256_is_refused(make_archive, start_server) -> None:
+    """sha256= pins local archives too: a store archive with another digest is refused naming
+    both, the right one (any case) registers, and a folder cannot be pinned."""
+    archive = make_archive("echo_fn", "echo:handle", "echo")
+    make_archive("echo_fn", "echo:handle", "folder", "--archive-format", "no-archive")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    server = start_server(config={"disable_token_authorization": True, "enable_model_api": True})
+    wrong = server.manage("POST", f"/models?url=echo.mar&sha256={'0' * 64}")
+    assert wrong.status == 400 and wrong.json() == {
+        "code": 400,
+        "type": "BadRequestException",
+        "message": f"archive echo.mar: its sha256 is {digest}, the sha256 parameter asks for"
+        f" {'0' * 64}",
+    }
+    assert "echo" not in server.manage("GET", "/models").body.decode()
+    folder = server.manage("POST", f"/models?url=folder&sha256={digest}")
+    assert folder.status == 400 and folder.json()["message"] == (
+        "url 'folder' is an archive folder: the sha256 parameter applies to archive files"
+        " (.mar, .tar.gz)"
+    )
+    right = server.manage("POST", f"/models?url=echo.mar&sha256={digest.upper()}")
+    assert right.status == 200, right.body
