@@ -100,7 +100,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
                             " gather for a unary call (use StreamPredictions)"
                         )
         except MserveError as exc:
-            await abort(context, exc)
+            await abort(context, exc, self.registry.redact)
         except _HandlerStatus as exc:
             await context.abort(status.code_of_http(exc.status), status.message(str(exc)))
         return pb.PredictionResponse(prediction=bytes(body))
@@ -114,7 +114,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
                 async for chunk in answer:
                     yield pb.PredictionResponse(prediction=chunk)
         except MserveError as exc:
-            await abort(context, exc)
+            await abort(context, exc, self.registry.redact)
         except _HandlerStatus as exc:
             await context.abort(status.code_of_http(exc.status), status.message(str(exc)))
 
@@ -132,7 +132,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
                     async for chunk in answer:
                         yield pb.PredictionResponse(prediction=chunk, sequenceId=sequence)
             except MserveError as exc:
-                code, text = status.code_of(exc), exc.message
+                code, text = status.code_of(exc), self.registry.redact(exc.message)
             except _HandlerStatus as exc:
                 code, text = status.code_of_http(exc.status), str(exc)
             else:

@@ -56,7 +56,7 @@ def _rpc(
         try:
             return pb.ManagementResponse(msg=await method(self, request))
         except MserveError as exc:
-            await abort(context, exc)
+            await abort(context, exc, self.registry.redact)
 
     call.__name__ = method.__name__
     call.__doc__ = method.__doc__

@@ -73,9 +73,12 @@ def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, text: str) -
     )
 
 
-async def abort(context: aio.ServicerContext, error: MserveError) -> None:
-    """End the call with the error's code and its REST message (raises)."""
-    await context.abort(status.code_of(error), status.message(error.message))
+async def abort(
+    context: aio.ServicerContext, error: MserveError, redact: Callable[[str], str]
+) -> None:
+    """End the call with the error's code and its REST message, server paths out as in REST
+    answers (server/redaction.py) (raises)."""
+    await context.abort(status.code_of(error), status.message(redact(error.message)))
 
 
 def credentials(certificate_file: str, private_key_file: str) -> grpc.ServerCredentials:
