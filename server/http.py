@@ -426,7 +426,8 @@ class Connection(asyncio.Protocol):
 
     def answer_error(self, ex: Request, error: MserveError) -> None:
         headers = [["Content-Type", JSON], *([k, v] for k, v in error.headers().items())]
-        self.answer(ex, error.status, headers, json.dumps(error.body()).encode())
+        body = error_body(ex.parts, error)
+        self.answer(ex, error.status, headers, json.dumps(body).encode())
 
     def answer_later(self, req: Request, work: Awaitable[Answer]) -> None:
         """Answer with what ``work`` returns (management calls that wait on workers). It runs to
@@ -738,6 +739,14 @@ class ChunkedAnswer:
 class _HeadTooLarge(MserveError):
     status = 431
     type = "BadRequestException"  # TorchServe: its HTTP decoder fails, a 400
+
+
+def error_body(parts: list[str], error: MserveError) -> dict[str, object]:
+    """TorchServe's ``{code, type, message}``; on KServe's paths (``/v1/...``, ``/v2/...``) the
+    Open Inference Protocol's ``{"error": message}``, which its clients read."""
+    if parts and parts[0] in ("v1", "v2"):
+        return {"error": error.message}
+    return error.body()
 
 
 def header_ok(name: str, value: str) -> bool:
