@@ -380,6 +380,8 @@ def to_array(tensor: Tensor, np: Any) -> Any:
         )
     kind = raw.dtype.kind
     wanted = dtype.kind
+    if wanted in "iu" and kind in "fO":  # e.g. 2**64 - 1 does not fit numpy's int64 guess
+        return np.array(flat_values(tensor), dtype=dtype).reshape(shape)
     ok = kind == "b" if wanted == "b" else kind in "iu" if wanted in "iu" else kind in "iuf"
     if not ok and raw.size:
         values = raw.ravel().tolist()
