@@ -300,3 +300,11 @@ def test_kserve_paths_need_the_inference_key_but_health(make_archive, start_serv
         assert http("GET", server.url("inference", path)).status == 401, path
     reply = _infer(server, "v2sum", doc, {**JSON_HEADERS, **server.auth("inference")})
     assert reply.status == 200 and reply.json()["outputs"][0]["data"] == [3]
+
+
+def test_a_bad_signature_fails_the_load_naming_the_entry(make_archive, start_server, tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("inputs:\n  - {name: x, datatype: FLOAT32, shape: [1]}\n")
+    make_archive("oip_models", "echo_tensors", "bad", "--config-file", str(config))
+    server = start_server("bad=bad.mar", expect_ok=False)
+    assert "model config 'inputs[0]'.datatype should be one of BOOL" in server.start_output
