@@ -97,6 +97,8 @@ class OipServing:
         """Read one v1 or v2 request; raises OIPError (or PayloadError) for a bad one."""
         if item.api == "v1":
             return self._prepare_v1(item)
+        if not self.tensors and self.signature.inputs is None:  # nothing to decode or check
+            return Prepared(_as_on_predictions(item), "")
         header = _header(item.headers, HEADER_LENGTH)
         if header is not None:
             request = parse_request(item.body, header)
@@ -138,7 +140,7 @@ class OipServing:
     def _plain_row(self, item: RequestItem, body: Any) -> dict[str, Any]:
         """``data[i]`` as on /predictions, the body already parsed (or raw, for binary)."""
         if isinstance(body, (bytes, bytearray, memoryview)):
-            return decode_request(item.content_type, item.headers, item.body, item.params)
+            return _as_on_predictions(item)
         row = {"body": body}
         for name, value in item.params.items():
             row.setdefault(name, value)
@@ -228,6 +230,10 @@ class OipServing:
             elif self.style == "hooks" and len(output) == 1:
                 output = next(iter(output.values()))
         return {key: output}
+
+
+def _as_on_predictions(item: RequestItem) -> dict[str, Any]:
+    return decode_request(item.content_type, item.headers, item.body, item.params)
 
 
 def _tolist(value: Any) -> Any:
