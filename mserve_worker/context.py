@@ -401,6 +401,9 @@ class Context:
         # What the current batch asks for: "" (predict), "explain", or a custom operation name.
         # The runtime calls the handler once per operation, so one value holds for the batch.
         self.operation = ""
+        # The API of the current call's requests: "" (TorchServe's paths, or a v1/v2 body handed
+        # over as it came), "v2" (decoded Open Inference Protocol tensors) or "v1" (KServe v1).
+        self.protocol = ""
         self.manifest = manifest
         self.system_properties: dict[str, Any] = {
             "model_dir": model_dir,

@@ -79,6 +79,9 @@ class RequestItem:
     params: dict[str, str] = field(default_factory=dict)
     # What the caller asked the model to do: "" (predict), "explain", or a custom operation name.
     op: str = ""
+    # The API the request came in through: "" (TorchServe's /predictions and friends), "v2" (the
+    # Open Inference Protocol) or "v1" (KServe v1). The worker reads such bodies as that protocol.
+    api: str = ""
 
 
 # A streamed request whose stream broke after its first chunk (the handler raised, an output could
@@ -319,6 +322,7 @@ def batch_frame(batch_id: int, items: Sequence[RequestItem], *, check: bool = Tr
             body=body,
             params=_check_params(item.params, f"{where}.params"),
             op=_check_str(item.op, f"{where}.op"),
+            api=_check_str(item.api, f"{where}.api"),
         )
         entries.append(_entry(checked, len(body)))
         bodies.append(body)
@@ -335,6 +339,8 @@ def _entry(item: RequestItem, size: int) -> dict[str, Any]:
     }
     if item.op:  # absent means predict, which keeps the common frame small
         entry["op"] = item.op
+    if item.api:
+        entry["api"] = item.api
     return entry
 
 
@@ -351,16 +357,18 @@ def parse_batch(frame: Frame) -> tuple[int, list[RequestItem]]:
             headers = entry.get("headers", [])
             params = entry.get("params", {})
             op = entry.get("op", "")
+            api = entry.get("api", "")
             if (
                 type(request_id) is not str
                 or type(content_type) is not str
                 or type(op) is not str
+                or type(api) is not str
                 or not _pairs_ok(headers)
                 or type(params) is not dict
                 or not all(type(k) is str and type(v) is str for k, v in params.items())
             ):
                 return _parse_batch_checked(frame)
-            items.append(RequestItem(request_id, content_type, headers, body, params, op))
+            items.append(RequestItem(request_id, content_type, headers, body, params, op, api))
         return batch_id, items
     return _parse_batch_checked(frame)
 
@@ -379,6 +387,7 @@ def _parse_batch_checked(frame: Frame) -> tuple[int, list[RequestItem]]:
                 body=bodies[i],
                 params=_check_params(entry.get("params", {}), f"{where}.params"),
                 op=_check_str(entry.get("op", ""), f"{where}.op"),
+                api=_check_str(entry.get("api", ""), f"{where}.api"),
             )
         )
     return batch_id, items

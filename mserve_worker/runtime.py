@@ -25,6 +25,9 @@ from typing import Any
 from . import compat, streaming
 from .context import Context, Metrics
 from .loader import HandlerLoadError, LoadedHandler, load_handler
+from .oip import serving as oip_serving
+from .oip.signature import SignatureError
+from .oip.tensors import OIPError
 from .payload import PayloadError, decode_request, encode_output
 from .protocol import (
     PROTOCOL_VERSION,
@@ -156,22 +159,33 @@ def _serve_batch(
         stream.reset(batch_id)
     responses: list[ResponseItem | None] = [None] * len(items)
     decoded: dict[int, Any] = {}
-    groups: dict[str, list[int]] = {}  # one handler call per operation, in arrival order
+    prepared: dict[int, oip_serving.Prepared] = {}  # v1/v2 requests
+    # one handler call per operation and API, in arrival order
+    groups: dict[tuple[str, str], list[int]] = {}
     for i, item in enumerate(items):
         if item.request_id in cancelled:  # its caller is gone: the answer would reach nobody
             responses[i] = ResponseItem(CLIENT_GONE, b"", "")
             continue
+        api = ""
         try:
-            decoded[i] = decode_request(item.content_type, item.headers, item.body, item.params)
+            if item.api:
+                prepared[i] = oip_serving.for_context(context, handler.style).prepare(item)
+                decoded[i], api = prepared[i].row, prepared[i].api
+            else:
+                decoded[i] = decode_request(item.content_type, item.headers, item.body, item.params)
+        except OIPError as exc:
+            responses[i] = ResponseItem(exc.status, exc.message.encode(), "")
+            continue
         except PayloadError as exc:
             responses[i] = ResponseItem(400, str(exc).encode(), "text/plain; charset=utf-8")
             continue
-        groups.setdefault(item.op, []).append(i)
+        groups.setdefault((item.op, api), []).append(i)
     started = time.perf_counter()
-    for op, indexes in groups.items():
+    for (op, api), indexes in groups.items():
         failure = _serve_group(
-            op, indexes, items, decoded, handler, context, responses, max_response_bytes
-        )
+            op, indexes, items, decoded, handler, context, responses, max_response_bytes,
+            api, prepared,
+        )  # fmt: skip
         if failure is None:
             continue
         if len(groups) == 1:
@@ -179,6 +193,12 @@ def _serve_batch(
         # A batch mixing operations: only the requests of the failed one share its fate.
         for i in indexes:
             responses[i] = _failed(failure["error"], i, stream)
+    for i, item in enumerate(items):  # v1/v2 errors in OIP's shape, {"error": "..."}
+        response = responses[i]
+        if item.api and response is not None and response.status >= 400 and (
+            response.status != CLIENT_GONE and not _streamed(stream, i)
+        ):  # fmt: skip
+            responses[i] = oip_serving.error_response(response)
     handler_ms = round((time.perf_counter() - started) * 1000, 3) if groups else None
     metrics = context.metrics
     recorded = None
@@ -208,10 +228,14 @@ def _serve_group(
     context: Context,
     responses: list[ResponseItem | None],
     max_response_bytes: int | None = None,
+    api: str = "",
+    prepared: dict[int, oip_serving.Prepared] | None = None,
 ) -> dict[str, str] | None:
-    """Call the handler for the requests at ``indexes`` (all asking for ``op``) and fill in
-    their responses; returns the failure (``error``, ``traceback``) when the call failed."""
+    """Call the handler for the requests at ``indexes`` (all asking for ``op`` through ``api``)
+    and fill in their responses; returns the failure (``error``, ``traceback``) when the call
+    failed."""
     context.start_batch([items[i] for i in indexes], op)
+    context.protocol = api
     data = [decoded[i] for i in indexes]
     stream = getattr(context, "_mserve_stream", None)
     if stream is not None:
@@ -252,6 +276,14 @@ def _serve_group(
             responses[i] = _failed(broken[j], i, stream)
             continue
         request = context._request(j)  # the checked lookup, once per request
+        if api and prepared and not _streamed(stream, i):
+            responses[i] = _oip_answer(
+                context, prepared[i], outputs[j], request, op, items[i].request_id
+            )
+            if max_response_bytes is not None and len(responses[i].body) > max_response_bytes:
+                size = str(len(responses[i].body))
+                responses[i] = ResponseItem(413, b"", "", [[TOO_LARGE_HEADER, size]])
+            continue
         try:
             body, content_type = encode_output(
                 outputs[j], request.get_response_content_type() or ""
@@ -266,6 +298,24 @@ def _serve_group(
         headers = [[k, v] for k, v in request.get_response_headers().items()]
         responses[i] = ResponseItem(request.get_response_status_code(), body, content_type, headers)
     return None
+
+
+def _streamed(stream: streaming.Stream | None, i: int) -> bool:
+    return stream is not None and i in stream.started
+
+
+def _oip_answer(
+    context: Context, prepared: oip_serving.Prepared, output: Any, request: Any, op: str,
+    request_id: str,
+) -> ResponseItem:  # fmt: skip
+    """A v1/v2 request's answer; an output that cannot be sent fails that request alone."""
+    oip = oip_serving.for_context(context, "")  # made when the batch was read
+    headers = [[k, v] for k, v in request.get_response_headers().items()]
+    try:
+        return oip.answer(prepared, output, request.get_response_status_code(), headers, op)
+    except OIPError as exc:
+        print(f"request {request_id}: {exc.message}", file=sys.stderr)
+        return ResponseItem(exc.status, exc.message.encode(), "")
 
 
 def _prediction_error(
@@ -321,7 +371,8 @@ def _load(init: dict, channel: Channel) -> tuple | None:
     )
     try:
         handler = load_handler(init["handler"], model_dir, context, init.get("handler_style"))
-    except HandlerLoadError as exc:
+        oip_serving.for_context(context, handler.style)  # the model config's signature
+    except (HandlerLoadError, SignatureError) as exc:
         channel.send(Frame(Kind.LOAD_FAILED, {"error": str(exc), "traceback": ""}))
         return None
     except BaseException as exc:  # the user's module raised while importing or initialising

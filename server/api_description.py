@@ -76,6 +76,15 @@ INFERENCE_PATHS: dict[str, dict[str, Any]] = {
     },
     "/api-description": {"get": _op("This description"), "options": _op("This description")},
 }
+# KServe v1 and the Open Inference Protocol's server metadata (docs/server.md); errors there are
+# {"error": message}
+INFERENCE_PATHS.update({
+    "/v2": {"get": _op("KServe v2 server metadata")},
+    "/v1/models": {"get": _op("KServe v1: the models served")},
+    "/v1/models/{model_name}": {"get": _op("KServe v1 model readiness", [_MODEL])},
+    "/v1/models/{model_name}:predict": {"post": _op("KServe v1 prediction", [_MODEL], body=True)},
+    "/v1/models/{model_name}:explain": {"post": _op("KServe v1 explanation", [_MODEL], body=True)},
+})  # fmt: skip
 
 _SYNC = _query("synchronous", "boolean", "wait for the workers before answering")
 MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {

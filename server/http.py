@@ -484,9 +484,8 @@ class Connection(asyncio.Protocol):
 
     def answer_error(self, ex: Request, error: MserveError) -> None:
         headers = [["Content-Type", JSON], *([k, v] for k, v in error.headers().items())]
-        body = error.body()
-        if self.api.redact is not None:
-            body["message"] = self.api.redact(str(body["message"]))
+        redact = self.api.redact
+        body = error_body(ex.parts, error, redact(error.message) if redact else error.message)
         self.answer(ex, error.status, headers, json.dumps(body).encode())
 
     def answer_later(self, req: Request, work: Awaitable[Answer]) -> None:
@@ -851,6 +850,15 @@ class _CodingNotImplemented(MserveError):
 class _VersionNotSupported(MserveError):
     status = 505
     type = "BadRequestException"
+
+
+def error_body(parts: list[str], error: MserveError, message: str) -> dict[str, object]:
+    """TorchServe's ``{code, type, message}``; on KServe's paths (``/v1/...``, ``/v2/...``) the
+    Open Inference Protocol's ``{"error": message}``, which its clients read. ``message``: the
+    error's, as it may be told to this client (server/redaction.py)."""
+    if parts and parts[0] in ("v1", "v2"):
+        return {"error": message}
+    return {**error.body(), "message": message}
 
 
 def header_ok(name: str, value: str) -> bool:

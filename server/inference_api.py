@@ -1,5 +1,10 @@
-"""The inference API (8080): TorchServe's and KServe v2's paths, routed on our HTTP server
-(server/http.py).
+"""The inference API (8080): TorchServe's, the Open Inference Protocol's (KServe v2) and KServe
+v1's paths, routed on our HTTP server (server/http.py).
+
+v1 and v2 requests go to the worker with their body as it arrived, marked with their API; the
+worker reads tensors and answers in the protocol's shape (mserve_worker/oip/serving.py), so this
+process, shared by every model, never parses a tensor. Errors on those paths are ``{"error":
+"..."}`` (server/http.py).
 
 A prediction runs no coroutine: the parsed request goes on the model's queue with the body as
 it arrived, and the answer is written from the queue future's callback.
@@ -14,6 +19,8 @@ import logging
 import os
 import time
 
+from archiver import __version__
+from mserve_worker.oip.signature import SignatureError, parse_signature
 from mserve_worker.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
 from server.batching import Job
 from server.errors import BadRequest, InternalError, MserveError, ResponseTooLarge
@@ -70,10 +77,40 @@ class InferenceAPI:
         if head == "v2":
             self._v2(conn, req, parts[1:])
             return
+        if head == "v1" and n >= 2 and parts[1] == "models":
+            self._v1(conn, req, parts[2:])
+            return
         raise req.not_found()
+
+    def _v1(self, conn: Connection, req: Request, parts: list[str]) -> None:
+        """KServe v1, as TorchServe serves it: list, readiness, ``:predict`` and ``:explain``."""
+        if not parts:
+            req.allow("GET")
+            conn.answer_json(req, 200, {"models": sorted(self.registry.models)})
+            return
+        if len(parts) != 1:
+            raise req.not_found()
+        name, colon, verb = parts[0].rpartition(":")
+        if not colon:
+            req.allow("GET")
+            model = self.registry.get(parts[0], None)
+            ready = model.failed is None and model.ready_workers() > 0
+            conn.answer_json(req, 200 if ready else 503, {"name": model.name, "ready": ready})
+            return
+        if verb not in ("predict", "explain"):
+            raise req.not_found()
+        req.allow("POST")
+        if verb == "explain":
+            req.headers.append(["explain", "True"])
+        self._infer(conn, req, name, None, "explain" if verb == "explain" else "", "v1")
 
     def _v2(self, conn: Connection, req: Request, parts: list[str]) -> None:
         """KServe v2: health, model metadata and readiness, infer/explain/custom operations."""
+        if not parts:
+            req.allow("GET")
+            conn.answer_json(req, 200, {"name": "mserve", "version": __version__,
+                                        "extensions": ["binary_tensor_data"]})  # fmt: skip
+            return
         if len(parts) == 2 and parts[0] == "health" and parts[1] in ("live", "ready"):
             req.allow("GET")
             if parts[1] == "live":
@@ -91,8 +128,12 @@ class InferenceAPI:
             req.allow("GET")
             model = self.registry.get(name, version)
             versions = [mv.version for mv in self.registry.versions(name)]
+            try:  # the worker refused to load a bad one, so this one reads
+                signature = parse_signature(model.model_yaml_config).metadata()
+            except SignatureError as exc:
+                raise InternalError(f"model {model.label}: {exc}") from None
             metadata = {"name": model.name, "versions": versions, "platform": "mserve",
-                        "inputs": [], "outputs": []}  # fmt: skip
+                        **signature}  # fmt: skip
             conn.answer_json(req, 200, metadata)
             return
         if len(rest) != 1:
@@ -105,17 +146,21 @@ class InferenceAPI:
             conn.answer_json(req, 200 if ready else 503, body)
             return
         req.allow("POST")
+        api = "v2"  # infer and explain: OIP tensors; custom operations: their own bodies
         if op in ("infer", "predict"):
             op = ""
         elif op == "explain":
             req.headers.append(["explain", "True"])
         elif not op.isidentifier():
             raise BadRequest(f"operation {op!r} is not a valid name (letters, digits and '_')")
-        self._infer(conn, req, name, version, op)
+        else:
+            api = ""
+        self._infer(conn, req, name, version, op, api)
 
     def _infer(
-        self, conn: Connection, req: Request, name: str, version: str | None, op: str
-    ) -> None:
+        self, conn: Connection, req: Request, name: str, version: str | None, op: str,
+        api: str = "",
+    ) -> None:  # fmt: skip
         model = self.registry.get(name, version)
         counts = model.stats.arrived(version is not None)
         item = RequestItem(
@@ -125,6 +170,7 @@ class InferenceAPI:
             body=req.body,
             params=req.query if req.query_string else {},
             op=op,
+            api=api,
         )
         try:
             job = model.enqueue(item)

@@ -216,7 +216,9 @@ class HooksPipeline:
                 value = _inputs_of(data, self._np)
                 for stage in self.stages:
                     value = stage.run(value, ctx)
-                results.append(_result_of(value))
+                # decoded OIP tensors: the worker encodes the outputs itself, dtypes kept
+                tensors = getattr(context, "protocol", "") == "v2"
+                results.append(value if tensors else _result_of(value))
             except RequestFailed as failure:
                 results.append(
                     context.error_response(idx, failure.status, failure.kind, failure.message)

@@ -254,7 +254,7 @@ def check_v2(request: Any) -> None:
         )
     if "inputs" not in request:
         raise ValueError('Expected key "inputs" in request body')
-    if not isinstance(request["inputs"], list):
+    if not isinstance(request["inputs"], (list, dict)):  # rows, or OIP tensors by name
         raise ValueError('Expected "inputs" to be a list')
 
 

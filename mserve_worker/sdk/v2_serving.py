@@ -142,6 +142,10 @@ class _Served:
                 idx, 503, "ModelNotReady", f"model {model.name} is not ready"
             )
         body = row.get("body")
+        tensors = getattr(context, "protocol", "") == "v2"  # decoded OIP tensors
+        if tensors:  # predict(request) gets {"id", "inputs": {name: array}, ...}
+            body = {"id": row.get("id"), "inputs": body, "parameters": row.get("parameters") or {},
+                    "outputs": row.get("outputs")}  # fmt: skip
         event_id = context.get_request_id(idx)
         if isinstance(body, dict) and body.get("id") is not None:
             event_id = body["id"]
@@ -181,6 +185,8 @@ class _Served:
                 response = postprocess(response)
             except Exception as exc:
                 return _failed(context, idx, model, "postprocess", exc)
+        if tensors:
+            return response  # the worker encodes response["outputs"] as OIP tensors
         return _place(body, getattr(model, "_result_path", None), response)
 
     def _custom(self, idx: int, row: Any, context: Any, op: str) -> Any:

@@ -42,9 +42,10 @@ def test_explanations_and_v2_paths_reach_the_handler(make_archive, start_server)
     status, out = _post(server, "/v2/models/ops/versions/2.0/train_step", {"inputs": []})
     assert (status, out["operation"]) == (200, "train_step")
     status, out = _post(server, "/v2/models/ops/not-a-name", {})
-    assert status == 400 and "'not-a-name' is not a valid name" in out["message"]
+    # errors on the v2 paths are the Open Inference Protocol's {"error": message}
+    assert status == 400 and "'not-a-name' is not a valid name" in out["error"]
     status, out = _post(server, "/v2/models/ops/versions/9.9/infer", {})
-    assert status == 404 and out["type"] == "ModelVersionNotFoundException"
+    assert status == 404 and "9.9" in out["error"] and list(out) == ["error"]
     status, out = _post(server, "/explanations/nope", {})
     assert status == 404 and out["type"] == "ModelNotFoundException"
 

@@ -1,0 +1,150 @@
+"""Open Inference Protocol benchmark: the same torch MLP over TorchServe's JSON path, OIP with
+JSON data and OIP with binary tensor data, in one run.
+
+Usage: python scripts/bench_oip.py [--duration 6] [--rounds 3]
+
+The model is tests/handlers/oip_models' MLP (256 -> 64 -> 10, float32, seed 0, one torch thread),
+served by one worker with batch size 1 and token authorization on (the inference key is read from
+``<run_dir>/key_file.json``, as a client would). One keep-alive connection sends requests one
+after another for ``--duration`` seconds per row, split into ``--rounds`` runs taken in turn with
+the other rows of the same input (the medians are printed): requests/s, p50 latency and the
+ratio to the TorchServe JSON row of the same input size. Inputs: one row of 256 floats, and 1024
+rows (1 MiB of float32). Bodies are built once, before timing: the figures are the server's and
+the worker's cost (and the client reading the answer), not the client encoding its request.
+
+- ``torchserve json``: ``POST /predictions/mlp`` with ``{"data": [[...]]}``; the handler answers a
+  JSON list.
+- ``oip json``: ``POST /v2/models/mlp/infer`` with the tensor as JSON ``data``, answer as JSON.
+- ``oip binary``: the same with the binary tensor data extension both ways.
+
+This VM's speed drifts (CPU steal): compare rows of one run, not runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # mserve_worker's codec builds the request bodies
+
+from mserve_worker.oip.tensors import HEADER_LENGTH, RequestedOutput, Tensor, encode_request  # noqa: E402
+
+BIN = Path(sys.executable).parent
+FOLDER = REPO / "tests" / "handlers" / "oip_models"
+
+
+def run(cmd: list[str]) -> None:
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+
+
+def start(work: Path) -> tuple[str, int, str, Path]:
+    sys.path.insert(0, str(FOLDER))
+    from mlp_handler import MLP  # the served model's own class
+
+    torch.manual_seed(0)
+    torch.save(MLP().state_dict(), work / "mlp.pt")
+    store = work / "store"
+    store.mkdir()
+    run([str(BIN / "model-archiver"), "--model-name", "mlp", "--handler", "mlp_handler",
+         "--model-path", str(FOLDER), "--serialized-file", str(work / "mlp.pt"),
+         "--config-file", str(FOLDER / "mlp_config.yaml"),
+         "--export-path", str(store)])  # fmt: skip
+    config = work / "mserve.yaml"
+    config.write_text(
+        "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
+        f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\n"
+        "max_request_size_bytes: 16000000\nmax_response_size_bytes: 16000000\n"
+    )
+    run_dir = work / "run"
+    run([str(BIN / "mserve"), "--start", "--config", str(config), "--run-dir", str(run_dir),
+         "--models", "mlp=mlp.mar"])  # fmt: skip
+    status = json.loads((run_dir / "status.json").read_text())
+    key = json.loads((run_dir / "key_file.json").read_text())["inference"]["key"]
+    host, port = status["inference"].rsplit(":", 1)
+    return host, int(port), key, run_dir
+
+
+def bodies(x: np.ndarray) -> dict[str, tuple[str, bytes, dict[str, str]]]:
+    ts = json.dumps({"data": x.tolist()}).encode()
+    tensor = Tensor("input__0", "FP32", x.shape, x)
+    as_json, _ = encode_request([tensor], [False], [RequestedOutput("output__0", False)])
+    as_binary, length = encode_request([tensor], [True], [RequestedOutput("output__0", True)])
+    binary_headers = {HEADER_LENGTH: str(length), "Content-Type": "application/octet-stream"}
+    return {
+        "torchserve json": ("/predictions/mlp", ts, {"Content-Type": "application/json"}),
+        "oip json": ("/v2/models/mlp/infer", as_json, {"Content-Type": "application/json"}),
+        "oip binary": ("/v2/models/mlp/infer", as_binary, binary_headers),
+    }
+
+
+def load(host: str, port: int, key: str, path: str, body: bytes, headers: dict[str, str],
+         duration: float) -> tuple[float, float]:  # fmt: skip
+    headers = {**headers, "Authorization": f"Bearer {key}"}
+    conn = http.client.HTTPConnection(host, port, timeout=120)
+    for _ in range(3):  # warm up, and check the answer
+        conn.request("POST", path, body, headers)
+        resp = conn.getresponse()
+        answer = resp.read()
+        if resp.status != 200:
+            raise SystemExit(f"{path}: {resp.status} {answer[:300]!r}")
+    latencies = []
+    deadline = time.perf_counter() + duration
+    started = time.perf_counter()
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        conn.request("POST", path, body, headers)
+        resp = conn.getresponse()
+        resp.read()
+        latencies.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - started
+    conn.close()
+    return len(latencies) / elapsed, statistics.median(latencies) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=6.0, help="seconds per row")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per row")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        host, port, key, run_dir = start(work)
+        try:
+            rng = np.random.default_rng(0)
+            sizes = {"256 floats": (1, 256), "1 MiB": (1024, 256)}
+            print(f"{'input':<11} {'path':<16} {'body bytes':>11} {'req/s':>8} {'p50 ms':>8}"
+                  f" {'vs ts json':>10}")  # fmt: skip
+            for label, shape in sizes.items():
+                x = rng.standard_normal(shape, dtype=np.float32)
+                rows = bodies(x)
+                runs: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
+                for _ in range(args.rounds):  # interleaved: drift hits every row alike
+                    for name, (path, body, headers) in rows.items():
+                        share = args.duration / args.rounds
+                        runs[name].append(load(host, port, key, path, body, headers, share))
+                base = statistics.median(r for r, _ in runs["torchserve json"])
+                for name, (_, body, _) in rows.items():
+                    rps = statistics.median(r for r, _ in runs[name])
+                    p50 = statistics.median(p for _, p in runs[name])
+                    print(f"{label:<11} {name:<16} {len(body):>11} {rps:>8.1f} {p50:>8.2f}"
+                          f" {rps / base:>9.2f}x", flush=True)  # fmt: skip
+        finally:
+            subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(run_dir)],
+                           capture_output=True, timeout=120)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
