@@ -304,6 +304,20 @@ def test_registration_parameters_take_effect(make_archive, start_server) -> None
     assert [r.json()["batch_len"] for r in together] == [3, 3, 3]  # one batch, in the delay
 
 
+def test_a_batch_size_whose_batch_is_more_than_a_frame_can_carry_still_serves(
+    make_archive, start_server
+) -> None:
+    """batch_size x max_request_size_bytes over 4 GiB: the worker channel's limit was out of the
+    codec's range, so the worker never started and the registration hung."""
+    make_archive("echo_fn", "echo:handle", "echo")
+    server = start_server()
+    reply = server.manage(
+        "POST", "/models?url=echo.mar&batch_size=1000&response_timeout=99999999999"
+    )
+    assert reply.status == 200, reply.body
+    assert server.predict("echo", "big batches").body == b"big batches"
+
+
 def test_scale_and_describe_as_torchserve_clients_use_them(make_archive, start_server) -> None:
     """max_worker shows as maxWorkers; a scale without synchronous answers 202 and the workers
     come; PUT /predictions works as POST; startTime and memoryUsage are real."""
