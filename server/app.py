@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from server.api_description import MAX_PAGE, MAX_WORKERS
 from server.download import parse_sha256
 from server.errors import BadRequest, ModelNotFound, ModelVersionNotFound
 from server.http import Answer, Connection, Request, json_answer
@@ -20,7 +21,9 @@ from server.registry import RegisterRequest, Registry
 log = logging.getLogger(__name__)
 
 
-def _int_param(query: Mapping[str, str], name: str, minimum: int | None = 0) -> int | None:
+def _int_param(
+    query: Mapping[str, str], name: str, minimum: int | None = 0, maximum: int | None = None
+) -> int | None:
     raw = query.get(name)
     if raw is None or raw == "":
         return None
@@ -30,7 +33,14 @@ def _int_param(query: Mapping[str, str], name: str, minimum: int | None = 0) -> 
         raise BadRequest(f"parameter '{name}' should be an integer, found {raw!r}") from None
     if minimum is not None and value < minimum:
         raise BadRequest(f"parameter '{name}' should be >= {minimum}, found {value}")
+    if maximum is not None and value > maximum:
+        raise BadRequest(f"parameter '{name}' should be <= {maximum}, found {value}")
     return value
+
+
+def _workers_param(query: Mapping[str, str], name: str) -> int | None:
+    """A worker count: each one is a process, so a typo of a few zeros must not start them."""
+    return _int_param(query, name, 0, MAX_WORKERS)
 
 
 def _bool_param(query: Mapping[str, str], name: str, default: bool) -> bool:
@@ -42,9 +52,6 @@ def _bool_param(query: Mapping[str, str], name: str, default: bool) -> bool:
     if raw.lower() in ("false", "0", "no"):
         return False
     raise BadRequest(f"parameter '{name}' should be true or false, found {raw!r}")
-
-
-MAX_PAGE = 100
 
 
 def models_page(registry: Registry, query: Mapping[str, str]) -> dict[str, Any]:
@@ -115,8 +122,8 @@ class ManagementAPI:
 
     async def _scale(self, name: str, version: str | None, query: Mapping[str, str]) -> Answer:
         model = self.registry.get(name, version)
-        min_worker = _int_param(query, "min_worker")
-        max_worker = _int_param(query, "max_worker")
+        min_worker = _workers_param(query, "min_worker")
+        max_worker = _workers_param(query, "max_worker")
         if min_worker is None:
             min_worker = model.settings.min_workers
         if max_worker is not None and max_worker < min_worker:
@@ -194,7 +201,7 @@ async def _register(registry: Registry, query: Mapping[str, str]) -> Answer:
         batch_size=_int_param(query, "batch_size", 1),
         max_batch_delay_ms=delay,
         response_timeout_s=float(timeout) if timeout is not None else None,
-        initial_workers=_int_param(query, "initial_workers"),
+        initial_workers=_workers_param(query, "initial_workers"),
         startup_timeout_s=float(startup_timeout) if startup_timeout is not None else None,
         runtime=_runtime_param(query),
         synchronous=_bool_param(query, "synchronous", True),
