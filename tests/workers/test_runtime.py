@@ -135,13 +135,16 @@ GARBAGE = {
 }  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "python", _pythons(), ids=lambda p: "this-python" if p == sys.executable else "python3.8"
+)
 @pytest.mark.parametrize("case", list(GARBAGE))
-def test_a_worker_fed_garbage_says_why_and_exits(tmp_path: Path, case: str) -> None:
+def test_a_worker_fed_garbage_says_why_and_exits(tmp_path: Path, case: str, python: str) -> None:
     """Whatever bad bytes the server's end sends, at the start or after loading, the worker
     writes the protocol error to stderr, closes its end and exits with status 3; it never waits
     for more, and a batch queued behind the garbage is not run."""
     init, garbage, message = GARBAGE[case]
-    proc, peer = _spawn(tmp_path)
+    proc, peer = _spawn(tmp_path, python)
     try:
         assert peer.receive().kind == Kind.HELLO
         if init is not None:
