@@ -56,6 +56,8 @@ _CANCEL_POLL_AFTER_S = 0.001
 # How often a streaming handler's sends look for CANCELs of its own batch (clients that left).
 _STREAM_POLL_S = 0.01
 CLIENT_GONE = 499  # the answer to a cancelled request, which nobody reads
+# The exit status of a worker that got a frame it cannot trust (1: its handler failed to load).
+EXIT_PROTOCOL_ERROR = 3
 
 
 class Channel:
@@ -452,13 +454,27 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     )
+    try:
+        return _serve(channel, args.fd)
+    except ProtocolError as exc:
+        # The stream cannot be trusted past a bad frame: say why and exit; the server sees the
+        # channel close and the exit status (docs/protocol.md, Errors).
+        print(f"mserve-worker: the server broke the protocol ({exc}); exiting", file=sys.stderr)
+        return EXIT_PROTOCOL_ERROR
+
+
+def _serve(channel: Channel, fd: int) -> int:
+    """INIT, then batches until the server closes the channel; ProtocolError on a bad frame."""
     init = channel.receive()
-    if init is None or init.kind != Kind.INIT:
+    if init is None:
         return 0
+    if init.kind != Kind.INIT:
+        raise ProtocolError(f"expected an INIT frame first, got {init.kind.name}")
+    _check_init(init.meta)
     server_pid = init.meta.get("server_pid")
     threading.Thread(
         target=_exit_with_server,
-        args=(args.fd, server_pid if isinstance(server_pid, int) else None),
+        args=(fd, server_pid if type(server_pid) is int else None),
         name="server-watch",
         daemon=True,
     ).start()
@@ -468,15 +484,34 @@ def main(argv: list[str] | None = None) -> int:
     handler, context = loaded
     streaming.install(streaming.Stream(channel.send, channel.gone), context)
     max_response = init.meta.get("max_response_bytes")
+    if type(max_response) is not int:
+        max_response = None
     try:
         while True:
             frame = channel.receive()
             if frame is None:
                 return 0  # the server closed the channel: we must not outlive it
-            if frame.kind == Kind.BATCH:
-                channel.send(_serve_batch(frame, handler, context, channel, max_response))
+            if frame.kind != Kind.BATCH:
+                raise ProtocolError(f"unexpected {frame.kind.name} frame after INIT")
+            channel.send(_serve_batch(frame, handler, context, channel, max_response))
     finally:
         handler.shutdown()
+
+
+# What the runtime itself reads from INIT's meta; the rest is optional (docs/protocol.md).
+_INIT_FIELDS = {"model_name": (str, "a string"), "model_dir": (str, "a string"),
+                "handler": (str, "a string"), "manifest": (dict, "an object"),
+                "batch_size": (int, "an integer")}  # fmt: skip
+
+
+def _check_init(meta: dict) -> None:
+    for name, (kind, what) in _INIT_FIELDS.items():
+        if name not in meta:
+            raise ProtocolError(f"INIT lacks the required field {name!r}")
+        if type(meta[name]) is not kind:
+            raise ProtocolError(f"INIT {name} must be {what}, got {meta[name]!r:.60}")
+    if meta["batch_size"] < 1:
+        raise ProtocolError(f"INIT batch_size must be at least 1, got {meta['batch_size']}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 on the inference and management ports, as TorchServe does; tools generate clients from it.
 
 Written as data, one entry per route, and tested against the routers: every path and method
-listed here is answered by the server (tests/server/test_api_description.py).
+listed here is answered by the server (tests/server/test_api_description.py), and a fuzzer sends
+schema-valid requests to a real server and checks every answer against it (status documented,
+content type, body schema; tests/server/test_api_fuzz.py). So each operation lists every status
+it can answer, and its parameters say what the server accepts.
 """
 
 from __future__ import annotations
@@ -11,123 +14,410 @@ from typing import Any
 
 from archiver import __version__
 
-_MODEL = {"name": "model_name", "in": "path", "required": True, "schema": {"type": "string"}}
-_VERSION = {"name": "model_version", "in": "path", "required": True, "schema": {"type": "string"}}
-_OPERATION = {"name": "operation", "in": "path", "required": True, "schema": {"type": "string"},
-              "description": "a custom operation: a v2 model class's op_<operation>"}  # fmt: skip
-_ERROR = {"description": "TorchServe's error body: {code, type, message}"}
-_JSON = {"description": "JSON", "content": {"application/json": {}}}
+# The most workers one model may be asked for through the API (min_worker, max_worker,
+# initial_workers); more is refused with 400 rather than started.
+MAX_WORKERS = 1024
+# TorchServe's paging (server/app.py models_page)
+MAX_PAGE = 100
+
+_NAME = {"type": "string", "minLength": 1}
+_MODEL = {"name": "model_name", "in": "path", "required": True, "schema": _NAME}
+_VERSION = {"name": "model_version", "in": "path", "required": True, "schema": _NAME}
+_OPERATION = {
+    "name": "operation", "in": "path", "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+    "description": "a custom operation: a v2 model class's op_<operation>",
+}  # fmt: skip
 
 
-def _query(name: str, kind: str, description: str, required: bool = False) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": required, "schema": {"type": kind},
-            "description": description}  # fmt: skip
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _op(summary: str, params: list[dict[str, Any]] | None = None, body: bool = False,
-        ok: str = "200") -> dict[str, Any]:  # fmt: skip
-    op: dict[str, Any] = {"summary": summary, "responses": {ok: _JSON, "default": _ERROR}}
+def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(description, _ref("Error"))
+
+
+def _error_or_text(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {
+        "application/json": {"schema": _ref("Error")},
+        "text/plain": {"schema": {"type": "string"}},
+    }}  # fmt: skip
+
+
+# Answers any operation can get: the server is stopping (503), or no key was given (401; not on
+# the public health and description paths).
+_STOPPING = _error("the server is shutting down")
+_UNAUTHORIZED = {
+    **_error("no valid key: `Authorization: Bearer <key>` is required"),
+    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+}
+PUBLIC_PATHS = ("/ping", "/v2/health/live", "/v2/health/ready", "/api-description")
+
+_OBJECT = {"type": "object"}
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "description": "TorchServe's error body",
+        "required": ["code", "type", "message"],
+        "properties": {
+            "code": {"type": "integer", "description": "the HTTP status"},
+            "type": {"type": "string", "description": "TorchServe's exception name"},
+            "message": {"type": "string"},
+        },
+    },
+    "OipError": {
+        "type": "object",
+        "description": "the Open Inference Protocol's error body, on /v1 and /v2 paths",
+        "required": ["error"],
+        "properties": {"error": {"type": "string"}},
+    },
+    "Status": {
+        "type": "object", "required": ["status"], "properties": {"status": {"type": "string"}},
+    },
+    "ModelList": {
+        "type": "object",
+        "required": ["models"],
+        "properties": {
+            "models": {"type": "array", "items": {
+                "type": "object", "required": ["modelName", "modelUrl"],
+                "properties": {"modelName": {"type": "string"}, "modelUrl": {"type": "string"}},
+            }},
+            "nextPageToken": {"type": "string", "description": "present when more models follow"},
+        },
+    },
+    "ModelDescription": {
+        "type": "array",
+        "description": "one entry per version (one unless 'all' was asked for); an archive still"
+                       " downloading is listed with the fields known so far",
+        "items": {
+            "type": "object",
+            "required": ["modelName", "modelVersion", "modelUrl", "status", "workers"],
+            "properties": {
+                "modelName": {"type": "string"},
+                "modelVersion": {"type": "string", "nullable": True},
+                "modelUrl": {"type": "string"},
+                "status": {"type": "string", "enum": ["READY", "LOADING", "FAILED"]},
+                "minWorkers": {"type": "integer"},
+                "maxWorkers": {"type": "integer"},
+                "batchSize": {"type": "integer"},
+                "maxBatchDelay": {"type": "integer"},
+                "workers": {"type": "array", "items": {
+                    "type": "object",
+                    "required": ["id", "pid", "status"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "pid": {"type": "integer", "nullable": True},
+                        "status": {"type": "string", "enum": ["READY", "UNLOADING"]},
+                    },
+                }},
+            },
+        },
+    },
+    "V2Metadata": {
+        "type": "object",
+        "required": ["name", "versions", "platform", "inputs", "outputs"],
+        "properties": {
+            "name": {"type": "string"},
+            "versions": {"type": "array", "items": {"type": "string"}},
+            "platform": {"type": "string"},
+            "inputs": {"type": "array"},
+            "outputs": {"type": "array"},
+        },
+    },
+    "V2ModelReady": {
+        "type": "object",
+        "required": ["name", "version", "ready"],
+        "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+                       "ready": {"type": "boolean"}},
+    },
+    "V1ModelReady": {
+        "type": "object",
+        "required": ["name", "ready"],
+        "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
+    },
+    "Environments": {
+        "type": "object",
+        "required": ["root", "totalBytes", "environments"],
+        "properties": {
+            "root": {"type": "string"},
+            "totalBytes": {"type": "integer", "minimum": 0},
+            "environments": {"type": "array", "items": {
+                "type": "object", "required": ["key", "inUse"],
+                "properties": {"key": {"type": "string"}, "inUse": {"type": "boolean"}},
+            }},
+        },
+    },
+}  # fmt: skip
+
+
+def _op(
+    summary: str,
+    answers: dict[str, Any],
+    params: list[dict[str, Any]] | None = None,
+    body: bool = False,
+) -> dict[str, Any]:
+    """An operation answering ``answers`` (status -> response) and, where it has them, 400 for
+    a bad parameter, 413 for a body over max_request_size_bytes, and 503 while stopping."""
+    responses = dict(answers)
+    if params and any(p["in"] == "query" for p in params):
+        responses.setdefault("400", _error("a parameter is not what it must be"))
+    if body:
+        responses.setdefault("413", _error("the body is over max_request_size_bytes"))
+    responses.setdefault("503", _STOPPING)
+    op: dict[str, Any] = {"summary": summary, "responses": dict(sorted(responses.items()))}
     if params:
         op["parameters"] = params
     if body:
-        op["requestBody"] = {"description": "passed to the handler as it was sent",
-                             "content": {"*/*": {}}}  # fmt: skip
+        op["requestBody"] = {
+            "description": "passed to the handler as it was sent",
+            "content": {"application/json": {}, "text/plain": {"schema": {"type": "string"}},
+                        "application/octet-stream": {"schema": {"type": "string",
+                                                                "format": "binary"}}},
+        }  # fmt: skip
     return op
 
 
-def _predict(summary: str, versioned: bool) -> dict[str, Any]:
-    params = [_MODEL, _VERSION] if versioned else [_MODEL]
-    return {"post": _op(summary, params, body=True), "put": _op(summary, params, body=True)}
+def _query(
+    name: str, schema: dict[str, Any], description: str, required: bool = False
+) -> dict[str, Any]:
+    param = {"name": name, "in": "query", "required": required, "schema": schema,
+             "description": description}  # fmt: skip
+    if not required:  # as TorchServe reads them, `?limit=` is `limit` left out
+        param["allowEmptyValue"] = True
+    return param
+
+
+_INT = {"type": "integer"}
+_BOOL = {"type": "boolean"}
+_WORKERS = {"type": "integer", "minimum": 0, "maximum": MAX_WORKERS}
+_NOT_FOUND = _error("no such model (ModelNotFoundException) or version")
+
+# What a prediction can answer: the handler's own answer, in the status, content type and body
+# it chose (any status; TorchServe's PredictionException picks one), or the server's errors.
+_PREDICTED = {
+    "200": {"description": "the handler's answer, as it made it",
+            "content": {"*/*": {}}},
+    "default": {"description": "the handler's answer with the status it set"},
+    "400": _error_or_text("the body could not be decoded for the handler (the worker's"
+                          " text/plain), or a bad parameter"),
+    "404": _NOT_FOUND,
+    "413": _error("the request or the handler's answer is over its size limit"),
+    "429": {**_error("the model's queue is full (job_queue_size): try again shortly"),
+            "headers": {"Retry-After": {"schema": {"type": "integer"}}}},
+    "500": _error_or_text("the handler failed (for one request of a batch: the worker's"
+                          " text/plain), or its worker died (naming it and how it ended)"),
+    "503": _error("no worker can take it: none started, the model failed, or stopping"),
+    "504": _error("the batch ran past response_timeout; its worker is replaced"),
+}  # fmt: skip
+
+
+def _predict(summary: str, params: list[dict[str, Any]]) -> dict[str, Any]:
+    return _op(summary, _PREDICTED, params, body=True)
 
 
 _MODELS_PAGE = [
-    _query("limit", "integer", "models per page (default and most 100)"),
-    _query("next_page_token", "string", "where the page starts, from the previous answer"),
-]
+    _query("limit", _INT, f"models per page (default and most {MAX_PAGE}; out of range: "
+                          f"{MAX_PAGE})"),
+    _query("next_page_token", _INT, "where the page starts, from the previous answer"),
+]  # fmt: skip
+_LIST = _op("List registered models", {"200": _json("a page of models", _ref("ModelList"))},
+            _MODELS_PAGE)  # fmt: skip
+_DESCRIPTION = {"200": _json("this document", _OBJECT)}
+_API_DESCRIPTION = {
+    "get": _op("This description", _DESCRIPTION),
+    "options": _op("This description", _DESCRIPTION),
+}
+_V2_READY = {"200": _json("ready", _ref("V2ModelReady")),
+             "503": _json("not ready (no worker, or the model failed)", _ref("V2ModelReady")),
+             "404": _NOT_FOUND}  # fmt: skip
 
 INFERENCE_PATHS: dict[str, dict[str, Any]] = {
-    "/ping": {"get": _op("Healthy when every model has its minimum workers ready")},
-    "/predictions/{model_name}": _predict("Predict with the default version", False),
-    "/predictions/{model_name}/{model_version}": _predict("Predict with one version", True),
-    "/explanations/{model_name}": _predict("Explain with the default version", False),
-    "/explanations/{model_name}/{model_version}": _predict("Explain with one version", True),
-    "/models": {"get": _op("List registered models", _MODELS_PAGE)},
-    "/v2/health/live": {"get": _op("KServe v2 liveness")},
-    "/v2/health/ready": {"get": _op("KServe v2 readiness")},
-    "/v2/models/{model_name}": {"get": _op("KServe v2 model metadata", [_MODEL])},
-    "/v2/models/{model_name}/ready": {"get": _op("KServe v2 model readiness", [_MODEL])},
-    "/v2/models/{model_name}/infer": {"post": _op("KServe v2 inference", [_MODEL], body=True)},
-    "/v2/models/{model_name}/explain": {"post": _op("KServe v2 explanation", [_MODEL], body=True)},
+    "/ping": {"get": _op("Healthy when every model has its minimum workers ready", {
+        "200": _json("healthy", _ref("Status")),
+        "500": _json("unhealthy: a model lacks its minimum workers (TorchServe's answer)",
+                     _ref("Status")),
+    })},
+    "/predictions/{model_name}": {
+        "post": _predict("Predict with the default version", [_MODEL]),
+        "put": _predict("Predict with the default version", [_MODEL]),
+    },
+    "/predictions/{model_name}/{model_version}": {
+        "post": _predict("Predict with one version", [_MODEL, _VERSION]),
+        "put": _predict("Predict with one version", [_MODEL, _VERSION]),
+    },
+    "/explanations/{model_name}": {
+        "post": _predict("Explain with the default version", [_MODEL]),
+        "put": _predict("Explain with the default version", [_MODEL]),
+    },
+    "/explanations/{model_name}/{model_version}": {
+        "post": _predict("Explain with one version", [_MODEL, _VERSION]),
+        "put": _predict("Explain with one version", [_MODEL, _VERSION]),
+    },
+    "/models": {"get": _LIST},
+    "/v2/health/live": {"get": _op("KServe v2 liveness", {
+        "200": _json("live", {"type": "object", "required": ["live"],
+                              "properties": {"live": _BOOL}}),
+    })},
+    "/v2/health/ready": {"get": _op("KServe v2 readiness", {
+        "200": _json("ready", {"type": "object", "required": ["ready"],
+                               "properties": {"ready": _BOOL}}),
+        "503": _json("not ready", {"type": "object", "required": ["ready"],
+                                   "properties": {"ready": _BOOL}}),
+    })},
+    "/v2/models/{model_name}": {"get": _op("KServe v2 model metadata", {
+        "200": _json("metadata", _ref("V2Metadata")), "404": _NOT_FOUND}, [_MODEL])},
+    "/v2/models/{model_name}/ready": {"get": _op("KServe v2 model readiness", _V2_READY,
+                                                 [_MODEL])},
+    "/v2/models/{model_name}/infer": {"post": _predict("KServe v2 inference", [_MODEL])},
+    "/v2/models/{model_name}/explain": {"post": _predict("KServe v2 explanation", [_MODEL])},
     "/v2/models/{model_name}/{operation}": {
-        "post": _op("A custom operation", [_MODEL, _OPERATION], body=True)
+        "post": _predict("A custom operation", [_MODEL, _OPERATION])
     },
     "/v2/models/{model_name}/versions/{model_version}": {
-        "get": _op("KServe v2 model metadata, one version", [_MODEL, _VERSION])
+        "get": _op("KServe v2 model metadata, one version", {
+            "200": _json("metadata", _ref("V2Metadata")), "404": _NOT_FOUND}, [_MODEL, _VERSION])
     },
     "/v2/models/{model_name}/versions/{model_version}/ready": {
-        "get": _op("KServe v2 readiness, one version", [_MODEL, _VERSION])
+        "get": _op("KServe v2 readiness, one version", _V2_READY, [_MODEL, _VERSION])
     },
     "/v2/models/{model_name}/versions/{model_version}/infer": {
-        "post": _op("KServe v2 inference, one version", [_MODEL, _VERSION], body=True)
+        "post": _predict("KServe v2 inference, one version", [_MODEL, _VERSION])
     },
     "/v2/models/{model_name}/versions/{model_version}/{operation}": {
-        "post": _op("A custom operation, one version", [_MODEL, _VERSION, _OPERATION],
-                    body=True)
+        "post": _predict("A custom operation, one version", [_MODEL, _VERSION, _OPERATION])
     },
-    "/api-description": {"get": _op("This description"), "options": _op("This description")},
-}
-# KServe v1 and the Open Inference Protocol's server metadata (docs/server.md); errors there are
-# {"error": message}
-INFERENCE_PATHS.update({
-    "/v2": {"get": _op("KServe v2 server metadata")},
-    "/v1/models": {"get": _op("KServe v1: the models served")},
-    "/v1/models/{model_name}": {"get": _op("KServe v1 model readiness", [_MODEL])},
-    "/v1/models/{model_name}:predict": {"post": _op("KServe v1 prediction", [_MODEL], body=True)},
-    "/v1/models/{model_name}:explain": {"post": _op("KServe v1 explanation", [_MODEL], body=True)},
-})  # fmt: skip
+    "/api-description": _API_DESCRIPTION,
+    # KServe v1 (as TorchServe serves it) and the Open Inference Protocol's server metadata
+    "/v2": {"get": _op("KServe v2 server metadata", {"200": _json("the server", {
+        "type": "object", "required": ["name", "version", "extensions"],
+        "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+                       "extensions": {"type": "array", "items": {"type": "string"}}},
+    })})},
+    "/v1/models": {"get": _op("KServe v1: the models served", {"200": _json("their names", {
+        "type": "object", "required": ["models"],
+        "properties": {"models": {"type": "array", "items": {"type": "string"}}},
+    })})},
+    "/v1/models/{model_name}": {"get": _op("KServe v1 model readiness", {
+        "200": _json("ready", _ref("V1ModelReady")), "404": _NOT_FOUND,
+        "503": _json("not ready (no worker, or the model failed)", _ref("V1ModelReady")),
+    }, [_MODEL])},
+    "/v1/models/{model_name}:predict": {"post": _predict("KServe v1 prediction", [_MODEL])},
+    "/v1/models/{model_name}:explain": {"post": _predict("KServe v1 explanation", [_MODEL])},
+}  # fmt: skip
 
-_SYNC = _query("synchronous", "boolean", "wait for the workers before answering")
+_SYNC = _query("synchronous", _BOOL, "wait for the workers before answering (default false)")
+_STATUS = _json("done", _ref("Status"))
+_STARTED = _json("accepted; the workers start in the background", _ref("Status"))
+_SCALE = {
+    "200": _STATUS, "202": _STARTED, "404": _NOT_FOUND,
+    "400": _error("a bad parameter, or (synchronous) a worker that could not load the handler"),
+}  # fmt: skip
+_SCALE_PARAMS = [
+    _query("min_worker", _WORKERS, "workers to keep"),
+    _query("max_worker", _WORKERS, "upper bound (at least min_worker)"), _SYNC,
+]  # fmt: skip
+
 MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
     "/models": {
-        "get": _op("List registered models", _MODELS_PAGE),
-        "post": _op("Register a model archive", [
-            _query("url", "string", "archive in the model store, or an allowed path", True),
-            _query("model_name", "string", "name to register it under"),
-            _query("handler", "string", "handler to use instead of the archive's"),
-            _query("batch_size", "integer", "requests per handler call"),
-            _query("max_batch_delay", "integer", "ms to wait for a batch to fill"),
-            _query("initial_workers", "integer", "workers to start"),
-            _query("response_timeout", "integer", "seconds one batch may take"),
-            _query("startup_timeout", "integer", "seconds a worker may take to load"),
-            _query("runtime", "string", "python, python2 or python3"),
-            _query("synchronous", "boolean", "wait for the workers (default true)"),
+        "get": _LIST,
+        "post": _op("Register a model archive", {
+            "200": _STATUS,
+            "202": _STARTED,
+            "400": _error("a bad parameter, an archive that cannot be loaded (the handler's own"
+                          " error), a sha256 mismatch"),
+            "403": _error("the archive is outside the model store, allowed_paths and"
+                          " allowed_urls"),
+            "404": _error("no such archive in the model store"),
+            "409": _error("this version of the model is already registered"),
+            "413": _error("the archive behind the URL is over download_max_bytes"),
+            "502": _error("the URL's server answered an error, refused or broke off"),
+            "504": _error("the URL's server timed out"),
+        }, [
+            _query("url", _NAME, "archive in the model store, or an allowed path or URL", True),
+            _query("model_name", {"type": "string"}, "name to register it under"),
+            _query("handler", {"type": "string"}, "handler to use instead of the archive's"),
+            _query("batch_size", {"type": "integer", "minimum": 1}, "requests per handler call"),
+            _query("max_batch_delay", {"type": "integer", "minimum": 0},
+                   "ms to wait for a batch to fill"),
+            _query("initial_workers", _WORKERS, "workers to start"),
+            _query("response_timeout", {"type": "integer", "minimum": 1},
+                   "seconds one batch may take"),
+            _query("startup_timeout", {"type": "integer", "minimum": 1},
+                   "seconds a worker may take to load"),
+            _query("runtime", {"type": "string", "enum": ["python", "python2", "python3"]},
+                   "TorchServe's runtime; all run the model's Python 3"),
+            _query("synchronous", _BOOL, "wait for the workers (default true)"),
+            _query("sha256", {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"},
+                   "the archive's digest: registration fails if it differs"),
         ]),
     },
     "/models/{model_name}": {
-        "get": _op("Describe the default version", [_MODEL]),
-        "put": _op("Scale the default version", [
-            _MODEL, _query("min_worker", "integer", "workers to keep"),
-            _query("max_worker", "integer", "upper bound"), _SYNC,
-        ]),
-        "delete": _op("Unregister the default version", [_MODEL]),
+        "get": _op("Describe the default version", {
+            "200": _json("the model", _ref("ModelDescription")), "404": _NOT_FOUND}, [_MODEL]),
+        "put": _op("Scale the default version", _SCALE, [_MODEL, *_SCALE_PARAMS]),
+        "delete": _op("Unregister the default version", {"200": _STATUS, "404": _NOT_FOUND},
+                      [_MODEL]),
     },
     "/models/{model_name}/{model_version}": {
-        "get": _op("Describe one version, or all with 'all'", [_MODEL, _VERSION]),
-        "put": _op("Scale one version", [
-            _MODEL, _VERSION, _query("min_worker", "integer", "workers to keep"),
-            _query("max_worker", "integer", "upper bound"), _SYNC,
-        ]),
-        "delete": _op("Unregister one version", [_MODEL, _VERSION]),
+        "get": _op("Describe one version, or all with 'all'", {
+            "200": _json("the model", _ref("ModelDescription")), "404": _NOT_FOUND},
+            [_MODEL, _VERSION]),
+        "put": _op("Scale one version", _SCALE, [_MODEL, _VERSION, *_SCALE_PARAMS]),
+        "delete": _op("Unregister one version", {"200": _STATUS, "404": _NOT_FOUND},
+                      [_MODEL, _VERSION]),
     },
     "/models/{model_name}/{model_version}/set-default": {
-        "put": _op("Make this version the default", [_MODEL, _VERSION])
+        "put": _op("Make this version the default", {"200": _STATUS, "404": _NOT_FOUND},
+                   [_MODEL, _VERSION])
     },
     "/environments": {
-        "get": _op("The per-model environment cache"),
-        "delete": _op("Remove cached environments no registered model uses"),
+        "get": _op("The per-model environment cache", {
+            "200": _json("the cache", _ref("Environments"))}),
+        "delete": _op("Remove cached environments no registered model uses", {
+            "200": _json("what was removed", {
+                "type": "object", "required": ["removed"],
+                "properties": {"removed": {"type": "array", "items": {"type": "string"}}}})}),
     },
-    "/api-description": {"get": _op("This description"), "options": _op("This description")},
-}
+    "/token": {"get": _op("Rotate a key (send the API key)", {
+        "200": _json("the new key and when it expires", {"type": "object"}),
+        "404": _error("token authorization is off: there are no keys"),
+    }, [_query("type", {"type": "string", "enum": ["management", "inference"]},
+               "which key to replace", True)])},
+    "/api-description": _API_DESCRIPTION,
+}  # fmt: skip
+
+
+def _oip_errors(value: Any) -> Any:
+    """The same responses with the OIP error body (``{"error"}``), as /v1 and /v2 paths answer."""
+    if isinstance(value, dict):
+        if value == _ref("Error"):
+            return _ref("OipError")
+        return {k: _oip_errors(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_oip_errors(v) for v in value]
+    return value
+
+
+def _secured(paths: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every operation but the public ones may answer 401; the public ones need no key."""
+    out: dict[str, dict[str, Any]] = {}
+    for path, methods in paths.items():
+        out[path] = {}
+        for method, op in methods.items():
+            op = dict(op)
+            if path in PUBLIC_PATHS:
+                op["security"] = []
+            else:
+                op["responses"] = dict(sorted({**op["responses"], "401": _UNAUTHORIZED}.items()))
+            if path.startswith(("/v1/", "/v2/")) or path == "/v2":
+                op["responses"] = _oip_errors(op["responses"])
+            out[path][method] = op
+    return out
 
 
 def describe(api: str) -> dict[str, Any]:
@@ -137,5 +427,13 @@ def describe(api: str) -> dict[str, Any]:
         "openapi": "3.0.1",
         "info": {"title": f"mserve {api} API", "version": __version__,
                  "description": "TorchServe-compatible model server"},
-        "paths": paths,
-    }
+        "paths": _secured(paths),
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"bearerAuth": {
+                "type": "http", "scheme": "bearer",
+                "description": "a key from the server's key file (token authorization)",
+            }},
+        },
+        "security": [{"bearerAuth": []}],
+    }  # fmt: skip

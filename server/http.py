@@ -862,9 +862,19 @@ def error_body(parts: list[str], error: MserveError, message: str) -> dict[str, 
 
 
 def header_ok(name: str, value: str) -> bool:
-    return bool(name) and not any(c in name for c in "\r\n:") and "\r" not in value and (
-        "\n" not in value
-    )
+    """Whether a header can be written as it is: a name, no line breaks, and text the answer's
+    encoding (UTF-8, surrogateescape for the bytes a client sent) can carry: a lone surrogate
+    from a handler cannot be, and failing to encode it would leave the caller without answer."""
+    if not name or any(c in name for c in "\r\n:") or "\r" in value or "\n" in value:
+        return False
+    if name.isascii() and value.isascii():
+        return True
+    try:
+        name.encode("utf-8", "surrogateescape")
+        value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _date_second = -1

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from server.api_description import MAX_PAGE, MAX_WORKERS
 from server.download import parse_sha256
 from server.errors import BadRequest, ModelApiDisabled, ModelNotFound, ModelVersionNotFound
 from server.registry import RegisterRequest, Registry
 
-MAX_PAGE = 100
 # TorchServe's runtimes (its Manifest.RuntimeType); all Python ones run on the model's Python 3.
 PYTHON_RUNTIMES = ("python", "python2", "python3")
 
@@ -27,7 +27,9 @@ class Outcome:
     done: bool = True
 
 
-def int_param(params: Mapping[str, str], name: str, minimum: int | None = 0) -> int | None:
+def int_param(
+    params: Mapping[str, str], name: str, minimum: int | None = 0, maximum: int | None = None
+) -> int | None:
     raw = params.get(name)
     if raw is None or raw == "":
         return None
@@ -37,7 +39,14 @@ def int_param(params: Mapping[str, str], name: str, minimum: int | None = 0) -> 
         raise BadRequest(f"parameter '{name}' should be an integer, found {raw!r}") from None
     if minimum is not None and value < minimum:
         raise BadRequest(f"parameter '{name}' should be >= {minimum}, found {value}")
+    if maximum is not None and value > maximum:
+        raise BadRequest(f"parameter '{name}' should be <= {maximum}, found {value}")
     return value
+
+
+def workers_param(params: Mapping[str, str], name: str) -> int | None:
+    """A worker count: each one is a process, so a typo of a few zeros must not start them."""
+    return int_param(params, name, 0, MAX_WORKERS)
 
 
 def bool_param(params: Mapping[str, str], name: str, default: bool) -> bool:
@@ -126,7 +135,7 @@ async def register_model(registry: Registry, params: Mapping[str, str]) -> Outco
         batch_size=int_param(params, "batch_size", 1),
         max_batch_delay_ms=delay,
         response_timeout_s=float(timeout) if timeout is not None else None,
-        initial_workers=int_param(params, "initial_workers"),
+        initial_workers=workers_param(params, "initial_workers"),
         startup_timeout_s=float(startup_timeout) if startup_timeout is not None else None,
         runtime=runtime_param(params),
         synchronous=bool_param(params, "synchronous", True),
@@ -149,8 +158,8 @@ async def scale_model(
     registry: Registry, name: str, version: str | None, params: Mapping[str, str]
 ) -> Outcome:
     model = registry.get(name, version)
-    min_worker = int_param(params, "min_worker")
-    max_worker = int_param(params, "max_worker")
+    min_worker = workers_param(params, "min_worker")
+    max_worker = workers_param(params, "max_worker")
     if min_worker is None:
         min_worker = model.settings.min_workers
     if max_worker is not None and max_worker < min_worker:

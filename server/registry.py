@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from archiver import Manifest
+from mserve_worker.protocol import MAX_U32
 from server.config import ModelEntry, ServerConfig
 from server.devices import GpuAllocator
 from server.download import Downloader, Progress, is_remote
@@ -187,9 +188,14 @@ class Registry:
                 gpus=gpus,
                 launcher=self.launcher,
                 server_version=self.server_version,
-                max_payload_bytes=settings.batch_size
-                * max(cfg.max_request_size_bytes, cfg.max_response_size_bytes)
-                + (1 << 20),
+                # a batch of the largest requests, or a result of the largest answers, within
+                # what a frame can say at all
+                max_payload_bytes=min(
+                    MAX_U32,
+                    settings.batch_size
+                    * max(cfg.max_request_size_bytes, cfg.max_response_size_bytes)
+                    + (1 << 20),
+                ),
                 loaded_at_startup=request.at_startup,
                 max_response_bytes=cfg.max_response_size_bytes,
                 metrics=self.metrics,
@@ -232,9 +238,7 @@ class Registry:
         progress.stage = "unpacking"
         cache = self.config.run_path / "unpacked"
         try:
-            return await asyncio.to_thread(
-                unpack, fetched.path, fetched.url, cache, fetched.sha256
-            )
+            return await asyncio.to_thread(unpack, fetched.path, fetched.url, cache, fetched.sha256)
         except InvalidModel:  # not an archive: nothing will ever use these bytes
             self._discard_download(fetched.url, fetched.sha256)
             raise

@@ -61,6 +61,8 @@ def resolve_url(
         if parts.netloc not in ("", "localhost"):
             raise BadRequest(f"url {url!r}: a file URL must name a local path (file:///...)")
         named = unquote(parts.path)
+    if "\x00" in named:  # no file system can name it; os calls would raise ValueError
+        raise BadRequest(f"url {url!r}: a path cannot hold a NUL character")
     path = Path(named).expanduser()
     if not trusted and ".." in path.parts:
         raise ArchiveNotAllowed(f"url {url!r}: '..' is not allowed")
@@ -75,7 +77,11 @@ def resolve_url(
     if not trusted and not allowed_url and not _inside(path, store, allowed):
         raise ArchiveNotAllowed(f"url {url!r} is outside the model store and allowed_paths")
     path = path.resolve()
-    if not path.exists():
+    try:
+        found = path.exists()
+    except OSError as exc:  # a name too long for the file system, ...: nothing by that name
+        raise ModelNotFound(f"archive not found: {url} ({exc.strerror})") from None
+    if not found:
         raise ModelNotFound(f"archive not found: {url}")
     return path
 
@@ -87,9 +93,7 @@ def _inside(path: Path, store: Path | None, allowed: tuple[str, ...]) -> bool:
     roots += [Path(p).expanduser().absolute() for p in allowed]
     named = Path(os.path.normpath(path))
     real = path.resolve()
-    return any(
-        named.is_relative_to(root) or real.is_relative_to(root.resolve()) for root in roots
-    )
+    return any(named.is_relative_to(root) or real.is_relative_to(root.resolve()) for root in roots)
 
 
 def _sha256(path: Path) -> str:

@@ -67,6 +67,7 @@ class Channel(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self.closed = False
         self.broken: str | None = None  # why the stream was dropped, if it broke the protocol
+        self.serving = False  # the handshake is over: every frame must answer a batch
         self.on_lost: Callable[[], None] | None = None  # called once the connection is gone
         # called with the running batch and each CHUNK frame (streamed responses)
         self.on_chunk: Callable[[Batch, Frame], None] | None = None
@@ -101,6 +102,14 @@ class Channel(asyncio.Protocol):
                 if not batch.future.done():
                     batch.future.set_result(frame)
                 self._start_clock()
+            elif self.serving:  # nobody reads control frames any more: they would pile up
+                self.broken = f"{frame.kind.name} frame " + (
+                    "while no batch runs"
+                    if frame.kind in (Kind.RESULT, Kind.BATCH_FAILED)
+                    else "after the handshake"
+                )
+                self.close()
+                return
             else:
                 self._control.append(frame)
                 self._wake_control()
@@ -138,6 +147,15 @@ class Channel(asyncio.Protocol):
             self._control_waiter = self._loop.create_future()
             await self._control_waiter
         return self._control.popleft()
+
+    def start_serving(self) -> None:
+        """The handshake is over (READY was read): from now on a frame that answers no batch
+        breaks the protocol, one already queued included."""
+        self.serving = True
+        if self._control:
+            self.broken = f"{self._control[0].kind.name} frame after the handshake"
+            self._control.clear()
+            self.close()
 
     def send(self, frame: Frame) -> None:
         """Queue a frame; everything queued in one loop iteration goes out in one write."""

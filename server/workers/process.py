@@ -240,6 +240,7 @@ class Worker:
             )
         if reply.kind != Kind.READY:
             raise InvalidModel(f"worker {self.id} sent {reply.kind!r} instead of READY")
+        self._channel.start_serving()
         self.load_s = reply.meta.get("load_s")
         self.load_ms = (time.time() - self.started_at) * 1000
         self.style = reply.meta.get("style")

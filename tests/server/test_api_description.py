@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from server.api_description import INFERENCE_PATHS, MANAGEMENT_PATHS
+from server.api_description import INFERENCE_PATHS, MANAGEMENT_PATHS, describe
 from tests.server.conftest import http
 
 
@@ -54,3 +54,44 @@ def test_every_described_route_is_served(server) -> None:
     assert not unrouted
     assert len(routes) > 30
     assert server.predict("probe", {"tag": "still here"}).status == 200
+
+
+@pytest.mark.parametrize("api", ["inference", "management"])
+def test_every_operation_but_the_public_ones_needs_a_bearer_key(api: str) -> None:
+    """Token authorization as TorchServe clients use it: `Authorization: Bearer <key>`, 401
+    without one, except on the health and description paths."""
+    document = describe(api)
+    assert document["components"]["securitySchemes"] == {"bearerAuth": {
+        "type": "http", "scheme": "bearer",
+        "description": "a key from the server's key file (token authorization)"}}  # fmt: skip
+    assert document["security"] == [{"bearerAuth": []}]
+    for path, methods in document["paths"].items():
+        for method, op in methods.items():
+            if path in ("/ping", "/v2/health/live", "/v2/health/ready", "/api-description"):
+                assert op["security"] == [] and "401" not in op["responses"], (method, path)
+            else:
+                assert "security" not in op, (method, path)
+                unauthorized = op["responses"]["401"]
+                assert "WWW-Authenticate" in unauthorized["headers"]
+                schema = unauthorized["content"]["application/json"]["schema"]
+                # KServe's paths answer the Open Inference Protocol's {"error": message}
+                kserve = path.startswith(("/v1/", "/v2/")) or path == "/v2"
+                body = "OipError" if kserve else "Error"
+                assert schema == {"$ref": f"#/components/schemas/{body}"}, (method, path)
+
+
+def test_parameters_say_what_the_server_accepts() -> None:
+    management = describe("management")["paths"]
+    register = {p["name"]: p for p in management["/models"]["post"]["parameters"]}
+    assert register["url"]["required"] and register["url"]["schema"]["minLength"] == 1
+    assert register["batch_size"]["schema"] == {"type": "integer", "minimum": 1}
+    assert register["initial_workers"]["schema"] == {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": 1024,
+    }
+    assert register["synchronous"]["schema"] == {"type": "boolean"}
+    assert register["runtime"]["schema"]["enum"] == ["python", "python2", "python3"]
+    assert all(p["allowEmptyValue"] for p in register.values() if not p["required"])
+    statuses = set(management["/models"]["post"]["responses"])
+    assert statuses == {"200", "202", "400", "401", "403", "404", "409", "413", "502", "503", "504"}

@@ -74,6 +74,35 @@ def test_a_segfault_answers_500_naming_the_signal_and_the_worker_is_replaced(
     assert server.worker_pids("probe") != [victim]
 
 
+def test_a_worker_that_breaks_the_protocol_is_killed_and_replaced(
+    make_archive, start_server
+) -> None:
+    """A worker's channel carries garbage, or a well-formed frame that answers no batch (which
+    nobody would read: before, it was queued for ever). Either way the request it was running
+    gets a 500 naming the breach, the worker is killed and a new one serves."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    cases = [
+        ({"cmd": "garbage", "bytes": "HTTP/1.1 200 OK\r\n\r\n"},
+         "bad frame magic b'HT', expected b'MS': the peer is not speaking the mserve worker protocol"),
+        ({"cmd": "garbage", "bytes": "MS\x03\x06\x00\x00\xff\xff\xff\xff"},
+         "frame meta_len 4294967295 bytes exceeds the limit of 16777216 bytes"),
+        ({"cmd": "frame", "kind": "READY"}, "READY frame after the handshake"),
+        ({"cmd": "frame", "kind": "HELLO", "meta": {"protocol": 3}}, "HELLO frame after the handshake"),
+    ]  # fmt: skip
+    for body, breach in cases:
+        victim = server.worker_pids("probe")[0]
+        reply = server.predict("probe", body)
+        assert reply.status == 500, reply.body
+        assert (
+            reply.json()["message"]
+            == f"worker {reply.json()['message'].split()[1]} broke the protocol ({breach}); killed"
+        )
+        wait_until(lambda victim=victim: server.worker_pids("probe") not in ([], [victim]), 30, "a new worker")  # fmt: skip
+        wait_until(lambda: server.predict("probe", {}).status == 200, 30, "a replacement worker")
+        assert not pid_alive(victim)
+
+
 def test_an_answer_too_large_for_a_frame_is_413_and_the_worker_keeps_serving(
     make_archive, start_server
 ) -> None:
@@ -148,7 +177,8 @@ def test_callers_that_left_do_not_fill_the_queue(make_archive, start_server) -> 
             body = b'{"cmd": "sleep", "s": 0.1}'
             sock.sendall(
                 b"POST /predictions/probe HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+                + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
             )
             time.sleep(0.2)  # queued (or waiting in the worker); now the caller goes away
     time.sleep(0.2)
@@ -170,8 +200,7 @@ def test_busy_workers_exit_when_the_server_is_killed(make_archive, start_server)
     parents = {psutil.Process(w).ppid() for w in workers}
     assert len(parents) == 2 and server.pid in parents  # one exec'd, one forked by the template
     clients = [
-        _later(0, lambda: server.predict("probe", {"cmd": "sleep", "s": 600}))[0]
-        for _ in workers
+        _later(0, lambda: server.predict("probe", {"cmd": "sleep", "s": 600}))[0] for _ in workers
     ]
     wait_until(
         lambda: all(w["state"] == "BUSY" for w in server.manage("GET", "/models/probe").json()[0]["workers"]),
@@ -280,7 +309,8 @@ def test_callers_that_left_the_frontend_queue_do_not_fill_it(make_archive, start
         sock = socket.create_connection((host, int(port)))
         sock.sendall(
             b"POST /predictions/probe HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-            + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
         )
         leaving.append(sock)
     wait_until(

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.server.conftest import Server
+from tests.server.conftest import Server, http
 
 
 def _connect(server: Server) -> socket.socket:
@@ -212,6 +212,21 @@ def test_a_handler_header_that_would_split_the_response_is_refused(probe_server:
     assert "set response header 'X-Note'" in reply.json()["message"]
     fine = probe_server.predict("probe", {"cmd": "set_header", "name": "X-Note", "value": "ok"})
     assert fine.status == 200 and fine.headers["X-Note"] == "ok"
+
+
+def test_a_handler_header_that_utf8_cannot_carry_is_refused(probe_server: Server) -> None:
+    """A lone surrogate (a handler may set one; the worker carries it as a \\u escape) cannot be
+    written as UTF-8: the caller gets the usual 500, not a connection left waiting for ever."""
+    for name, value in [("X-Note", "\ud800"), ("X-\udfff", "v")]:
+        body = {"cmd": "set_header", "name": name, "value": value}
+        reply = http("POST", probe_server.url("inference", "/predictions/probe"),
+                     json.dumps(body).encode(), {"Content-Type": "application/json"}, timeout=20)  # fmt: skip
+        assert reply.status == 500
+        assert (
+            f"set response header {name!r} to a value that is not a valid HTTP header"
+            in reply.json()["message"]
+        )
+    assert probe_server.predict("probe", {"tag": "still here"}).status == 200
 
 
 def test_framing_headers_stay_the_servers_own(probe_server: Server) -> None:

@@ -304,6 +304,39 @@ def test_registration_parameters_take_effect(make_archive, start_server) -> None
     assert [r.json()["batch_len"] for r in together] == [3, 3, 3]  # one batch, in the delay
 
 
+def test_a_batch_size_whose_batch_is_more_than_a_frame_can_carry_still_serves(
+    make_archive, start_server
+) -> None:
+    """batch_size x max_request_size_bytes over 4 GiB: the worker channel's limit was out of the
+    codec's range, so the worker never started and the registration hung."""
+    make_archive("echo_fn", "echo:handle", "echo")
+    server = start_server()
+    reply = server.manage(
+        "POST", "/models?url=echo.mar&batch_size=1000&response_timeout=99999999999"
+    )
+    assert reply.status == 200, reply.body
+    assert server.predict("echo", "big batches").body == b"big batches"
+
+
+def test_worker_counts_over_1024_are_refused(make_archive, start_server) -> None:
+    """Each worker is a process: a count of a few zeros too many must not start them (the
+    server tried to, and stopped answering)."""
+    make_archive("echo_fn", "echo:handle", "echo")
+    server = start_server("echo=echo.mar")
+    for query in ("url=echo.mar&model_name=e2&initial_workers=1025",
+                  "url=echo.mar&model_name=e3&initial_workers=100000000000000000000"):  # fmt: skip
+        reply = server.manage("POST", f"/models?{query}")
+        assert reply.status == 400
+        assert reply.json()["message"].startswith(
+            "parameter 'initial_workers' should be <= 1024, found 10"
+        )
+    for query, name in (("min_worker=5000", "min_worker"), ("min_worker=1&max_worker=1025", "max_worker")):  # fmt: skip
+        reply = server.manage("PUT", f"/models/echo?{query}")
+        assert reply.status == 400
+        assert reply.json()["message"].startswith(f"parameter '{name}' should be <= 1024, found")
+    assert len(server.manage("GET", "/models/echo").json()[0]["workers"]) == 1
+
+
 def test_scale_and_describe_as_torchserve_clients_use_them(make_archive, start_server) -> None:
     """max_worker shows as maxWorkers; a scale without synchronous answers 202 and the workers
     come; PUT /predictions works as POST; startTime and memoryUsage are real."""
@@ -355,6 +388,19 @@ def test_models_list_pages_as_torchserve_does(make_archive, start_server) -> Non
     first = server.manage("GET", "/models?limit=1&next_page_token=-3").json()
     assert first == {"models": [{"modelName": "m000", "modelUrl": "echo.mar"}],
                      "nextPageToken": "1"}  # fmt: skip
+
+
+def test_a_registration_url_no_file_system_can_name_is_refused(make_archive, start_server) -> None:
+    """A NUL character, or a name too long for the file system, was a 500 (an OSError or a
+    ValueError from the path calls; found by fuzzing the management API)."""
+    server = start_server()
+    for url, status, message in [
+        ("%00echo.mar", 400, "url '\\x00echo.mar': a path cannot hold a NUL character"),
+        ("file:///tmp/%2500x.mar", 400, "url 'file:///tmp/%00x.mar': a path cannot hold a NUL character"),
+        ("a" * 300 + ".mar", 404, f"archive not found: {'a' * 300}.mar (File name too long)"),
+    ]:  # fmt: skip
+        reply = server.manage("POST", f"/models?url={url}")
+        assert (reply.status, reply.json()["message"]) == (status, message)
 
 
 def test_registration_url_must_stay_in_the_store(make_archive, start_server, tmp_path) -> None:

@@ -3,6 +3,7 @@ model environment may use (3.8), from a plain copy of the child-side modules onl
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -53,12 +54,9 @@ class Peer:
         return self.frames.pop(0)
 
 
-@pytest.mark.parametrize(
-    "python", _pythons(), ids=lambda p: "this-python" if p == sys.executable else "python3.8"
-)
-def test_runtime_hello_load_batch_and_exit(tmp_path: Path, python: str) -> None:
+def _spawn(tmp_path: Path, python: str = sys.executable) -> tuple[subprocess.Popen, Peer]:
+    """The runtime from a plain copy, on ``python``, with our end of its socket."""
     lib = _plain_copy(tmp_path)
-    model = HANDLERS / "probe"
     parent, child = socket.socketpair()
     # -I ignores PYTHONPATH and the cwd, so put the plain copy first on the path by hand
     boot = (
@@ -70,13 +68,23 @@ def test_runtime_hello_load_batch_and_exit(tmp_path: Path, python: str) -> None:
         cwd=tmp_path, pass_fds=(child.fileno(),), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     child.close()
-    peer = Peer(parent)
+    return proc, Peer(parent)
+
+
+PROBE_INIT = {"model_name": "probe", "model_dir": str(HANDLERS / "probe"), "handler": "probe:handle",
+              "manifest": {"model": {"modelName": "probe"}}, "batch_size": 2, "gpu_id": None}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "python", _pythons(), ids=lambda p: "this-python" if p == sys.executable else "python3.8"
+)
+def test_runtime_hello_load_batch_and_exit(tmp_path: Path, python: str) -> None:
+    proc, peer = _spawn(tmp_path, python)
+    parent = peer.sock
     try:
         hello = peer.receive()
         assert hello.kind == Kind.HELLO and hello.meta["pid"] == proc.pid
-        init = {"model_name": "probe", "model_dir": str(model), "handler": "probe:handle",
-                "manifest": {"model": {"modelName": "probe"}}, "batch_size": 2, "gpu_id": None}  # fmt: skip
-        peer.send(Frame(Kind.INIT, init))
+        peer.send(Frame(Kind.INIT, PROBE_INIT))
         ready = peer.receive()
         assert ready.kind == Kind.READY, ready.meta
         assert ready.meta["style"] == "module-function"
@@ -87,8 +95,6 @@ def test_runtime_hello_load_batch_and_exit(tmp_path: Path, python: str) -> None:
         peer.send(protocol.batch_frame(7, items))
         batch_id, results = protocol.parse_result(peer.receive())
         assert batch_id == 7
-        import json
-
         first, second = (json.loads(bytes(r.body)) for r in results)
         assert (first["body"], first["x_test"], first["batch_len"]) == ({"k": 1}, "a", 2)
         assert (second["body"], second["request_id"]) == ("hi", "r2")
@@ -104,6 +110,61 @@ def test_runtime_hello_load_batch_and_exit(tmp_path: Path, python: str) -> None:
         parent.close()  # the worker must exit when its channel closes
     assert proc.wait(timeout=20) == 0
     assert b"probe was asked to fail" in proc.stderr.read()  # the traceback went to stderr
+
+
+def _raw(kind: int, meta: bytes = b"{}", payload: bytes = b"") -> bytes:
+    return protocol.HEADER.pack(b"MS", protocol.PROTOCOL_VERSION, kind, 0, len(meta), len(payload)) + meta + payload  # fmt: skip
+
+
+# (what the server sends, after INIT or instead of it; what the worker says on stderr)
+GARBAGE = {
+    "HTTP instead of INIT": (None, b"GET / HTTP/1.1\r\n\r\n", "bad frame magic b'GE', expected b'MS'"),
+    "a BATCH instead of INIT": (None, protocol.encode_bytes(protocol.batch_frame(1, [])), "expected an INIT frame first, got BATCH"),
+    "an INIT lacking model_dir": (None, protocol.encode_bytes(Frame(Kind.INIT, {"model_name": "m"})), "INIT lacks the required field 'model_dir'"),
+    "an INIT with a string batch_size": (None, protocol.encode_bytes(Frame(Kind.INIT, {**PROBE_INIT, "batch_size": "2"})), "INIT batch_size must be an integer, got '2'"),
+    "random bytes": (PROBE_INIT, bytes(range(7, 250, 3)), "bad frame magic b'\\x07\\n'"),
+    "an unknown kind": (PROBE_INIT, _raw(42), "unknown frame kind 42"),
+    "a version 2 frame": (PROBE_INIT, b"MS\x02" + _raw(5)[3:], "unsupported protocol version 2, this side speaks 3"),
+    "meta not JSON": (PROBE_INIT, _raw(Kind.BATCH, b"{batch}"), "BATCH frame meta is not valid JSON"),
+    "an oversized meta_len": (PROBE_INIT, protocol.HEADER.pack(b"MS", 3, 5, 0, 2**32 - 1, 0), "frame meta_len 4294967295 bytes exceeds the limit of 16777216 bytes"),
+    "a BATCH whose sizes do not add up": (PROBE_INIT, _raw(Kind.BATCH, b'{"batch_id":1,"requests":[{"id":"r","size":5}]}', b"ab"), "BATCH 1: requests sizes add up to 5 bytes but the payload holds 2 bytes"),
+    "a BATCH with a numeric request id": (PROBE_INIT, _raw(Kind.BATCH, b'{"batch_id":1,"requests":[{"id":7,"size":0}]}'), "BATCH requests[0].id must be a string, got int"),
+    "a CANCEL with numeric ids": (PROBE_INIT, _raw(Kind.CANCEL, b'{"batch_id":1,"ids":[1]}'), "CANCEL ids[] must be a string, got int"),
+    "a RESULT sent to the worker": (PROBE_INIT, protocol.encode_bytes(protocol.result_frame(1, [])), "unexpected RESULT frame after INIT"),
+    "a second INIT": (PROBE_INIT, protocol.encode_bytes(Frame(Kind.INIT, PROBE_INIT)), "unexpected INIT frame after INIT"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "python", _pythons(), ids=lambda p: "this-python" if p == sys.executable else "python3.8"
+)
+@pytest.mark.parametrize("case", list(GARBAGE))
+def test_a_worker_fed_garbage_says_why_and_exits(tmp_path: Path, case: str, python: str) -> None:
+    """Whatever bad bytes the server's end sends, at the start or after loading, the worker
+    writes the protocol error to stderr, closes its end and exits with status 3; it never waits
+    for more, and a batch queued behind the garbage is not run."""
+    init, garbage, message = GARBAGE[case]
+    proc, peer = _spawn(tmp_path, python)
+    try:
+        assert peer.receive().kind == Kind.HELLO
+        if init is not None:
+            peer.send(Frame(Kind.INIT, init))
+            assert peer.receive().kind == Kind.READY
+        touched = tmp_path / "ran"
+        after = protocol.batch_frame(9, [RequestItem("r9", "application/json", [], json.dumps({"cmd": "touch", "path": str(touched)}).encode())])  # fmt: skip
+        peer.sock.sendall(garbage + protocol.encode_bytes(after))
+        peer.sock.settimeout(20)
+        assert peer.sock.recv(1) == b"", "the worker answered after the garbage"
+        assert proc.wait(timeout=20) == 3
+    finally:
+        peer.sock.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = proc.stderr.read().decode()
+    assert f"mserve-worker: the server broke the protocol ({message}" in stderr, stderr
+    assert "Traceback" not in stderr
+    assert not touched.exists()
 
 
 class ShortWrites:
@@ -174,5 +235,7 @@ def test_a_result_carries_the_handler_time_and_what_it_recorded(monkeypatch) -> 
     assert len(context.metrics) == 0  # drained: the next batch does not send them again
 
     handler, context = loaded("echo_fn", "echo:handle")
-    result = _serve_batch(protocol.batch_frame(2, [RequestItem("r2", "", [], b"x")]), handler, context)  # type: ignore[arg-type]
+    result = _serve_batch(
+        protocol.batch_frame(2, [RequestItem("r2", "", [], b"x")]), handler, context
+    )  # type: ignore[arg-type]
     assert "metrics" not in result.meta and "handler_ms" in result.meta

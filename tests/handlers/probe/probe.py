@@ -1,7 +1,8 @@
 """A module-function handler that reports what it sees and fails on request (fault injection).
 
 The JSON body's "cmd" picks the behaviour for that request: raise, wrong_length, status,
-header, set_header, sleep, touch, bytes, big, exit, segfault, spawn. Otherwise it answers a
+header, set_header, sleep, touch, bytes, big, exit, segfault, spawn, garbage (raw bytes on the
+worker's channel), frame (a frame of the given kind nobody asked for). Otherwise it answers a
 report of its environment and context.
 """
 
@@ -35,6 +36,11 @@ def _report(row, context, i, n):
         "init_calls": len(INIT_CALLS),
         "cwd": os.getcwd(),
     }
+
+
+def _channel(context):
+    """The worker's channel to the server (the runtime's, reached through the streaming hook)."""
+    return context._mserve_stream._send.__self__
 
 
 def handle(data, context):
@@ -81,6 +87,12 @@ def handle(data, context):
             context.set_response_header(i, body["name"], body["value"])
             out.append("header set")
             continue
+        if cmd == "garbage":  # bytes on the worker's channel, as a broken worker sends them
+            _channel(context).sock.sendall(body["bytes"].encode("latin-1"))
+        if cmd == "frame":  # a well-formed frame nobody asked for
+            from mserve_worker.protocol import Frame, Kind
+
+            _channel(context).send(Frame(Kind[body["kind"]], body.get("meta", {})))
         if cmd == "bytes":
             out.append(bytes(range(256)))
             continue
