@@ -396,7 +396,8 @@ def test_a_registration_url_no_file_system_can_name_is_refused(make_archive, sta
     server = start_server()
     for url, status, message in [
         ("%00echo.mar", 400, "url '\\x00echo.mar': a path cannot hold a NUL character"),
-        ("file:///tmp/%2500x.mar", 400, "url 'file:///tmp/%00x.mar': a path cannot hold a NUL character"),
+        # /tmp is a server folder: answers name it <tmp> (server/redaction.py)
+            ("file:///tmp/%2500x.mar", 400, "url 'file://<tmp>/%00x.mar': a path cannot hold a NUL character"),
         ("a" * 300 + ".mar", 404, f"archive not found: {'a' * 300}.mar (File name too long)"),
     ]:  # fmt: skip
         reply = server.manage("POST", f"/models?url={url}")
