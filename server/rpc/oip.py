@@ -154,8 +154,8 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InternalError(
                 f"the answer of model {model.label} is not an Open Inference Protocol response"
-                f" ({type(exc).__name__}: {exc}); its handler must answer v2 requests with"
-                " tensors (docs/handlers.md)"
+                f" ({exc}); a TorchServe-style handler gets and answers tensors with"
+                " kserveEnvelope: true in its model config (docs/handlers.md)"
             ) from None
 
 

@@ -6,7 +6,9 @@ says where the JSON ends), so the worker reads a gRPC request as it reads a REST
 (mserve_worker/oip/): the same checks against the model's signature, the same messages, the
 same decoding into arrays. ``raw_input_contents`` already are that binary form and are joined
 into the body as they are, never re-encoded. Typed ``contents`` are packed into it, once, after
-their count and range are checked here (the worker cannot tell them from raw data).
+their count and range are checked here (the worker cannot tell them from raw data): FP32 and
+FP64 at the speed of a copy, since protobuf's own encoding of those fields is the binary form
+(reading them one by one costs ~60 ns each: 16 ms for 1 MiB), the other types value by value.
 
 Every output is asked for as binary data, and the worker's answer is cut back into
 ``raw_output_contents``, as Triton answers.
@@ -136,6 +138,10 @@ def _typed(entry: Any) -> bytes:
             )
     values = getattr(contents, field)
     count = element_count(tuple(entry.shape))
+    if datatype in _FIXED_WIDTH:
+        packed = _packed(contents, _FIXED_WIDTH[datatype] * count)
+        if packed is not None:
+            return packed
     if len(values) != count:
         raise BadRequest(
             f"input {name!r} has {len(values)} values in {field}; its shape"
@@ -150,6 +156,30 @@ def _typed(entry: Any) -> bytes:
     return tensor_bytes(Tensor(name, datatype, tuple(entry.shape), list(values)))
 
 
+# the packed repeated fields whose wire encoding is the binary form: bytes per element
+_FIXED_WIDTH = {"FP32": 4, "FP64": 8}
+
+
+def _packed(contents: Any, size: int) -> bytes | None:
+    """The data of the one fixed-width field ``contents`` holds, taken from its wire encoding
+    (field tag, length, then the little-endian values back to back); None when that encoding is
+    not exactly that (unknown fields along), so the caller reads the values instead."""
+    wire = contents.SerializeToString()
+    if not wire:
+        return b"" if size == 0 else None
+    pos, length, shift = 1, 0, 0  # byte 0: the tag (field numbers under 16 take one byte)
+    while pos < len(wire):
+        byte = wire[pos]
+        length |= (byte & 0x7F) << shift
+        pos += 1
+        if not byte & 0x80:
+            break
+        shift += 7
+    if length != size or pos + length != len(wire):
+        return None
+    return wire[pos:]
+
+
 def response(
     body: bytes | bytearray | memoryview, header_length: str | None
 ) -> pb.ModelInferResponse:
@@ -157,6 +187,8 @@ def response(
     ``raw_output_contents``. Raises ValueError (KeyError, TypeError, ...) for a body that is
     not an OIP response."""
     doc, outputs = parse_response(body, header_length)
+    if not isinstance(doc.get("outputs"), list):
+        raise ValueError("it has no 'outputs' list")
     answer = pb.ModelInferResponse(
         model_name=str(doc.get("model_name", "")),
         model_version=str(doc.get("model_version", "")),

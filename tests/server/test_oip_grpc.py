@@ -242,3 +242,78 @@ def test_token_authorization(serve) -> None:
     key = {"authorization": f"Bearer {server.key('inference')}"}
     assert client.infer("mlp", [_input(ok)], headers=key).as_numpy("output__0").shape == (1, 10)
     assert client.is_model_ready("mlp", headers=key)
+
+
+# datatype -> (numpy dtype, typed contents field, values)
+DATATYPES = {
+    "BOOL": ("|b1", "bool_contents", [True, False, True, True]),
+    "UINT8": ("|u1", "uint_contents", [0, 1, 254, 255]),
+    "UINT16": ("<u2", "uint_contents", [0, 1, 2, 65535]),
+    "UINT32": ("<u4", "uint_contents", [0, 1, 2, 2**32 - 1]),
+    "UINT64": ("<u8", "uint64_contents", [0, 1, 2, 2**64 - 1]),
+    "INT8": ("|i1", "int_contents", [-128, -1, 0, 127]),
+    "INT16": ("<i2", "int_contents", [-32768, -1, 0, 32767]),
+    "INT32": ("<i4", "int_contents", [-(2**31), -1, 0, 2**31 - 1]),
+    "INT64": ("<i8", "int64_contents", [-(2**63), -1, 0, 2**63 - 1]),
+    "FP32": ("<f4", "fp32_contents", [0.5, -1.25, 3.0e38, 0.0]),
+    "FP64": ("<f8", "fp64_contents", [0.1, -1.0e300, 2.5, 0.0]),
+}
+
+
+def test_every_datatype_and_parameters_through_an_echo_model(make_archive, start_server, channels) -> None:
+    """Typed contents of every datatype, BYTES, and FP16 in raw contents come back as raw
+    output contents, unchanged; the request's parameters reach the handler."""
+    for name, config in (("echo", ["--config-file", str(FOLDER / "echo_config.yaml")]),
+                         ("plain", [])):  # fmt: skip
+        make_archive("oip_models", "echo_tensors", name, *config)
+    server = start_server("echo=echo.mar", "plain=plain.mar")
+    stub = _stub(server, channels)
+    request = service_pb2.ModelInferRequest(model_name="echo", id="all")
+    for datatype, (_, field, values) in DATATYPES.items():
+        entry = request.inputs.add(name=datatype.lower(), datatype=datatype, shape=[2, 2])
+        getattr(entry.contents, field).extend(values)
+    request.inputs.add(name="text", datatype="BYTES", shape=[2]).contents.bytes_contents.extend(
+        [b"caf\xc3\xa9", b"\x00\xff"]
+    )
+    answer = stub.ModelInfer(request, timeout=TIMEOUT_S)
+    assert answer.id == "all" and answer.model_name == "echo"
+    got = dict(zip((o.name for o in answer.outputs), answer.raw_output_contents, strict=True))
+    for output in answer.outputs:
+        assert list(output.shape) == ([2] if output.name == "text" else [2, 2])
+    for datatype, (dtype, _, values) in DATATYPES.items():
+        expected = np.array(values, dtype=dtype).tobytes()
+        assert got[datatype.lower()] == expected, datatype
+    assert got["text"] == b"\x05\x00\x00\x00caf\xc3\xa9\x02\x00\x00\x00\x00\xff"
+
+    half = np.array([1.5, -2.0, 65504.0], dtype="<f2")
+    raw = service_pb2.ModelInferRequest(model_name="echo", raw_input_contents=[half.tobytes()])
+    raw.inputs.add(name="h", datatype="FP16", shape=[3])
+    raw.parameters["rename"].string_param = "renamed"
+    answer = stub.ModelInfer(raw, timeout=TIMEOUT_S)
+    assert [(o.name, o.datatype) for o in answer.outputs] == [("renamed", "FP16")]
+    assert answer.raw_output_contents[0] == half.tobytes()
+
+    def error(request) -> tuple[grpc.StatusCode, str]:
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, timeout=TIMEOUT_S)
+        return caught.value.code(), caught.value.details()
+
+    raw.parameters["fail"].bool_param = True
+    code, message = error(raw)
+    assert code == Code.INTERNAL and "asked to fail" in message
+    typed_fp16 = service_pb2.ModelInferRequest(model_name="echo")
+    typed_fp16.inputs.add(name="h", datatype="FP16", shape=[1])
+    assert error(typed_fp16) == (
+        Code.INVALID_ARGUMENT,
+        "input 'h' is FP16, which typed contents cannot carry: send it in raw_input_contents",
+    )
+    # a TorchServe handler without kserveEnvelope answers in its own words, not in tensors
+    plain = service_pb2.ModelInferRequest(model_name="plain", raw_input_contents=[b"\0" * 4])
+    plain.inputs.add(name="x", datatype="FP32", shape=[1])
+    code, message = error(plain)
+    assert code == Code.INTERNAL
+    assert message == (
+        "the answer of model plain:1.0 is not an Open Inference Protocol response (it has no"
+        " 'outputs' list); a TorchServe-style handler gets and answers tensors with"
+        " kserveEnvelope: true in its model config (docs/handlers.md)"
+    )
