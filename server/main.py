@@ -293,8 +293,11 @@ class Server:
         max_request = {"inference": config.max_request_size_bytes, "management": 1 << 20}
         # the probes are exempt as their REST paths are (token_exempt_paths): Ping as /ping,
         # ServerLive and ServerReady as /v2/health/live and /v2/health/ready
-        probes = {"/ping": PING, **PROBES}
-        exempt = frozenset(m for path, m in probes.items() if path in config.token_exempt_paths)
+        probes = {"/ping": (PING,), **PROBES}
+        exempt = frozenset(
+            m for path, methods in probes.items() if path in config.token_exempt_paths
+            for m in methods
+        )  # fmt: skip
         for api, added in services.items():
             guard = None if self.keys is None else TokenGuard(self.keys, api, api, exempt)
             listener = GrpcListener(

@@ -7,6 +7,11 @@ goes to the worker as its REST form with binary data (server/rpc/oip_messages.py
 so signatures, checks, error messages and handler styles are those of ``/v2/models/{m}/infer``.
 A request the worker refuses (400 with OIP's ``{"error"}`` body) ends the call with the code of
 that status (INVALID_ARGUMENT) and the same message.
+
+The service answers under two names: KServe's and Triton's ``inference.GRPCInferenceService``,
+and TorchServe's ``org.pytorch.serve.grpc.openinference.GRPCInferenceService`` (its
+``open_inference_grpc.proto``: the same messages and field numbers in another package), so a
+client generated from TorchServe's file calls it too.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 from grpc import aio
 
 from mserve_worker.oip.tensors import HEADER_LENGTH
@@ -32,10 +38,11 @@ from server.rpc.protos import oip_pb2_grpc
 from server.rpc.server import AddService, abort
 
 SERVICE = "inference.GRPCInferenceService"
+TORCHSERVE_SERVICE = "org.pytorch.serve.grpc.openinference.GRPCInferenceService"
 # probes: exempt from token authorization while their REST paths are (token_exempt_paths)
 PROBES = {
-    "/v2/health/live": f"/{SERVICE}/ServerLive",
-    "/v2/health/ready": f"/{SERVICE}/ServerReady",
+    "/v2/health/live": tuple(f"/{s}/ServerLive" for s in (SERVICE, TORCHSERVE_SERVICE)),
+    "/v2/health/ready": tuple(f"/{s}/ServerReady" for s in (SERVICE, TORCHSERVE_SERVICE)),
 }
 
 
@@ -56,7 +63,29 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
         self.queue = queue  # TorchServe's service: queues requests and counts them
 
     def add_to(self) -> AddService:
-        return lambda server: oip_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)
+        def add(server: aio.Server) -> None:
+            oip_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)
+            server.add_generic_rpc_handlers((self._handlers(TORCHSERVE_SERVICE),))
+
+        return add
+
+    def _handlers(self, service: str) -> grpc.GenericRpcHandler:
+        """This servicer's methods under another service name, with the same messages."""
+        handlers = {}
+        for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+            request = getattr(pb, method.input_type.name)
+            reply = getattr(pb, method.output_type.name)
+            make = (
+                grpc.stream_stream_rpc_method_handler
+                if method.client_streaming
+                else grpc.unary_unary_rpc_method_handler
+            )
+            handlers[method.name] = make(
+                getattr(self, method.name),
+                request_deserializer=request.FromString,
+                response_serializer=reply.SerializeToString,
+            )
+        return grpc.method_handlers_generic_handler(service, handlers)
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: aio.ServicerContext

@@ -204,6 +204,30 @@ def test_refusals_carry_rests_messages(serve, channels) -> None:
     )  # fmt: skip
 
 
+def test_torchserves_package_name_is_served_too(serve, mlp, channels) -> None:
+    """TorchServe's open_inference_grpc.proto names the service
+    ``org.pytorch.serve.grpc.openinference.GRPCInferenceService``, with the same messages."""
+    server = serve({"disable_token_authorization": False})
+    channel = grpc.insecure_channel(server.status["grpc_inference"])
+    channels.append(channel)
+    service = "/org.pytorch.serve.grpc.openinference.GRPCInferenceService"
+    live = channel.unary_unary(f"{service}/ServerLive",
+                               request_serializer=service_pb2.ServerLiveRequest.SerializeToString,
+                               response_deserializer=service_pb2.ServerLiveResponse.FromString)  # fmt: skip
+    assert live(service_pb2.ServerLiveRequest(), timeout=TIMEOUT_S).live  # a probe: no key
+    infer = channel.unary_unary(f"{service}/ModelInfer",
+                                request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+                                response_deserializer=service_pb2.ModelInferResponse.FromString)  # fmt: skip
+    x = np.random.default_rng(5).standard_normal((2, 256), dtype=np.float32)
+    with pytest.raises(grpc.RpcError) as caught:
+        infer(_typed_request(x), timeout=TIMEOUT_S)
+    assert caught.value.code() == Code.UNAUTHENTICATED
+    key = [("authorization", f"Bearer {server.key('inference')}")]
+    answer = infer(_typed_request(x), metadata=key, timeout=TIMEOUT_S)
+    out = np.frombuffer(answer.raw_output_contents[0], dtype="<f4").reshape(2, 10)
+    np.testing.assert_allclose(out, _expected(mlp, x), rtol=1e-6, atol=1e-6)
+
+
 def test_stream_answers_each_request_in_order(serve, mlp) -> None:
     server = serve()
     client = _client(server)
