@@ -267,6 +267,11 @@ def test_token_authorization(serve) -> None:
     assert client.infer("mlp", [_input(ok)], headers=key).as_numpy("output__0").shape == (1, 10)
     assert client.is_model_ready("mlp", headers=key)
 
+    # without the exemptions the probes need the key too
+    strict = _client(serve({"disable_token_authorization": False, "token_exempt_paths": []}))
+    assert _refused(strict.is_server_live)[0] == str(Code.UNAUTHENTICATED)
+    assert _refused(strict.is_server_ready)[0] == str(Code.UNAUTHENTICATED)
+
 
 # datatype -> (numpy dtype, typed contents field, values)
 DATATYPES = {
