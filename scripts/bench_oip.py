@@ -1,5 +1,5 @@
 """Open Inference Protocol benchmark: the same torch MLP over TorchServe's JSON path, OIP with
-JSON data and OIP with binary tensor data, in one run.
+JSON data, OIP with binary tensor data and OIP over gRPC, in one run.
 
 Usage: python scripts/bench_oip.py [--duration 6] [--rounds 3]
 
@@ -16,6 +16,12 @@ the worker's cost (and the client reading the answer), not the client encoding i
   JSON list.
 - ``oip json``: ``POST /v2/models/mlp/infer`` with the tensor as JSON ``data``, answer as JSON.
 - ``oip binary``: the same with the binary tensor data extension both ways.
+- ``oip grpc raw``: ``inference.GRPCInferenceService/ModelInfer`` on the gRPC inference port, the
+  tensor in ``raw_input_contents`` (as tritonclient.grpc sends it), one channel, calls one after
+  another; the answer in ``raw_output_contents``.
+- ``oip grpc typed``: the same with the tensor in ``contents.fp32_contents``.
+
+"bytes" is the request body (for gRPC, the serialized message).
 
 This VM's speed drifts (CPU steal): compare rows of one run, not runs.
 """
@@ -38,7 +44,10 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # mserve_worker's codec builds the request bodies
 
+import grpc  # noqa: E402
+
 from mserve_worker.oip.tensors import HEADER_LENGTH, RequestedOutput, Tensor, encode_request  # noqa: E402
+from server.rpc.protos import oip_pb2, oip_pb2_grpc  # noqa: E402
 
 BIN = Path(sys.executable).parent
 FOLDER = REPO / "tests" / "handlers" / "oip_models"
@@ -50,7 +59,7 @@ def run(cmd: list[str]) -> None:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
 
 
-def start(work: Path) -> tuple[str, int, str, Path]:
+def start(work: Path) -> tuple[str, int, str, Path, str]:
     sys.path.insert(0, str(FOLDER))
     from mlp_handler import MLP  # the served model's own class
 
@@ -66,6 +75,7 @@ def start(work: Path) -> tuple[str, int, str, Path]:
     config.write_text(
         "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
         f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\n"
+        "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n"
         "max_request_size_bytes: 16000000\nmax_response_size_bytes: 16000000\n"
     )
     run_dir = work / "run"
@@ -74,7 +84,7 @@ def start(work: Path) -> tuple[str, int, str, Path]:
     status = json.loads((run_dir / "status.json").read_text())
     key = json.loads((run_dir / "key_file.json").read_text())["inference"]["key"]
     host, port = status["inference"].rsplit(":", 1)
-    return host, int(port), key, run_dir
+    return host, int(port), key, run_dir, status["grpc_inference"]
 
 
 def bodies(x: np.ndarray) -> dict[str, tuple[str, bytes, dict[str, str]]]:
@@ -88,6 +98,37 @@ def bodies(x: np.ndarray) -> dict[str, tuple[str, bytes, dict[str, str]]]:
         "oip json": ("/v2/models/mlp/infer", as_json, {"Content-Type": "application/json"}),
         "oip binary": ("/v2/models/mlp/infer", as_binary, binary_headers),
     }
+
+
+def grpc_requests(x: np.ndarray) -> dict[str, oip_pb2.ModelInferRequest]:
+    wanted = [oip_pb2.ModelInferRequest.InferRequestedOutputTensor(name="output__0")]
+    raw = oip_pb2.ModelInferRequest(model_name="mlp", outputs=wanted)
+    raw.inputs.add(name="input__0", datatype="FP32", shape=x.shape)
+    raw.raw_input_contents.append(x.tobytes())
+    typed = oip_pb2.ModelInferRequest(model_name="mlp", outputs=wanted)
+    tensor = typed.inputs.add(name="input__0", datatype="FP32", shape=x.shape)
+    tensor.contents.fp32_contents.extend(x.ravel().tolist())
+    return {"oip grpc raw": raw, "oip grpc typed": typed}
+
+
+def load_grpc(
+    stub: oip_pb2_grpc.GRPCInferenceServiceStub, key: str, request: oip_pb2.ModelInferRequest,
+    duration: float,
+) -> tuple[float, float]:
+    metadata = [("authorization", f"Bearer {key}")]
+    for _ in range(3):  # warm up, and check the answer
+        answer = stub.ModelInfer(request, metadata=metadata, timeout=120)
+        if not answer.raw_output_contents:
+            raise SystemExit(f"ModelInfer: no raw_output_contents in {answer}")
+    latencies = []
+    deadline = time.perf_counter() + duration
+    started = time.perf_counter()
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        stub.ModelInfer(request, metadata=metadata, timeout=120)
+        latencies.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - started
+    return len(latencies) / elapsed, statistics.median(latencies) * 1000
 
 
 def load(host: str, port: int, key: str, path: str, body: bytes, headers: dict[str, str],
@@ -121,27 +162,38 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        host, port, key, run_dir = start(work)
+        host, port, key, run_dir, grpc_address = start(work)
+        options = [("grpc.max_send_message_length", 16_000_000),
+                   ("grpc.max_receive_message_length", 16_000_000)]  # fmt: skip
+        channel = grpc.insecure_channel(grpc_address, options=options)
+        stub = oip_pb2_grpc.GRPCInferenceServiceStub(channel)
         try:
             rng = np.random.default_rng(0)
             sizes = {"256 floats": (1, 256), "1 MiB": (1024, 256)}
-            print(f"{'input':<11} {'path':<16} {'body bytes':>11} {'req/s':>8} {'p50 ms':>8}"
-                  f" {'vs ts json':>10}")  # fmt: skip
+            print(f"{'input':<11} {'path':<16} {'bytes':>11} {'req/s':>8} {'p50 ms':>8}"
+                  f" {'vs ts json':>10} {'vs oip binary':>13}")  # fmt: skip
             for label, shape in sizes.items():
                 x = rng.standard_normal(shape, dtype=np.float32)
                 rows = bodies(x)
-                runs: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
+                calls = grpc_requests(x)
+                sent = {name: len(body) for name, (_, body, _) in rows.items()}
+                sent.update({name: request.ByteSize() for name, request in calls.items()})
+                runs: dict[str, list[tuple[float, float]]] = {name: [] for name in sent}
+                share = args.duration / args.rounds
                 for _ in range(args.rounds):  # interleaved: drift hits every row alike
                     for name, (path, body, headers) in rows.items():
-                        share = args.duration / args.rounds
                         runs[name].append(load(host, port, key, path, body, headers, share))
+                    for name, request in calls.items():
+                        runs[name].append(load_grpc(stub, key, request, share))
                 base = statistics.median(r for r, _ in runs["torchserve json"])
-                for name, (_, body, _) in rows.items():
+                binary = statistics.median(r for r, _ in runs["oip binary"])
+                for name, size in sent.items():
                     rps = statistics.median(r for r, _ in runs[name])
                     p50 = statistics.median(p for _, p in runs[name])
-                    print(f"{label:<11} {name:<16} {len(body):>11} {rps:>8.1f} {p50:>8.2f}"
-                          f" {rps / base:>9.2f}x", flush=True)  # fmt: skip
+                    print(f"{label:<11} {name:<16} {size:>11} {rps:>8.1f} {p50:>8.2f}"
+                          f" {rps / base:>9.2f}x {rps / binary:>12.2f}x", flush=True)  # fmt: skip
         finally:
+            channel.close()
             subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(run_dir)],
                            capture_output=True, timeout=120)  # fmt: skip
 

@@ -18,6 +18,7 @@ import itertools
 import logging
 import os
 import time
+from typing import Any
 
 from archiver import __version__
 from mserve_worker.oip.signature import SignatureError, parse_signature
@@ -108,8 +109,7 @@ class InferenceAPI:
         """KServe v2: health, model metadata and readiness, infer/explain/custom operations."""
         if not parts:
             req.allow("GET")
-            conn.answer_json(req, 200, {"name": "mserve", "version": __version__,
-                                        "extensions": ["binary_tensor_data"]})  # fmt: skip
+            conn.answer_json(req, 200, server_metadata())
             return
         if len(parts) == 2 and parts[0] == "health" and parts[1] in ("live", "ready"):
             req.allow("GET")
@@ -126,15 +126,7 @@ class InferenceAPI:
             version, rest = rest[1], rest[2:]
         if not rest:
             req.allow("GET")
-            model = self.registry.get(name, version)
-            versions = [mv.version for mv in self.registry.versions(name)]
-            try:  # the worker refused to load a bad one, so this one reads
-                signature = parse_signature(model.model_yaml_config).metadata()
-            except SignatureError as exc:
-                raise InternalError(f"model {model.label}: {exc}") from None
-            metadata = {"name": model.name, "versions": versions, "platform": "mserve",
-                        **signature}  # fmt: skip
-            conn.answer_json(req, 200, metadata)
+            conn.answer_json(req, 200, model_metadata(self.registry, name, version))
             return
         if len(rest) != 1:
             raise req.not_found()
@@ -259,6 +251,23 @@ class InferenceAPI:
             )
         headers.append(["X-Request-Id", request_id])  # ours: hex digits
         return headers
+
+
+def server_metadata() -> dict[str, Any]:
+    """The Open Inference Protocol's server metadata (``GET /v2``, gRPC ``ServerMetadata``)."""
+    return {"name": "mserve", "version": __version__, "extensions": ["binary_tensor_data"]}
+
+
+def model_metadata(registry: Registry, name: str, version: str | None) -> dict[str, Any]:
+    """A model's OIP metadata (``GET /v2/models/{m}``, gRPC ``ModelMetadata``): its versions
+    and the signature its model config declares."""
+    model = registry.get(name, version)
+    versions = [mv.version for mv in registry.versions(name)]
+    try:  # the worker refused to load a bad one, so this one reads
+        signature = parse_signature(model.model_yaml_config).metadata()
+    except SignatureError as exc:
+        raise InternalError(f"model {model.label}: {exc}") from None
+    return {"name": model.name, "versions": versions, "platform": "mserve", **signature}
 
 
 def check_size(model: ModelVersion, result: ResponseItem, max_bytes: int) -> None:

@@ -270,10 +270,12 @@ class Server:
 
     async def _listen_grpc(self) -> None:
         """TorchServe's gRPC inference and management services (server/rpc/), each on its own
-        address, on this event loop."""
+        address, and the Open Inference Protocol's next to TorchServe's inference service, on
+        this event loop."""
         # grpc takes ~0.2 s to import: only a server that serves gRPC pays for it
         from server.rpc.inference import PING, InferenceService
         from server.rpc.management import ManagementService
+        from server.rpc.oip import PROBES, OipService
         from server.rpc.server import GrpcListener, TokenGuard, credentials
 
         config = self.config
@@ -282,15 +284,20 @@ class Server:
             assert config.certificate_file and config.private_key_file  # checked by the config
             server_context(config.certificate_file, config.private_key_file)  # checks the files
             tls = credentials(config.certificate_file, config.private_key_file)
+        torchserve = InferenceService(self.registry, self.metrics, config.max_response_size_bytes)
         services = {
-            "inference": [InferenceService(
-                self.registry, self.metrics, config.max_response_size_bytes
-            ).add_to()],
+            # TorchServe's service and the Open Inference Protocol's share the inference port
+            "inference": [torchserve.add_to(), OipService(self.registry, torchserve).add_to()],
             "management": [ManagementService(self.registry, config.enable_model_api).add_to()],
-        }  # fmt: skip
+        }
         max_request = {"inference": config.max_request_size_bytes, "management": 1 << 20}
-        # Ping is a probe, exempt as /ping is (token_exempt_paths)
-        exempt = frozenset((PING,) if "/ping" in config.token_exempt_paths else ())
+        # the probes are exempt as their REST paths are (token_exempt_paths): Ping as /ping,
+        # ServerLive and ServerReady as /v2/health/live and /v2/health/ready
+        probes = {"/ping": (PING,), **PROBES}
+        exempt = frozenset(
+            m for path, methods in probes.items() if path in config.token_exempt_paths
+            for m in methods
+        )  # fmt: skip
         for api, added in services.items():
             guard = None if self.keys is None else TokenGuard(self.keys, api, api, exempt)
             listener = GrpcListener(

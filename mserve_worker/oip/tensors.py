@@ -529,7 +529,7 @@ def _infer(flat: list[Any], name: str) -> str:
 def tensor_bytes(tensor: Tensor, np: Any = None) -> bytes:
     """The binary form of a tensor (little-endian, row-major; BYTES length-prefixed)."""
     if tensor.binary:
-        return bytes(tensor.data)
+        return tensor.data if type(tensor.data) is bytes else bytes(tensor.data)
     if tensor.datatype == "BYTES":
         values = tensor.data.ravel().tolist() if _is_array(tensor.data) else tensor.data
         return b"".join(_LENGTH.pack(len(v)) + v for v in (_text_bytes(x) for x in values))
@@ -595,7 +595,9 @@ def encode_request(
     request_id: str | None = None, parameters: dict[str, Any] | None = None,
 ) -> tuple[bytes, int | None]:  # fmt: skip
     """A request body (and its ``Inference-Header-Content-Length`` when binary data follows):
-    what a client sends, or a gRPC front end forwarding a ModelInferRequest over HTTP's form."""
+    what a client sends, or the gRPC front end forwarding a ModelInferRequest in HTTP's form
+    (server/rpc/oip_messages.py). A binary tensor's ``bytes`` are joined into the body as they
+    are, copied once."""
     doc: dict[str, Any] = {}
     if request_id is not None:
         doc["id"] = request_id
@@ -621,7 +623,7 @@ def encode_request(
             for o in outputs
         ]  # fmt: skip
     head = json.dumps(doc, separators=(",", ":")).encode()
-    return head + b"".join(blobs), (len(head) if blobs else None)
+    return b"".join([head, *blobs]), (len(head) if blobs else None)  # one copy of each blob
 
 
 def parse_response(

@@ -38,7 +38,7 @@ PING = f"/{SERVICE}/Ping"  # a probe: needs no key
 SEQUENCE_HEADER = "ts_request_sequence_id"
 
 
-class _HandlerStatus(Exception):
+class HandlerStatus(Exception):
     """A worker's answer with an error status (>= 400): it ends the call with the code
     TorchServe gives that status and the answer's text."""
 
@@ -101,7 +101,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
                         )
         except MserveError as exc:
             await abort(context, exc, self.registry.redact)
-        except _HandlerStatus as exc:
+        except HandlerStatus as exc:
             await context.abort(status.code_of_http(exc.status), status.message(str(exc)))
         return pb.PredictionResponse(prediction=bytes(body))
 
@@ -115,7 +115,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
                     yield pb.PredictionResponse(prediction=chunk)
         except MserveError as exc:
             await abort(context, exc, self.registry.redact)
-        except _HandlerStatus as exc:
+        except HandlerStatus as exc:
             await context.abort(status.code_of_http(exc.status), status.message(str(exc)))
 
     async def StreamPredictions2(
@@ -133,7 +133,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
                         yield pb.PredictionResponse(prediction=chunk, sequenceId=sequence)
             except MserveError as exc:
                 code, text = status.code_of(exc), self.registry.redact(exc.message)
-            except _HandlerStatus as exc:
+            except HandlerStatus as exc:
                 code, text = status.code_of_http(exc.status), str(exc)
             else:
                 continue
@@ -156,6 +156,18 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         item = RequestItem(
             request_id=request_id(), content_type=content_type, headers=headers, body=body
         )
+        async with contextlib.aclosing(self.run(model, item, counts, started)) as answer:
+            async for piece in answer:
+                yield bytes(piece.body)
+
+    async def run(
+        self, model: ModelVersion, item: RequestItem, counts: list[float], started: float
+    ) -> AsyncIterator[ResponseItem]:
+        """Queue ``item`` on ``model`` and yield its answer: one item, or one per chunk of a
+        streamed answer (with the status and headers the handler set first); raises the error
+        that answers it instead (HandlerStatus for a worker's answer >= 400). The request
+        counts in the metrics as a REST one does. The Open Inference Protocol's service
+        (server/rpc/oip.py) queues its requests here too."""
         try:
             job = model.enqueue(item)
         except MserveError as exc:
@@ -166,18 +178,20 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
             if type(result) is ChunkStream:
                 async with contextlib.aclosing(result.chunks()) as chunks:
                     async for chunk in chunks:
-                        yield chunk
+                        yield ResponseItem(
+                            result.status, chunk, result.content_type, result.headers
+                        )
                 code = result.status
             else:
                 check_size(model, result, self.max_response_bytes)
                 if result.status >= 400:
-                    raise _HandlerStatus(result)
+                    raise HandlerStatus(result)
                 code = result.status
-                yield bytes(result.body)
+                yield result
         except MserveError as exc:
             self.metrics.answered(model, exc.status, None)
             raise
-        except _HandlerStatus as exc:
+        except HandlerStatus as exc:
             self.metrics.answered(model, exc.status, None)
             raise
         self.metrics.answered(model, code, time.perf_counter() - started, counts, job)

@@ -1,10 +1,19 @@
 """The committed gRPC modules (server/rpc/protos/) match their .proto files, and the wire format
-is TorchServe's: package, services, methods, messages, field names, numbers and types."""
+is TorchServe's (its two services) and Triton's (the Open Inference Protocol's
+``inference.GRPCInferenceService``): package, services, methods, messages, field names, numbers
+and types.
+
+Our OIP module is read from its generated source, never imported here: it defines the
+``inference`` package's messages, as tritonclient's own module does, and protobuf refuses a
+second file defining the same names in one process (the OIP tests import tritonclient).
+"""
 
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
+from typing import Any
 
 import google.rpc
 import pytest
@@ -149,7 +158,8 @@ def test_committed_modules_match_the_proto_files(tmp_path: Path) -> None:
     tools = os.path.join(os.path.dirname(protoc.__file__), "_proto")
     out = tmp_path / "set.pb"
     args = ["protoc", "-I", str(ROOT), "-I", common, "-I", tools, f"--descriptor_set_out={out}",
-            "server/rpc/protos/inference.proto", "server/rpc/protos/management.proto"]  # fmt: skip
+            "server/rpc/protos/inference.proto", "server/rpc/protos/management.proto",
+            "server/rpc/protos/oip.proto"]  # fmt: skip
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
@@ -158,11 +168,15 @@ def test_committed_modules_match_the_proto_files(tmp_path: Path) -> None:
         os.chdir(cwd)
     compiled = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
     by_name = {f.name: _without_json_names(f) for f in compiled.file}
-    for module in (inference_pb2, management_pb2):
-        committed = descriptor_pb2.FileDescriptorProto.FromString(module.DESCRIPTOR.serialized_pb)
+    committed_files = [
+        descriptor_pb2.FileDescriptorProto.FromString(module.DESCRIPTOR.serialized_pb)
+        for module in (inference_pb2, management_pb2)
+    ]
+    committed_files.append(_oip_file())
+    for committed in committed_files:
         _without_json_names(committed)
-        assert committed == by_name[module.DESCRIPTOR.name], (
-            f"{module.__name__} is stale: run scripts/gen_protos.sh"
+        assert committed == by_name[committed.name], (
+            f"the module of {committed.name} is stale: run scripts/gen_protos.sh"
         )
 
 
@@ -185,3 +199,57 @@ def test_generated_services_are_importable() -> None:
     assert inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server
     assert management_pb2_grpc.ManagementAPIsServiceStub
     assert management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server
+
+
+def _oip_file() -> descriptor_pb2.FileDescriptorProto:
+    """The descriptor committed in server/rpc/protos/oip_pb2.py, read from its source (the
+    bytes it hands to ``AddSerializedFile``) without importing it."""
+    source = (ROOT / "server/rpc/protos/oip_pb2.py").read_text()
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "AddSerializedFile"
+        ):
+            return descriptor_pb2.FileDescriptorProto.FromString(ast.literal_eval(node.args[0]))
+    raise AssertionError("oip_pb2.py has no AddSerializedFile call")
+
+
+def test_oip_wire_format_is_tritons() -> None:
+    """Every message of ours is Triton's (tritonclient's own generated module): the same full
+    name, the same fields with the same numbers, types, labels and message types; every method
+    ours serves has Triton's name, types and streaming."""
+    service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+    triton = descriptor_pb2.FileDescriptorProto.FromString(service_pb2.DESCRIPTOR.serialized_pb)
+    ours = _oip_file()
+    assert ours.package == triton.package == "inference"
+
+    def messages(file: descriptor_pb2.FileDescriptorProto) -> dict[str, Any]:
+        found, todo = {}, [(f".{file.package}", m) for m in file.message_type]
+        while todo:
+            scope, message = todo.pop()
+            name = f"{scope}.{message.name}"
+            found[name] = {
+                f.name: (f.number, f.type, f.label, f.type_name, f.HasField("oneof_index"))
+                for f in message.field
+            }
+            todo.extend((name, nested) for nested in message.nested_type)
+        return found
+
+    theirs = messages(triton)
+    for name, fields in messages(ours).items():
+        assert name in theirs, f"{name} is not one of Triton's messages"
+        assert fields == theirs[name], name
+    (service,) = ours.service
+    assert service.name == "GRPCInferenceService"
+    triton_methods = {m.name: m for s in triton.service if s.name == service.name for m in s.method}
+    for method in service.method:
+        other = triton_methods[method.name]
+        assert (method.input_type, method.output_type) == (other.input_type, other.output_type)
+        assert (method.client_streaming, method.server_streaming) == (
+            other.client_streaming, other.server_streaming,
+        )  # fmt: skip
+    assert {m.name for m in service.method} == {
+        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+        "ModelInfer", "ModelStreamInfer",
+    }  # fmt: skip
