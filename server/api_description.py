@@ -85,7 +85,10 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "models": {"type": "array", "items": {
                 "type": "object", "required": ["modelName", "modelUrl"],
-                "properties": {"modelName": {"type": "string"}, "modelUrl": {"type": "string"}},
+                "properties": {
+                    "modelName": {"type": "string"}, "modelUrl": {"type": "string"},
+                    "loadState": {"type": "string", "enum": ["loaded", "loading", "unloaded"]},
+                },
             }},
             "nextPageToken": {"type": "string", "description": "present when more models follow"},
         },
@@ -102,6 +105,7 @@ SCHEMAS: dict[str, Any] = {
                 "modelVersion": {"type": "string", "nullable": True},
                 "modelUrl": {"type": "string"},
                 "status": {"type": "string", "enum": ["READY", "LOADING", "FAILED"]},
+                "loadState": {"type": "string", "enum": ["loaded", "loading", "unloaded"]},
                 "minWorkers": {"type": "integer"},
                 "maxWorkers": {"type": "integer"},
                 "batchSize": {"type": "integer"},
@@ -344,7 +348,10 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
             _query("batch_size", {"type": "integer", "minimum": 1}, "requests per handler call"),
             _query("max_batch_delay", {"type": "integer", "minimum": 0},
                    "ms to wait for a batch to fill"),
-            _query("initial_workers", _WORKERS, "workers to start"),
+            _query("initial_workers", _WORKERS,
+                   "workers to start; 0: the first request starts one (load on demand)"),
+            _query("idle_unload_timeout", {"type": "integer", "minimum": 0},
+                   "seconds without requests before the model scales down to minWorkers; 0: never"),
             _query("response_timeout", {"type": "integer", "minimum": 1},
                    "seconds one batch may take"),
             _query("startup_timeout", {"type": "integer", "minimum": 1},

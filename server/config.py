@@ -119,6 +119,14 @@ class ServerConfig:
     startup_timeout_s: float = 120.0
     job_queue_size: int = 100
     retry_on_worker_death: bool = False
+    # Many models on one server (server/residency.py): a model idle this long scales down to its
+    # minWorkers (None: never, per model idleUnloadTimeout); the workers' memory (PSS) and the
+    # number of models with workers that starting a worker on demand may not pass, evicting
+    # the least recently used idle models first; how long such a start waits for room.
+    idle_unload_s: float | None = None
+    worker_memory_budget_mb: int | None = None
+    max_loaded_models: int | None = None
+    load_wait_s: float = 30.0
     max_request_size_bytes: int = 6_553_500
     max_response_size_bytes: int = 6_553_500
     keepalive_timeout_s: float = 75.0
@@ -264,7 +272,7 @@ _EXPECTED = {
 # (worker counts, GPU count, batch delay) may be 0. Float keys (timeouts) must be > 0 and finite.
 _AT_LEAST_ONE = frozenset(
     ("batch_size", "job_queue_size", "max_request_size_bytes", "max_response_size_bytes",
-     "max_connections", "download_max_bytes")
+     "max_connections", "download_max_bytes", "worker_memory_budget_mb", "max_loaded_models")
 )  # fmt: skip
 
 

@@ -85,6 +85,16 @@ class ServiceUnavailable(MserveError):
     type = "ServiceUnavailableException"
 
 
+class LoadFailed(ServiceUnavailable):
+    """A model with no worker was asked for and the worker started for it failed to load: the
+    requests that waited for it get the load's error."""
+
+
+class BudgetExhausted(ServiceUnavailable):
+    """A model with no worker was asked for, and starting one would pass
+    ``worker_memory_budget_mb`` or ``max_loaded_models`` with nothing idle left to evict."""
+
+
 class TooManyRequests(MserveError):
     """The model's queue is full (``job_queue_size``): try again shortly. (TorchServe answers
     503 here; 429 with ``Retry-After`` tells a client that waiting helps.)"""

@@ -410,6 +410,7 @@ class Server:
             chores = [
                 asyncio.create_task(self.refresh_status()),
                 asyncio.create_task(self.metrics.run()),
+                asyncio.create_task(self.registry.residency.run()),
             ]
             if self.access_log is not None:
                 chores.append(asyncio.create_task(self.access_log.flush_every(ACCESS_LOG_FLUSH_S)))

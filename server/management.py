@@ -60,6 +60,10 @@ def bool_param(params: Mapping[str, str], name: str, default: bool) -> bool:
     raise BadRequest(f"parameter '{name}' should be true or false, found {raw!r}")
 
 
+def _seconds(value: int | None) -> float | None:
+    return float(value) if value is not None else None
+
+
 def runtime_param(params: Mapping[str, str]) -> str | None:
     runtime = params.get("runtime") or None
     if runtime is None or runtime in PYTHON_RUNTIMES:
@@ -99,9 +103,13 @@ def models_page(
     page = names[start : start + limit]
     out: dict[str, Any] = {
         "models": [
-            {"modelName": n, "modelUrl": registry.redact(url) if public else url}
+            {
+                "modelName": n,
+                "modelUrl": registry.redact(mv.url) if public else mv.url,
+                "loadState": mv.load_state(),  # of the default version
+            }
             for n in page
-            for url in (registry.get(n).url,)
+            for mv in (registry.get(n),)
         ]
     }
     if start + limit < len(names):
@@ -140,6 +148,7 @@ async def register_model(registry: Registry, params: Mapping[str, str]) -> Outco
         runtime=runtime_param(params),
         synchronous=bool_param(params, "synchronous", True),
         sha256=parse_sha256(params.get("sha256")),
+        idle_unload_s=_seconds(int_param(params, "idle_unload_timeout")),
     )
     model = await registry.register(req)
     workers = model.settings.min_workers

@@ -160,6 +160,20 @@ class Metrics:
             "mserve_request_latency_seconds", "Inference latency, frontend to frontend",
             ["model"], registry=self.prom,
         )  # fmt: skip
+        # loading on demand, idle unloads and evictions (server/residency.py)
+        self.model_loads = Counter(
+            "mserve_model_loads", "Workers started for a model that had none (on demand)",
+            ["model", "version", "outcome"], registry=self.prom,
+        )  # fmt: skip
+        self.model_evictions = Counter(
+            "mserve_model_evictions", "Idle models scaled down to minWorkers",
+            ["model", "version", "reason"], registry=self.prom,
+        )  # fmt: skip
+        self.load_seconds = Histogram(
+            "mserve_model_load_seconds", "From a request finding no worker to the worker ready",
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0),
+            registry=self.prom,
+        )  # fmt: skip
         self._registry: Registry | None = None
         self._counters: dict[tuple[str, str, int], Any] = {}
         self._timers: dict[str, Any] = {}
@@ -234,6 +248,16 @@ class Metrics:
             self.log_ts("ts_inference_latency_microseconds", "Microseconds", seconds * 1e6, dims)
             self.log_ts("ts_queue_latency_microseconds", "Microseconds", queue_s * 1e6, dims)
             self.log_ts("QueueTime", "Milliseconds", self.queue_ms, ())
+
+    def model_loaded(self, model: ModelVersion, seconds: float, ok: bool) -> None:
+        outcome = "ok" if ok else "failed"
+        self.model_loads.labels(model.name, model.version, outcome).inc()
+        if ok:
+            self.load_seconds.observe(seconds)
+
+    def model_evicted(self, model: ModelVersion, reason: str) -> None:
+        """``reason``: ``idle`` (idle_unload_s) or ``budget`` (room for another model)."""
+        self.model_evictions.labels(model.name, model.version, reason).inc()
 
     def worker_loaded(self, worker_name: str, load_ms: float) -> None:
         if self.log_frontend:
@@ -383,6 +407,23 @@ class Metrics:
             workers.add_metric([mv.name, mv.version], mv.ready_workers())
         yield queue
         yield workers
+        if self._registry is None:
+            return
+        residency = self._registry.residency
+        memory = GaugeMetricFamily(
+            "mserve_worker_memory_bytes", "Workers' memory (PSS), as last measured"
+        )
+        memory.add_metric([], residency.memory_bytes)
+        yield memory
+        if residency.budget_bytes is not None:
+            budget = GaugeMetricFamily(
+                "mserve_worker_memory_budget_bytes", "worker_memory_budget_mb, in bytes"
+            )
+            budget.add_metric([], residency.budget_bytes)
+            yield budget
+        loaded = GaugeMetricFamily("mserve_models_loaded", "Model versions with workers")
+        loaded.add_metric([], residency.loaded_models())
+        yield loaded
 
     def _models(self) -> list[ModelVersion]:
         return list(self._registry.all()) if self._registry is not None else []

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mserve_worker import protocol
 from mserve_worker.protocol import STREAM_FAILED_HEADER, TOO_LARGE_HEADER, Frame, RequestItem
@@ -27,6 +27,7 @@ from server.errors import (
     HandlerError,
     InternalError,
     InvalidModel,
+    LoadFailed,
     MserveError,
     ServiceUnavailable,
     TooManyRequests,
@@ -38,6 +39,9 @@ from server.streaming import ChunkStream
 from server.workers.channel import Batch, ChannelClosed
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
+
+if TYPE_CHECKING:
+    from server.residency import Residency
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,7 @@ class ModelSettings:
     device_ids: tuple[int, ...] | None
     device_type: str | None = None  # the model config's deviceType: cpu, gpu, neuron
     retry_on_worker_death: bool = False
+    idle_unload_s: float | None = None  # scale down to min_workers after this long unused
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -76,6 +81,7 @@ class _Slot:
     worker: Worker | None = None
     first_start: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
+    on_demand: bool = False  # started by a request to a model that had no worker
 
     @property
     def idle(self) -> bool:
@@ -184,6 +190,11 @@ class ModelVersion:
             model_yaml_config.get("allowedEnvVars") or (), self.label
         )
         self.stats = ModelStats(metrics, name, version)  # TorchServe's metrics
+        # loading on demand (server/residency.py): the server's residency keeper, whether the
+        # model is ready to start workers (its environment built), when it was last asked for
+        self.residency: Residency | None = None
+        self.prepared = False
+        self.last_used = time.monotonic()
 
     @property
     def label(self) -> str:
@@ -216,6 +227,17 @@ class ModelVersion:
     def healthy(self) -> bool:
         return self.failed is None and self.ready_workers() >= self.settings.min_workers
 
+    def load_state(self) -> str:
+        """``loaded`` (a worker serves), ``loading`` (workers, none ready yet) or ``unloaded``
+        (no worker: the next request starts one when ``max_workers`` >= 1)."""
+        if not self.slots:
+            return "unloaded"
+        return "loaded" if self.ready_workers() else "loading"
+
+    def loads_on_demand(self) -> bool:
+        """A request finding no worker starts one: max_workers 0 keeps TorchServe's 503."""
+        return self.settings.max_workers >= 1 and self.prepared
+
     def enqueue(self, item: RequestItem) -> Job:
         """Queue a request; the job's future gets its answer. A caller that goes away cancels
         the future and calls :meth:`withdraw`: the request is dropped if no worker has started
@@ -224,7 +246,10 @@ class ModelVersion:
         if self.failed is not None:
             raise ServiceUnavailable(f"model {self.label} has failed: {self.failed}")
         if not self.slots:
-            raise ServiceUnavailable(f"model {self.label} has no workers; scale it up first")
+            if not self.loads_on_demand():
+                raise ServiceUnavailable(f"model {self.label} has no workers; scale it up first")
+            self._load_on_demand()
+        self.last_used = time.monotonic()
         job = Job(item, self.queue.new_future())
         try:
             self.queue.put(job, self._waiting_in_workers())
@@ -513,14 +538,98 @@ class ModelVersion:
                     job.future.set_result(stream)  # type: ignore[arg-type]
             stream.push(bytes(chunk.body))
 
-    def _add_slot(self, wait: bool) -> _Slot:
-        # only a synchronous caller waits on the first start; otherwise failures take the
-        # normal restart-with-backoff path instead of ending the slot
-        first = asyncio.get_running_loop().create_future() if wait else None
-        slot = _Slot(first_start=first)
-        slot.task = asyncio.create_task(self._run_slot(slot), name=f"{self.label}-slot")
+    def _add_slot(self, wait: bool, on_demand: bool = False) -> _Slot:
+        # only a synchronous caller (or a request waiting for an on-demand load) waits on the
+        # first start; otherwise failures take the normal restart-with-backoff path instead of
+        # ending the slot
+        first = asyncio.get_running_loop().create_future() if wait or on_demand else None
+        slot = _Slot(first_start=first, on_demand=on_demand)
+        run = self._run_on_demand(slot) if on_demand else self._run_slot(slot)
+        slot.task = asyncio.create_task(run, name=f"{self.label}-slot")
         self.slots.append(slot)
         return slot
+
+    # --- on demand --------------------------------------------------------------------------
+
+    def _load_on_demand(self) -> None:
+        """A request found no worker: start one. The request queues meanwhile; if the load
+        fails, everything queued fails with its error. Called synchronously from ``enqueue``,
+        so concurrent first requests find this slot and start no other."""
+        slot = self._add_slot(wait=False, on_demand=True)
+        assert slot.first_start is not None
+        slot.first_start.add_done_callback(
+            functools.partial(self._loaded, slot, time.monotonic())
+        )
+        log.info("model %s: a request found no worker; loading on demand", self.label)
+
+    async def _run_on_demand(self, slot: _Slot) -> None:
+        if self.residency is not None:
+            try:
+                await self.residency.admit(self)  # room in the budget, evicting if need be
+            except MserveError as exc:
+                if slot.first_start is not None and not slot.first_start.done():
+                    slot.first_start.set_exception(exc)
+                return
+        await self._run_slot(slot)
+
+    def _loaded(self, slot: _Slot, started: float, future: asyncio.Future[None]) -> None:
+        """An on-demand load ended: count it; a failed one fails the requests that waited."""
+        error = None if future.cancelled() else future.exception()
+        seconds = time.monotonic() - started
+        if self.residency is not None:
+            self.residency.loaded(self, seconds, error is None)
+        if error is None:
+            log.info("model %s loaded on demand in %.2f s", self.label, seconds)
+            return
+        if slot in self.slots:
+            self.slots.remove(slot)
+        message = error.message if isinstance(error, MserveError) else str(error)
+        failed_load = isinstance(error, InvalidModel)
+        if failed_load:
+            error = LoadFailed(f"model {self.label} could not be loaded: {message}")
+        if not self.slots:
+            self.queue.fail_all(error)
+        if failed_load:  # repeated ones mark the model failed, as crashing workers do
+            self._note_failure(message)
+
+    def idle_since(self) -> float | None:
+        """When the model was last asked for, if it could be unloaded now: workers beyond
+        ``min_workers``, every one of them ready (none busy or starting), nothing queued."""
+        if len(self.slots) <= self.settings.min_workers or self.queued():
+            return None
+        for slot in self.slots:
+            if slot.worker is None or slot.worker.state is not WorkerState.READY:
+                return None
+        return self.last_used
+
+    def unload(self, why: str) -> list[asyncio.Task[None]]:
+        """Retire the workers beyond ``min_workers`` if :meth:`idle_since` allows it; the tasks
+        that end when they have stopped. A request arriving meanwhile starts a worker again."""
+        if self.idle_since() is None:
+            return []
+        retired = self.slots[self.settings.min_workers :]
+        self._retire(retired)
+        log.info("model %s: stopping %d idle worker(s) (%s)", self.label, len(retired), why)
+        return [s.task for s in retired if s.task is not None]
+
+    def _retire(self, retired: list[_Slot]) -> None:
+        for slot in retired:
+            slot.retire.set()
+            self.slots.remove(slot)
+            self._retiring.add(slot)  # owned until its worker has stopped
+            if slot.task is not None:
+                slot.task.add_done_callback(lambda _t, s=slot: self._retiring.discard(s))
+        self.queue.wake_all()
+
+    def live_workers(self) -> list[tuple[int | None, bool]]:
+        """(pid, still starting) of every worker not yet stopped, retiring ones included (their
+        memory is in use until they exit); the pid is None until its process is started."""
+        out = []
+        for slot in (*self.slots, *self._retiring):
+            w = slot.worker
+            if w is not None and w.state is not WorkerState.STOPPED:
+                out.append((w.pid, w.state is WorkerState.STARTING))
+        return out
 
     async def scale(
         self, min_workers: int, max_workers: int | None, synchronous: bool, source: str = "api"
@@ -540,13 +649,7 @@ class ModelVersion:
         if retire > 0:
             order = sorted(self.slots, key=lambda s: not s.idle)  # idle ones first
             retired = order[:retire]
-            for slot in retired:
-                slot.retire.set()
-                self.slots.remove(slot)
-                self._retiring.add(slot)  # owned until its worker has stopped
-                if slot.task is not None:
-                    slot.task.add_done_callback(lambda _t, s=slot: self._retiring.discard(s))
-            self.queue.wake_all()
+            self._retire(retired)
         if synchronous:
             await self._await_started(new)
             await asyncio.gather(*(s.task for s in retired if s.task is not None))
@@ -629,6 +732,8 @@ class ModelVersion:
             "queueDepth": queued,
             "settingSources": s.sources,
             "loadedAtStartup": self.loaded_at_startup,
+            "idleUnloadTimeout": s.idle_unload_s,
+            "loadState": self.load_state(),
             "status": "FAILED" if self.failed else ("READY" if self.healthy() else "LOADING"),
             "stage": self.stage,
             "failure": self.failed,

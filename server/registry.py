@@ -30,6 +30,7 @@ from server.errors import (
 from server.metrics import Metrics
 from server.model import ModelSettings, ModelVersion
 from server.redaction import PathRedactor
+from server.residency import Residency
 from server.store import UnpackedModel, resolve_url, unpack
 from server.workers.launch import Launcher
 from server.workers.process import default_python
@@ -46,6 +47,7 @@ _SETTINGS = (
     ("retry_on_worker_death", "retryOnWorkerDeath", "retry_on_worker_death"),
     ("min_workers", "minWorkers", "default_workers_per_model"),
     ("max_workers", "maxWorkers", "default_workers_per_model"),
+    ("idle_unload_s", "idleUnloadTimeout", "idle_unload_s"),
 )
 
 
@@ -65,6 +67,7 @@ class RegisterRequest:
     trusted: bool = False  # the operator's --models flag may name any local path
     at_startup: bool = False
     sha256: str | None = None  # the archive's digest the registration pins (server/download.py)
+    idle_unload_s: float | None = None  # 0: never (server/residency.py)
 
 
 def effective_settings(
@@ -81,6 +84,7 @@ def effective_settings(
         "startup_timeout_s": request.startup_timeout_s,
         "min_workers": request.initial_workers,
         "max_workers": request.max_workers,
+        "idle_unload_s": request.idle_unload_s,
     }
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -94,6 +98,7 @@ def effective_settings(
         else:
             values[name], sources[name] = getattr(config, server_attr), "server"
     values["max_workers"] = max(values["max_workers"], values["min_workers"])
+    values["idle_unload_s"] = values["idle_unload_s"] or None  # 0: never
     device_ids = archive_config.get("deviceIds")
     return ModelSettings(
         **values,
@@ -127,6 +132,9 @@ class Registry:
         self.unrestored: list[dict[str, Any]] = []
         self.envs = EnvCache(config.env_path, protected=config.protected_packages)
         self.downloader = Downloader(config)
+        # which models keep workers: idle unload, the memory budget (server/residency.py)
+        self.residency = Residency(config, metrics)
+        self.residency.watch(self.all)
         # server paths out of error answers and describe's worker output (server/redaction.py)
         self.redact = PathRedactor.for_server(
             config.run_path, config.store_path, config.env_path, config.log_path,
@@ -201,6 +209,7 @@ class Registry:
                 metrics=self.metrics,
             )
             model.trusted = request.trusted
+            model.residency = self.residency
             # the snapshot pins it: a restore uses the same bytes (the cached download)
             model.archive_sha256 = unpacked.sha256 if is_remote(request.url) else request.sha256
             model.handler_overridden = request.handler is not None
@@ -276,6 +285,7 @@ class Registry:
             model.env_key = await asyncio.to_thread(self.envs.key, env)
             model.python = await asyncio.to_thread(self.envs.ensure, env)
         model.stage = "starting workers" if wait else None
+        model.prepared = True  # from now on a request finding no worker starts one
         await model.scale(model.settings.min_workers, model.settings.max_workers, wait, source=None)
         model.stage = None
 

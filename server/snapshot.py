@@ -48,6 +48,9 @@ def save(registry: Registry, path: Path) -> None:
                 "startup_timeout_s": s.startup_timeout_s
                 if s.sources.get("startup_timeout_s") == "api"
                 else None,
+                "idle_unload_s": s.idle_unload_s
+                if s.sources.get("idle_unload_s") == "api"
+                else None,
                 "trusted": mv.trusted,
                 "sha256": mv.archive_sha256,
             }
@@ -79,6 +82,7 @@ def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict
                 startup_timeout_s=m.get("startup_timeout_s"),
                 initial_workers=m.get("min_workers"),
                 max_workers=m.get("max_workers"),
+                idle_unload_s=m.get("idle_unload_s"),
                 trusted=bool(m.get("trusted")),
                 at_startup=True,
                 sha256=m.get("sha256"),

@@ -214,7 +214,7 @@ def test_management_calls_as_rest_answers_them(make_archive, start_server, chann
         0
     ] == Code.INVALID_ARGUMENT
     listed = json.loads(call("ListModels", limit=1))
-    assert listed == {"models": [{"modelName": "io", "modelUrl": "io.mar"}]}
+    assert listed == {"models": [{"modelName": "io", "modelUrl": "io.mar", "loadState": "loaded"}]}
 
     described = json.loads(call("DescribeModel", model_name="io", model_version="all"))
     assert sorted(d["modelVersion"] for d in described) == ["1.0", "2.0"]

@@ -202,7 +202,7 @@ def test_load_failures_are_clear(make_archive, start_server) -> None:
     assert "ModuleNotFoundError" in broken.json()["message"]
     assert "not found" not in broken.json()["message"].split("ModuleNotFoundError")[0]
     assert server.manage("GET", "/models").json()["models"] == [
-        {"modelName": "probe", "modelUrl": "probe.mar"}
+        {"modelName": "probe", "modelUrl": "probe.mar", "loadState": "loaded"}
     ]
     assert server.predict("probe", {}).status == 200  # other models untouched
 
@@ -260,9 +260,14 @@ def test_management_lifecycle(make_archive, start_server, tmp_path: Path) -> Non
     assert server.predict("probe", {}).json()["batch_size"] == 2
     assert server.manage("POST", "/models?url=echo.mar").status == 200
     page = server.manage("GET", "/models?limit=1").json()
-    assert page == {"models": [{"modelName": "echo", "modelUrl": "echo.mar"}], "nextPageToken": "1"}
+    assert page == {
+        "models": [{"modelName": "echo", "modelUrl": "echo.mar", "loadState": "loaded"}],
+        "nextPageToken": "1",
+    }
     page2 = server.manage("GET", "/models?limit=1&next_page_token=1").json()
-    assert page2 == {"models": [{"modelName": "probe", "modelUrl": "probe2.mar"}]}  # the default
+    assert page2 == {  # the default version
+        "models": [{"modelName": "probe", "modelUrl": "probe2.mar", "loadState": "loaded"}]
+    }
     bad = server.manage("PUT", "/models/probe?min_worker=abc")
     assert bad.status == 400 and "'min_worker' should be an integer" in bad.json()["message"]
     scaled = server.manage("PUT", "/models/probe/2.0?min_worker=3&synchronous=true")
@@ -382,11 +387,12 @@ def test_models_list_pages_as_torchserve_does(make_archive, start_server) -> Non
         assert [m["modelName"] for m in page["models"]] == names[:100], query
         assert page["nextPageToken"] == "100"
     rest = server.manage("GET", "/models?limit=100&next_page_token=100").json()
-    assert rest == {"models": [{"modelName": n, "modelUrl": "echo.mar"} for n in names[100:]]}
+    assert rest == {"models": [{"modelName": n, "modelUrl": "echo.mar", "loadState": "unloaded"}
+                               for n in names[100:]]}
     empty = server.manage("GET", "/models?limit=0&next_page_token=7")
     assert empty.status == 200 and empty.json() == {"models": [], "nextPageToken": "7"}
     first = server.manage("GET", "/models?limit=1&next_page_token=-3").json()
-    assert first == {"models": [{"modelName": "m000", "modelUrl": "echo.mar"}],
+    assert first == {"models": [{"modelName": "m000", "modelUrl": "echo.mar", "loadState": "unloaded"}],
                      "nextPageToken": "1"}  # fmt: skip
 
 

@@ -251,7 +251,7 @@ def test_download_failures_name_the_url_and_the_cause(upstream, echo_bytes, star
     )
     assert status == 200, body
     assert server.manage("GET", "/models").json()["models"] == [
-        {"modelName": "echo", "modelUrl": u("/ok/echo.mar")}
+        {"modelName": "echo", "modelUrl": u("/ok/echo.mar"), "loadState": "unloaded"}
     ]
 
 

@@ -1,0 +1,219 @@
+"""Many models on one server: which models keep workers.
+
+A model with no worker loads on demand (server/model.py: a request starts one). This module
+decides the rest, server-wide:
+
+- **Idle unload**: a model asked for nothing during its ``idle_unload_s`` scales down to its
+  ``min_workers`` (0 unloads it; the next request loads it again).
+- **Budget**: before a worker is started on demand, the workers' memory (PSS, which splits the
+  pages a forked worker shares with its template; RSS where there is no PSS) plus what a worker
+  of that model took last time must fit ``worker_memory_budget_mb``, and the models with
+  workers must stay within ``max_loaded_models``. If not, the least recently used idle model
+  (another one, every worker ready and none busy, nothing queued) is scaled down to its
+  ``min_workers`` and the check runs again; with nothing to evict the start waits for room up to
+  ``load_wait_s``, then fails with :class:`BudgetExhausted`, which names the budget.
+
+Starts on demand are admitted one at a time (a lock), so two cannot both take the last room. A
+worker that serves is never stopped here: :meth:`ModelVersion.unload` refuses a model with a
+busy or starting worker or queued requests, and nothing awaits between that check and the stop
+signal. A request arriving while its model is being evicted finds no worker and starts one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import psutil
+
+from server.config import ServerConfig
+from server.errors import BudgetExhausted
+
+if TYPE_CHECKING:
+    from server.metrics import Metrics
+    from server.model import ModelVersion
+
+log = logging.getLogger(__name__)
+
+MEASURE_EVERY_S = 5.0  # the memory gauge, when nothing else measured it meanwhile
+MIB = 2**20
+
+
+class Residency:
+    def __init__(self, config: ServerConfig, metrics: Metrics | None = None) -> None:
+        mb = config.worker_memory_budget_mb
+        self.budget_bytes: int | None = mb * MIB if mb is not None else None
+        self.max_loaded = config.max_loaded_models
+        self.wait_s = config.load_wait_s
+        self.metrics = metrics
+        self.memory_bytes = 0  # the workers' memory when last measured
+        self.peak_bytes = 0
+        self.loads = 0
+        self.failed_loads = 0
+        self.evictions = 0
+        self._models: Callable[[], list[ModelVersion]] = list
+        self._lock = asyncio.Lock()
+        self._per_worker: dict[str, int] = {}  # model label: a ready worker's memory, last seen
+        self._measured_at = 0.0
+
+    def watch(self, models: Callable[[], list[ModelVersion]]) -> None:
+        """Where the registered model versions are (the registry)."""
+        self._models = models
+
+    @property
+    def limited(self) -> bool:
+        return self.budget_bytes is not None or self.max_loaded is not None
+
+    def loaded_models(self, but: ModelVersion | None = None) -> int:
+        """Models with a worker (starting, serving or stopping), ``but`` left out."""
+        return sum(1 for m in self._models() if m is not but and m.live_workers())
+
+    # --- events -----------------------------------------------------------------------------
+
+    def loaded(self, model: ModelVersion, seconds: float, ok: bool) -> None:
+        """An on-demand load ended (server/model.py)."""
+        self.loads += 1
+        self.failed_loads += not ok
+        if self.metrics is not None:
+            self.metrics.model_loaded(model, seconds, ok)
+
+    def _evicted(self, model: ModelVersion, reason: str) -> None:
+        self.evictions += 1
+        if self.metrics is not None:
+            self.metrics.model_evicted(model, reason)
+
+    # --- admission --------------------------------------------------------------------------
+
+    async def admit(self, model: ModelVersion) -> None:
+        """Return when a worker of ``model`` may start: evict idle models until it fits, wait
+        for room up to ``load_wait_s``; raise :class:`BudgetExhausted` past it."""
+        if not self.limited:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_s
+        try:
+            await asyncio.wait_for(self._lock.acquire(), self.wait_s)
+        except asyncio.TimeoutError:
+            raise BudgetExhausted(self._refusal(model, "other loads held the budget")) from None
+        try:
+            while True:
+                why = await self._over(model)
+                if why is None:
+                    return
+                victim = self._victim(model)
+                tasks = victim.unload(f"evicted for {model.label}: {why}") if victim else []
+                if victim is not None and tasks:
+                    self._evicted(victim, "budget")
+                    await asyncio.wait(tasks, timeout=max(0.1, deadline - loop.time()))
+                    continue
+                if loop.time() >= deadline:
+                    raise BudgetExhausted(self._refusal(model, why))
+                await asyncio.sleep(0.1)
+        finally:
+            self._lock.release()
+
+    def _refusal(self, model: ModelVersion, why: str) -> str:
+        return (
+            f"cannot load model {model.label}: {why}, and no idle model could be unloaded"
+            f" within load_wait_s={self.wait_s:g}"
+        )
+
+    async def _over(self, model: ModelVersion) -> str | None:
+        """Why a new worker of ``model`` does not fit now, or None when it does."""
+        if self.max_loaded is not None and not model.live_workers():
+            loaded = self.loaded_models(but=model)
+            if loaded >= self.max_loaded:
+                return f"max_loaded_models={self.max_loaded} models have workers"
+        if self.budget_bytes is None:
+            return None
+        used = await self.measure()
+        need = self._estimate(model)
+        if used + need <= self.budget_bytes:
+            return None
+        return (
+            f"worker_memory_budget_mb={self.budget_bytes // MIB}: workers use"
+            f" {used / MIB:.0f} MiB and a worker of {model.label} takes about {need / MIB:.0f} MiB"
+        )
+
+    def _victim(self, model: ModelVersion) -> ModelVersion | None:
+        """The least recently used model that could be unloaded now, other than ``model``."""
+        best: tuple[float, ModelVersion] | None = None
+        for m in self._models():
+            since = m.idle_since() if m is not model else None
+            if since is not None and (best is None or since < best[0]):
+                best = (since, m)
+        return best[1] if best else None
+
+    def _estimate(self, model: ModelVersion) -> int:
+        """A worker of ``model`` takes what its last one took; never seen: the mean of all."""
+        known = self._per_worker.get(model.label)
+        if known is not None:
+            return known
+        if self._per_worker:
+            return sum(self._per_worker.values()) // len(self._per_worker)
+        return 0
+
+    async def measure(self) -> int:
+        """The workers' memory now: each one's PSS (a starting one counts what a worker of its
+        model took last time, if more)."""
+        models = self._models()
+        workers = [(m, pid, starting) for m in models for pid, starting in m.live_workers()]
+        sizes = await asyncio.to_thread(_memory_of, [pid for _m, pid, _s in workers if pid])
+        used = 0
+        for m, pid, starting in workers:
+            size = sizes.get(pid, 0) if pid else 0
+            if starting:
+                size = max(size, self._estimate(m))
+            elif size:
+                self._per_worker[m.label] = size
+            used += size
+        self.memory_bytes = used
+        self.peak_bytes = max(self.peak_bytes, used)
+        self._measured_at = time.monotonic()
+        return used
+
+    # --- idle unload ------------------------------------------------------------------------
+
+    def unload_idle(self, now: float) -> None:
+        for m in self._models():
+            idle_s = m.settings.idle_unload_s
+            if not idle_s:
+                continue
+            since = m.idle_since()
+            if since is not None and now - since >= idle_s and m.unload(f"idle for {idle_s:g} s"):
+                self._evicted(m, "idle")
+
+    async def run(self) -> None:
+        """The server's chore: idle unloads (checked at a quarter of the shortest
+        ``idle_unload_s``, between 0.05 and 1 s) and the memory gauge."""
+        while True:
+            now = time.monotonic()
+            try:
+                self.unload_idle(now)
+            except Exception:  # the chore's guard: one bad pass must not end idle unloads
+                log.exception("unexpected error unloading idle models")
+            if now - self._measured_at >= MEASURE_EVERY_S:
+                try:
+                    await self.measure()
+                except (OSError, psutil.Error) as exc:
+                    log.warning("could not measure the workers' memory: %s", exc)
+            idle = [m.settings.idle_unload_s for m in self._models() if m.settings.idle_unload_s]
+            await asyncio.sleep(min(1.0, max(0.05, min(idle) / 4)) if idle else 1.0)
+
+
+def _memory_of(pids: list[int]) -> dict[int, int]:
+    """Each process's PSS where the platform has it (Linux), else RSS; gone ones left out."""
+    out = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            try:
+                out[pid] = int(proc.memory_full_info().pss)
+            except (AttributeError, psutil.AccessDenied):
+                out[pid] = int(proc.memory_info().rss)
+        except psutil.Error:
+            continue
+    return out
