@@ -9,6 +9,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
+
 from tests.server.conftest import (
     MSERVE,
     concurrently,
@@ -358,6 +360,23 @@ def test_a_batch_waits_for_company_only_while_its_worker_is_busy(
     assert bad.json()["message"] == (
         "parameter 'batch_wait' should be one of busy, fill, found 'sometimes'"
     )
+
+
+def test_ps_and_top_show_which_model_a_worker_serves(make_archive, start_server) -> None:
+    """Started fresh or forked from the template, a worker's command line and command name
+    name its model, version and worker id, not the runtime's or the template's command."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    wait_until(lambda: template_ready(server), 120, "the worker template")
+    assert server.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
+    workers = server.manage("GET", "/models/probe").json()[0]["workers"]
+    parents = {psutil.Process(w["pid"]).ppid() for w in workers}
+    assert len(parents) == 2 and server.pid in parents  # one exec'd, one forked by the template
+    for worker in workers:
+        cmdline = Path(f"/proc/{worker['pid']}/cmdline").read_bytes().rstrip(b"\0")
+        assert cmdline == f"mserve-worker probe:1.0 W-{worker['id']}".encode()
+        assert Path(f"/proc/{worker['pid']}/comm").read_text() == "probe:1.0\n"
+    assert server.predict("probe", {}).status == 200
 
 
 def test_a_batch_size_whose_batch_is_more_than_a_frame_can_carry_still_serves(
