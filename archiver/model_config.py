@@ -46,6 +46,9 @@ SERVER_KEYS: dict[str, dict[str, Any]] = {
     "useVenv": _BOOL,
     "isolatedEnv": _BOOL,  # mserve: the model's environment does not see the server's packages
     "retryOnWorkerDeath": _BOOL,  # mserve: a dead worker's requests get one more try
+    # mserve: a batch waits for more requests only while its worker is busy (busy, the
+    # default), or up to maxBatchDelay whatever the worker does (fill, TorchServe's way)
+    "batchWait": {"enum": ["busy", "fill"]},
     # mserve: server environment variables the model's workers get although the server's
     # worker_env_deny holds them back (exact names)
     "allowedEnvVars": {"type": "array", "items": {"type": "string", "minLength": 1}},

@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from . import compat, streaming
+from . import compat, proctitle, streaming
 from .context import Context, Metrics
 from .loader import HandlerLoadError, LoadedHandler, load_handler
 from .oip import serving as oip_serving
@@ -471,6 +471,7 @@ def _serve(channel: Channel, fd: int) -> int:
     if init.kind != Kind.INIT:
         raise ProtocolError(f"expected an INIT frame first, got {init.kind.name}")
     _check_init(init.meta)
+    _show_model(init.meta)  # before any thread starts: threads take the command name with them
     server_pid = init.meta.get("server_pid")
     threading.Thread(
         target=_exit_with_server,
@@ -496,6 +497,16 @@ def _serve(channel: Channel, fd: int) -> int:
             channel.send(_serve_batch(frame, handler, context, channel, max_response))
     finally:
         handler.shutdown()
+
+
+def _show_model(meta: dict) -> None:
+    """``ps`` and ``top`` show the model, version and worker id, not the template's command
+    line: ``mserve-worker mlp:1.0 W-9001`` (command name ``mlp:1.0``)."""
+    version = meta.get("model_version")
+    model = f"{meta['model_name']}:{version}" if version else meta["model_name"]
+    worker = meta.get("worker_id")
+    title = f"mserve-worker {model}" + (f" W-{worker}" if worker else "")
+    proctitle.set_title(title, model)
 
 
 # What the runtime itself reads from INIT's meta; the rest is optional (docs/protocol.md).

@@ -1,6 +1,6 @@
 """Serving benchmark: echo and a small torch MLP through a real mserve, figures printed.
 
-Usage: python scripts/bench_server.py [--duration 10] [--quick]
+Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--rounds 3]]
 
 Measures requests/s, p50/p99 latency and CPU per request (frontend, workers: steadier than
 req/s on a shared VM) at 1, 16 and 64 connections with 1 and 2 workers (wrk when installed, else
@@ -12,6 +12,12 @@ one torch thread per worker; body ``{"data": [256 floats]}``.
 ``vs bare`` (MLP rows): served req/s over the MLP's own samples/s in a bare loop (JSON in and
 out, same batch size, one thread; times the worker count), measured right after each run: this
 VM's speed drifts by 2x within minutes, so only figures taken together compare.
+
+``--batching``: only the dynamic batching rows: the MLP at batch 1 (1 connection, the figure
+batch 8 should reach there) and at batch 8 with a 5 ms delay at 1, 16 and 64 connections, one
+worker, with the default ``batch_wait`` (``b8``) and with ``fill`` (``b8 fill``, TorchServe's
+way: what every batch did before ``busy`` existed), each round taking every row in turn; then
+each row's median over the rounds.
 
 ``busy/steal/idle`` (every load row): the whole machine's CPU split during that run, from
 /proc/stat (psutil) before and after. The hypervisor steals CPU from this VM (up to 32% seen
@@ -239,7 +245,7 @@ def measured(server: Server, model: str, load, path: str, body: bytes, conns: in
 
 def _row(label: str, workers: int, conns: int, r: dict[str, float]) -> str:
     bare = f" {r['rps'] / r['bare']:>7.2f}" if "bare" in r else " " * 8
-    return (f"{label:<6} {workers:>7} {conns:>5} {r['rps']:>8.0f} {r['p50']:>7.2f}"
+    return (f"{label:<7} {workers:>6} {conns:>5} {r['rps']:>8.0f} {r['p50']:>7.2f}"
             f" {r['p99']:>7.2f} {int(r['errors']):>6} {r['frontend_us']:>9.0f}"
             f" {r['worker_us']:>9.0f}{bare}  busy {r['busy']:>3.0f}% steal {r['steal']:>3.0f}%"
             f" idle {r['idle']:>3.0f}%")  # fmt: skip
@@ -254,10 +260,52 @@ def scale(server: Server, model: str, workers: int) -> float:
     return time.perf_counter() - started
 
 
+HEADER = (
+    f"{'model':<6} {'workers':>7} {'conns':>5} {'req/s':>8} {'p50 ms':>7}"
+    f" {'p99 ms':>7} {'errors':>6} {'fe us/req':>9} {'wk us/req':>9} {'vs bare':>7}"
+    "  machine CPU during the run"
+)
+
+
+def batching_rows(server: Server, load, body: bytes, duration: int, rounds: int) -> None:
+    """The MLP at batch 1 and 1 connection, then at batch 8 (5 ms delay) at 1, 16 and 64
+    connections, batch_wait busy and fill, one worker; rows interleaved round by round, then
+    the medians."""
+    batch8 = "&batch_size=8&max_batch_delay=5"
+    for name, query in (("mlp", ""), ("mlp8", batch8), ("mlp8f", batch8 + "&batch_wait=fill")):
+        s, b = server.request(
+            "POST", f"/models?url=mlp.mar&model_name={name}&initial_workers=1{query}",
+            api="management",
+        )  # fmt: skip
+        assert s == 200, b
+        server.request("POST", f"/predictions/{name}", body)
+    cells = [("mlp", 1, 1)] + [(m, 8, c) for c in (1, 16, 64) for m in ("mlp8", "mlp8f")]
+    labels = {"mlp": "mlp", "mlp8": "b8", "mlp8f": "b8 fill"}
+    results: dict[tuple[str, int], list[dict[str, float]]] = {}
+    print(HEADER)
+    for n in range(rounds):
+        print(f"round {n + 1} of {rounds}")
+        for model, batch, conns in cells:
+            r = measured(server, model, load, f"/predictions/{model}", body, conns, duration)
+            r["bare"] = bare_mlp(batch)
+            results.setdefault((model, conns), []).append(r)
+            print(_row(labels[model], 1, conns, r))
+    print(f"medians over {rounds} round(s):")
+    for model, _batch, conns in cells:
+        runs = results[(model, conns)]
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        print(_row(labels[model], 1, conns, med))
+    steals = [r["steal"] for runs in results.values() for r in runs]
+    print(f"median steal over {len(steals)} load rows: {statistics.median(steals):.0f}%"
+          f" (max {max(steals):.0f}%)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="3 s runs, 16 connections only")
+    parser.add_argument("--batching", action="store_true", help="only the batching rows")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --batching rows")
     args = parser.parse_args()
     duration = 3 if args.quick else args.duration
     conn_levels = [16] if args.quick else [1, 16, 64]
@@ -287,6 +335,13 @@ def main() -> None:
             f" (start returned after {server.ready_s:.2f} s)"
         )
         bodies = {"echo": json.dumps({"data": [0.5] * 256}).encode()}
+        if args.batching:
+            if not with_mlp:
+                raise SystemExit("--batching needs torch")
+            mlp_body = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
+            batching_rows(server, load, mlp_body, duration, args.rounds)
+            server.stop()
+            return
         models = ["echo"]
         if with_mlp:
             path = "/models?url=mlp.mar&initial_workers=1"
@@ -294,11 +349,7 @@ def main() -> None:
             assert s == 200, b
             bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
             models.append("mlp")
-        print(
-            f"{'model':<6} {'workers':>7} {'conns':>5} {'req/s':>8} {'p50 ms':>7}"
-            f" {'p99 ms':>7} {'errors':>6} {'fe us/req':>9} {'wk us/req':>9} {'vs bare':>7}"
-            "  machine CPU during the run"
-        )
+        print(HEADER)
         steals: list[float] = []
         for model in models:
             for workers in (1, 2):
@@ -312,17 +363,18 @@ def main() -> None:
                     steals.append(r["steal"])
                     print(_row(model, workers, conns, r))
             scale(server, model, 1)
-        if with_mlp:  # dynamic batching: batch 8, 5 ms delay, 64 connections
+        if with_mlp:  # dynamic batching: batch 8, 5 ms delay
             path = "/models?url=mlp.mar&model_name=mlp8&batch_size=8&max_batch_delay=5"
             s, b = server.request("POST", path, api="management")
             assert s == 200, b
             for workers in (1, 2):
                 scale(server, "mlp8", workers)
-                r = measured(server, "mlp8", load, "/predictions/mlp8", bodies["mlp"], 64,
-                             duration)  # fmt: skip
-                r["bare"] = bare_mlp(8) * workers
-                steals.append(r["steal"])
-                print(_row("mlp b8", workers, 64, r))
+                for conns in conn_levels:
+                    r = measured(server, "mlp8", load, "/predictions/mlp8", bodies["mlp"],
+                                 conns, duration)  # fmt: skip
+                    r["bare"] = bare_mlp(8) * workers
+                    steals.append(r["steal"])
+                    print(_row("mlp b8", workers, conns, r))
         print(
             f"median steal over {len(steals)} load rows: {statistics.median(steals):.0f}%"
             f" (max {max(steals):.0f}%): compare only rows taken at low steal"

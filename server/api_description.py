@@ -347,7 +347,10 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
             _query("handler", {"type": "string"}, "handler to use instead of the archive's"),
             _query("batch_size", {"type": "integer", "minimum": 1}, "requests per handler call"),
             _query("max_batch_delay", {"type": "integer", "minimum": 0},
-                   "ms to wait for a batch to fill"),
+                   "ms a batch may wait for more requests"),
+            _query("batch_wait", {"type": "string", "enum": ["busy", "fill"]},
+                   "busy (default): a batch waits for more requests only while its worker is"
+                   " busy; fill: up to max_batch_delay, as TorchServe"),
             _query("initial_workers", _WORKERS,
                    "workers to start; 0: the first request starts one (load on demand)"),
             _query("idle_unload_timeout", {"type": "integer", "minimum": 0},

@@ -2,7 +2,9 @@
 
 The queue only *signals* waiting dispatchers; a woken dispatcher pops jobs itself. So a
 dispatcher that is cancelled or retired while waiting can never take a job with it, and no job is
-lost. A batch flushes at ``batch_size`` jobs or ``max_batch_delay_ms`` after its first job.
+lost. A batch flushes at ``batch_size`` jobs or ``max_batch_delay_ms`` after its first job; by
+default (``batchWait: busy``) also as soon as its worker has nothing to run, so a request never
+waits for company while a worker idles.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class JobQueue:
         self._waiters: collections.deque[
             tuple[asyncio.Future[None], int, Callable[[], int] | None]
         ] = collections.deque()
+        # the waiters that are filling a batch, with their worker's load: see wake_filling
+        self._filling: dict[asyncio.Future[None], Callable[[], int]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def new_future(self) -> asyncio.Future[Any]:
@@ -113,18 +117,21 @@ class JobQueue:
         timeout_s: float | None = None,
         want: int = 1,
         load: Callable[[], int] | None = None,
+        filling: bool = False,
     ) -> None:
         """Return when ``want`` jobs are queued, on ``wake_all``, or after ``timeout_s``.
 
         A batch of 8 that has 1 job waits for 7 more with one wake-up, not seven; a dispatcher
         wanting 1 job is woken first by a job that a filling batch could not complete. ``load``
         says how busy the waiter's worker is (batches in flight): the least busy is woken
-        first."""
+        first. ``filling``: the waiter has a batch under way, which ``wake_filling`` sends."""
         if len(self._jobs) >= want:
             return
         waiter: asyncio.Future[None] = self.new_future()
         entry = (waiter, want, load)
         self._waiters.append(entry)
+        if filling and load is not None:
+            self._filling[waiter] = load
         timer = None
         if timeout_s is not None:
             timer = self._loop.call_later(timeout_s, _settle, waiter)  # type: ignore[union-attr]
@@ -134,6 +141,14 @@ class JobQueue:
             if timer is not None:
                 timer.cancel()
             self._waiters.remove(entry)
+            self._filling.pop(waiter, None)
+
+    def wake_filling(self, load: Callable[[], int]) -> None:
+        """Wake the batch filling for the worker that ``load`` measures (its worker went idle:
+        what it has goes now)."""
+        for waiter, waiter_load in self._filling.items():
+            if waiter_load == load and not waiter.done():
+                waiter.set_result(None)
 
     def fail_all(self, error: BaseException) -> int:
         failed = 0
@@ -151,10 +166,17 @@ async def gather_batch(
     max_delay_s: float,
     *stopping: Flag,
     load: Callable[[], int] | None = None,
+    fill: bool = False,
 ) -> list[Job] | None:
     """Up to ``batch_size`` jobs, waiting at most ``max_delay_s`` after the first; None if one
     of ``stopping`` was set before a first job arrived (set it, then ``queue.wake_all()``).
-    ``load``: see :meth:`JobQueue.wait`."""
+    ``load``: see :meth:`JobQueue.wait`.
+
+    Without ``fill`` the batch waits for more jobs only while its worker is busy (``load()``
+    above 0; no ``load``: never): an idle worker gets what is queued at once, and under load
+    batches still fill, since jobs pile up while the worker runs. Call ``queue.wake_filling``
+    when the worker goes idle. With ``fill`` (TorchServe's way) it waits up to ``max_delay_s``
+    for ``batch_size`` jobs whatever the worker does."""
     while True:
         if any(event.is_set() for event in stopping):
             return None
@@ -171,10 +193,12 @@ async def gather_batch(
         if job is not None:
             jobs.append(job)
             continue
+        if not fill and (load is None or load() == 0):
+            break  # the worker is idle: waiting for company would only add latency
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        await queue.wait(remaining, batch_size - len(jobs), load)
+        await queue.wait(remaining, batch_size - len(jobs), load, filling=not fill)
     return jobs
 
 

@@ -29,9 +29,11 @@ from server.workers.environ import DEFAULT_DENY
 
 ENV_PREFIX = "MSERVE_"
 
+# When a batch waits for more requests (ModelSettings.batch_wait); the first is the default.
+BATCH_WAITS = ("busy", "fill")
 # A model version's settings in the ``models`` key and in a TorchServe snapshot, under the
 # archive model-config names (TorchServe's): integers, where a value <= 0 means "not set", as
-# TorchServe reads them.
+# TorchServe reads them; and mserve's batchWait.
 MODEL_ENTRY_INTS = (
     "minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout", "startupTimeout"
 )  # fmt: skip
@@ -44,11 +46,11 @@ class ModelEntry:
 
     name: str
     version: str
-    settings: tuple[tuple[str, int], ...] = ()  # (archive model-config key, value) pairs
+    settings: tuple[tuple[str, int | str], ...] = ()  # (archive model-config key, value) pairs
     default_version: bool = False
     mar_name: str | None = None
 
-    def get(self, key: str) -> int | None:
+    def get(self, key: str) -> int | str | None:
         return next((v for k, v in self.settings if k == key), None)
 
 
@@ -88,6 +90,14 @@ def parse_model_entries(value: Any, key: str, source: str) -> tuple[ModelEntry, 
                     ) from None
                 if number > 0:
                     settings.append((param, number))
+            wait = params.get("batchWait")
+            if wait is not None:
+                if wait not in BATCH_WAITS:
+                    raise ConfigError(
+                        f"{where}: {name} {version} batchWait should be one of"
+                        f" {', '.join(BATCH_WAITS)}, found {wait!r}"
+                    )
+                settings.append(("batchWait", wait))
             default = params.get("defaultVersion", False)
             if not isinstance(default, bool):
                 raise ConfigError(
@@ -127,6 +137,9 @@ class ServerConfig:
     worker_memory_budget_mb: int | None = None
     max_loaded_models: int | None = None
     load_wait_s: float = 30.0
+    # a batch waits for more requests only while its worker is busy ("busy"), or up to
+    # max_batch_delay_ms whatever the worker does ("fill", TorchServe's way)
+    batch_wait: str = "busy"
     max_request_size_bytes: int = 6_553_500
     max_response_size_bytes: int = 6_553_500
     keepalive_timeout_s: float = 75.0
@@ -281,6 +294,7 @@ _AT_LEAST_ONE = frozenset(
 _CHOICES = {
     "metrics_mode": ("prometheus", "log", "legacy"),
     "log_layout": ("mserve", "torchserve"),
+    "batch_wait": BATCH_WAITS,
 }
 
 

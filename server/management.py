@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.api_description import MAX_PAGE, MAX_WORKERS
+from server.config import BATCH_WAITS
 from server.download import parse_sha256
 from server.errors import BadRequest, ModelApiDisabled, ModelNotFound, ModelVersionNotFound
 from server.registry import RegisterRequest, Registry
@@ -72,6 +73,15 @@ def runtime_param(params: Mapping[str, str]) -> str | None:
         raise BadRequest("runtime LSP (TorchServe's C++ backend) is not supported by mserve")
     raise BadRequest(
         f"Invalid RuntimeType value: {runtime} (expected one of {', '.join(PYTHON_RUNTIMES)})"
+    )
+
+
+def batch_wait_param(params: Mapping[str, str]) -> str | None:
+    wait = params.get("batch_wait") or None
+    if wait is None or wait in BATCH_WAITS:
+        return wait
+    raise BadRequest(
+        f"parameter 'batch_wait' should be one of {', '.join(BATCH_WAITS)}, found {wait!r}"
     )
 
 
@@ -142,6 +152,7 @@ async def register_model(registry: Registry, params: Mapping[str, str]) -> Outco
         handler=params.get("handler") or None,
         batch_size=int_param(params, "batch_size", 1),
         max_batch_delay_ms=delay,
+        batch_wait=batch_wait_param(params),
         response_timeout_s=float(timeout) if timeout is not None else None,
         initial_workers=workers_param(params, "initial_workers"),
         startup_timeout_s=float(startup_timeout) if startup_timeout is not None else None,

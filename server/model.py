@@ -72,6 +72,9 @@ class ModelSettings:
     device_type: str | None = None  # the model config's deviceType: cpu, gpu, neuron
     retry_on_worker_death: bool = False
     idle_unload_s: float | None = None  # scale down to min_workers after this long unused
+    # when a batch waits for more requests: "busy" only while its worker runs another batch,
+    # "fill" up to max_batch_delay_ms even when the worker idles (TorchServe's way)
+    batch_wait: str = "busy"
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -106,8 +109,14 @@ class _Retired:
 class _Pipeline:
     """Batches in flight to one worker, and why it was lost (if it was)."""
 
-    def __init__(self, depth: int, new_future: Callable[[], asyncio.Future[None]]) -> None:
+    def __init__(
+        self,
+        depth: int,
+        new_future: Callable[[], asyncio.Future[None]],
+        on_idle: Callable[[Callable[[], int]], None] | None = None,
+    ) -> None:
         self.depth = depth
+        self._on_idle = on_idle  # called with ``load`` when the last batch in flight settles
         self.in_flight = 0
         self.lost = asyncio.Event()
         self.reasons: list[str] = []
@@ -126,6 +135,8 @@ class _Pipeline:
     def done(self) -> None:
         self.in_flight -= 1
         self._wake()
+        if self.in_flight == 0 and self._on_idle is not None:
+            self._on_idle(self.load)
 
     def lose(self, reason: str) -> None:
         self.reasons.append(reason)
@@ -381,11 +392,16 @@ class ModelVersion:
     async def _serve(self, slot: _Slot, worker: Worker) -> str | None:
         """Serve batches until retired (None) or the worker is lost (returns why).
 
-        One gatherer forms batches in turn (a batch is complete, or its delay over, before the
-        next one starts to form) and keeps up to ``pipeline_depth`` of them in the worker, so
-        the next is already in its socket when it finishes one. An answered batch is settled
-        from its future's callback, waking no task; only a batch that failed takes one."""
-        pipe = _Pipeline(pipeline_depth(self.settings.batch_size), self.queue.new_future)
+        One gatherer forms batches in turn (a batch is complete, its delay over or, unless the
+        model's ``batch_wait`` is "fill", its worker idle, before the next one starts to form)
+        and keeps up to ``pipeline_depth`` of them in the worker, so the next is already in its
+        socket when it finishes one. An answered batch is settled from its future's callback,
+        waking no task; only a batch that failed takes one."""
+        fill = self.settings.batch_wait == "fill"
+        pipe = _Pipeline(
+            pipeline_depth(self.settings.batch_size), self.queue.new_future,
+            None if fill or self.settings.batch_size == 1 else self.queue.wake_filling,
+        )  # fmt: skip
         delay_s = self.settings.max_batch_delay_ms / 1000
         retired = _Retired(slot, self)
 
@@ -403,7 +419,7 @@ class ModelVersion:
             await worker.drain()
             jobs = await gather_batch(
                 self.queue, self.settings.batch_size, delay_s, retired, pipe.lost,
-                load=pipe.load,
+                load=pipe.load, fill=fill,
             )  # fmt: skip
             if jobs is None:
                 break
@@ -729,6 +745,7 @@ class ModelVersion:
                 "pendingRequests": queued,
             },
             "retryOnWorkerDeath": s.retry_on_worker_death,
+            "batchWait": s.batch_wait,
             "queueDepth": queued,
             "settingSources": s.sources,
             "loadedAtStartup": self.loaded_at_startup,

@@ -45,6 +45,7 @@ _SETTINGS = (
     ("startup_timeout_s", "startupTimeout", "startup_timeout_s"),
     ("job_queue_size", "jobQueueSize", "job_queue_size"),
     ("retry_on_worker_death", "retryOnWorkerDeath", "retry_on_worker_death"),
+    ("batch_wait", "batchWait", "batch_wait"),
     ("min_workers", "minWorkers", "default_workers_per_model"),
     ("max_workers", "maxWorkers", "default_workers_per_model"),
     ("idle_unload_s", "idleUnloadTimeout", "idle_unload_s"),
@@ -58,6 +59,7 @@ class RegisterRequest:
     handler: str | None = None
     batch_size: int | None = None
     max_batch_delay_ms: int | None = None
+    batch_wait: str | None = None  # "busy" or "fill" (see ModelSettings)
     response_timeout_s: float | None = None
     initial_workers: int | None = None
     max_workers: int | None = None
@@ -80,6 +82,7 @@ def effective_settings(
     api = {
         "batch_size": request.batch_size,
         "max_batch_delay_ms": request.max_batch_delay_ms,
+        "batch_wait": request.batch_wait,
         "response_timeout_s": request.response_timeout_s,
         "startup_timeout_s": request.startup_timeout_s,
         "min_workers": request.initial_workers,

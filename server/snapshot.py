@@ -42,6 +42,7 @@ def save(registry: Registry, path: Path) -> None:
                 "max_batch_delay_ms": s.max_batch_delay_ms
                 if s.sources.get("max_batch_delay_ms") == "api"
                 else None,
+                "batch_wait": s.batch_wait if s.sources.get("batch_wait") == "api" else None,
                 "response_timeout_s": s.response_timeout_s
                 if s.sources.get("response_timeout_s") == "api"
                 else None,
@@ -78,6 +79,7 @@ def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict
                 handler=m.get("handler"),
                 batch_size=m.get("batch_size"),
                 max_batch_delay_ms=m.get("max_batch_delay_ms"),
+                batch_wait=m.get("batch_wait"),
                 response_timeout_s=m.get("response_timeout_s"),
                 startup_timeout_s=m.get("startup_timeout_s"),
                 initial_workers=m.get("min_workers"),

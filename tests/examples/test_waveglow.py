@@ -71,7 +71,7 @@ def server(checkpoints: tuple[Path, Path], tmp_path_factory) -> Iterator[Server]
     config = root / "model-config.yaml"
     config.write_text(yaml.safe_dump({
         "minWorkers": 1, "maxWorkers": 1, "batchSize": 3, "maxBatchDelay": BATCH_DELAY_MS,
-        "responseTimeout": 60,
+        "batchWait": "fill", "responseTimeout": 60,
         "handler": {"max_frames_per_symbol": FRAMES_PER_SYMBOL, "max_decoder_steps": 400,
                     "max_text_chars": MAX_CHARS, "threads": 1},
     }))  # fmt: skip

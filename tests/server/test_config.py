@@ -61,6 +61,7 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
             "'default_workers_per_model' should be a non-negative integer, found -1",
         ),
         ("max_batch_delay_ms: -5\n", {}, "'max_batch_delay_ms' should be a non-negative integer"),
+        ("batch_wait: often\n", {}, "'batch_wait' should be one of busy, fill, found 'often'"),
         (
             "startup_timeout_s: -1\n",
             {},

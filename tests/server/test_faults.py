@@ -258,7 +258,8 @@ def test_a_status_set_for_one_request_of_a_batch_reaches_only_its_caller(
     make_archive("probe", "probe:handle", "probe")
     server = start_server()
     registered = server.manage(
-        "POST", "/models?url=probe.mar&batch_size=4&max_batch_delay=1000&initial_workers=1"
+        "POST",
+        "/models?url=probe.mar&batch_size=4&max_batch_delay=1000&batch_wait=fill&initial_workers=1",
     )
     assert registered.status == 200, registered.body
     bodies = [{}, {"cmd": "status"}, {}, {}]

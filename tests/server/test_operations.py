@@ -65,7 +65,7 @@ def test_a_batch_mixing_operations_calls_the_handler_once_per_operation(
     make_archive, start_server, tmp_path: Path
 ) -> None:
     config = tmp_path / "batch.yaml"
-    config.write_text("batchSize: 4\nmaxBatchDelay: 1500\n")
+    config.write_text("batchSize: 4\nmaxBatchDelay: 1500\nbatchWait: fill\n")
     make_archive("operations", "operations", "ops", "-c", str(config))
     server = start_server("ops=ops.mar")
     paths = ["/predictions/ops", "/explanations/ops", "/predictions/ops", "/explanations/ops"]

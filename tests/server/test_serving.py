@@ -9,6 +9,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
+
 from tests.server.conftest import (
     MSERVE,
     concurrently,
@@ -296,17 +298,90 @@ def test_registration_parameters_take_effect(make_archive, start_server) -> None
     assert described["handler"] == "echo:shout"
     assert server.predict("echo", "quiet please").body == b"QUIET PLEASE"  # shout, not handle
 
-    reply = server.manage("POST", "/models?url=probe.mar&batch_size=4&max_batch_delay=700")
+    path = "/models?url=probe.mar&batch_size=4&max_batch_delay=700&batch_wait=fill"
+    reply = server.manage("POST", path)
     assert reply.status == 200, reply.body
     described = server.manage("GET", "/models/probe").json()[0]
     assert (described["batchSize"], described["maxBatchDelay"]) == (4, 700)
+    assert described["batchWait"] == "fill"
     assert described["settingSources"]["max_batch_delay_ms"] == "api"
+    assert described["settingSources"]["batch_wait"] == "api"
     started = time.monotonic()
     alone = server.predict("probe", {"n": 0}).json()
     assert time.monotonic() - started >= 0.6  # it waited for company, up to 700 ms
     assert alone["batch_len"] == 1
     together = concurrently(*(lambda i=i: server.predict("probe", {"n": i}) for i in range(3)))
     assert [r.json()["batch_len"] for r in together] == [3, 3, 3]  # one batch, in the delay
+
+
+def test_a_batch_waits_for_company_only_while_its_worker_is_busy(
+    make_archive, start_server, tmp_path: Path
+) -> None:
+    """By default (batch_wait busy) an idle worker gets a lone request at once, however long
+    max_batch_delay is; batch_wait fill (TorchServe's way, here from the archive's model
+    config) waits out the delay. Requests that arrive while the worker is busy still share a
+    batch, sent when the worker is free."""
+    make_archive("probe", "probe:handle", "probe")
+    (tmp_path / "fill.yaml").write_text("batchWait: fill\n")
+    make_archive("probe", "probe:handle", "filler", "-c", str(tmp_path / "fill.yaml"))
+    server = start_server()
+    for name in ("probe", "filler"):
+        path = f"/models?url={name}.mar&batch_size=8&max_batch_delay=2000&initial_workers=1"
+        assert server.manage("POST", path).status == 200
+    described = server.manage("GET", "/models/probe").json()[0]
+    assert (described["batchWait"], described["settingSources"]["batch_wait"]) == (
+        "busy", "server"
+    )  # fmt: skip
+    described = server.manage("GET", "/models/filler").json()[0]
+    assert (described["batchWait"], described["settingSources"]["batch_wait"]) == (
+        "fill", "archive"
+    )  # fmt: skip
+
+    for _ in range(3):
+        started = time.monotonic()
+        alone = server.predict("probe", {})
+        took = time.monotonic() - started
+        assert alone.status == 200 and alone.json()["batch_len"] == 1
+        assert took < 1.0, f"a lone request waited {took:.2f} s for company"
+    started = time.monotonic()
+    alone = server.predict("filler", {})
+    assert alone.status == 200 and alone.json()["batch_len"] == 1
+    assert time.monotonic() - started >= 1.9  # it waited out max_batch_delay
+
+    # while the worker sleeps through one request, four more queue up: they go as one batch
+    # when it is free (after ~0.7 s, not at the 2 s delay nor one by one)
+    slow = threading.Thread(target=server.predict, args=("probe", {"cmd": "sleep", "s": 1.0}))
+    slow.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    together = concurrently(*(lambda i=i: server.predict("probe", {"n": i}) for i in range(4)))
+    took = time.monotonic() - started
+    slow.join(timeout=30)
+    assert [r.json()["batch_len"] for r in together] == [4, 4, 4, 4]
+    assert took < 1.6, f"the batch waited {took:.2f} s after its worker was free"
+
+    bad = server.manage("POST", "/models?url=probe.mar&model_name=p2&batch_wait=sometimes")
+    assert bad.status == 400
+    assert bad.json()["message"] == (
+        "parameter 'batch_wait' should be one of busy, fill, found 'sometimes'"
+    )
+
+
+def test_ps_and_top_show_which_model_a_worker_serves(make_archive, start_server) -> None:
+    """Started fresh or forked from the template, a worker's command line and command name
+    name its model, version and worker id, not the runtime's or the template's command."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar")
+    wait_until(lambda: template_ready(server), 120, "the worker template")
+    assert server.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
+    workers = server.manage("GET", "/models/probe").json()[0]["workers"]
+    parents = {psutil.Process(w["pid"]).ppid() for w in workers}
+    assert len(parents) == 2 and server.pid in parents  # one exec'd, one forked by the template
+    for worker in workers:
+        cmdline = Path(f"/proc/{worker['pid']}/cmdline").read_bytes().rstrip(b"\0")
+        assert cmdline == f"mserve-worker probe:1.0 W-{worker['id']}".encode()
+        assert Path(f"/proc/{worker['pid']}/comm").read_text() == "probe:1.0\n"
+    assert server.predict("probe", {}).status == 200
 
 
 def test_a_batch_size_whose_batch_is_more_than_a_frame_can_carry_still_serves(

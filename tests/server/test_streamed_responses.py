@@ -214,7 +214,8 @@ def test_each_request_of_a_batch_gets_its_own_stream(model, make_archive, start_
     make_archive("streaming", handler, model)
     server = start_server()
     registered = server.manage(
-        "POST", f"/models?url={model}.mar&batch_size=4&max_batch_delay=2000&initial_workers=1"
+        "POST", f"/models?url={model}.mar&batch_size=4&max_batch_delay=2000&batch_wait=fill"
+        "&initial_workers=1"
     )
     assert registered.status == 200, registered.body
     names = ["a", "b", "c", "d"]

@@ -193,6 +193,10 @@ def test_models_json_per_version(tmp_path: Path) -> None:
         ("models={oops\n", "'models' is not valid JSON"),
         ('models={"m": {"1.0": {"batchSize": "x"}}}\n', "m 1.0 batchSize should be an integer"),
         ('models={"m": [1]}\n', "model 'm' should map versions to settings"),
+        (
+            'models={"m": {"1.0": {"batchWait": "wait"}}}\n',
+            "m 1.0 batchWait should be one of busy, fill, found 'wait'",
+        ),
         ('models={"m": {"1.0": {"defaultVersion": 1}}}\n', "defaultVersion should be true"),
         ('model_snapshot={"models": {"m": {"1.0": {}}}}\n', "m 1.0 has no marName"),
         ("job_queue_size=many\n", "'job_queue_size' should be a positive integer"),

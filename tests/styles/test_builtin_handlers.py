@@ -35,7 +35,7 @@ HANDLERS = Path(__file__).resolve().parent.parent / "handlers"
 CNN, TEXT, LINEAR = HANDLERS / "base_cnn", HANDLERS / "base_text", HANDLERS / "base_linear"
 MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
 JSON = {"Content-Type": "application/json"}
-BATCH_CONFIG = "batchSize: 4\nmaxBatchDelay: 500\n"
+BATCH_CONFIG = "batchSize: 4\nmaxBatchDelay: 500\nbatchWait: fill\n"
 
 
 def model_class(folder: Path, name: str) -> type:

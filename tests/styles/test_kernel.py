@@ -79,7 +79,7 @@ def test_documented_kernel_file_serves_its_model(make_archive, start_server, tmp
 
 def test_batch_of_four_gets_one_result_per_task(make_archive, start_server, tmp_path) -> None:
     model = _linear_weights(tmp_path)
-    batching = {"batchSize": 4, "maxBatchDelay": 500}
+    batching = {"batchSize": 4, "maxBatchDelay": 500, "batchWait": "fill"}
     make_archive(
         "kernel_linear", "kernel", "match", "--serialized-file", str(tmp_path / "linear.pt"),
         "-c", _config(tmp_path, "match", batching),

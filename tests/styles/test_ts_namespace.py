@@ -59,7 +59,7 @@ def test_torchserve_handlers_run_unedited(start_server, tma, store, tmp_path) ->
     cnn = seeded(model_class(CNN, "TinyCNN"))
     torch.save(cnn.state_dict(), tmp_path / "cnn.pt")
     (tmp_path / "profile.yaml").write_text("handler:\n  profile: true\n")
-    (tmp_path / "pairs.yaml").write_text("batchSize: 2\nmaxBatchDelay: 20000\n")
+    (tmp_path / "pairs.yaml").write_text("batchSize: 2\nmaxBatchDelay: 20000\nbatchWait: fill\n")
     linear_files = ["--serialized-file", str(tmp_path / "linear.pt"), "--model-file",
                     str(LINEAR / "model.py"), "--extra-files", str(TS_STYLE / "index_to_name.json")]  # fmt: skip
     tma_archive(tma, store, "linear", TS_STYLE / "ts_base.py", *linear_files,

@@ -112,6 +112,44 @@ def test_runtime_hello_load_batch_and_exit(tmp_path: Path, python: str) -> None:
     assert b"probe was asked to fail" in proc.stderr.read()  # the traceback went to stderr
 
 
+def _title(pid: int) -> tuple[bytes, str]:
+    """(the command line as ps reads it, the command name as top shows it)."""
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    return cmdline.rstrip(b"\0"), Path(f"/proc/{pid}/comm").read_text().rstrip("\n")
+
+
+@pytest.mark.skipif(not Path("/proc/self/comm").exists(), reason="process titles: Linux only")
+@pytest.mark.parametrize(
+    "python", _pythons(), ids=lambda p: "this-python" if p == sys.executable else "python3.8"
+)
+def test_the_worker_shows_its_model_version_and_id_in_ps(tmp_path: Path, python: str) -> None:
+    """Without setproctitle (stdlib only): argv overwritten in place, and the 15-byte command
+    name; a name too long for either is cut, never written past the original argv."""
+    long_name = "a-model-with-a-long-name-" + "x" * 500
+    for init, title, comm in (
+        ({**PROBE_INIT, "model_version": "2.0", "worker_id": "9001"},
+         b"mserve-worker probe:2.0 W-9001", "probe:2.0"),
+        (PROBE_INIT, b"mserve-worker probe", "probe"),
+        ({**PROBE_INIT, "model_name": long_name}, None, long_name[:15]),
+    ):  # fmt: skip
+        proc, peer = _spawn(tmp_path, python)
+        try:
+            assert peer.receive().kind == Kind.HELLO
+            original = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+            peer.send(Frame(Kind.INIT, init))
+            assert peer.receive().kind == Kind.READY
+            shown, name = _title(proc.pid)
+            if title is None:  # as much of the title as the original argv area holds
+                assert len(shown) == len(original) - 1
+                assert shown == (b"mserve-worker " + long_name.encode())[: len(shown)]
+            else:
+                assert shown == title
+            assert name == comm
+        finally:
+            peer.sock.close()
+        assert proc.wait(timeout=20) == 0
+
+
 def _raw(kind: int, meta: bytes = b"{}", payload: bytes = b"") -> bytes:
     return protocol.HEADER.pack(b"MS", protocol.PROTOCOL_VERSION, kind, 0, len(meta), len(payload)) + meta + payload  # fmt: skip
 
