@@ -116,9 +116,11 @@ def test_archive_errors_and_startup_model_urls(make_archive, start_server, tmp_p
     # the inference port lists a startup model named by its path without the server's folders
     listed = http("GET", server.url("inference", "/models"))
     assert json.loads(listed.body)["models"] == [
-        {"modelName": "probe", "modelUrl": "<model_store>/probe.mar"}
+        {"modelName": "probe", "modelUrl": "<model_store>/probe.mar", "loadState": "loaded"}
     ]
     _no_server_paths(server, tmp_path, corrupt.body, listed.body)
     # the management port, the operator's, shows it as registered
     managed = server.manage("GET", "/models").json()["models"]
-    assert managed == [{"modelName": "probe", "modelUrl": str(store / "probe.mar")}]
+    assert managed == [
+        {"modelName": "probe", "modelUrl": str(store / "probe.mar"), "loadState": "loaded"}
+    ]
