@@ -69,6 +69,10 @@ class JobQueue:
     def __len__(self) -> int:
         return len(self._jobs)
 
+    def has_waiters(self) -> bool:
+        """Whether a dispatcher waits for jobs (or was woken and has not run yet)."""
+        return bool(self._waiters)
+
     def put(self, job: Job, waiting_elsewhere: int = 0) -> None:
         """Queue a job, unless ``maxsize`` jobs already wait: here, or sent to a worker that has
         not started them (``waiting_elsewhere``)."""
