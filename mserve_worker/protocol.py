@@ -657,7 +657,12 @@ def _decode_meta(kind: Kind, buf: bytearray | memoryview, start: int, stop: int)
     try:
         if text.startswith("\ufeff"):  # json.loads refuses a BOM too; the decoder alone would not
             raise ValueError("Unexpected UTF-8 BOM (decode using utf-8-sig)")
-        meta = _META_DECODER.decode(text)
+        try:  # a meta with no space around it, as ours are: decode() skips it with two regexes
+            meta, end = _META_DECODER.raw_decode(text)
+        except ValueError:
+            end = -1
+        if end != len(text):
+            meta = _META_DECODER.decode(text)  # what surrounds it, or the precise error
     except ValueError as exc:
         raise ProtocolError(f"{kind.name} frame meta is not valid JSON: {exc}") from None
     except RecursionError:
