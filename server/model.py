@@ -442,14 +442,12 @@ class ModelVersion:
             )
             return True
 
-        def refill() -> bool:
-            """Batches of one, a batch settled: send the next queued request from here rather
-            than wake this task to do it (a task step, futures and coroutines per request
-            under load). Only when no gatherer waits for work (an idle worker's gets it first,
-            as queue.put decides) and nothing else would stop this one."""
+        def take() -> bool:
+            """Batches of one: send the next queued request from here, a callback, rather than
+            wake this task to do it (a task step, futures and coroutines per request), when
+            nothing would keep this task from sending it at once. True if it took one."""
             if (
-                queue.has_waiters()
-                or pipe.in_flight >= pipe.depth
+                pipe.in_flight >= pipe.depth
                 or pipe.lost.is_set()
                 or retired.is_set()
                 or not worker.can_take()
@@ -465,7 +463,13 @@ class ModelVersion:
                 pipe.lose(send_failed)
             return True
 
-        if self.settings.batch_size == 1:
+        def refill() -> bool:
+            """A batch settled: take the next request, unless a gatherer waits for work (an
+            idle worker's gets it first: queue.put picks the least loaded)."""
+            return not queue.has_waiters() and take()
+
+        one = self.settings.batch_size == 1
+        if one:
             pipe.refill = refill
         while not pipe.lost.is_set():
             if pipe.in_flight >= pipe.depth:
@@ -474,7 +478,7 @@ class ModelVersion:
             await worker.drain()
             jobs = await gather_batch(
                 queue, self.settings.batch_size, delay_s, retired, pipe.lost,
-                load=pipe.load, fill=fill,
+                load=pipe.load, fill=fill, take=take if one else None,
             )  # fmt: skip
             if jobs is None:
                 break
