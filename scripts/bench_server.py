@@ -371,8 +371,9 @@ class BareEcho:
 
     def __init__(self, code: str, headers: dict[str, dict[str, str]],
                  prefix: tuple[str, ...] = ()) -> None:  # fmt: skip
-        self.proc = subprocess.Popen([*prefix, sys.executable, "-c", code],
-                                     stdout=subprocess.PIPE, text=True)  # fmt: skip
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-c", code], text=True,
+                                     stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL if prefix else None)  # fmt: skip
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
         self.host = "127.0.0.1"
