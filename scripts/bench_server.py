@@ -1,6 +1,7 @@
 """Serving benchmark: echo and a small torch MLP through a real mserve, figures printed.
 
 Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--rounds 3]]
+       python scripts/bench_server.py --ceiling [--rounds 3] [--callgrind 2000]
 
 Measures requests/s, p50/p99 latency and CPU per request (frontend, workers: steadier than
 req/s on a shared VM) at 1, 16 and 64 connections with 1 and 2 workers (wrk when installed, else
@@ -19,6 +20,15 @@ worker, with the default ``batch_wait`` (``b8``) and with ``fill`` (``b8 fill``,
 way: what every batch did before ``busy`` existed), each round taking every row in turn; then
 each row's median over the rounds.
 
+``--ceiling``: only the echo model (1 worker, 16 connections) next to bare HTTP echo servers
+started in the same run, round by round: a bare protocol over httptools and uvloop (what
+server/http.py is built on, doing nothing else) and a raw ASGI app on uvicorn (when installed:
+``pip install uvicorn``). CPU per request is the serving process's alone (for mserve the
+frontend, as the worker's is not HTTP's), then the medians and the ratios to each bare server.
+``--callgrind N`` adds a figure that does not move with the machine's load: the user-space
+instructions per request of the frontend (and of the bare httptools echo) under valgrind's
+callgrind, counted over N requests after a warm-up (valgrind runs Python ~50x slower: minutes).
+
 ``busy/steal/idle`` (every load row): the whole machine's CPU split during that run, from
 /proc/stat (psutil) before and after. The hypervisor steals CPU from this VM (up to 32% seen
 under load): a run taken while it steals X% is slower by about that much, so compare only rows
@@ -33,12 +43,14 @@ import json
 import os
 import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -300,12 +312,275 @@ def batching_rows(server: Server, load, body: bytes, duration: int, rounds: int)
           f" (max {max(steals):.0f}%)")  # fmt: skip
 
 
+# --- the HTTP ceiling: the echo path next to bare HTTP servers, same run --------------------
+
+# The least an HTTP server over httptools and uvloop (what server/http.py is built on) can do
+# per request: parse, answer the body back, keep the connection. No routing, auth, hop, log.
+BARE_HTTPTOOLS = """
+import asyncio, httptools, uvloop
+
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.parser, self.body = transport, httptools.HttpRequestParser(self), []
+
+    def data_received(self, data):
+        self.parser.feed_data(data)
+
+    def on_body(self, body):
+        self.body.append(body)
+
+    def on_message_complete(self):
+        body, self.body = b"".join(self.body), []
+        self.transport.write(b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\n"
+                             b"Content-Length: %d\\r\\n\\r\\n%b" % (len(body), body))
+
+async def main():
+    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+uvloop.run(main())
+"""
+# A raw ASGI echo app on uvicorn (uvloop, httptools, no access log): the figure issue 17 quotes.
+BARE_UVICORN = """
+import socket, uvicorn
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+print(sock.getsockname()[1], flush=True)
+uvicorn.Server(uvicorn.Config(app, loop="uvloop", http="httptools", access_log=False,
+                              log_level="warning", lifespan="off")).run(sockets=[sock])
+"""
+
+
+class BareEcho:
+    """A bare echo server in a process of its own; looks like ``Server`` to the load
+    generators (same request: same headers, a dummy bearer token of the same length)."""
+
+    def __init__(self, code: str, headers: dict[str, dict[str, str]],
+                 prefix: tuple[str, ...] = ()) -> None:  # fmt: skip
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-c", code], text=True,
+                                     stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL if prefix else None)  # fmt: skip
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        self.host = "127.0.0.1"
+        self.pid = self.proc.pid
+        self.headers = headers
+        deadline = time.monotonic() + 600  # uvicorn binds first, listens later; valgrind is slow
+        while True:
+            try:
+                socket.create_connection((self.host, self.port), timeout=5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise SystemExit("the bare echo server did not start") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _dummy_headers(server: Server) -> dict[str, dict[str, str]]:
+    token = server.headers["inference"]["Authorization"]
+    return {"inference": {"Content-Type": "application/json",
+                          "Authorization": "Bearer " + "x" * (len(token) - 7)}}  # fmt: skip
+
+
+def _bare_run(bare: BareEcho, load, body: bytes, duration: int) -> dict[str, float]:
+    before = cpu_seconds([bare.pid])
+    machine = psutil.cpu_times()
+    r = load(bare, "/predictions/echo", body, 16, duration)
+    r.update(cpu_split(machine, psutil.cpu_times()))
+    r["frontend_us"] = (cpu_seconds([bare.pid]) - before) / max(r["rps"] * duration, 1.0) * 1e6
+    r["worker_us"] = 0.0
+    return r
+
+
+def ceiling_rows(server: Server, load, body: bytes, duration: int, rounds: int) -> None:
+    """The echo model, 1 worker, 16 connections, next to bare echo servers on the same
+    machine in the same minutes (each round takes every row in turn), then each row's median
+    and the frontend's CPU per request over the bare server's (``x bare``)."""
+    try:
+        import uvicorn  # noqa: F401
+
+        bares = {"httptools": BARE_HTTPTOOLS, "uvicorn": BARE_UVICORN}
+    except ImportError:
+        bares = {"httptools": BARE_HTTPTOOLS}
+        print("uvicorn is not installed: its row is skipped (pip install uvicorn)")
+    scale(server, "echo", 1)
+    server.request("POST", "/predictions/echo", body)
+    results: dict[str, list[dict[str, float]]] = {}
+    print(f"{'server':<14} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}"
+          f" {'CPU us/req':>10}  machine CPU during the run")  # fmt: skip
+
+    def row(label: str, r: dict[str, float]) -> str:
+        return (f"{label:<14} {r['rps']:>8.0f} {r['p50']:>7.2f} {r['p99']:>7.2f}"
+                f" {int(r['errors']):>6} {r['frontend_us']:>10.1f}  busy"
+                f" {r['busy']:>3.0f}% steal {r['steal']:>3.0f}% idle {r['idle']:>3.0f}%"
+                f" load {r['load']:.1f}")  # fmt: skip
+
+    for n in range(rounds):
+        print(f"round {n + 1} of {rounds}")
+        r = measured(server, "echo", load, "/predictions/echo", body, 16, duration)
+        r["load"] = os.getloadavg()[0]
+        results.setdefault("mserve echo", []).append(r)
+        print(row("mserve echo", r))
+        for name, code in bares.items():
+            bare = BareEcho(code, _dummy_headers(server))
+            try:
+                load(bare, "/predictions/echo", body, 16, 1)  # warm-up
+                r = _bare_run(bare, load, body, duration)
+            finally:
+                bare.stop()
+            r["load"] = os.getloadavg()[0]
+            results.setdefault(f"bare {name}", []).append(r)
+            print(row(f"bare {name}", r))
+    print(f"medians over {rounds} round(s):")
+    medians = {
+        label: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        for label, runs in results.items()
+    }
+    for label, med in medians.items():
+        if label != "mserve echo":
+            medians["mserve echo"][f"x {label}"] = (
+                medians["mserve echo"]["frontend_us"] / med["frontend_us"]
+            )
+    for label, med in medians.items():
+        print(row(label, med))
+    ratios = ", ".join(f"{k[2:]} {v:.2f}x" for k, v in medians["mserve echo"].items()
+                       if k.startswith("x bare "))  # fmt: skip
+    print(f"mserve echo CPU per request over the bare servers': {ratios}")
+
+
+def _drive(host: str, port: int, headers: dict[str, str], body: bytes, n: int,
+           conns: int = 16) -> None:  # fmt: skip
+    """Exactly ``n`` requests over ``conns`` keep-alive connections; every answer must be 200."""
+    counts = [n // conns + (i < n % conns) for i in range(conns)]
+    failed: list[int] = []
+
+    def go(count: int) -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=600)
+        for _ in range(count):
+            conn.request("POST", "/predictions/echo", body, headers)
+            resp = conn.getresponse()
+            resp.read()
+            if resp.status != 200:
+                failed.append(resp.status)
+        conn.close()
+
+    threads = [threading.Thread(target=go, args=(c,)) for c in counts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failed:
+        raise SystemExit(f"callgrind run: {len(failed)} answer(s) not 200: {failed[:5]}")
+
+
+def _instructions(pid: int, out: Path, drive: Callable[[int], None], n: int) -> float:
+    """Instructions the process ``pid`` (running under callgrind) executes per request: warm
+    up, zero its counters, send ``n`` requests, dump, read the total."""
+    drive(300)
+    run(["callgrind_control", "-z", str(pid)])
+    drive(n)
+    run(["callgrind_control", "-d", str(pid)])
+    time.sleep(1)
+    dumps = sorted(out.parent.glob(f"{out.name}.{pid}.*"), key=lambda p: p.stat().st_mtime)
+    for line in dumps[-1].read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1]) / n
+    raise SystemExit(f"no totals in {dumps[-1]}")
+
+
+CALLGRIND = ("valgrind", "--tool=callgrind", "--trace-children=no")
+
+
+def callgrind_rows(work: Path, body: bytes, n: int) -> None:
+    """Instructions per request of the frontend alone (callgrind: user-space instructions,
+    the same from run to run whatever the machine's load or steal), N echo requests over 16
+    connections after 300 to warm up, and of the bare httptools echo the same way. The worker
+    runs natively (valgrind follows no child)."""
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        print("valgrind is not installed: no instruction counts (apt-get install valgrind)")
+        return
+    out = work / "callgrind.out"
+    grind = (*CALLGRIND, f"--callgrind-out-file={out}.%p")
+    run_dir = work / "run-callgrind"
+    config = work / "mserve-callgrind.yaml"
+    config.write_text(
+        "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
+        f"metrics_address: 127.0.0.1:0\nmodel_store: {work / 'store'}\n"
+        "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n"
+    )
+    proc = subprocess.Popen([*grind, sys.executable, "-m", "server.cli", "--start", "--foreground",
+                             "--config", str(config), "--run-dir", str(run_dir), "--models",
+                             "echo=echo.mar"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        status_file = run_dir / "status.json"
+        deadline = time.monotonic() + 1200  # python under valgrind starts ~50x slower
+        status: dict[str, object] = {}
+        while time.monotonic() < deadline and proc.poll() is None:
+            if status_file.exists():
+                try:
+                    status = json.loads(status_file.read_text())
+                except ValueError:
+                    status = {}
+                if status.get("state") == "ready":
+                    break
+            time.sleep(1)
+        else:
+            raise SystemExit("mserve under callgrind did not start")
+        key = json.loads((run_dir / "key_file.json").read_text())["inference"]["key"]
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        host, port = str(status["inference"]).rsplit(":", 1)
+        mserve = _instructions(
+            proc.pid, out, lambda k: _drive(host, int(port), headers, body, k), n
+        )
+    finally:
+        proc.terminate()
+        proc.wait(120)
+    bare = BareEcho(BARE_HTTPTOOLS, {}, tuple(grind))
+    try:
+        headers["Authorization"] = "Bearer " + "x" * len(key)
+        plain = _instructions(bare.pid, out, lambda k: _drive(bare.host, bare.port, headers,
+                                                             body, k), n)  # fmt: skip
+    finally:
+        bare.stop()
+    print(f"instructions per request (callgrind, {n} requests, 16 connections, user space):"
+          f" mserve frontend {mserve:,.0f}; bare httptools echo {plain:,.0f};"
+          f" ratio {mserve / plain:.2f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="3 s runs, 16 connections only")
     parser.add_argument("--batching", action="store_true", help="only the batching rows")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of --batching rows")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of --batching and --ceiling rows")  # fmt: skip
+    parser.add_argument("--ceiling", action="store_true",
+                        help="only echo CPU per request beside bare HTTP echo servers")  # fmt: skip
+    parser.add_argument("--callgrind", type=int, default=0, metavar="N",
+                        help="with --ceiling: instructions per request, N requests")  # fmt: skip
     args = parser.parse_args()
     duration = 3 if args.quick else args.duration
     conn_levels = [16] if args.quick else [1, 16, 64]
@@ -323,7 +598,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-server-"))
     try:
-        build_archives(work, with_mlp)
+        build_archives(work, with_mlp and not args.ceiling)
         # cold start: start command to the first successful prediction
         t0 = time.perf_counter()
         server = Server(work, ["echo=echo.mar"])
@@ -335,6 +610,12 @@ def main() -> None:
             f" (start returned after {server.ready_s:.2f} s)"
         )
         bodies = {"echo": json.dumps({"data": [0.5] * 256}).encode()}
+        if args.ceiling:
+            ceiling_rows(server, load, bodies["echo"], duration, args.rounds)
+            server.stop()
+            if args.callgrind:
+                callgrind_rows(work, bodies["echo"], args.callgrind)
+            return
         if args.batching:
             if not with_mlp:
                 raise SystemExit("--batching needs torch")

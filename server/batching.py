@@ -50,11 +50,9 @@ class JobQueue:
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self._jobs: collections.deque[Job] = collections.deque()
-        # (future, jobs it waits for, how busy its worker is): a batch filling up sleeps until
-        # it can be completed
-        self._waiters: collections.deque[
-            tuple[asyncio.Future[None], int, Callable[[], int] | None]
-        ] = collections.deque()
+        # (future, jobs it waits for, how busy its worker is, what takes a job at once): a
+        # batch filling up sleeps until it can be completed
+        self._waiters: collections.deque[_Waiter] = collections.deque()
         # the waiters that are filling a batch, with their worker's load: see wake_filling
         self._filling: dict[asyncio.Future[None], Callable[[], int]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -68,6 +66,10 @@ class JobQueue:
 
     def __len__(self) -> int:
         return len(self._jobs)
+
+    def has_waiters(self) -> bool:
+        """Whether a dispatcher waits for jobs (or was woken and has not run yet)."""
+        return bool(self._waiters)
 
     def put(self, job: Job, waiting_elsewhere: int = 0) -> None:
         """Queue a job, unless ``maxsize`` jobs already wait: here, or sent to a worker that has
@@ -105,7 +107,9 @@ class JobQueue:
         ]
         if n is not None and len(ready) > 1:
             ready.sort(key=_load_of)  # stable: the latest to wait first among equals
-        for waiter, _want, _load in ready[:n]:
+        for waiter, _want, _load, take in ready[:n]:
+            if n is not None and take is not None and take():
+                continue  # it sent the job from here: its task stays asleep
             waiter.set_result(None)
 
     def wake_all(self) -> None:
@@ -118,17 +122,20 @@ class JobQueue:
         want: int = 1,
         load: Callable[[], int] | None = None,
         filling: bool = False,
+        take: Callable[[], bool] | None = None,
     ) -> None:
         """Return when ``want`` jobs are queued, on ``wake_all``, or after ``timeout_s``.
 
         A batch of 8 that has 1 job waits for 7 more with one wake-up, not seven; a dispatcher
         wanting 1 job is woken first by a job that a filling batch could not complete. ``load``
         says how busy the waiter's worker is (batches in flight): the least busy is woken
-        first. ``filling``: the waiter has a batch under way, which ``wake_filling`` sends."""
+        first. ``filling``: the waiter has a batch under way, which ``wake_filling`` sends.
+        ``take`` (batches of one): called instead of waking the waiter when a job comes for
+        it; True if it popped and sent a job itself, so the waiter waits on."""
         if len(self._jobs) >= want:
             return
         waiter: asyncio.Future[None] = self.new_future()
-        entry = (waiter, want, load)
+        entry = (waiter, want, load, take)
         self._waiters.append(entry)
         if filling and load is not None:
             self._filling[waiter] = load
@@ -167,6 +174,7 @@ async def gather_batch(
     *stopping: Flag,
     load: Callable[[], int] | None = None,
     fill: bool = False,
+    take: Callable[[], bool] | None = None,
 ) -> list[Job] | None:
     """Up to ``batch_size`` jobs, waiting at most ``max_delay_s`` after the first; None if one
     of ``stopping`` was set before a first job arrived (set it, then ``queue.wake_all()``).
@@ -176,7 +184,8 @@ async def gather_batch(
     above 0; no ``load``: never): an idle worker gets what is queued at once, and under load
     batches still fill, since jobs pile up while the worker runs. Call ``queue.wake_filling``
     when the worker goes idle. With ``fill`` (TorchServe's way) it waits up to ``max_delay_s``
-    for ``batch_size`` jobs whatever the worker does."""
+    for ``batch_size`` jobs whatever the worker does. ``take``: see :meth:`JobQueue.wait`
+    (a job it takes never reaches this gatherer)."""
     while True:
         if any(event.is_set() for event in stopping):
             return None
@@ -185,7 +194,7 @@ async def gather_batch(
             break
         if any(event.is_set() for event in stopping):  # pop() may have emptied the queue
             return None
-        await queue.wait(load=load)
+        await queue.wait(load=load, take=take)
     jobs = [first]
     deadline = time.monotonic() + max_delay_s
     while len(jobs) < batch_size:
@@ -202,7 +211,10 @@ async def gather_batch(
     return jobs
 
 
-def _load_of(entry: tuple[asyncio.Future[None], int, Callable[[], int] | None]) -> int:
+_Waiter = tuple[asyncio.Future[None], int, "Callable[[], int] | None", "Callable[[], bool] | None"]
+
+
+def _load_of(entry: _Waiter) -> int:
     return 0 if entry[2] is None else entry[2]()
 
 

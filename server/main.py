@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import gc
 import ipaddress
 import logging
 import os
@@ -61,6 +62,23 @@ SHUTDOWN_DRAIN_S = 10.0
 # client, request line, status, bytes, seconds; the time stamp comes from the log formatter
 ACCESS_LOG_FLUSH_S = 1.0  # the longest an access.log line waits in memory
 STATUS_REFRESH_S = 1.0  # the longest the status file lags a model's state
+
+
+# Young objects the garbage collector lets pile up before a pass, up from CPython's 700. Each
+# request allocates a few dozen containers, nearly all freed at once by reference counting; a
+# pass every 700 allocations walked the objects of every request in flight each time (~5% of
+# the frontend's CPU under load, py-spy). Cyclic garbage now waits a little longer: ~10,000
+# objects, a few hundred requests' worth.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Once started: what was imported and built at startup lives until the end, so full
+    collections need not walk it again (``gc.freeze``), and young passes are rarer."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 class AlreadyRunning(MserveError):
@@ -407,6 +425,7 @@ class Server:
             if self.config.fork_workers:
                 self.launcher.allow_warming()
             log.info("mserve %s ready", __version__)
+            tune_gc()
             chores = [
                 asyncio.create_task(self.refresh_status()),
                 asyncio.create_task(self.metrics.run()),

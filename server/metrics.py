@@ -175,7 +175,9 @@ class Metrics:
             registry=self.prom,
         )  # fmt: skip
         self._registry: Registry | None = None
-        self._counters: dict[tuple[str, str, int], Any] = {}
+        # answers counted since the last scrape, by (model, version, code): a plain number per
+        # request, added to ``requests`` when scraped (its inc() is four calls and a lock)
+        self._answers: dict[tuple[str, str, int], list[int]] = {}
         self._timers: dict[str, Any] = {}
         self.prom.register(self)  # type: ignore[arg-type]
         if mode not in METRICS_MODES:
@@ -222,12 +224,11 @@ class Metrics:
         """Count one answer; label children are cached (``labels()`` costs more than ``inc()``).
         ``counts`` and ``job`` (a worker's answer): TorchServe's latency counters."""
         key = (model.name, model.version, code)
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters[key] = self.requests.labels(
-                model.name, model.version, str(code)
-            )
-        counter.inc()
+        tally = self._answers.get(key)
+        if tally is None:
+            tally = self._answers[key] = [0]
+            self.requests.labels(model.name, model.version, str(code))  # listed from now on
+        tally[0] += 1
         if seconds is None:
             return
         timer = self._timers.get(model.name)
@@ -425,12 +426,20 @@ class Metrics:
         loaded.add_metric([], residency.loaded_models())
         yield loaded
 
+    def _count_answers(self) -> None:
+        """Add the answers counted since the last scrape to ``mserve_requests_total``."""
+        for (name, version, code), tally in self._answers.items():
+            if tally[0]:
+                self.requests.labels(name, version, str(code)).inc(tally[0])
+                tally[0] = 0
+
     def _models(self) -> list[ModelVersion]:
         return list(self._registry.all()) if self._registry is not None else []
 
     def exposition(self, names: set[str] | None = None) -> bytes:
         """Ours, then TorchServe's, in Prometheus's text format; only the metrics ``names``
         names when given (TorchServe's ``?name[]=...``)."""
+        self._count_answers()
         ours = generate_latest(self.prom if not names else self.prom.restricted_registry(names))
         return ours + self.torchserve_text(names).encode("utf-8")
 

@@ -117,6 +117,9 @@ class _Pipeline:
     ) -> None:
         self.depth = depth
         self._on_idle = on_idle  # called with ``load`` when the last batch in flight settles
+        # called when a batch settles: sends the next one from there if it can (True), so the
+        # gatherer task need not wake (see ModelVersion._serve)
+        self.refill: Callable[[], bool] | None = None
         self.in_flight = 0
         self.lost = asyncio.Event()
         self.reasons: list[str] = []
@@ -132,9 +135,12 @@ class _Pipeline:
         self._waiter = self._new_future()
         await self._waiter
 
-    def done(self) -> None:
+    def done(self, refill: bool = True) -> None:
+        """A batch settled. ``refill``: it was answered, so the worker can take the next one
+        (a failed batch's worker may be on its way out: the gatherer decides)."""
         self.in_flight -= 1
-        self._wake()
+        if not refill or self.refill is None or not self.refill():
+            self._wake()
         if self.in_flight == 0 and self._on_idle is not None:
             self._on_idle(self.load)
 
@@ -412,29 +418,19 @@ class ModelVersion:
 
         worker.on_lost(lost_while_idle)
         worker.on_chunk(functools.partial(self._chunk, worker))
-        while not pipe.lost.is_set():
-            if pipe.in_flight >= pipe.depth:
-                await pipe.wait()
-                continue
-            await worker.drain()
-            jobs = await gather_batch(
-                self.queue, self.settings.batch_size, delay_s, retired, pipe.lost,
-                load=pipe.load, fill=fill,
-            )  # fmt: skip
-            if jobs is None:
-                break
-            live = [j for j in jobs if not j.future.done()]
-            if not live:
-                continue
+        queue, timeout_s = self.queue, self.settings.response_timeout_s
+        send_failed = f"unexpected error sending a batch to worker {worker.id}"
+
+        def send(live: list[Job]) -> bool:
+            """Send one batch; False if that failed (its callers got a 500; the caller then
+            kills the worker)."""
             try:
                 sent_at = time.monotonic()
-                batch = worker.send_batch([j.item for j in live], self.settings.response_timeout_s)
+                batch = worker.send_batch([j.item for j in live], timeout_s)
             except Exception as exc:  # the supervisor's task guard: never strand a caller
                 log.exception("model %s: unexpected error sending a batch", self.label)
                 _fail(live, InternalError(f"internal error sending the batch: {exc!r}"))
-                await worker.kill()
-                pipe.lose(f"unexpected error sending a batch to worker {worker.id}")
-                break
+                return False
             pipe.in_flight += 1
             self.stats.send_s = time.monotonic() - sent_at
             batch.jobs = live
@@ -444,6 +440,56 @@ class ModelVersion:
             batch.future.add_done_callback(
                 functools.partial(self._settle, pipe, worker, live, batch)
             )
+            return True
+
+        def take() -> bool:
+            """Batches of one: send the next queued request from here, a callback, rather than
+            wake this task to do it (a task step, futures and coroutines per request), when
+            nothing would keep this task from sending it at once. True if it took one."""
+            if (
+                pipe.in_flight >= pipe.depth
+                or pipe.lost.is_set()
+                or retired.is_set()
+                or not worker.can_take()
+            ):
+                return False
+            job = queue.pop()
+            if job is None:
+                return False
+            if not send([job]):
+                kill = asyncio.ensure_future(worker.kill())
+                pipe.tasks.add(kill)
+                kill.add_done_callback(pipe.tasks.discard)
+                pipe.lose(send_failed)
+            return True
+
+        def refill() -> bool:
+            """A batch settled: take the next request, unless a gatherer waits for work (an
+            idle worker's gets it first: queue.put picks the least loaded)."""
+            return not queue.has_waiters() and take()
+
+        one = self.settings.batch_size == 1
+        if one:
+            pipe.refill = refill
+        while not pipe.lost.is_set():
+            if pipe.in_flight >= pipe.depth:
+                await pipe.wait()
+                continue
+            await worker.drain()
+            jobs = await gather_batch(
+                queue, self.settings.batch_size, delay_s, retired, pipe.lost,
+                load=pipe.load, fill=fill, take=take if one else None,
+            )  # fmt: skip
+            if jobs is None:
+                break
+            live = [j for j in jobs if not j.future.done()]
+            if not live:
+                continue
+            if not send(live):
+                await worker.kill()
+                pipe.lose(send_failed)
+                break
+        pipe.refill = None
         while pipe.in_flight:  # a retiring worker finishes what it was given
             await pipe.wait()
         worker.on_lost(None)
@@ -483,7 +529,7 @@ class ModelVersion:
         try:
             reason = await self._run(worker, live, batch)
         finally:
-            pipe.done()
+            pipe.done(refill=False)
         if reason is not None:  # "" included
             pipe.lose(reason)
             self.queue.wake_all()  # the gatherer waiting for jobs must see it too

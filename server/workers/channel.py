@@ -211,6 +211,11 @@ class Channel(asyncio.Protocol):
             self._transport.resume_reading()
 
     @property
+    def writable(self) -> bool:
+        """Whether a frame sent now is written without waiting for the worker to read."""
+        return not self._paused and not self.closed
+
+    @property
     def in_flight(self) -> int:
         return len(self._batches)
 

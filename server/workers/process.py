@@ -273,6 +273,11 @@ class Worker:
         self.state = WorkerState.BUSY
         return batch
 
+    def can_take(self) -> bool:
+        """Whether a batch sent now goes out at once (the channel is open and not full): what
+        ``await drain()`` would not have to wait for."""
+        return self._channel is not None and self._channel.writable
+
     def withdraw(self, batch: Batch, request_id: str) -> None:
         """The caller of a request in ``batch`` went away: if the worker has not started the
         batch, it skips that request (no-op otherwise)."""
