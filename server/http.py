@@ -262,6 +262,10 @@ class HttpServer:
                 raise ServiceUnavailable("the server is shutting down")
             if self.guard is not None:
                 self.guard.check(req.parts, req.method, req.header("Authorization"))
+                if "authorization" in req.known:
+                    # the key is the server's secret: a handler never sees it (with keys off,
+                    # the header is the client's own and travels to the handler as sent)
+                    req.headers = [h for h in req.headers if h[0].lower() != "authorization"]
             api = self.router.api_name
             if api and (req.parts == ["api-description"] or (
                     req.method == "OPTIONS" and req.parts == [""])):  # fmt: skip

@@ -202,14 +202,30 @@ def test_auth_off_is_said_when_listening_beyond_loopback() -> None:
     assert open_warning({"inference": "http://localhost:1"}, model_api=True) is None
 
 
+def test_handlers_never_see_the_inference_key(
+    make_archive: Callable[..., Path], start_server: Callable[..., Server]
+) -> None:
+    make_archive("probe", "probe:handle", "probe")
+    s = start_server("probe=probe.mar", config=SECURE)
+    reply = s.predict("probe", {"hi": 1}, headers={"X-Test": "seen"})
+    assert reply.status == 200, reply.body
+    assert reply.json()["x_test"] == "seen"  # other headers travel as sent
+    assert reply.json()["authorization"] is None
+
+
 def test_disable_token_auth_serves_without_keys(
     make_archive: Callable[..., Path], start_server: Callable[..., Server]
 ) -> None:
     make_archive("echo_fn", "echo", "echo")
-    s = start_server("echo=echo.mar", config={"enable_model_api": False},
+    make_archive("probe", "probe:handle", "probe")
+    s = start_server("echo=echo.mar", "probe=probe.mar", config={"enable_model_api": False},
                      extra=("--disable-token-auth",))  # fmt: skip
     assert not (s.run_dir / "key_file.json").exists()
     assert http("POST", s.url("inference", "/predictions/echo"), b"hi").status == 200
+    # with keys off, an Authorization header is the client's own, for the handler to read
+    mine = http("POST", s.url("inference", "/predictions/probe"), b"{}",
+                {"Authorization": "Bearer the-clients-own", "Content-Type": "application/json"})
+    assert mine.json()["authorization"] == "Bearer the-clients-own"
     token = http("GET", s.url("management", "/token?type=inference"))
     assert token.status == 404 and "token authorization is off" in token.json()["message"]
     assert "WARNING" not in s.start_output  # loopback only: nothing to warn about

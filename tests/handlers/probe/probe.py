@@ -28,6 +28,7 @@ def _report(row, context, i, n):
         "yaml": context.model_yaml_config,
         "request_id": context.get_request_id(i),
         "x_test": context.get_request_header(i, "X-Test"),
+        "authorization": context.get_request_header(i, "Authorization"),
         "body_type": type(body).__name__,
         "body": shown,
         "keys": sorted(row),
