@@ -82,7 +82,8 @@ def parse_model_list(value: str | list[str] | None) -> list[StartupModel]:
 
 def app(args: Mapping[str, Any]) -> Application:
     """Serve application builder (``serve run``, a config file's ``import_path``). Keys:
-    ``models``, ``cache_dir``, ``cpus_per_replica``, ``gpus_per_replica``; each falls back to
+    ``models``, ``cache_dir``, ``cpus_per_replica``, ``gpus_per_replica``, ``env_builder``
+    (``mserve`` or ``ray``); each falls back to
     ``MSERVE_RAY_<KEY>`` in the environment."""
 
     def arg(key: str) -> Any:
@@ -93,6 +94,7 @@ def app(args: Mapping[str, Any]) -> Application:
     overrides = Overrides(
         cpus_per_replica=float(arg("cpus_per_replica") or 1.0),
         gpus_per_replica=float(arg("gpus_per_replica")) if arg("gpus_per_replica") else None,
+        env_builder=arg("env_builder") or "mserve",
     )
     cache = Path(arg("cache_dir") or DEFAULT_CACHE).expanduser()
     return build_app(plan_models(models, cache, overrides))

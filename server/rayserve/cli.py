@@ -65,20 +65,26 @@ def ray_cli() -> None:
 @click.option("--http-host", default="127.0.0.1", show_default=True,
               help="Where Serve's HTTP proxy listens, if this starts Serve.")  # fmt: skip
 @click.option("--http-port", type=int, default=8000, show_default=True)
-@click.option("--no-uv", is_flag=True, help="Install requirements with pip, not uv.")
+@click.option(
+    "--env-builder", type=click.Choice(["mserve", "ray"]), default="mserve", show_default=True,
+    help="Who installs an archive's requirements: mserve's environment cache in each replica"
+    " (once per node), or Ray's runtime_env (docs/ray.md, Requirements).",
+)  # fmt: skip
+@click.option("--no-uv", is_flag=True, help="With --env-builder ray: install with pip, not uv.")
 @click.option("--dry-run", is_flag=True, help="Print the deployments as JSON; touch no cluster.")
 def deploy(
     models: tuple[str, ...], address: str | None, app_name: str, cache_dir: str,
     cpus_per_replica: float, gpus_per_replica: float | None, http_host: str, http_port: int,
-    no_uv: bool, dry_run: bool,
+    env_builder: str, no_uv: bool, dry_run: bool,
 ) -> None:  # fmt: skip
     """Deploy archives as a Serve application (updates it in place when it runs)."""
     from server.cli import parse_models
     from server.rayserve.plan import Overrides, plan_models
 
     overrides = Overrides(
-        cpus_per_replica=cpus_per_replica, gpus_per_replica=gpus_per_replica, use_uv=not no_uv
-    )
+        cpus_per_replica=cpus_per_replica, gpus_per_replica=gpus_per_replica, use_uv=not no_uv,
+        env_builder=env_builder,
+    )  # fmt: skip
     try:
         plans = plan_models(parse_models(list(models)), Path(cache_dir), overrides)
     except MserveError as exc:

@@ -45,6 +45,9 @@ class Overrides:
     min_workers: int | None = None
     max_workers: int | None = None
     use_uv: bool = True
+    # who installs an archive's requirements: "mserve" (server/envs.py, in each replica, once
+    # per node) or "ray" (the deployment's runtime_env); docs/ray.md, Requirements
+    env_builder: str = "mserve"
 
 
 @dataclass(frozen=True)
@@ -185,12 +188,18 @@ def plan_model(model: StartupModel, cache_dir: Path, overrides: Overrides) -> Mo
     notes: list[str] = []
     num_gpus = _gpus(name, version, settings, overrides, notes)
     runtime_env = None
-    if manifest.model.requirements_file:
+    env = None
+    wheelhouse = (manifest.extra.get("mserve") or {}).get("wheelhouse")
+    if overrides.env_builder not in ("mserve", "ray"):
+        raise BadRequest(f"--env-builder {overrides.env_builder!r}: say mserve or ray")
+    if manifest.model.requirements_file and overrides.env_builder == "ray":
         runtime_env = runtime_env_for(
-            unpacked.model_dir, manifest.model.requirements_file,
-            (manifest.extra.get("mserve") or {}).get("wheelhouse"), unpacked.model_config,
-            overrides.use_uv, notes,
+            unpacked.model_dir, manifest.model.requirements_file, wheelhouse,
+            unpacked.model_config, overrides.use_uv, notes,
         )  # fmt: skip
+    elif manifest.model.requirements_file:
+        env = replica_env(unpacked.model_dir, manifest.model.requirements_file, wheelhouse,
+                          unpacked.model_config, notes)  # fmt: skip
     manifest_json = manifest.to_json()
     replica = {
         "model_name": name,
@@ -208,6 +217,7 @@ def plan_model(model: StartupModel, cache_dir: Path, overrides: Overrides) -> Mo
         "server_version": __version__,
         "use_gpu": num_gpus > 0,
         "max_response_bytes": ServerConfig().max_response_size_bytes,
+        "env": env,
     }
     return ModelPlan(
         name=name,
@@ -244,6 +254,31 @@ def _gpus(
     return 0.0
 
 
+def _requirements(model_dir: Path, requirements_file: str) -> str:
+    try:
+        return (model_dir / requirements_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidModel(f"cannot read {requirements_file} of the archive: {exc}") from exc
+
+
+def replica_env(
+    model_dir: Path,
+    requirements_file: str,
+    wheelhouse: str | None,
+    model_config: dict[str, Any],
+    notes: list[str],
+) -> dict[str, Any] | None:
+    """What a replica asks mserve's environment cache for (server/envs.py, built on its node
+    under the cache's file lock, so once per node): the requirements, and the wheelhouse inside
+    the unpacked archive, which every node has."""
+    text = _requirements(model_dir, requirements_file)
+    if not normalise_requirements(text):
+        return None
+    if model_config.get("isolatedEnv"):
+        notes.append("isolatedEnv not honoured: a replica's packages come first on Ray")
+    return {"requirements": text, "wheelhouse": wheelhouse}
+
+
 def runtime_env_for(
     model_dir: Path,
     requirements_file: str,
@@ -256,15 +291,11 @@ def runtime_env_for(
     lets us: comments and order do not count, an archive's wheelhouse installs offline, and a
     pin that would replace the protected base packages (torch and what it needs) is refused by
     constraints. Ray builds it once per node and layers it over the Ray worker's packages."""
-    try:
-        text = (model_dir / requirements_file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidModel(f"cannot read {requirements_file} of the archive: {exc}") from exc
-    packages = normalise_requirements(text).splitlines()
+    packages = normalise_requirements(_requirements(model_dir, requirements_file)).splitlines()
     if not packages:
         return None
     if model_config.get("isolatedEnv"):
-        notes.append("isolatedEnv not honoured: Ray layers a runtime env over its own packages")
+        notes.append("isolatedEnv not honoured: Ray layers a runtime_env over its own packages")
     options: list[str] = []
     if wheelhouse:
         options += ["--no-index", "--find-links", str(model_dir / wheelhouse)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -49,10 +50,13 @@ class ModelReplica:
     def __init__(self, spec: dict[str, Any]) -> None:
         started = time.monotonic()
         self.label = f"{spec['model_name']}:{spec['model_version']}"
+        self.python: str | None = None  # the model's own environment, if it has requirements
         # once per node: the first replica unpacks into the cache, the others find it there
         unpacked = unpack(
             Path(spec["archive"]), spec["archive"], Path(spec["cache_dir"]), spec["sha256"]
         )
+        if spec.get("env"):
+            self._use_env(spec["env"], unpacked.model_dir, Path(spec["cache_dir"]))
         context = serve.get_replica_context()
         init = {
             **spec,
@@ -77,6 +81,20 @@ class ModelReplica:
         self.infer_batch.set_max_batch_size(spec["batch_size"])
         self.infer_batch.set_batch_wait_timeout_s(spec["max_batch_delay_ms"] / 1000.0)
 
+    def _use_env(self, env: dict[str, Any], model_dir: Path, cache_dir: Path) -> None:
+        """The archive's requirements, from mserve's environment cache on this node (built by
+        the first replica that needs it, under the cache's lock), ahead of the replica's own
+        packages on ``sys.path``, as a layered mserve environment has them."""
+        from server.envs import EnvCache, EnvRequest
+
+        wheelhouse = model_dir / env["wheelhouse"] if env.get("wheelhouse") else None
+        cache = EnvCache(cache_dir / "envs")
+        python = cache.ensure(EnvRequest(env["requirements"], self.label, wheelhouse))
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        site_packages = Path(python).parent.parent / "lib" / version / "site-packages"
+        sys.path.insert(0, str(site_packages))
+        self.python = python
+
     async def infer(self, item: RequestItem) -> ResponseItem | tuple[str, str]:
         """One request; answered from the batch it joins."""
         return await self.infer_batch(item)
@@ -100,7 +118,8 @@ class ModelReplica:
 
     def info(self) -> dict[str, Any]:
         """Which process answers, and how its handler loaded (tests, ``status``)."""
-        return {"pid": os.getpid(), "style": self.style, "load_s": self.load_s}
+        return {"pid": os.getpid(), "style": self.style, "load_s": self.load_s,
+                "environment": self.python}  # fmt: skip
 
     def ready(self) -> bool:
         return True

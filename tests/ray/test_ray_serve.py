@@ -9,6 +9,7 @@ status, scale, a replica killed with SIGKILL, delete. Ray is shut down even when
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -44,6 +45,7 @@ class RayServe:
     address: str  # the GCS address the CLI connects to
     env: dict[str, str]
     base: str  # Serve's HTTP proxy, where mserve's paths answer
+    store: Path  # the archives deployed
 
     def cli(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
         return subprocess.run([MSERVE, "ray", *args, "--address", self.address],
@@ -114,7 +116,9 @@ def rs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServe]:
         info = ray.init(num_cpus=2, _temp_dir=str(short), include_dashboard=False,
                         log_to_driver=False, configure_logging=False)  # fmt: skip
         env = {**os.environ, **added, "RAY_AUTH_MODE": "token"}
-        rs = RayServe(info.address_info["gcs_address"], env, f"http://127.0.0.1:{_free_port()}")
+        rs = RayServe(
+            info.address_info["gcs_address"], env, f"http://127.0.0.1:{_free_port()}", store
+        )
         port = rs.base.rsplit(":", 1)[1]
         started = time.monotonic()
         out = rs.cli("deploy", "--models", f"probe={store / 'probe.mar'}",
@@ -167,12 +171,13 @@ def test_predict_batches_and_errors_like_mserve(rs: RayServe) -> None:
     assert rs.get("/ping").json() == {"status": "Healthy"}
 
 
-def test_requirement_comes_from_the_runtime_env(rs: RayServe) -> None:
+def test_requirement_comes_from_the_model_environment(rs: RayServe) -> None:
+    assert importlib.util.find_spec(PKG) is None  # Ray's own workers do not have it
     reply = rs.post("/predictions/pkg", {})
     assert reply.status == 200, reply.body
-    answer = reply.json()
-    assert answer["version"] == "1.0"  # installed from the archive's wheelhouse, offline
-    assert answer["python"] != sys.executable  # by Ray, in an environment of its own
+    assert reply.json()["version"] == "1.0"  # installed from the archive's wheelhouse, offline
+    info = serve.get_deployment_handle("pkg.1.0", APP).info.remote().result(timeout_s=30)
+    assert info["environment"] != sys.executable  # mserve's environment cache, on this node
 
 
 def test_open_inference_protocol(rs: RayServe) -> None:
@@ -189,10 +194,40 @@ def test_open_inference_protocol(rs: RayServe) -> None:
     answer = reply.json()
     assert (answer["model_name"], answer["model_version"]) == ("pkg", "1.0")
     outputs = {o["name"]: o for o in answer["outputs"]}
-    assert outputs["version"] == {"name": "version", "datatype": "BYTES", "shape": [1],
-                                  "data": ["1.0"]}  # fmt: skip
+    assert (outputs["version"]["datatype"], outputs["version"]["data"]) == ("BYTES", ["1.0"])
     missing = rs.post("/v2/models/nope/infer", request)
     assert missing.status == 404 and missing.json() == {"error": "Model not found: nope"}
+
+
+def test_a_client_cannot_tell_it_from_mserve(rs: RayServe, start_server, tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir(exist_ok=True)
+    for name in ("probe.mar", "pkg.mar"):
+        shutil.copy(rs.store / name, tmp_path / "store" / name)
+    single = start_server("probe=probe.mar", "pkg=pkg.mar")
+    base = single.url("inference", "")
+    tensors = {"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [7]}]}
+    calls = [
+        ("GET", "/ping", None),
+        ("POST", "/predictions/probe", {"cmd": "raise"}),
+        ("POST", "/predictions/probe", {"cmd": "wrong_length"}),
+        ("POST", "/predictions/nope", {}),
+        ("POST", "/predictions/probe/2.0", {}),
+        ("GET", "/predictions/probe", None),
+        ("GET", "/v2/models/probe", None),
+        ("GET", "/v2/models/pkg/versions/1.0/ready", None),
+        ("POST", "/v2/models/pkg/infer", tensors),
+        ("POST", "/v2/models/nope/infer", tensors),
+        ("POST", "/v2/models/pkg/infer", {"inputs": "not a list"}),
+        ("GET", "/v1/models/pkg", None),
+        ("GET", "/nowhere", None),
+    ]
+    for method, path, body in calls:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        ours, theirs = (http(method, b + path, data, headers, 60) for b in (rs.base, base))
+        assert (ours.status, ours.body) == (theirs.status, theirs.body), (method, path)
+        content_type = {k.lower(): v for k, v in ours.headers.items()}["content-type"]
+        assert content_type == {k.lower(): v for k, v in theirs.headers.items()}["content-type"]
 
 
 def test_status_then_scale(rs: RayServe) -> None:
