@@ -23,6 +23,7 @@ import argparse
 import http.client
 import json
 import os
+import secrets
 import shutil
 import socket
 import statistics
@@ -88,6 +89,8 @@ def start_ray(work: Path, port: int) -> tuple[float, float]:
     from server.rayserve.plan import Overrides, plan_models
     from server.rundir import StartupModel
 
+    # token authorization stays on (Ray's default), with a token of our own, not ~/.ray's
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     started = time.perf_counter()
     ray.init(num_cpus=2, _temp_dir=str(work / "ray"), include_dashboard=False,
              log_to_driver=False, configure_logging=False)  # fmt: skip
