@@ -256,9 +256,17 @@ def test_status_then_scale(rs: RayServe) -> None:
     out = rs.cli("scale", "probe", "--min-workers", "2")
     assert out.returncode == 0, out.stderr
     assert "scaled probe:1.0 to 2-2 replicas" in out.stdout
-    wait_for(lambda: rs.status()["probe"]["replicas"] == {"RUNNING": 2}, 120, "2 replicas")
+    wait_for(lambda: _running("probe.1.0") == 2, 120, "2 running replicas")
+    assert rs.status()["probe"]["replicas"] == {"RUNNING": 2}
     pids = wait_for(lambda: len(_pids(rs)) == 2 and _pids(rs), 60, "answers from 2 replicas")
     assert len(pids) == 2
+
+
+def _running(deployment: str) -> int:
+    """Running replicas, as Serve's controller counts them (what `status` prints), asked from
+    this process: a CLI call per poll would cost a driver start each."""
+    states = serve.status().applications[APP].deployments[deployment].replica_states
+    return states.get("RUNNING", 0)
 
 
 def _pids(rs: RayServe) -> set[int]:
@@ -281,7 +289,7 @@ def test_killed_replica_is_replaced(rs: RayServe) -> None:
             assert reply.status in (500, 503), reply.body
             time.sleep(0.2)
     assert answered == 10
-    wait_for(lambda: rs.status()["probe"]["replicas"] == {"RUNNING": 2}, 120, "a new replica")
+    wait_for(lambda: _running("probe.1.0") == 2, 120, "a new replica")
     assert victim not in wait_for(lambda: len(_pids(rs)) == 2 and _pids(rs), 60, "2 replicas")
 
 
