@@ -104,8 +104,11 @@ def app(args: Mapping[str, Any]) -> Application:
 
 
 def connect(address: str | None) -> None:
-    """Join the cluster as a driver (quietly: replica logs stay in Ray's log files)."""
+    """Join a running cluster as a driver (quietly: replica logs stay in Ray's log files).
+    Never starts one: ``ray.init()`` without an address would start a cluster that ends with
+    this command, taking the deployment with it."""
     if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS") or "auto"
         ray.init(address=address, log_to_driver=False, configure_logging=False)
 
 

@@ -15,7 +15,10 @@ import click
 
 from server.errors import MserveError
 
-ADDRESS_HELP = "Ray cluster address (ray://host:10001, host:6379, or auto). Default: $RAY_ADDRESS."
+ADDRESS_HELP = (
+    "Ray cluster address (ray://host:10001, host:6379, or auto: the one running on this"
+    " machine). Default: $RAY_ADDRESS, else auto."
+)
 
 
 def _fail(message: str, code: int = 1) -> None:

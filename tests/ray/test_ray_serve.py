@@ -266,7 +266,7 @@ def _running(deployment: str) -> int:
     """Running replicas, as Serve's controller counts them (what `status` prints), asked from
     this process: a CLI call per poll would cost a driver start each."""
     states = serve.status().applications[APP].deployments[deployment].replica_states
-    return states.get("RUNNING", 0)
+    return sum(n for state, n in states.items() if getattr(state, "value", state) == "RUNNING")
 
 
 def _pids(rs: RayServe) -> set[int]:
