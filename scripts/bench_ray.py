@@ -23,6 +23,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -65,9 +66,16 @@ class RayTarget:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port for Serve's proxy, outside both the kernel's ephemeral range and Ray's
+    worker ports (10002-19999), which Ray's own processes keep taking while it starts."""
+    for port in random.sample(range(20000, 30000), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-29999")
 
 
 def _first_answer(target, path: str, body: bytes, timeout_s: float = 600) -> float:
@@ -81,7 +89,7 @@ def _first_answer(target, path: str, body: bytes, timeout_s: float = 600) -> flo
     raise SystemExit(f"no answer on {path} within {timeout_s:g} s")
 
 
-def start_ray(work: Path, port: int) -> tuple[float, float]:
+def start_ray(work: Path) -> tuple[float, float, int]:
     """Local Ray, then the deployment; seconds to start Ray, and from deploy to first answer."""
     import ray
 
@@ -95,13 +103,14 @@ def start_ray(work: Path, port: int) -> tuple[float, float]:
     ray.init(num_cpus=2, _temp_dir=str(work / "ray"), include_dashboard=False,
              log_to_driver=False, configure_logging=False)  # fmt: skip
     ray_s = time.perf_counter() - started
+    port = _free_port()
     started = time.perf_counter()
     models = [StartupModel("echo", str(work / "store" / "echo.mar")),
               StartupModel("mlp", str(work / "store" / "mlp.mar"))]  # fmt: skip
     plans = plan_models(models, work / "cache", Overrides(cpus_per_replica=0.5))
     app.deploy(plans, http_port=port)
     _first_answer(RayTarget(port), "/predictions/echo", b'{"x": 1}')
-    return ray_s, time.perf_counter() - started
+    return ray_s, time.perf_counter() - started, port
 
 
 def main() -> None:
@@ -125,8 +134,7 @@ def main() -> None:
         status, _ = server.request("POST", "/predictions/echo", b'{"x": 1}')
         assert status == 200
         print(f"mserve: --start to first answer {time.perf_counter() - t0:.2f} s")
-        port = _free_port()
-        ray_s, deploy_s = start_ray(work, port)
+        ray_s, deploy_s, port = start_ray(work)
         print(f"ray: ray.init {ray_s:.2f} s; deploy (2 models) to first answer {deploy_s:.2f} s")
         ray_target = RayTarget(port)
         bodies = {"echo": json.dumps({"data": [0.5] * 256}).encode(),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -74,9 +75,16 @@ def _archive(store: Path, name: str, folder: str, handler: str, *extra: str) -> 
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port for Serve's proxy, outside both the kernel's ephemeral range and Ray's
+    worker ports (10002-19999), which Ray's own processes keep taking while it starts."""
+    for port in random.sample(range(20000, 30000), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-29999")
 
 
 def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
