@@ -31,6 +31,7 @@ from server.rundir import StartupModel
 
 APP_NAME = "mserve"
 INGRESS = "ingress"
+INGRESS_IN_FLIGHT = 256
 # the server's own unpack cache: an archive both serve is unpacked once
 DEFAULT_CACHE = "~/.mserve/unpacked"
 
@@ -55,7 +56,12 @@ def build_from_entries(entries: list[dict[str, Any]], ingress_cpus: float = 0.0)
         model = models.setdefault(name, {"default": version, "versions": {}})
         model["versions"][version] = entry
     ingress = serve.deployment(Ingress).options(
-        name=INGRESS, num_replicas=1, ray_actor_options={"num_cpus": ingress_cpus}
+        name=INGRESS,
+        num_replicas=1,
+        ray_actor_options={"num_cpus": ingress_cpus},
+        # it only waits on the models' replicas: Serve's default of 5 at once queued clients
+        # at the proxy while the models idled (the models' own queues stay bounded)
+        max_ongoing_requests=INGRESS_IN_FLIGHT,
     )
     return _versioned(ingress, [models, ingress_cpus]).bind(routes, models)
 

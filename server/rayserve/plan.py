@@ -85,8 +85,9 @@ class ModelPlan:
             "ray_actor_options": actor,
             "max_ongoing_requests": max(REPLICA_IN_FLIGHT, 2 * s.batch_size),
             "max_queued_requests": s.job_queue_size,
-            # a replica loads its handler in __init__: give it the model's startupTimeout
             "graceful_shutdown_timeout_s": 5,
+            # a handler that fails to load fails the same way the next time: report it soon
+            "max_constructor_retry_count": 3,
         }
         options.update(replica_bounds(s.min_workers, s.max_workers, s.batch_size))
         return options

@@ -111,6 +111,7 @@ def rs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServe]:
     make_wheel(wheels, PKG, "1.0", "VERSION = '1.0'\n")
     oip = tmp / "pkg.yaml"  # v2 requests reach the handler as tensors
     oip.write_text(yaml.safe_dump({"kserveEnvelope": True}))
+    _archive(store, "broken", "bad_import", "broken:handle")
     _archive(store, "pkg", "versioned", "vhandler:handle", "-r", str(reqs),
              "--wheelhouse", str(wheels), "--config-file", str(oip))  # fmt: skip
 
@@ -308,3 +309,12 @@ def test_delete(rs: RayServe) -> None:
     assert status.returncode == 1
     assert "no Serve application 'mserve'" in status.stderr
     assert rs.get("/ping").status == 404
+
+
+def test_a_handler_that_cannot_load_fails_the_deploy(rs: RayServe) -> None:
+    out = rs.cli("deploy", "--models", f"broken={rs.store / 'broken.mar'}",
+                 "--cache-dir", str(rs.store.parent / "cache"), "--cpus-per-replica", "0.25", "--http-port", rs.base.rsplit(":", 1)[1])  # fmt: skip
+    assert out.returncode == 1, out.stdout
+    assert "model broken:1.0: the handler failed to load" in out.stderr
+    assert "No module named 'mserve_test_missing_dependency'" in out.stderr
+    assert rs.cli("delete").returncode == 0
