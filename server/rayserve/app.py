@@ -23,7 +23,7 @@ from ray.serve import Application, Deployment
 
 from archiver import __version__
 from server.envs import runtime_digest
-from server.errors import BadRequest, ModelNotFound, ModelVersionNotFound
+from server.errors import BadRequest, InvalidModel, ModelNotFound, ModelVersionNotFound
 from server.rayserve.ingress import Ingress
 from server.rayserve.plan import ModelPlan, Overrides, plan_models, scaled_options
 from server.rayserve.replica import ModelReplica
@@ -34,6 +34,10 @@ INGRESS = "ingress"
 INGRESS_IN_FLIGHT = 256
 # the server's own unpack cache: an archive both serve is unpacked once
 DEFAULT_CACHE = "~/.mserve/unpacked"
+
+
+class DeployFailed(InvalidModel):
+    """Serve could not start a deployment; the message carries each failed one's error."""
 
 
 def build_app(plans: list[ModelPlan], ingress_cpus: float = 0.0) -> Application:
@@ -129,7 +133,24 @@ def deploy(
     """Deploy (or update in place) and wait until every deployment is running. Serve's HTTP
     proxy is started on ``http_host:http_port`` if Serve is not running yet."""
     serve.start(http_options={"host": http_host, "port": http_port})
-    serve.run(build_app(plans, ingress_cpus), name=app_name, route_prefix="/")
+    try:
+        serve.run(build_app(plans, ingress_cpus), name=app_name, route_prefix="/")
+    except RuntimeError as exc:  # Serve names the deployment; its status says why
+        raise DeployFailed(f"{exc}{_failures(app_name)}") from exc
+
+
+def _failures(app_name: str) -> str:
+    """What Serve's status says about each deployment that is not healthy: the replica's own
+    error (a handler that failed to load, an environment that failed to build)."""
+    application = serve.status().applications.get(app_name)
+    if application is None:
+        return ""
+    lines = [
+        f"\n{name}: {d.message}"
+        for name, d in application.deployments.items()
+        if str(d.status.value) not in ("HEALTHY", "UPDATING") and d.message
+    ]
+    return "".join(lines)
 
 
 def describe(app_name: str = APP_NAME) -> dict[str, Any]:
