@@ -32,7 +32,7 @@ from server.errors import (
     MserveError,
     PathNotFound,
     ResponseTooLarge,
-    ServiceUnavailable,
+    TooManyRequests,
     WorkerDied,
     WorkerTimeout,
 )
@@ -207,9 +207,9 @@ class Ingress:
             raise WorkerTimeout(
                 f"model {label} did not answer within responseTimeout {timeout_s:g} s"
             ) from None
-        except serve_exceptions.BackPressureError:
-            raise ServiceUnavailable(
-                f"model {label} has a full queue (jobQueueSize); try again later"
+        except serve_exceptions.BackPressureError:  # max_queued_requests, from jobQueueSize
+            raise TooManyRequests(
+                f"model {label} queue is full (job_queue_size={entry['settings']['jobQueueSize']})"
             ) from None
         except _REPLICA_GONE as exc:
             raise WorkerDied(
