@@ -171,7 +171,10 @@ def _startup_models(config: ServerConfig, flag_models: list[str]) -> list[Startu
     return startup
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Ray Serve: mserve ray deploy|status|scale|delete (mserve ray -h, docs/ray.md).",
+)
 @click.option("--start", is_flag=True, help="Start the server (a daemon unless --foreground).")
 @click.option("--stop", is_flag=True, help="Stop the running server.")
 @click.option("--status", "show_status", is_flag=True, help="Show the running server's state.")
@@ -217,7 +220,7 @@ def _startup_models(config: ServerConfig, flag_models: list[str]) -> list[Startu
 @click.option("-v", "--version", "show_version", is_flag=True, help="Print the version.")
 @click.option("--quiet", is_flag=True, hidden=True)
 @click.argument("more_models", nargs=-1)
-def main(
+def serve_main(
     start: bool,
     stop: bool,
     show_status: bool,
@@ -297,6 +300,18 @@ def main(
         sys.exit(run_server(config, startup, foreground=not quiet, warnings=warnings))
     except MserveError as exc:
         _fail(exc.message)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``mserve`` command: ``mserve ray ...`` deploys on Ray Serve
+    (server/rayserve/cli.py); everything else is the server's, as TorchServe's flags."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] == "ray":
+        from server.rayserve.cli import main as ray_main
+
+        ray_main(args[1:])
+        return
+    serve_main.main(args=args, prog_name="mserve")
 
 
 if __name__ == "__main__":
