@@ -9,6 +9,7 @@ machine: nothing is applied."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from archiver import __version__
 from server.cli import main as mserve_cli
 from server.config import ServerConfig, load_config, parse_address
 from tests.deploy.crd_schemas import SCHEMAS
+from tests.deploy.k8s_tools import helm_path
 from tests.deploy.manifests import (
     CHART,
     DOCKERFILE,
@@ -297,3 +299,10 @@ def test_chart_version_follows_the_package() -> None:
     """The default image tag is <appVersion>-<variant>: appVersion must be the version built."""
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == __version__
+
+
+def test_helm_lint_is_clean() -> None:
+    """helm's own checks of the chart (warnings fail too)."""
+    out = subprocess.run([str(helm_path()), "lint", "--strict", str(CHART)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
