@@ -400,6 +400,7 @@ class Server:
                 self.registry.on_change("snapshot", lambda: snapshot.save(self.registry, path))
                 self.registry.changed()
             self.state = "ready"
+            self.registry.started = True
             self.write_status()
             if self.config.fork_workers:
                 self.launcher.allow_warming()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,9 @@ from tests.deploy.k8s_tools import helm_path
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "mserve"
 DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
+MLP = REPO / "examples" / "mlp"
+# the installed console script, from the environment running this
+ARCHIVER_SCRIPT = str(Path(sys.executable).parent / "model-archiver")
 KUBE_VERSION = "1.25.0"  # the chart's kubeVersion floor
 
 
@@ -92,3 +98,53 @@ def server_command(dockerfile: Dockerfile) -> list[str]:
     if command[:2] == ["tini", "--"]:
         command = command[2:]
     return command
+
+
+def kserve_storage(root: Path, tmp_path: Path) -> None:
+    """What KServe's storage initializer leaves under the mount for its TorchServe runtime."""
+    store = root / "model-store"
+    store.mkdir(parents=True)
+    (root / "config").mkdir()
+    weights = tmp_path / "mlp.pt"
+    subprocess.run([sys.executable, str(MLP / "make_weights.py"), str(weights)], check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [ARCHIVER_SCRIPT, "--model-name", "mlp", "--version", "1.0",
+         "--serialized-file", str(weights), "--model-file", str(MLP / "model.py"),
+         "--handler", f"{MLP / 'handler.py'}:handle", "-c", str(MLP / "model-config.yaml"),
+         "--export-path", str(store)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {"mlp": {"1.0": {
+        "defaultVersion": True, "marName": "mlp.mar", "minWorkers": 1, "maxWorkers": 1,
+        "batchSize": 1, "maxBatchDelay": 10, "responseTimeout": 120}}}}  # fmt: skip
+    (root / "config" / "config.properties").write_text(
+        "inference_address=http://0.0.0.0:8085\n"
+        "management_address=http://0.0.0.0:8085\n"
+        "metrics_address=http://0.0.0.0:8082\n"
+        "grpc_inference_port=7070\n"
+        "grpc_management_port=7071\n"
+        "enable_envvars_config=true\n"
+        "enable_metrics_api=true\n"
+        "metrics_mode=prometheus\n"
+        "number_of_netty_threads=4\n"
+        "job_queue_size=10\n"
+        f"model_store={root / 'model-store'}\n"
+        f"model_snapshot={json.dumps(snapshot)}\n"
+    )
+
+
+def runtime_env(container: dict[str, Any], run_dir: Path, key_file: Path) -> dict[str, str]:
+    """The runtime's variables, listeners moved to free loopback ports, the run dir to tmp."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MSERVE_", "TS_"))}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    for var in container["env"]:
+        value = var["value"]
+        if var["name"].endswith("_ADDRESS"):
+            value = re.sub(r"^[0-9.]+:\d+$", "127.0.0.1:0", value)
+            assert value == "127.0.0.1:0", var
+        env[var["name"]] = value
+    env["MSERVE_RUN_DIR"] = str(run_dir)
+    env["MSERVE_TOKEN_KEY_FILE"] = str(key_file)  # where the pod mounts the Secret
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env

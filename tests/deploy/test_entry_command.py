@@ -11,75 +11,29 @@ initializer and ingress. Listeners bind 127.0.0.1 on free ports (port 0) here, n
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ARCHIVER_SCRIPT
-from tests.deploy.manifests import DOCKERFILE, REPO, Dockerfile, of_kind, render, server_command
+from tests.deploy.manifests import (
+    DOCKERFILE,
+    Dockerfile,
+    kserve_storage,
+    of_kind,
+    render,
+    runtime_env,
+    server_command,
+)
 from tests.server.conftest import http, wait_until
 
 KEYS = {"inference": "inference-key-0123456789", "management": "management-key-0123456789",
         "api": "api-key-0123456789abcdef"}  # fmt: skip
-MLP = REPO / "examples" / "mlp"
-
-
-def _kserve_storage(root: Path, tmp_path: Path) -> None:
-    """What KServe's storage initializer leaves under the mount for its TorchServe runtime."""
-    store = root / "model-store"
-    store.mkdir(parents=True)
-    (root / "config").mkdir()
-    weights = tmp_path / "mlp.pt"
-    subprocess.run([sys.executable, str(MLP / "make_weights.py"), str(weights)], check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
-    subprocess.run(
-        [ARCHIVER_SCRIPT, "--model-name", "mlp", "--version", "1.0",
-         "--serialized-file", str(weights), "--model-file", str(MLP / "model.py"),
-         "--handler", f"{MLP / 'handler.py'}:handle", "-c", str(MLP / "model-config.yaml"),
-         "--export-path", str(store)],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {"mlp": {"1.0": {
-        "defaultVersion": True, "marName": "mlp.mar", "minWorkers": 1, "maxWorkers": 1,
-        "batchSize": 1, "maxBatchDelay": 10, "responseTimeout": 120}}}}  # fmt: skip
-    (root / "config" / "config.properties").write_text(
-        "inference_address=http://0.0.0.0:8085\n"
-        "management_address=http://0.0.0.0:8085\n"
-        "metrics_address=http://0.0.0.0:8082\n"
-        "grpc_inference_port=7070\n"
-        "grpc_management_port=7071\n"
-        "enable_envvars_config=true\n"
-        "enable_metrics_api=true\n"
-        "metrics_mode=prometheus\n"
-        "number_of_netty_threads=4\n"
-        "job_queue_size=10\n"
-        f"model_store={root / 'model-store'}\n"
-        f"model_snapshot={json.dumps(snapshot)}\n"
-    )
-
-
-def _runtime_env(container: dict[str, Any], run_dir: Path, key_file: Path) -> dict[str, str]:
-    """The runtime's variables, listeners moved to free loopback ports, the run dir to tmp."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MSERVE_", "TS_"))}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    for var in container["env"]:
-        value = var["value"]
-        if var["name"].endswith("_ADDRESS"):
-            value = re.sub(r"^[0-9.]+:\d+$", "127.0.0.1:0", value)
-            assert value == "127.0.0.1:0", var
-        env[var["name"]] = value
-    env["MSERVE_RUN_DIR"] = str(run_dir)
-    env["MSERVE_TOKEN_KEY_FILE"] = str(key_file)  # where the pod mounts the Secret
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return env
 
 
 @pytest.mark.timeout(240)
@@ -97,26 +51,37 @@ def test_the_image_command_serves_kserve_torchserve_storage(tmp_path: Path) -> N
         "terminationGracePeriodSeconds"]  # fmt: skip
 
     mount = tmp_path / "mnt" / "models"
-    _kserve_storage(mount, tmp_path)
+    kserve_storage(mount, tmp_path)
     args = [a.replace("/mnt/models", str(mount)) for a in container["args"]]
     command = [*server_command(Dockerfile.read(DOCKERFILE)), *args]
     run_dir = tmp_path / "run"
     log = tmp_path / "mserve.out"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, env=_runtime_env(container, run_dir, key_file),
+        proc = subprocess.Popen(command, env=runtime_env(container, run_dir, key_file),
                                 stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)  # fmt: skip
     try:
         status: dict[str, Any] = {}
+        probes: list[int] = []  # readiness answers while the model was still loading
+
+        def read_status() -> None:
+            with contextlib.suppress(OSError, ValueError):  # not written yet, or mid-write
+                status.update(json.loads((run_dir / "status.json").read_text()))
 
         def ready() -> bool:
             assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                status.update(json.loads((run_dir / "status.json").read_text()))
-            except (OSError, ValueError):
-                return False
-            return status.get("state") == "ready"
+            read_status()
+            if status.get("state") == "ready":
+                return True
+            if status.get("urls"):  # listening, the startup model still loading
+                code = http("GET", f"{status['urls']['inference']}/v2/health/ready").status
+                read_status()
+                if status.get("state") != "ready":
+                    probes.append(code)
+            return False
 
         wait_until(ready, 180, "the server to load the KServe layout's model")
+        # the readiness probe kept traffic away until the model could answer it
+        assert probes and set(probes) == {503}, probes
         assert status["models"] == {"mlp": "ready"}, log.read_text()[-3000:]
         inference, management = status["urls"]["inference"], status["urls"]["management"]
         metrics = status["urls"]["metrics"]
