@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import dockerfile
 import yaml
 
 from tests.deploy.k8s_tools import helm_path
@@ -47,48 +47,34 @@ def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 @dataclass
 class Dockerfile:
-    """The instructions of a Dockerfile, continuation lines joined, comments dropped."""
+    """A Dockerfile's instructions as BuildKit's own parser reads them (the ``dockerfile``
+    package wraps it): what a real build would see, continuation lines and quoting included."""
 
-    instructions: list[tuple[str, str]] = field(default_factory=list)
+    instructions: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
     @classmethod
     def read(cls, path: Path) -> Dockerfile:
-        out, pending = cls(), ""
-        for line in path.read_text().splitlines():
-            stripped = line.strip()
-            if not pending and (not stripped or stripped.startswith("#")):
-                continue
-            if stripped.endswith("\\"):
-                pending += stripped[:-1] + " "
-                continue
-            text = pending + stripped
-            pending = ""
-            word, _, rest = text.partition(" ")
-            out.instructions.append((word.upper(), rest.strip()))
-        return out
+        return cls([(c.cmd.upper(), tuple(c.value)) for c in dockerfile.parse_file(str(path))])
 
-    def all(self, word: str) -> list[str]:
-        return [rest for w, rest in self.instructions if w == word]
+    def all(self, word: str) -> list[tuple[str, ...]]:
+        return [value for w, value in self.instructions if w == word]
 
     def entrypoint(self) -> list[str]:
         (value,) = self.all("ENTRYPOINT")
-        return json.loads(value)
+        return list(value)
 
     def env(self) -> dict[str, str]:
-        """ENV name=value pairs (the form this Dockerfile uses)."""
+        """ENV name/value pairs, in order."""
         pairs: dict[str, str] = {}
-        for rest in self.all("ENV"):
-            for item in shlex.split(rest):
-                name, sep, value = item.partition("=")
-                assert sep, f"ENV {rest!r}: use the NAME=value form"
-                pairs[name] = value
+        for value in self.all("ENV"):
+            pairs.update(zip(value[::2], value[1::2], strict=True))
         return pairs
 
     def args(self) -> dict[str, str]:
         pairs = {}
-        for rest in self.all("ARG"):
-            name, _, value = rest.partition("=")
-            pairs[name] = value
+        for (value,) in self.all("ARG"):
+            name, _, default = value.partition("=")
+            pairs[name] = default
         return pairs
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -270,29 +271,36 @@ def test_dockerfile() -> None:
     exposed ports equal to that config's; the files it copies exist."""
     docker = Dockerfile.read(DOCKERFILE)
     assert docker.entrypoint() == ["tini", "--", "mserve", "--start", "--foreground"]
-    stages = {rest.split(" AS ")[-1] for rest in docker.all("FROM")}
+    stages = {value[-1] for value in docker.all("FROM")}
     assert {"base-cpu", "base-cuda", "runtime"} <= stages
-    assert "base-${VARIANT} AS runtime" in docker.all("FROM")
+    assert ("base-${VARIANT}", "AS", "runtime") in docker.all("FROM")
     args = docker.args()
     assert args["VARIANT"] == "cpu"
     assert args["TORCH_VERSION"] == "2.13.0"  # the project's pin (scripts/test.sh)
     assert "torch==2.13.0" in (REPO / "scripts" / "test.sh").read_text()
-    (user,) = docker.all("USER")
-    assert user == "${UID}" and int(args["UID"]) > 0
-    for rest in docker.all("COPY"):
-        for source in rest.split()[:-1]:
+    assert docker.all("USER") == [("${UID}",)] and int(args["UID"]) > 0
+    for value in docker.all("COPY"):
+        for source in value[:-1]:
             assert (REPO / source).exists(), f"COPY {source}: no such path in the repository"
     env = docker.env()
     baked = REPO / "deploy" / "docker" / Path(env["MSERVE_CONFIG"]).name
-    assert f"deploy/docker/{baked.name} {env['MSERVE_CONFIG']}" in docker.all("COPY")
+    assert (f"deploy/docker/{baked.name}", env["MSERVE_CONFIG"]) in docker.all("COPY")
     config = load_config(baked, {}, environ={k: v for k, v in env.items() if k != "MSERVE_CONFIG"})
-    exposed = {int(p) for rest in docker.all("EXPOSE") for p in rest.split()}
+    exposed = {int(p) for value in docker.all("EXPOSE") for p in value}
     bound = {parse_address(getattr(config, k), k)[1] for k in (
         "inference_address", "management_address", "metrics_address",
         "grpc_inference_address", "grpc_management_address")}  # fmt: skip
     assert exposed == bound
-    assert config.model_store in docker.all("VOLUME")[0]
-    assert config.run_dir in docker.all("VOLUME")[0]
+    (volumes,) = docker.all("VOLUME")
+    assert {config.model_store, config.run_dir} == set(volumes)
+
+
+def test_hadolint_is_clean() -> None:
+    """hadolint's checks of the Dockerfile (each ignore in it says why)."""
+    hadolint = Path(sys.executable).parent / "hadolint"
+    out = subprocess.run([str(hadolint), "--no-color", str(DOCKERFILE)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_chart_version_follows_the_package() -> None:
