@@ -14,14 +14,13 @@ from typing import Any
 import dockerfile
 import yaml
 
+from tests.conftest import ARCHIVER_SCRIPT
 from tests.deploy.k8s_tools import helm_path
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "mserve"
 DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
 MLP = REPO / "examples" / "mlp"
-# the installed console script, from the environment running this
-ARCHIVER_SCRIPT = str(Path(sys.executable).parent / "model-archiver")
 KUBE_VERSION = "1.25.0"  # the chart's kubeVersion floor
 
 
