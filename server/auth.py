@@ -14,11 +14,18 @@ Keys are compared in constant time; the management and inference keys expire
 A refusal is 401 with ``WWW-Authenticate: Bearer`` and TorchServe's error body (type
 ``InvalidKeyException``); TorchServe answers 400. Probes (``token_exempt_paths``: ``/ping``,
 ``/v2/health/*`` and the API description by default) need no key.
+
+Fixed keys (``token_key_file``): replicas behind one Service must accept the same key, which
+random per-process keys cannot give. The file (a Kubernetes Secret, mounted) holds the
+inference and management keys, and optionally the API key, in key_file.json's layout; such keys
+never expire and ``GET /token`` refuses to rotate them, since a rotation would reach one
+replica only.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import secrets
 import time
@@ -28,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from server.errors import BadRequest, MserveError
+from server.errors import BadRequest, ConfigError, MserveError
 from server.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -36,6 +43,11 @@ log = logging.getLogger(__name__)
 KINDS = ("management", "inference")  # the keys that expire and rotate
 API = "API"  # the key that rotates them (TorchServe's name in its key file)
 KEY_BYTES = 32
+# A fixed key's bounds: long enough not to be guessed, short enough for a header; printable
+# ASCII without spaces, so it survives a header and a shell.
+FIXED_KEY_MIN_CHARS = 16
+FIXED_KEY_MAX_CHARS = 512
+FIXED_KEY_FILE_MAX_BYTES = 64 * 1024
 
 
 class Unauthorized(MserveError):
@@ -91,17 +103,62 @@ def bearer(header: str | None) -> str | None:
     return value.strip() or None
 
 
+def read_key_file(path: Path) -> dict[str, str]:
+    """The fixed keys of ``token_key_file``: ``{"inference": {"key": "..."}, "management":
+    {"key": "..."}, "API": {"key": "..."}}`` (key_file.json's layout; a plain string in place
+    of ``{"key": ...}`` also works; ``API`` may be left out). Expiry times in it are ignored."""
+    where = f"token_key_file {path}"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(FIXED_KEY_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {where}: {exc.strerror}") from None
+    if len(data) > FIXED_KEY_FILE_MAX_BYTES:
+        raise ConfigError(f"{where} is larger than {FIXED_KEY_FILE_MAX_BYTES} bytes")
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise ConfigError(f"{where} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: expected an object with 'inference' and 'management' keys")
+    keys = {}
+    for kind in (*KINDS, API):
+        entry = doc.get(kind)
+        if entry is None:
+            if kind == API:
+                continue
+            raise ConfigError(f"{where} has no '{kind}' key")
+        value = entry.get("key") if isinstance(entry, dict) else entry
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: '{kind}' should be a string or {{\"key\": string}}")
+        if not FIXED_KEY_MIN_CHARS <= len(value) <= FIXED_KEY_MAX_CHARS:
+            raise ConfigError(
+                f"{where}: the '{kind}' key has {len(value)} characters; it should have"
+                f" {FIXED_KEY_MIN_CHARS} to {FIXED_KEY_MAX_CHARS}"
+            )
+        if not all("!" <= c <= "~" for c in value):
+            raise ConfigError(f"{where}: the '{kind}' key should be printable ASCII without spaces")
+        keys[kind] = value
+    return keys
+
+
 class Keys:
-    """The server's keys and their file; rotation rewrites the file."""
+    """The server's keys and their file; rotation rewrites the file. ``fixed``: keys given by
+    the operator (``token_key_file``), which never expire and are not rotated."""
 
     def __init__(
         self, path: Path, lifetimes_s: Mapping[str, float],
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, fixed: Mapping[str, str] | None = None,
     ) -> None:  # fmt: skip
         self.path = path
         self.lifetimes_s = dict(lifetimes_s)
         self.clock = clock
+        self.fixed = fixed is not None
         now = clock()
+        if fixed is not None:
+            self._keys = {kind: _Key(fixed[kind], None) for kind in KINDS}
+            self._keys[API] = _Key(fixed.get(API) or _new_key(), None)
+            return
         self._keys = {kind: _Key(_new_key(), now + lifetimes_s[kind]) for kind in KINDS}
         self._keys[API] = _Key(_new_key(), None)
 
@@ -117,6 +174,11 @@ class Keys:
         if kind not in KINDS:
             raise BadRequest(
                 f"parameter 'type' should be one of {', '.join(KINDS)}, found {kind!r}"
+            )
+        if self.fixed:
+            raise BadRequest(
+                "the keys are fixed (token_key_file) and are not rotated through the API:"
+                " change the file and restart the server"
             )
         key = self._keys[kind] = _Key(_new_key(), self.clock() + self.lifetimes_s[kind])
         self.write()

@@ -279,6 +279,10 @@ def serve_main(
         if log_config and not Path(log_config).is_file():
             _fail(f"--log-config file not found: {log_config}")
         _check_model_store(config)
+        if config.token_key_file and not config.disable_token_authorization:
+            from server.auth import read_key_file
+
+            read_key_file(Path(config.token_key_file).expanduser())  # a bad file fails here
         startup = _startup_models(config, [*models, *more_models])
         warnings = ts.warnings() if ts else []
         if not quiet:

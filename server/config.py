@@ -126,6 +126,9 @@ class ServerConfig:
     batch_size: int = 1
     max_batch_delay_ms: int = 100
     response_timeout_s: float = 120.0
+    # On SIGTERM: how long queued and running requests may take to finish (the rest get 503),
+    # and again how long workers get to exit; a pod's terminationGracePeriodSeconds covers both.
+    shutdown_drain_s: float = 10.0
     startup_timeout_s: float = 120.0
     job_queue_size: int = 100
     retry_on_worker_death: bool = False
@@ -169,6 +172,10 @@ class ServerConfig:
     token_expiration_min: float = 60.0
     inference_token_expiration_min: float | None = None
     management_token_expiration_min: float | None = None
+    # Fixed keys instead of random ones (a mounted Secret, so every replica behind a Service
+    # takes the same key): a JSON file in key_file.json's layout (server/auth.py). Fixed keys do
+    # not expire and are not rotated through the API; change the file and restart instead.
+    token_key_file: str | None = None
     token_exempt_paths: tuple[str, ...] = (
         "/ping", "/v2/health/live", "/v2/health/ready", "/api-description"
     )  # fmt: skip
@@ -382,6 +389,7 @@ def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:
         )
     for key in GRPC_ADDRESS_KEYS:
         split_address(getattr(config, key), key)  # a bad one stops the start, naming the key
+    _check_distinct_ports(config)
     if (
         config.grpc
         and grpc_tls(config)
@@ -401,6 +409,27 @@ def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:
                 f" expression: {exc}"
             ) from None
     return config
+
+
+def _check_distinct_ports(config: ServerConfig) -> None:
+    """Each API needs a port of its own. Checked on the final values, so a TorchServe file that
+    puts two APIs on one port (KServe's TorchServe layout does) works once a later layer (an
+    ``MSERVE_*`` variable, a flag) moves one of them."""
+    wildcard = ("0.0.0.0", "::")
+    seen: list[tuple[str, int, str]] = []
+    for key in (*ADDRESS_KEYS, *(GRPC_ADDRESS_KEYS if config.grpc else ())):
+        _tls, host, port = split_address(getattr(config, key), key)
+        if port == 0:
+            continue
+        for other_host, other_port, other in seen:
+            clash = host == other_host or host in wildcard or other_host in wildcard
+            if port == other_port and clash:
+                raise ConfigError(
+                    f"{other} and {key} are both port {port} ({other_host}, {host}); mserve"
+                    " needs a port for each API (TorchServe serves two APIs on one port when"
+                    " their addresses are equal)"
+                )
+        seen.append((host, port, key))
 
 
 def _check_allowed_urls(patterns: tuple[str, ...]) -> None:

@@ -67,7 +67,7 @@ class InferenceAPI:
             return
         if parts == ["ping"]:
             req.allow("GET")
-            healthy = all(mv.healthy() for mv in self.registry.all())
+            healthy = self.registry.healthy()
             status = {"status": "Healthy" if healthy else "Unhealthy"}
             conn.answer_json(req, 200 if healthy else 500, status)
             return
@@ -116,7 +116,7 @@ class InferenceAPI:
             if parts[1] == "live":
                 conn.answer_json(req, 200, {"live": True})
             else:
-                ready = all(mv.healthy() for mv in self.registry.all())
+                ready = self.registry.healthy()
                 conn.answer_json(req, 200 if ready else 503, {"ready": ready})
             return
         if len(parts) < 2 or parts[0] != "models":

@@ -29,7 +29,7 @@ from archiver import __version__
 from server import snapshot
 from server.accesslog import AccessLogFile
 from server.app import ManagementAPI
-from server.auth import Guard, Keys
+from server.auth import Guard, Keys, read_key_file
 from server.config import ModelEntry, ServerConfig, grpc_tls, split_address
 from server.devices import GpuAllocator, server_gpus
 from server.download import is_remote, recorded_url
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mserve")
 
-SHUTDOWN_DRAIN_S = 10.0
 # client, request line, status, bytes, seconds; the time stamp comes from the log formatter
 ACCESS_LOG_FLUSH_S = 1.0  # the longest an access.log line waits in memory
 STATUS_REFRESH_S = 1.0  # the longest the status file lags a model's state
@@ -121,9 +120,7 @@ class TorchServeFormatter(logging.Formatter):
     thread ``W-9000-<model>_<version>-stdout``, logger ``MODEL_LOG``, the line as printed."""
 
     def __init__(self) -> None:
-        super().__init__(
-            "%(asctime)s [%(ts_level)-5s] %(ts_thread)s %(ts_logger)s - %(message)s"
-        )
+        super().__init__("%(asctime)s [%(ts_level)-5s] %(ts_thread)s %(ts_logger)s - %(message)s")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(record.created))
@@ -421,6 +418,7 @@ class Server:
                 self.registry.on_change("snapshot", lambda: snapshot.save(self.registry, path))
                 self.registry.changed()
             self.state = "ready"
+            self.registry.started = True
             self.write_status()
             if self.config.fork_workers:
                 self.launcher.allow_warming()
@@ -510,13 +508,14 @@ class Server:
     async def shutdown(self) -> None:
         self.state = "stopping"
         self.write_status()
+        drain_s = self.config.shutdown_drain_s
         for listener in self.listeners:  # new requests get 503 and "Connection: close"
             listener.stop_accepting()
         # new gRPC calls are refused at once (UNAVAILABLE); calls under way drain with the rest
-        grpc_stops = [asyncio.ensure_future(g.stop(SHUTDOWN_DRAIN_S)) for g in self.grpc_listeners]
-        await self._drain(SHUTDOWN_DRAIN_S)
+        grpc_stops = [asyncio.ensure_future(g.stop(drain_s)) for g in self.grpc_listeners]
+        await self._drain(drain_s)
         await self.registry.close()
-        await asyncio.gather(*(mv.stop(SHUTDOWN_DRAIN_S) for mv in self.registry.all()))
+        await asyncio.gather(*(mv.stop(drain_s) for mv in self.registry.all()))
         await self.launcher.close()
         for listener in self.listeners:
             listener.close()
@@ -533,7 +532,10 @@ def _keys(config: ServerConfig) -> Keys:
         "inference": config.inference_token_expiration_min or config.token_expiration_min,
         "management": config.management_token_expiration_min or config.token_expiration_min,
     }
-    return Keys(config.run_path / KEY_FILE, {k: m * 60 for k, m in minutes.items()})
+    fixed = None
+    if config.token_key_file:  # one key for every replica (a mounted Secret)
+        fixed = read_key_file(Path(config.token_key_file).expanduser())
+    return Keys(config.run_path / KEY_FILE, {k: m * 60 for k, m in minutes.items()}, fixed=fixed)
 
 
 def open_warning(urls: dict[str, str], model_api: bool) -> str | None:

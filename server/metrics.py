@@ -403,11 +403,19 @@ class Metrics:
         workers = GaugeMetricFamily(
             "mserve_workers_ready", "Ready workers", labels=["model", "version"]
         )
+        # queued requests + busy workers (a batch counts once): over mserve_workers_ready, the
+        # load per worker an autoscaler holds steady (docs/kubernetes.md); what a stop drains
+        pending = GaugeMetricFamily(
+            "mserve_requests_pending", "Requests queued, plus workers busy with a batch",
+            labels=["model", "version"],
+        )  # fmt: skip
         for mv in self._models():
             queue.add_metric([mv.name, mv.version], mv.queued())
             workers.add_metric([mv.name, mv.version], mv.ready_workers())
+            pending.add_metric([mv.name, mv.version], mv.pending())
         yield queue
         yield workers
+        yield pending
         if self._registry is None:
             return
         residency = self._registry.residency

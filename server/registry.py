@@ -128,6 +128,10 @@ class Registry:
         self.server_version = server_version
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.defaults: dict[str, str] = {}
+        # set once the startup models (snapshot, load_models) have loaded or failed: until then
+        # the health checks say "not ready", so a load balancer (a Kubernetes readiness probe)
+        # sends nothing to a server whose models are still loading
+        self.started = False
         self._lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
         self._listeners: list[tuple[str, Callable[[], None]]] = []  # see on_change
@@ -160,6 +164,11 @@ class Registry:
 
     def all(self) -> list[ModelVersion]:
         return [mv for versions in self.models.values() for mv in versions.values()]
+
+    def healthy(self) -> bool:
+        """What /ping, /v2/health/ready and their gRPC twins answer: the startup models have
+        loaded (or failed) and every model has its minWorkers ready."""
+        return self.started and all(mv.healthy() for mv in self.all())
 
     async def register(self, request: RegisterRequest) -> ModelVersion:
         cfg = self.config

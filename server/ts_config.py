@@ -402,20 +402,4 @@ def load_ts_config(path: Path, environ: Mapping[str, str]) -> TsConfig:
             unknown.append(key)
     if "install_py_dep_per_model" not in values:  # TorchServe's default differs from ours
         layers.insert(0, (f"{path} (TorchServe's default)", {"install_py_dep_per_model": False}))
-    _check_distinct_ports(layers, path)
     return TsConfig(path, tuple(layers), tuple(sorted(no_effect)), tuple(sorted(unknown)))
-
-
-def _check_distinct_ports(layers: list[tuple[str, dict[str, Any]]], path: Path) -> None:
-    """TorchServe serves two APIs on one port when their addresses are equal; we need one each."""
-    seen: dict[str, str] = {}
-    for _where, layer in layers:
-        for key, value in layer.items():
-            if key.endswith("_address") and not str(value).endswith(":0"):
-                other = seen.get(value)
-                if other is not None and other != key:
-                    raise ConfigError(
-                        f"{path}: {other} and {key} are both {value}; TorchServe then serves"
-                        " both APIs on that one port, mserve needs a port for each"
-                    )
-                seen[value] = key

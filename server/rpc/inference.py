@@ -80,7 +80,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
     async def Ping(
         self, request: object, context: aio.ServicerContext
     ) -> pb.TorchServeHealthResponse:
-        healthy = all(mv.healthy() for mv in self.registry.all())
+        healthy = self.registry.healthy()
         health = json.dumps({"status": "Healthy" if healthy else "Unhealthy"}, indent=2)
         return pb.TorchServeHealthResponse(health=health)
 

@@ -95,7 +95,7 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: aio.ServicerContext
     ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=all(mv.healthy() for mv in self.registry.all()))
+        return pb.ServerReadyResponse(ready=self.registry.healthy())
 
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: aio.ServicerContext

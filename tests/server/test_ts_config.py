@@ -407,3 +407,18 @@ def test_newest_snapshot_by_timestamp(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(ConfigError, match="holds no TorchServe config snapshot"):
         newest_snapshot(empty)
+
+
+def test_kserves_one_port_file_works_once_a_variable_moves_an_api(tmp_path: Path) -> None:
+    """KServe's TorchServe layout puts both APIs on 8085 (behind its wrapper); the mserve
+    runtime moves them with MSERVE_* variables, and the check applies to the final values."""
+    text = "inference_address=http://0.0.0.0:8085\nmanagement_address=http://0.0.0.0:8085\n"
+    env = {"MSERVE_INFERENCE_ADDRESS": "0.0.0.0:8080",
+           "MSERVE_MANAGEMENT_ADDRESS": "127.0.0.1:8081"}  # fmt: skip
+    config, _ = config_from(tmp_path, text, env)
+    assert (config.inference_address, config.management_address) == (
+        "0.0.0.0:8080", "127.0.0.1:8081")  # fmt: skip
+    # a wildcard and a loopback address on one port clash as well
+    with pytest.raises(ConfigError, match="metrics_address and grpc_inference_address are both"):
+        config_from(tmp_path, text, {**env, "MSERVE_METRICS_ADDRESS": "0.0.0.0:7070",
+                                     "MSERVE_GRPC_INFERENCE_ADDRESS": "127.0.0.1:7070"})  # fmt: skip
