@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from archiver import __version__
-from server.cli import main as mserve_cli
+from server.cli import serve_main as mserve_cli
 from server.config import ServerConfig, load_config, parse_address
 from tests.deploy.crd_schemas import SCHEMAS
 from tests.deploy.k8s_tools import helm_path
