@@ -5,7 +5,8 @@ decides the rest, server-wide:
 
 - **Idle unload**: a model asked for nothing during its ``idle_unload_s`` scales down to its
   ``min_workers`` (0 unloads it; the next request loads it again).
-- **Budget**: before a worker is started on demand, the workers' memory (PSS, which splits the
+- **Budget**: before a worker is started (on demand, or by a scale request or a registration
+  through :meth:`ModelVersion.scale`), the workers' memory (PSS, which splits the
   pages a forked worker shares with its template; RSS where there is no PSS) plus what a worker
   of that model took last time must fit ``worker_memory_budget_mb``, and the models with
   workers must stay within ``max_loaded_models``. If not, the least recently used idle model
@@ -13,7 +14,9 @@ decides the rest, server-wide:
   ``min_workers`` and the check runs again; with nothing to evict the start waits for room up to
   ``load_wait_s``, then fails with :class:`BudgetExhausted`, which names the budget.
 
-Starts on demand are admitted one at a time (a lock), so two cannot both take the last room. A
+Starts are admitted one at a time (a lock), so two cannot both take the last room. A scale
+request raises the model's ``min_workers`` before it waits for admission, so evictions leave
+the workers it asked for alone (they only ever stop workers beyond ``min_workers``). A
 worker that serves is never stopped here: :meth:`ModelVersion.unload` refuses a model with a
 busy or starting worker or queued requests, and nothing awaits between that check and the stop
 signal. A request arriving while its model is being evicted finds no worker and starts one.
@@ -87,9 +90,12 @@ class Residency:
 
     # --- admission --------------------------------------------------------------------------
 
-    async def admit(self, model: ModelVersion) -> None:
-        """Return when a worker of ``model`` may start: evict idle models until it fits, wait
-        for room up to ``load_wait_s``; raise :class:`BudgetExhausted` past it."""
+    async def admit(self, model: ModelVersion, count: int = 1) -> None:
+        """Return when ``count`` new workers of ``model`` may start: evict idle models until
+        they fit, wait for room up to ``load_wait_s``; raise :class:`BudgetExhausted` past it.
+
+        The caller must create the workers' slots before its next ``await``: the admission
+        lock is released on return, and the next admission counts what it sees started."""
         if not self.limited:
             return
         loop = asyncio.get_running_loop()
@@ -97,10 +103,11 @@ class Residency:
         try:
             await asyncio.wait_for(self._lock.acquire(), self.wait_s)
         except asyncio.TimeoutError:
-            raise BudgetExhausted(self._refusal(model, "other loads held the budget")) from None
+            why = "other loads held the budget"
+            raise BudgetExhausted(self._refusal(model, count, why)) from None
         try:
             while True:
-                why = await self._over(model)
+                why = await self._over(model, count)
                 if why is None:
                     return
                 victim = self._victim(model)
@@ -110,19 +117,22 @@ class Residency:
                     await asyncio.wait(tasks, timeout=max(0.1, deadline - loop.time()))
                     continue
                 if loop.time() >= deadline:
-                    raise BudgetExhausted(self._refusal(model, why))
+                    raise BudgetExhausted(self._refusal(model, count, why))
                 await asyncio.sleep(0.1)
         finally:
             self._lock.release()
 
-    def _refusal(self, model: ModelVersion, why: str) -> str:
+    def _refusal(self, model: ModelVersion, count: int, why: str) -> str:
+        what = f"load model {model.label}" if count == 1 else (
+            f"start {count} workers of model {model.label}"
+        )
         return (
-            f"cannot load model {model.label}: {why}, and no idle model could be unloaded"
+            f"cannot {what}: {why}, and no idle model could be unloaded"
             f" within load_wait_s={self.wait_s:g}"
         )
 
-    async def _over(self, model: ModelVersion) -> str | None:
-        """Why a new worker of ``model`` does not fit now, or None when it does."""
+    async def _over(self, model: ModelVersion, count: int = 1) -> str | None:
+        """Why ``count`` new workers of ``model`` do not fit now, or None when they do."""
         if self.max_loaded is not None and not model.live_workers():
             loaded = self.loaded_models(but=model)
             if loaded >= self.max_loaded:
@@ -130,12 +140,15 @@ class Residency:
         if self.budget_bytes is None:
             return None
         used = await self.measure()
-        need = self._estimate(model)
-        if used + need <= self.budget_bytes:
+        each = self._estimate(model)
+        if used + count * each <= self.budget_bytes:
             return None
+        takes = f"a worker of {model.label} takes" if count == 1 else (
+            f"{count} workers of {model.label} take"
+        )
         return (
             f"worker_memory_budget_mb={self.budget_bytes // MIB}: workers use"
-            f" {used / MIB:.0f} MiB and a worker of {model.label} takes about {need / MIB:.0f} MiB"
+            f" {used / MIB:.0f} MiB and {takes} about {count * each / MIB:.0f} MiB"
         )
 
     def _victim(self, model: ModelVersion) -> ModelVersion | None:
