@@ -648,11 +648,12 @@ class ModelVersion:
                 slot.task.add_done_callback(lambda _t, s=slot: self._retiring.discard(s))
         self.queue.wake_all()
 
-    def live_workers(self) -> list[tuple[int | None, bool]]:
-        """(pid, still starting) of every worker not yet stopped, retiring ones included (their
-        memory is in use until they exit); the pid is None until its process is started."""
+    def live_workers(self, retiring: bool = True) -> list[tuple[int | None, bool]]:
+        """(pid, still starting) of every worker not yet stopped, retiring ones included unless
+        ``retiring`` is false (their memory is in use until they exit); the pid is None until
+        its process is started."""
         out = []
-        for slot in (*self.slots, *self._retiring):
+        for slot in (*self.slots, *self._retiring) if retiring else self.slots:
             w = slot.worker
             if w is not None and w.state is not WorkerState.STOPPED:
                 out.append((w.pid, w.state is WorkerState.STARTING))
