@@ -21,8 +21,10 @@ fixed seed) with the archiver library, and:
 Install TorchServe apart from the project (never into .venv), for example::
 
     python -m venv .cache/torchserve
-    .cache/torchserve/bin/pip install torchserve==0.12.0 torch==2.13.0 \\
-        --extra-index-url https://download.pytorch.org/whl/cpu
+    .cache/torchserve/bin/pip install torchserve==0.12.0 torch==2.13.0 pyyaml numpy
+
+(TorchServe's worker imports yaml; without it every worker fails to start. Pin torch==2.13.0:
+a bare ``torch`` pulls a CUDA build of several GB.)
 
 The machine's load average and CPU steal during each phase are printed with its figures:
 compare runs only at similar steal.
