@@ -100,7 +100,7 @@ def _start_daemon(config: ServerConfig, argv: list[str]) -> None:
         status = read_status(config.run_path)
         if status and status.get("pid") == proc.pid and status.get("state") == "ready":
             _print_status(status)
-            failed = [n for n, s in status.get("models", {}).items() if s != "ready"]
+            failed = [n for n, s in status.get("models", {}).items() if "failed: " in s]
             if failed:
                 click.echo(f"mserve: {len(failed)} startup model(s) failed; see above", err=True)
             return

@@ -95,7 +95,7 @@ class InferenceAPI:
         if not colon:
             req.allow("GET")
             model = self.registry.get(parts[0], None)
-            ready = model.failed is None and model.ready_workers() > 0
+            ready = model.ready()
             conn.answer_json(req, 200 if ready else 503, {"name": model.name, "ready": ready})
             return
         if verb not in ("predict", "explain"):
@@ -133,7 +133,7 @@ class InferenceAPI:
         op = rest[0]
         if op == "ready" and req.method in ("GET", "HEAD"):
             model = self.registry.get(name, version)
-            ready = model.failed is None and model.ready_workers() > 0
+            ready = model.ready()
             body = {"name": model.name, "version": model.version, "ready": ready}
             conn.answer_json(req, 200 if ready else 503, body)
             return

@@ -180,7 +180,7 @@ class Server:
         return self.config.run_path / STATUS_FILE
 
     def models_status(self) -> dict[str, str]:
-        """Each model's state: ``ready``, ``loading`` or ``failed: why``, per version when its
+        """Each model's state (``_state``: ready, unloaded, loading, failed), per version when its
         versions differ; startup models that failed to register are listed too."""
         out = dict(self.load_failures)
         for name, versions in sorted(self.registry.models.items()):
@@ -561,11 +561,18 @@ def _loopback(host: str) -> bool:
 
 
 def _state(mv: ModelVersion) -> str:
+    """``ready`` (its workers serve), ``unloaded`` (no worker; ``loads on demand`` when a
+    request starts one), ``loading`` or ``failed: why``."""
     if mv.failed is not None:
         return f"failed: {mv.failed}"
-    if mv.healthy():
+    if mv.stage:
+        return f"loading ({mv.stage})"
+    state = mv.load_state()
+    if state == "unloaded" and mv.healthy():
+        return "unloaded (loads on demand)" if mv.loads_on_demand() else "unloaded"
+    if state == "loaded" and mv.healthy():
         return "ready"
-    return f"loading ({mv.stage})" if mv.stage else "loading"
+    return "loading"
 
 
 def hold_lock(run_dir: Path) -> int:

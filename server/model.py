@@ -244,6 +244,17 @@ class ModelVersion:
     def healthy(self) -> bool:
         return self.failed is None and self.ready_workers() >= self.settings.min_workers
 
+    def ready(self) -> bool:
+        """Per-model readiness (KServe v1/v2, Triton's client): whether a request sent now is
+        served. A model kept at zero workers that loads on demand counts as ready while
+        unloaded, as ModelMesh reports its models in ``Standby``: the request waits for a
+        load instead of failing. ``load_state`` says whether it is resident."""
+        if self.failed is not None:
+            return False
+        return self.ready_workers() > 0 or (
+            self.settings.min_workers == 0 and self.loads_on_demand()
+        )
+
     def load_state(self) -> str:
         """``loaded`` (a worker serves), ``loading`` (workers, none ready yet) or ``unloaded``
         (no worker: the next request starts one when ``max_workers`` >= 1)."""
@@ -683,11 +694,12 @@ class ModelVersion:
                 slot.task.add_done_callback(lambda _t, s=slot: self._retiring.discard(s))
         self.queue.wake_all()
 
-    def live_workers(self) -> list[tuple[int | None, bool]]:
-        """(pid, still starting) of every worker not yet stopped, retiring ones included (their
-        memory is in use until they exit); the pid is None until its process is started."""
+    def live_workers(self, retiring: bool = True) -> list[tuple[int | None, bool]]:
+        """(pid, still starting) of every worker not yet stopped, retiring ones included unless
+        ``retiring`` is false (their memory is in use until they exit); the pid is None until
+        its process is started."""
         out = []
-        for slot in (*self.slots, *self._retiring):
+        for slot in (*self.slots, *self._retiring) if retiring else self.slots:
             w = slot.worker
             if w is not None and w.state is not WorkerState.STOPPED:
                 out.append((w.pid, w.state is WorkerState.STARTING))
@@ -696,15 +708,31 @@ class ModelVersion:
     async def scale(
         self, min_workers: int, max_workers: int | None, synchronous: bool, source: str = "api"
     ) -> None:
-        """Bring the worker count to ``min_workers``; with ``synchronous`` wait for them."""
+        """Bring the worker count to ``min_workers``; with ``synchronous`` wait for them.
+
+        New workers must fit the server's budget (server/residency.py) like loads on demand:
+        idle models are evicted for them, or the call waits up to ``load_wait_s`` and raises
+        :class:`BudgetExhausted` with the settings left as they were. The new ``min_workers``
+        is set before that wait, so evictions meanwhile leave this model's workers alone."""
+        before = self.settings
         self.settings = _replace(
             self.settings,
             source,
             min_workers=min_workers,
             max_workers=max(max_workers or 0, min_workers),
         )
+        wanted = self.settings
+        adding = min_workers - len(self.slots)
+        if adding > 0 and self.residency is not None:
+            try:
+                await self.residency.admit(self, adding)
+            except MserveError:
+                if self.settings is wanted:  # no other scale request changed them meanwhile
+                    self.settings = before
+                raise
         self.failed = None
         self.recent_failures = []
+        # no await since the admission: the slots exist before the next one is counted
         new = [self._add_slot(synchronous) for _ in range(min_workers - len(self.slots))]
         retire = len(self.slots) - min_workers
         retired: list[_Slot] = []

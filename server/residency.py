@@ -5,15 +5,20 @@ decides the rest, server-wide:
 
 - **Idle unload**: a model asked for nothing during its ``idle_unload_s`` scales down to its
   ``min_workers`` (0 unloads it; the next request loads it again).
-- **Budget**: before a worker is started on demand, the workers' memory (PSS, which splits the
+- **Budget**: before a worker is started (on demand, or by a scale request or a registration
+  through :meth:`ModelVersion.scale`), the workers' memory (PSS, which splits the
   pages a forked worker shares with its template; RSS where there is no PSS) plus what a worker
   of that model took last time must fit ``worker_memory_budget_mb``, and the models with
   workers must stay within ``max_loaded_models``. If not, the least recently used idle model
   (another one, every worker ready and none busy, nothing queued) is scaled down to its
   ``min_workers`` and the check runs again; with nothing to evict the start waits for room up to
-  ``load_wait_s``, then fails with :class:`BudgetExhausted`, which names the budget.
+  ``load_wait_s``, then fails with :class:`BudgetExhausted`, which names the budget. Workers
+  that are stopping count as gone: the new worker does not wait for them to exit (tens of ms,
+  more on a busy machine), so for that long the real memory can pass the budget by theirs.
 
-Starts on demand are admitted one at a time (a lock), so two cannot both take the last room. A
+Starts are admitted one at a time (a lock), so two cannot both take the last room. A scale
+request raises the model's ``min_workers`` before it waits for admission, so evictions leave
+the workers it asked for alone (they only ever stop workers beyond ``min_workers``). A
 worker that serves is never stopped here: :meth:`ModelVersion.unload` refuses a model with a
 busy or starting worker or queued requests, and nothing awaits between that check and the stop
 signal. A request arriving while its model is being evicted finds no worker and starts one.
@@ -39,6 +44,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MEASURE_EVERY_S = 5.0  # the memory gauge, when nothing else measured it meanwhile
+# A worker's PSS is read again only when older than this: reading it walks the process's page
+# tables (1-3 ms for a worker that imported torch), so re-reading 30 workers at every admission
+# would add ~0.1 s to each load on demand. A new worker is read at once.
+REREAD_AFTER_S = MEASURE_EVERY_S
 MIB = 2**20
 
 
@@ -50,6 +59,7 @@ class Residency:
         self.wait_s = config.load_wait_s
         self.metrics = metrics
         self.memory_bytes = 0  # the workers' memory when last measured
+        self.leaving_bytes = 0  # of which: workers stopping (evicted or scaled down)
         self.peak_bytes = 0
         self.loads = 0
         self.failed_loads = 0
@@ -58,6 +68,7 @@ class Residency:
         self._lock = asyncio.Lock()
         self._per_worker: dict[str, int] = {}  # model label: a ready worker's memory, last seen
         self._measured_at = 0.0
+        self._sizes: dict[int, tuple[float, int]] = {}  # pid: (when read, bytes)
 
     def watch(self, models: Callable[[], list[ModelVersion]]) -> None:
         """Where the registered model versions are (the registry)."""
@@ -68,8 +79,9 @@ class Residency:
         return self.budget_bytes is not None or self.max_loaded is not None
 
     def loaded_models(self, but: ModelVersion | None = None) -> int:
-        """Models with a worker (starting, serving or stopping), ``but`` left out."""
-        return sum(1 for m in self._models() if m is not but and m.live_workers())
+        """Models with a worker starting or serving (not one only stopping: it is unloaded),
+        ``but`` left out."""
+        return sum(1 for m in self._models() if m is not but and m.live_workers(retiring=False))
 
     # --- events -----------------------------------------------------------------------------
 
@@ -87,9 +99,12 @@ class Residency:
 
     # --- admission --------------------------------------------------------------------------
 
-    async def admit(self, model: ModelVersion) -> None:
-        """Return when a worker of ``model`` may start: evict idle models until it fits, wait
-        for room up to ``load_wait_s``; raise :class:`BudgetExhausted` past it."""
+    async def admit(self, model: ModelVersion, count: int = 1) -> None:
+        """Return when ``count`` new workers of ``model`` may start: evict idle models until
+        they fit, wait for room up to ``load_wait_s``; raise :class:`BudgetExhausted` past it.
+
+        The caller must create the workers' slots before its next ``await``: the admission
+        lock is released on return, and the next admission counts what it sees started."""
         if not self.limited:
             return
         loop = asyncio.get_running_loop()
@@ -97,45 +112,52 @@ class Residency:
         try:
             await asyncio.wait_for(self._lock.acquire(), self.wait_s)
         except asyncio.TimeoutError:
-            raise BudgetExhausted(self._refusal(model, "other loads held the budget")) from None
+            why = "other loads held the budget"
+            raise BudgetExhausted(self._refusal(model, count, why)) from None
         try:
             while True:
-                why = await self._over(model)
+                why = await self._over(model, count)
                 if why is None:
                     return
                 victim = self._victim(model)
-                tasks = victim.unload(f"evicted for {model.label}: {why}") if victim else []
-                if victim is not None and tasks:
+                if victim is not None and victim.unload(f"evicted for {model.label}: {why}"):
+                    # no wait for its workers to exit (tens of ms, more on a busy machine):
+                    # the check below leaves their memory out already
                     self._evicted(victim, "budget")
-                    await asyncio.wait(tasks, timeout=max(0.1, deadline - loop.time()))
                     continue
                 if loop.time() >= deadline:
-                    raise BudgetExhausted(self._refusal(model, why))
+                    raise BudgetExhausted(self._refusal(model, count, why))
                 await asyncio.sleep(0.1)
         finally:
             self._lock.release()
 
-    def _refusal(self, model: ModelVersion, why: str) -> str:
+    def _refusal(self, model: ModelVersion, count: int, why: str) -> str:
+        what = f"load model {model.label}" if count == 1 else (
+            f"start {count} workers of model {model.label}"
+        )
         return (
-            f"cannot load model {model.label}: {why}, and no idle model could be unloaded"
+            f"cannot {what}: {why}, and no idle model could be unloaded"
             f" within load_wait_s={self.wait_s:g}"
         )
 
-    async def _over(self, model: ModelVersion) -> str | None:
-        """Why a new worker of ``model`` does not fit now, or None when it does."""
-        if self.max_loaded is not None and not model.live_workers():
+    async def _over(self, model: ModelVersion, count: int = 1) -> str | None:
+        """Why ``count`` new workers of ``model`` do not fit now, or None when they do."""
+        if self.max_loaded is not None and not model.live_workers(retiring=False):
             loaded = self.loaded_models(but=model)
             if loaded >= self.max_loaded:
                 return f"max_loaded_models={self.max_loaded} models have workers"
         if self.budget_bytes is None:
             return None
-        used = await self.measure()
-        need = self._estimate(model)
-        if used + need <= self.budget_bytes:
+        used = await self.measure() - self.leaving_bytes
+        each = self._estimate(model)
+        if used + count * each <= self.budget_bytes:
             return None
+        takes = f"a worker of {model.label} takes" if count == 1 else (
+            f"{count} workers of {model.label} take"
+        )
         return (
             f"worker_memory_budget_mb={self.budget_bytes // MIB}: workers use"
-            f" {used / MIB:.0f} MiB and a worker of {model.label} takes about {need / MIB:.0f} MiB"
+            f" {used / MIB:.0f} MiB and {takes} about {count * each / MIB:.0f} MiB"
         )
 
     def _victim(self, model: ModelVersion) -> ModelVersion | None:
@@ -158,21 +180,38 @@ class Residency:
 
     async def measure(self) -> int:
         """The workers' memory now: each one's PSS (a starting one counts what a worker of its
-        model took last time, if more)."""
+        model took last time, if more), read again when older than ``REREAD_AFTER_S``."""
         models = self._models()
         workers = [(m, pid, starting) for m in models for pid, starting in m.live_workers()]
-        sizes = await asyncio.to_thread(_memory_of, [pid for _m, pid, _s in workers if pid])
-        used = 0
+        staying = {pid for m in models for pid, _s in m.live_workers(retiring=False)}
+        now = time.monotonic()
+        live = {pid for _m, pid, _s in workers if pid}
+        starting = {pid for _m, pid, s in workers if pid and s}  # still growing: never cached
+        stale = [
+            pid for pid in live
+            if pid in starting or pid not in self._sizes
+            or now - self._sizes[pid][0] >= REREAD_AFTER_S
+        ]  # fmt: skip
+        read = await asyncio.to_thread(_memory_of, stale) if stale else {}
+        self._sizes = {pid: v for pid, v in self._sizes.items() if pid in live}
+        self._sizes.update((pid, (now, size)) for pid, size in read.items())
+        sizes = {pid: size for pid, (_t, size) in self._sizes.items()}
+        for pid in starting:
+            self._sizes.pop(pid, None)
+        used = leaving = 0
         for m, pid, starting in workers:
             size = sizes.get(pid, 0) if pid else 0
             if starting:
                 size = max(size, self._estimate(m))
-            elif size:
+            elif size and pid in staying:
                 self._per_worker[m.label] = size
             used += size
+            if pid not in staying:
+                leaving += size
         self.memory_bytes = used
+        self.leaving_bytes = leaving
         self.peak_bytes = max(self.peak_bytes, used)
-        self._measured_at = time.monotonic()
+        self._measured_at = now
         return used
 
     # --- idle unload ------------------------------------------------------------------------

@@ -104,7 +104,7 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
             model = self.registry.get(_name(request.name), request.version or None)
         except MserveError as exc:
             await abort(context, exc, self.registry.redact)
-        return pb.ModelReadyResponse(ready=model.failed is None and model.ready_workers() > 0)
+        return pb.ModelReadyResponse(ready=model.ready())
 
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: aio.ServicerContext

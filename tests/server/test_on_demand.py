@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from functools import partial
 
+import grpc
 import psutil
+import pytest
 
+from server.rpc.protos import management_pb2 as mpb
+from server.rpc.protos import management_pb2_grpc
 from tests.server.conftest import Server, concurrently, http, pid_alive, wait_until
 
 
@@ -213,3 +218,78 @@ def test_the_memory_budget_evicts_for_a_new_model_and_names_itself(
     )
     assert refused["message"].endswith("and no idle model could be unloaded within load_wait_s=1")
     runner.join(30)
+
+
+def _status_file(server: Server) -> dict:
+    return json.loads((server.run_dir / "status.json").read_text())["models"]
+
+
+def test_an_unloaded_model_is_ready_and_the_server_healthy(make_archive, start_server) -> None:
+    """Readiness follows KServe's multi-model serving (ModelMesh's Standby): a model that loads
+    on demand is ready while unloaded, since a request is served; the server stays healthy.
+    ``mserve --status`` and status.json say whether it is resident."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server()
+    _register(server, "lazy", "probe.mar")
+    assert _state(server, "lazy") == "unloaded"
+    ping = http("GET", server.url("inference", "/ping"))
+    assert (ping.status, ping.json()) == (200, {"status": "Healthy"})
+    assert http("GET", server.url("inference", "/v2/health/ready")).status == 200
+    ready = http("GET", server.url("inference", "/v2/models/lazy/ready"))
+    assert (ready.status, ready.json()["ready"]) == (200, True)
+    v1 = http("GET", server.url("inference", "/v1/models/lazy"))
+    assert (v1.status, v1.json()) == (200, {"name": "lazy", "ready": True})
+    # Triton's own gRPC client (its protos; ours would clash with them in one test process)
+    triton = pytest.importorskip("tritonclient.grpc").InferenceServerClient(
+        server.status["grpc_inference"]
+    )
+    assert triton.is_model_ready("lazy") and triton.is_server_ready()
+    triton.close()
+    assert _status_file(server) == {"lazy": "unloaded (loads on demand)"}
+    assert "lazy" in (shown := server.cli("--status").stdout) and "unloaded (loads" in shown
+    assert _state(server, "lazy") == "unloaded"  # asking for readiness loads nothing
+
+    assert server.predict("lazy", {}).status == 200
+    wait_until(lambda: _status_file(server) == {"lazy": "ready"}, 10, "status.json to say ready")
+    # max_workers 0 keeps TorchServe's meaning, no worker and none on demand: not ready
+    server.manage("PUT", "/models/lazy?min_worker=0&max_worker=0&synchronous=true")
+    assert http("GET", server.url("inference", "/v2/models/lazy/ready")).status == 503
+    wait_until(lambda: _status_file(server) == {"lazy": "unloaded"}, 10, "status.json")
+    assert http("GET", server.url("inference", "/ping")).status == 200
+
+
+def test_scale_requests_keep_to_the_budget(make_archive, start_server) -> None:
+    """Scaling through the management APIs (REST and gRPC) evicts idle models like a load on
+    demand does, and is refused naming the limit (settings unchanged) when nothing can go."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server(config={"max_loaded_models": 1, "load_wait_s": 1})
+    _register(server, "a", "probe.mar")
+    _register(server, "b", "probe.mar")
+    pid_a = server.predict("a", {}).json()["pid"]
+    scaled = server.manage("PUT", "/models/b?min_worker=1&synchronous=true")
+    assert scaled.status == 200, scaled.body
+    assert (_state(server, "a"), _state(server, "b")) == ("unloaded", "loaded")
+    wait_until(lambda: not pid_alive(pid_a), 10, "a's worker to exit")
+    evicted = 'mserve_model_evictions_total{model="a",reason="budget",version="1.0"}'
+    assert _metric(server, re.escape(evicted)) == 1.0
+    pid_b = _described(server, "b")["workers"][0]["pid"]
+
+    refused = server.manage("PUT", "/models/a?min_worker=1")  # b is kept by its minWorkers
+    assert refused.status == 503, refused.body
+    assert refused.json()["message"] == (
+        "cannot load model a:1.0: max_loaded_models=1 models have workers, and no idle model"
+        " could be unloaded within load_wait_s=1"
+    )
+    assert (_described(server, "a")["minWorkers"], _state(server, "a")) == (0, "unloaded")
+    with grpc.insecure_channel(server.status["grpc_management"]) as channel:
+        management = management_pb2_grpc.ManagementAPIsServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            management.ScaleWorker(
+                mpb.ScaleWorkerRequest(model_name="a", min_worker=2, max_worker=2), timeout=30
+            )
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert err.value.details().startswith(
+        "cannot start 2 workers of model a:1.0: max_loaded_models=1 models have workers"
+    )
+    assert _described(server, "a")["minWorkers"] == 0
+    assert [w["pid"] for w in _described(server, "b")["workers"]] == [pid_b]
