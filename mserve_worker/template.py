@@ -111,6 +111,8 @@ def main(argv: list | None = None) -> int:
     args = parser.parse_args(argv)
     control = socket.socket(fileno=args.fd)
     loaded = _preload([n for n in args.preload.split(",") if n])
+    from . import runtime  # noqa: F401  # every worker needs it: imported once, shared
+
     _send(control, {"ready": True, "preloaded": loaded, "pid": os.getpid()})
     buffer = bytearray()
     pending_fds: list = []

@@ -51,6 +51,7 @@ from server.snapshot import SNAPSHOT_FILE
 from server.tls import server_context
 from server.workers.environ import WorkerEnvironment, hide_own_environ
 from server.workers.launch import Launcher
+from server.workers.preload import PreloadMemory
 
 if TYPE_CHECKING:
     from server.rpc.server import GrpcListener
@@ -136,7 +137,9 @@ class Server:
         worker_env = WorkerEnvironment.split(
             os.environ, config.worker_env_deny, config.worker_env_deny_regex
         )
-        self.launcher = Launcher(config.fork_workers, config.worker_preload, worker_env)
+        self.launcher = Launcher(
+            config.fork_workers, config.worker_preload, worker_env, PreloadMemory(config.env_path)
+        )
         self.metrics = Metrics(
             config.metrics_mode,
             load_metrics_config(Path(config.metrics_config))
@@ -393,6 +396,8 @@ class Server:
             loop.add_signal_handler(sig, self._on_signal, sig)
         self.registry.on_change("status file", self.write_status)
         try:
+            # the templates of the models about to load import what those need meanwhile
+            self.launcher.prestart(self._expected_models(models))
             await self.listen()
             self.write_status()
             if not await self._until_stopped(self._load_models(models)):
@@ -404,8 +409,6 @@ class Server:
                 self.registry.changed()
             self.state = "ready"
             self.write_status()
-            if self.config.fork_workers:
-                self.launcher.allow_warming()
             log.info("mserve %s ready", __version__)
             chores = [
                 asyncio.create_task(self.refresh_status()),
@@ -425,6 +428,15 @@ class Server:
             if self.access_log is not None:
                 self.access_log.close()
             self.metrics.close()
+
+    def _expected_models(self, models: list[StartupModel]) -> list[str]:
+        """Names of the models this start will load: the snapshots', the startup models' (by
+        their name, else their archive's file name, which is usually the model's)."""
+        names = [m.name or Path(m.url.rstrip("/")).name.split(".")[0] for m in models]
+        names += [e.name for e in self.config.model_snapshot or ()]
+        if self.config.snapshot:
+            names += snapshot.model_names(self.config.run_path / SNAPSHOT_FILE)
+        return names
 
     async def restore_ts_snapshot(self) -> None:
         """The models a TorchServe config snapshot records (``model_snapshot``), each from its

@@ -60,6 +60,16 @@ def save(registry: Registry, path: Path) -> None:
     write_json_atomic(path, {"format": FORMAT, "saved": time.time(), "models": models})
 
 
+def model_names(path: Path) -> list[str]:
+    """The model names the snapshot holds, quietly (nothing when it is missing or unreadable:
+    :func:`load` reports that when the snapshot is restored)."""
+    try:
+        data = json.loads(path.read_text())
+        return [str(m["name"]) for m in data.get("models", []) if isinstance(m, dict)]
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return []
+
+
 def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict[str, str]]:
     """Registration requests (each with its snapshot entry, kept should it fail to restore) and
     default versions from the snapshot; nothing if there is none."""

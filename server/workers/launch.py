@@ -1,8 +1,10 @@
 """How worker processes come to life: forked from a warm template, or a fresh interpreter.
 
-``ForkServer`` keeps one template process per interpreter (per model environment) and asks it
+``Launcher`` keeps one template process per interpreter (per model environment) and asks it
 to fork workers; a worker then costs milliseconds instead of an interpreter start plus the
-model's imports. If the template cannot start, workers fall back to ``exec``.
+model's imports. A template imports what the workers of its models were seen to import
+(``server/workers/preload.py``), nothing else. If the template cannot start, workers fall back
+to ``exec``.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from server.workers.environ import DEFAULT_DENY, WorkerEnvironment
+from server.workers.preload import PreloadMemory
 
 log = logging.getLogger(__name__)
 
-# Imported once in each template when the environment has them (never CUDA initialisation).
-DEFAULT_PRELOAD = ("torch", "numpy")
+TEMPLATE_START_TIMEOUT_S = 300.0  # its imports, on a busy machine; then workers use exec
 
 
 class Process(Protocol):
@@ -63,14 +65,16 @@ async def exec_worker(
 
 
 class ForkedProcess:
-    """A worker forked by a template: exit status arrives from the template."""
+    """A worker forked by a template: exit status arrives from the template. ``preloaded``:
+    what the template had imported when it forked it."""
 
     def __init__(self, pid: int, stdout: asyncio.StreamReader, stderr: asyncio.StreamReader,
-                 exited: asyncio.Future[int]) -> None:  # fmt: skip
+                 exited: asyncio.Future[int], preloaded: frozenset[str]) -> None:  # fmt: skip
         self.pid = pid
         self.stdout = stdout
         self.stderr = stderr
         self._exited = exited
+        self.preloaded = preloaded
 
     @property
     def returncode(self) -> int | None:
@@ -94,7 +98,7 @@ async def _pipe_reader(fd: int) -> asyncio.StreamReader:
 
 
 class Template:
-    def __init__(self, python: str, preload: tuple[str, ...], base_env: Mapping[str, str]) -> None:
+    def __init__(self, python: str, preload: list[str], base_env: Mapping[str, str]) -> None:
         """``base_env``: the template's environment, which every worker forked from it starts
         with; nothing the deny-list holds back, since the template serves every model."""
         self.python = python
@@ -205,7 +209,10 @@ class Template:
             os.close(err_w)
         pid = await asyncio.wait_for(spawned, 30)
         exited = self._exits.setdefault(pid, loop.create_future())
-        return ForkedProcess(pid, await _pipe_reader(out_r), await _pipe_reader(err_r), exited)
+        return ForkedProcess(
+            pid, await _pipe_reader(out_r), await _pipe_reader(err_r), exited,
+            frozenset(self.preload),
+        )  # fmt: skip
 
     async def stop(self) -> None:
         if self._sock is not None:
@@ -224,22 +231,34 @@ def _fd_bytes(fds: list[int]) -> bytes:
     return array.array("i", fds).tobytes()
 
 
-class Launcher:
-    """Starts workers for every model: forked from a per-interpreter template when one is warm.
+TemplateKey = tuple[str, tuple[str, ...]]  # interpreter, modules it preloads
 
-    The first workers of an environment start with ``exec`` while its template warms up in the
-    background (importing torch takes seconds), so a cold start never waits for the template;
-    later workers (scale-ups, restarts) are forked from it in milliseconds.
+
+class Launcher:
+    """Starts workers for every model: forked from a template of its interpreter that has
+    imported what that model's workers were seen to import, and nothing more.
+
+    Models with the same needs share a template; an echo model's workers never carry the torch
+    that another model of the same environment needs. A template starts as soon as it is known
+    to be needed: at server start for the models the start will load (from what their workers
+    imported the last time), else with the model's first worker, and again when a worker
+    reports imports its template lacked (it warms up while that worker serves). A worker asked
+    for while its template warms up waits for it: the template is already doing the imports a
+    fresh interpreter would have to do, so it is ready first, and scale-ups arriving meanwhile
+    cost a fork each instead of parallel imports on a few cores.
     """
 
     def __init__(
         self,
         use_templates: bool = True,
-        preload: tuple[str, ...] = DEFAULT_PRELOAD,
+        preload: tuple[str, ...] = (),
         environment: WorkerEnvironment | None = None,
+        memory: PreloadMemory | None = None,
     ) -> None:
-        """``environment``: the server's environment as workers may see it; by default the
-        process's own without the default deny-list."""
+        """``preload``: modules every template imports besides what its models need;
+        ``environment``: the server's environment as workers may see it (by default the
+        process's own without the default deny-list); ``memory``: what models imported the
+        last time (by default nothing is remembered across starts)."""
         self.use_templates = use_templates
         self.preload = preload
         if environment is None:
@@ -250,49 +269,74 @@ class Launcher:
                 "workers do not get %d of the server's environment variables (worker_env_deny):"
                 " %s", len(environment.withheld), ", ".join(sorted(environment.withheld)),
             )  # fmt: skip
-        self._templates: dict[str, Template] = {}
-        self._warming: dict[str, asyncio.Task[None]] = {}
-        self._seen: set[str] = set()
-        # Templates import torch (seconds of CPU): warm none while the server is starting, so
-        # they never slow the first workers down; ``allow_warming`` is called once it is ready.
-        self._may_warm = False
+        self.memory = memory if memory is not None else PreloadMemory(None)
+        self._templates: dict[TemplateKey, Template] = {}
+        self._warming: dict[TemplateKey, asyncio.Task[Template | None]] = {}
+        self._uses: dict[tuple[str, str], TemplateKey] = {}  # (python, model) -> its template
 
-    def allow_warming(self) -> None:
-        self._may_warm = True
-        for python in self._seen:
-            self._ready_template(python)
+    def _key(self, python: str, model: str) -> TemplateKey:
+        modules = {*self.preload, *self.memory.modules(python, [model])}
+        return python, tuple(sorted(modules))
 
-    async def _warm(self, python: str) -> None:
-        template = Template(python, self.preload, self.environment.base)
+    def prestart(self, models: list[str]) -> None:
+        """Start the templates that ``models`` (names about to be loaded) will need, with what
+        their workers imported the last time: their imports overlap the server's own start."""
+        if not self.use_templates:
+            return
+        for python, names in self.memory.pythons_for(models).items():
+            if os.path.exists(python):
+                for model in names:
+                    self._uses[(python, model)] = self._key(python, model)
+                    self._template_task(self._uses[(python, model)])
+
+    def _template_task(self, key: TemplateKey) -> asyncio.Task[Template | None]:
+        task = self._warming.get(key)
+        template = self._templates.get(key)
+        if task is None or (task.done() and template is not None and not template.alive):
+            self._templates.pop(key, None)  # first time, or it died: start it (again)
+            task = asyncio.create_task(self._warm(key), name="template")
+            self._warming[key] = task
+        return task
+
+    async def _warm(self, key: TemplateKey) -> Template | None:
+        python, preload = key
+        template = Template(python, list(preload), self.environment.base)
         try:
-            await template.start(timeout_s=300)
+            await template.start(timeout_s=TEMPLATE_START_TIMEOUT_S)
         except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("worker template for %s failed (%s); workers start with exec",
                         python, exc)  # fmt: skip
             await template.stop()
-            return
-        self._templates[python] = template
-
-    def _ready_template(self, python: str) -> Template | None:
-        self._seen.add(python)
-        template = self._templates.get(python)
-        if template is not None and template.alive:
-            return template
-        if not self._may_warm:
             return None
-        task = self._warming.get(python)
-        if task is None or (task.done() and template is not None):  # first time, or it died
-            self._templates.pop(python, None)
-            self._warming[python] = asyncio.create_task(self._warm(python), name="template")
-        return None
+        self._templates[key] = template
+        return template
 
-    async def launch(self, python: str, cwd: str, env: dict[str, str], fd: int) -> Process:
-        template = self._ready_template(python) if self.use_templates else None
-        if template is not None:
-            try:
-                return await template.spawn(cwd, env, fd)
-            except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
-                log.warning("fork from the worker template failed (%s); using exec", exc)
+    def learned(self, python: str, model: str, imported: list[str],
+                preloaded: frozenset[str]) -> None:  # fmt: skip
+        """A worker of ``model`` is ready and reports the installed packages it imported while
+        loading: remember them; when its template lacked some, start one that has them now, so
+        the model's next worker is forked with them."""
+        self.memory.learn(python, model, imported, sorted(preloaded))
+        if not self.use_templates:
+            return
+        old = self._uses.get((python, model))
+        new = self._key(python, model)
+        if new == old:
+            return
+        self._uses[(python, model)] = new
+        self._template_task(new)  # the old one stays: the workers forked from it report to it
+
+    async def launch(
+        self, python: str, cwd: str, env: dict[str, str], fd: int, model: str = ""
+    ) -> Process:
+        if self.use_templates:
+            key = self._uses.setdefault((python, model), self._key(python, model))
+            template = await asyncio.shield(self._template_task(key))
+            if template is not None and template.alive:
+                try:
+                    return await template.spawn(cwd, env, fd)
+                except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
+                    log.warning("fork from the worker template failed (%s); using exec", exc)
         return await exec_worker(python, cwd, env, fd, self.environment.base)
 
     async def close(self) -> None:
