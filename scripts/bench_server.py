@@ -361,6 +361,46 @@ def one_start(work: Path, model: str, body: bytes, then: str) -> dict[str, float
         server.stop()
 
 
+START_STEPS = [  # (what, a regular expression for the log line that ends it)
+    ("server process up, imported, logging", r"."),
+    ("HTTP listeners up", r"metrics API listening"),
+    ("gRPC listeners up", r"gRPC management API listening"),
+    ("archive unpacked, model registered", r"registering {model}"),
+    ("worker template ready", r"worker template for .* ready"),
+    ("worker ready (handler loaded)", r"worker \d+ of {model}:\S+ ready"),
+    ("server ready", r"mserve \S+ ready"),
+]
+
+
+def profile_start(work: Path, model: str, body: bytes) -> None:
+    """Where the time from ``mserve --start`` to the first answer goes: the server log's
+    time stamps of each step, from the start command on (one start, after one that taught the
+    template what the model imports)."""
+    one_start(work, model, body, "pss")  # learn, and warm the page cache
+    log_file = work / "run" / "logs" / "mserve.log"
+    log_file.unlink(missing_ok=True)
+    t0 = time.time()
+    server = Server(work, [f"{model}={model}.mar"], "snapshot: false\n")
+    returned = time.time()
+    status, _ = server.request("POST", f"/predictions/{model}", body)
+    answered = time.time()
+    server.stop()
+    assert status == 200
+    stamps = []
+    for line in log_file.read_text().splitlines():
+        m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ", line)
+        if m:
+            at = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
+            stamps.append((at, line))
+    print(f"{model}: mserve --start to first answer, step by step ({load_average()}):")
+    for what, pattern in START_STEPS:
+        regex = re.compile(pattern.format(model=re.escape(model)))
+        found = next((at for at, line in stamps if regex.search(line)), None)
+        print(f"  {what:<40} " + (f"{found - t0:6.2f} s" if found else "     - (not logged)"))
+    print(f"  {'mserve --start returned':<40} {returned - t0:6.2f} s")
+    print(f"  {'first answer':<40} {answered - t0:6.2f} s")
+
+
 def lean_rows(work: Path, bodies: dict[str, bytes], rounds: int) -> None:
     """Cold start, memory and first scale of echo and the MLP, one fresh server per figure.
 
@@ -402,6 +442,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --batching/--lean rows")
     parser.add_argument("--lean", action="store_true",
                         help="only cold start, memory (PSS) and first scale rows")
+    parser.add_argument("--profile-start", action="store_true",
+                        help="only the steps from mserve --start to the first answer")
     args = parser.parse_args()
     duration = 3 if args.quick else args.duration
     conn_levels = [16] if args.quick else [1, 16, 64]
@@ -420,11 +462,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-server-"))
     try:
         build_archives(work, with_mlp)
-        if args.lean:
+        if args.lean or args.profile_start:
             bodies = {"echo": b'{"x": 1}'}
             if with_mlp:
                 bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
-            lean_rows(work, bodies, args.rounds)
+            for model, body in bodies.items():
+                if args.profile_start:
+                    profile_start(work, model, body)
+            if args.lean:
+                lean_rows(work, bodies, args.rounds)
             return
         # cold start: start command to the first successful prediction
         t0 = time.perf_counter()

@@ -292,9 +292,13 @@ def main(
             argv = [a for a in sys.argv[1:]]
             _start_daemon(config, argv)
             return
+        # the worker templates first: their imports (torch: seconds) overlap the server's own
+        from server.workers.prespawn import start_early
+
+        early = start_early(config, startup)
         from server.main import run_server  # heavy: only the server process needs it
 
-        sys.exit(run_server(config, startup, foreground=not quiet, warnings=warnings))
+        sys.exit(run_server(config, startup, foreground=not quiet, warnings=warnings, early=early))
     except MserveError as exc:
         _fail(exc.message)
 

@@ -43,15 +43,16 @@ from server.rundir import (
     KEY_FILE,
     LOCK_FILE,
     PID_FILE,
+    SNAPSHOT_FILE,
     STATUS_FILE,
     StartupModel,
     write_json_atomic,
 )
-from server.snapshot import SNAPSHOT_FILE
 from server.tls import server_context
 from server.workers.environ import WorkerEnvironment, hide_own_environ
 from server.workers.launch import Launcher
 from server.workers.preload import PreloadMemory
+from server.workers.prespawn import EarlyStart, start_early
 
 if TYPE_CHECKING:
     from server.rpc.server import GrpcListener
@@ -131,14 +132,17 @@ class TorchServeFormatter(logging.Formatter):
 
 
 class Server:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, early: EarlyStart | None = None) -> None:
+        """``early``: the templates started before the server imported itself (if not, they
+        start in :meth:`run`)."""
         self.config = config
+        self.early = early or EarlyStart([], PreloadMemory(config.env_path), [])
         self.gpus = GpuAllocator(server_gpus(config.number_of_gpu, os.environ))
         worker_env = WorkerEnvironment.split(
             os.environ, config.worker_env_deny, config.worker_env_deny_regex
         )
         self.launcher = Launcher(
-            config.fork_workers, config.worker_preload, worker_env, PreloadMemory(config.env_path)
+            config.fork_workers, config.worker_preload, worker_env, self.early.memory
         )
         self.metrics = Metrics(
             config.metrics_mode,
@@ -397,7 +401,7 @@ class Server:
         self.registry.on_change("status file", self.write_status)
         try:
             # the templates of the models about to load import what those need meanwhile
-            self.launcher.prestart(self._expected_models(models))
+            self.launcher.prestart(self.early.models, self.early.templates)
             await self.listen()
             self.write_status()
             if not await self._until_stopped(self._load_models(models)):
@@ -428,15 +432,6 @@ class Server:
             if self.access_log is not None:
                 self.access_log.close()
             self.metrics.close()
-
-    def _expected_models(self, models: list[StartupModel]) -> list[str]:
-        """Names of the models this start will load: the snapshots', the startup models' (by
-        their name, else their archive's file name, which is usually the model's)."""
-        names = [m.name or Path(m.url.rstrip("/")).name.split(".")[0] for m in models]
-        names += [e.name for e in self.config.model_snapshot or ()]
-        if self.config.snapshot:
-            names += snapshot.model_names(self.config.run_path / SNAPSHOT_FILE)
-        return names
 
     async def restore_ts_snapshot(self) -> None:
         """The models a TorchServe config snapshot records (``model_snapshot``), each from its
@@ -576,10 +571,14 @@ def run_server(
     models: list[StartupModel],
     foreground: bool,
     warnings: list[str] | None = None,
+    early: EarlyStart | None = None,
 ) -> int:
     """``warnings``: what reading the config found worth saying (TorchServe keys with no effect),
-    logged once logging is set up."""
+    logged once logging is set up; ``early``: the templates the caller started first thing
+    (server/workers/prespawn.py), else they start now."""
     lock = hold_lock(config.run_path)
+    if early is None:
+        early = start_early(config, models)
     setup_logging(config, foreground)
     for warning in warnings or ():
         log.warning("%s", warning)
@@ -594,7 +593,7 @@ def run_server(
     # workers run as this user: keep them from reading the secrets the deny-list withholds
     # out of /proc/<server pid>/environ
     hide_own_environ()
-    server = Server(config)
+    server = Server(config, early)
     try:
         # uvloop: libuv's loop reuses its read buffers and runs the HTTP path several times
         # faster than asyncio's default loop on this workload (see scripts/bench_server.py)

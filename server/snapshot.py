@@ -14,7 +14,6 @@ from server.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_FILE = "snapshot.json"
 FORMAT = 1
 
 
@@ -58,16 +57,6 @@ def save(registry: Registry, path: Path) -> None:
         )
     models.extend(registry.unrestored)
     write_json_atomic(path, {"format": FORMAT, "saved": time.time(), "models": models})
-
-
-def model_names(path: Path) -> list[str]:
-    """The model names the snapshot holds, quietly (nothing when it is missing or unreadable:
-    :func:`load` reports that when the snapshot is restored)."""
-    try:
-        data = json.loads(path.read_text())
-        return [str(m["name"]) for m in data.get("models", []) if isinstance(m, dict)]
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
-        return []
 
 
 def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict[str, str]]:

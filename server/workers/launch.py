@@ -17,11 +17,20 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Mapping
+import subprocess
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from server.workers.environ import DEFAULT_DENY, WorkerEnvironment
 from server.workers.preload import PreloadMemory
+from server.workers.prespawn import (
+    EarlyTemplate,
+    TemplateKey,
+    key_for,
+    template_command,
+    template_env,
+    template_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +106,26 @@ async def _pipe_reader(fd: int) -> asyncio.StreamReader:
     return reader
 
 
+class _AdoptedProcess:
+    """A template started with ``subprocess`` before the loop ran, as the launcher uses one."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        while (code := self._popen.poll()) is None:
+            await asyncio.sleep(0.02)
+        return code
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+
 class Template:
     def __init__(self, python: str, preload: list[str], base_env: Mapping[str, str]) -> None:
         """``base_env``: the template's environment, which every worker forked from it starts
@@ -104,7 +133,7 @@ class Template:
         self.python = python
         self.preload = preload
         self.base_env = base_env
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | _AdoptedProcess | None = None
         self._sock: socket.socket | None = None
         self._buffer = bytearray()
         self._ids = 0
@@ -114,28 +143,38 @@ class Template:
         self._log_task: asyncio.Task[None] | None = None
 
     async def start(self, timeout_s: float) -> None:
-        loop = asyncio.get_running_loop()
         parent, child = socket.socketpair()
-        self._sock = parent
-        self._ready = loop.create_future()
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                self.python, "-I", "-u", "-m", "mserve_worker.template",
-                "--fd", str(child.fileno()), "--preload", ",".join(self.preload),
+                *template_command(self.python, child.fileno(), self.preload),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(child.fileno(),),
                 start_new_session=True,
-                # no GPU for the template: a preload that touches CUDA cannot take a device
-                # (its children set their own CUDA_VISIBLE_DEVICES before they load anything)
-                env={**self.base_env, "CUDA_VISIBLE_DEVICES": ""},
-            )  # fmt: skip
+                env=template_env(self.base_env),
+            )
+        except BaseException:
+            parent.close()
+            raise
         finally:
             child.close()
         assert self.proc.stderr is not None
-        self._log_task = asyncio.create_task(self._relog(self.proc.stderr))
-        loop.add_reader(parent.fileno(), self._on_readable)
+        await self._attach(parent, self.proc.stderr, timeout_s)
+
+    async def adopt(self, early: EarlyTemplate, timeout_s: float) -> None:
+        """Take over a template started before the event loop ran (server/workers/prespawn.py)."""
+        self.proc = _AdoptedProcess(early.proc)
+        await self._attach(early.sock, await _pipe_reader(early.stderr_fd), timeout_s)
+
+    async def _attach(
+        self, sock: socket.socket, stderr: asyncio.StreamReader, timeout_s: float
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self._sock = sock
+        self._ready = loop.create_future()
+        self._log_task = asyncio.create_task(self._relog(stderr))
+        loop.add_reader(sock.fileno(), self._on_readable)
         hello = await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
         log.info(
             "worker template for %s ready (pid %s, preloaded: %s)",
@@ -231,9 +270,6 @@ def _fd_bytes(fds: list[int]) -> bytes:
     return array.array("i", fds).tobytes()
 
 
-TemplateKey = tuple[str, tuple[str, ...]]  # interpreter, modules it preloads
-
-
 class Launcher:
     """Starts workers for every model: forked from a template of its interpreter that has
     imported what that model's workers were seen to import, and nothing more.
@@ -275,34 +311,41 @@ class Launcher:
         self._uses: dict[tuple[str, str], TemplateKey] = {}  # (python, model) -> its template
 
     def _key(self, python: str, model: str) -> TemplateKey:
-        modules = {*self.preload, *self.memory.modules(python, [model])}
-        return python, tuple(sorted(modules))
+        return key_for(self.memory, python, model, self.preload)
 
-    def prestart(self, models: list[str]) -> None:
+    def prestart(self, models: list[str], early: Sequence[EarlyTemplate] = ()) -> None:
         """Start the templates that ``models`` (names about to be loaded) will need, with what
-        their workers imported the last time: their imports overlap the server's own start."""
-        if not self.use_templates:
-            return
-        for python, names in self.memory.pythons_for(models).items():
-            if os.path.exists(python):
-                for model in names:
-                    self._uses[(python, model)] = self._key(python, model)
-                    self._template_task(self._uses[(python, model)])
+        their workers imported the last time, adopting those already started (``early``):
+        their imports overlap the server's own start."""
+        adopt = {e.key: e for e in early}
+        if self.use_templates:
+            for (python, model), key in template_keys(self.memory, models, self.preload).items():
+                if os.path.exists(python):
+                    self._uses[(python, model)] = key
+                    self._template_task(key, adopt.pop(key, None))
+        for unused in adopt.values():  # closing its socket ends it
+            unused.sock.close()
+            os.close(unused.stderr_fd)
 
-    def _template_task(self, key: TemplateKey) -> asyncio.Task[Template | None]:
+    def _template_task(
+        self, key: TemplateKey, early: EarlyTemplate | None = None
+    ) -> asyncio.Task[Template | None]:
         task = self._warming.get(key)
         template = self._templates.get(key)
         if task is None or (task.done() and template is not None and not template.alive):
             self._templates.pop(key, None)  # first time, or it died: start it (again)
-            task = asyncio.create_task(self._warm(key), name="template")
+            task = asyncio.create_task(self._warm(key, early), name="template")
             self._warming[key] = task
         return task
 
-    async def _warm(self, key: TemplateKey) -> Template | None:
+    async def _warm(self, key: TemplateKey, early: EarlyTemplate | None) -> Template | None:
         python, preload = key
         template = Template(python, list(preload), self.environment.base)
         try:
-            await template.start(timeout_s=TEMPLATE_START_TIMEOUT_S)
+            if early is not None:
+                await template.adopt(early, timeout_s=TEMPLATE_START_TIMEOUT_S)
+            else:
+                await template.start(timeout_s=TEMPLATE_START_TIMEOUT_S)
         except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("worker template for %s failed (%s); workers start with exec",
                         python, exc)  # fmt: skip

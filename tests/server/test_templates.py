@@ -15,7 +15,6 @@ import pytest
 
 from mserve_worker.imports import valid_names
 from server.workers.preload import PRELOAD_FILE, PreloadMemory
-from tests.server.conftest import wait_until
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -139,6 +138,5 @@ def test_a_template_that_cannot_import_a_remembered_module_still_forks(
     server = start_server("echo=echo.mar", run_dir=run_dir)
     assert server.predict("echo", "hi").body == b"hi"
     assert "no_such_package_here" in _template_of(server.worker_pids("echo")[0])
-    wait_until(
-        lambda: "ready (pid" in (run_dir / "logs" / "mserve.log").read_text(), 10, "the log"
-    )
+    assert "ready (pid" in (log := (run_dir / "logs" / "mserve.log").read_text())
+    assert "preloaded: nothing" in log
