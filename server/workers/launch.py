@@ -19,13 +19,16 @@ import signal
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
+from mserve_worker.imports import valid_names
 from server.workers.environ import DEFAULT_DENY, WorkerEnvironment
 from server.workers.preload import PreloadMemory
 from server.workers.prespawn import (
     EarlyTemplate,
     TemplateKey,
+    guess_imports,
     key_for,
     template_command,
     template_env,
@@ -132,6 +135,7 @@ class Template:
         with; nothing the deny-list holds back, since the template serves every model."""
         self.python = python
         self.preload = preload
+        self.modules: frozenset[str] = frozenset(preload)  # installed packages it holds
         self.base_env = base_env
         self.proc: asyncio.subprocess.Process | _AdoptedProcess | None = None
         self._sock: socket.socket | None = None
@@ -176,6 +180,8 @@ class Template:
         self._log_task = asyncio.create_task(self._relog(stderr))
         loop.add_reader(sock.fileno(), self._on_readable)
         hello = await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+        with contextlib.suppress(ValueError):
+            self.modules = frozenset(valid_names(hello.get("modules", [])))
         log.info(
             "worker template for %s ready (pid %s, preloaded: %s)",
             self.python, hello.get("pid"), ", ".join(hello.get("preloaded", [])) or "nothing",
@@ -249,8 +255,7 @@ class Template:
         pid = await asyncio.wait_for(spawned, 30)
         exited = self._exits.setdefault(pid, loop.create_future())
         return ForkedProcess(
-            pid, await _pipe_reader(out_r), await _pipe_reader(err_r), exited,
-            frozenset(self.preload),
+            pid, await _pipe_reader(out_r), await _pipe_reader(err_r), exited, self.modules,
         )  # fmt: skip
 
     async def stop(self) -> None:
@@ -309,6 +314,7 @@ class Launcher:
         self._templates: dict[TemplateKey, Template] = {}
         self._warming: dict[TemplateKey, asyncio.Task[Template | None]] = {}
         self._uses: dict[tuple[str, str], TemplateKey] = {}  # (python, model) -> its template
+        self._guessed: dict[tuple[str, str], list[str]] = {}  # from the model's source
 
     def _key(self, python: str, model: str) -> TemplateKey:
         return key_for(self.memory, python, model, self.preload)
@@ -359,13 +365,15 @@ class Launcher:
         """A worker of ``model`` is ready and reports the installed packages it imported while
         loading: remember them; when its template lacked some, start one that has them now, so
         the model's next worker is forked with them."""
-        self.memory.learn(python, model, imported, sorted(preloaded))
+        assumed = self._guessed.pop((python, model), [])
+        self.memory.learn(python, model, imported, sorted(preloaded), assumed)
         if not self.use_templates:
             return
         old = self._uses.get((python, model))
         new = self._key(python, model)
-        if new == old:
-            return
+        current = self._templates.get(old) if old is not None else None
+        if new == old or (current is not None and set(new[1]) <= current.modules):
+            return  # its template has all it needs
         self._uses[(python, model)] = new
         self._template_task(new)  # the old one stays: the workers forked from it report to it
 
@@ -373,7 +381,14 @@ class Launcher:
         self, python: str, cwd: str, env: dict[str, str], fd: int, model: str = ""
     ) -> Process:
         if self.use_templates:
-            key = self._uses.setdefault((python, model), self._key(python, model))
+            key = self._uses.get((python, model))
+            if key is None:
+                key = self._key(python, model)
+                if not self.memory.knows(python, model):  # its first start ever: guess
+                    guess = await asyncio.to_thread(guess_imports, Path(cwd))
+                    self._guessed[(python, model)] = guess
+                    key = python, tuple(sorted({*key[1], *guess}))
+                self._uses[(python, model)] = key
             template = await asyncio.shield(self._template_task(key))
             if template is not None and template.alive:
                 try:

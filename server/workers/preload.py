@@ -81,17 +81,25 @@ class PreloadMemory:
                 out[python] = mine
         return out
 
-    def learn(self, python: str, model: str, imported: list[str], preloaded: list[str]) -> bool:
+    def knows(self, python: str, model: str) -> bool:
+        """Whether a worker of ``model`` on ``python`` has ever reported its imports."""
+        return model in self._pythons.get(python, {})
+
+    def learn(
+        self, python: str, model: str, imported: list[str], preloaded: list[str],
+        assumed: list[str] = (),  # type: ignore[assignment]
+    ) -> bool:  # fmt: skip
         """Remember what a worker of ``model`` imported while loading (``imported``) when its
         template had already imported ``preloaded``; True when that is news (the file is
         rewritten then; a failed write is logged, what was learned still holds for this run).
 
         A forked worker cannot tell which of the template's modules its handler needs (they
-        were there before it asked): what the model was known to need among them is kept."""
+        were there before it asked): what the model was known (or, at its first start,
+        ``assumed`` from its source) to need among them is kept."""
         known = self._pythons.setdefault(python, {})
         entry = known.get(model)
         old = set(entry["modules"]) if entry is not None else set()
-        modules = sorted(set(imported) | (old & set(preloaded)))
+        modules = sorted(set(imported) | ((old | set(assumed)) & set(preloaded)))
         if entry is not None and entry["modules"] == modules:
             return False
         known[model] = {"modules": list(modules), "seen": time.time()}

@@ -10,10 +10,12 @@ Imports only what reading two small JSON files and starting processes need.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +68,49 @@ def expected_models(urls: Iterable[tuple[str | None, str]], extra: Iterable[str]
     file name (usually the model's), and ``extra`` (the snapshots' names)."""
     names = [name or Path(url.rstrip("/")).name.split(".")[0] for name, url in urls]
     return [*names, *extra]
+
+
+GUESS_MAX_FILES = 32
+GUESS_MAX_BYTES = 512 * 1024
+_NOT_INSTALLED = {"mserve_worker", "ts", "__future__"}  # ours (the ts namespace), or no package
+
+
+def guess_imports(model_dir: Path) -> list[str]:
+    """At a model's first start, before any worker reported: the top-level packages its own
+    ``.py`` files import at module level (``import torch``, ``from PIL import Image``), less
+    the standard library and the model's own modules. A template started with them holds them
+    when the first worker is forked, so a scale-up right after the first start forks too; what
+    the worker then reports replaces the guess. A name that is not installed is skipped by the
+    template."""
+    try:
+        files = sorted(model_dir.glob("*.py"))[:GUESS_MAX_FILES]
+        own = {p.stem for p in model_dir.glob("*.py")} | {
+            p.name for p in model_dir.iterdir() if p.is_dir()
+        }
+    except OSError:
+        return []
+    names: set[str] = set()
+    for path in files:
+        try:
+            if path.stat().st_size > GUESS_MAX_BYTES:
+                continue
+            tree = ast.parse(path.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        todo = list(tree.body)
+        while todo:  # module level, and inside module-level if / try blocks
+            node = todo.pop()
+            if isinstance(node, ast.Import):
+                names.update(alias.name.partition(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.partition(".")[0])
+            elif isinstance(node, (ast.If, ast.Try)):
+                todo += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+                todo += [n for h in getattr(node, "handlers", []) for n in h.body]
+    return sorted(
+        n for n in names
+        if n not in sys.stdlib_module_names and n not in own and n not in _NOT_INSTALLED
+    )  # fmt: skip
 
 
 def key_for(memory: PreloadMemory, python: str, model: str, preload: Iterable[str]) -> TemplateKey:

@@ -15,6 +15,7 @@ import pytest
 
 from mserve_worker.imports import valid_names
 from server.workers.preload import PRELOAD_FILE, PreloadMemory
+from server.workers.prespawn import guess_imports
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -43,6 +44,8 @@ def test_echo_workers_carry_no_torch_and_the_next_start_preloads_what_was_learne
     assert server.predict("torchy", {}).status == 200
     assert not _maps_torch(server.worker_pids("echo")[0])
     assert _maps_torch(server.worker_pids("torchy")[0])
+    # its first start: nothing learned yet, so its template preloads what its source imports
+    assert "torch" in _template_of(server.worker_pids("torchy")[0]).partition("--preload")[2]
     learned = json.loads((run_dir / "envs" / PRELOAD_FILE).read_text())["pythons"]
     (models,) = learned.values()
     assert models["echo"]["modules"] == []
@@ -79,6 +82,10 @@ def test_remembered_imports_survive_a_restart_and_bad_files_are_ignored(
     # a worker forked with torch already imported does not report it: still needed
     again.learn("/py", "mlp", ["PIL"], ["numpy", "torch"])
     assert PreloadMemory(tmp_path).modules("/py", ["mlp"]) == ["PIL", "numpy", "torch"]
+    # at a first start, what the source was guessed to import counts when the template had it
+    assert not again.knows("/py", "new")
+    again.learn("/py", "new", [], ["numpy", "torch", "tqdm"], assumed=["torch", "missing"])
+    assert again.knows("/py", "new") and again.modules("/py", ["new"]) == ["torch"]
 
     (tmp_path / PRELOAD_FILE).write_text(json.dumps({"schema": 1, "pythons": {"/py": {
         "good": {"modules": ["yaml"], "seen": 1},
@@ -92,6 +99,17 @@ def test_remembered_imports_survive_a_restart_and_bad_files_are_ignored(
     with caplog.at_level(logging.WARNING):
         assert PreloadMemory(tmp_path).modules("/py", ["good"]) == []
     assert "templates learn their imports anew" in caplog.text
+
+
+def test_a_first_start_guesses_from_the_model_source(tmp_path: Path) -> None:
+    (tmp_path / "handler.py").write_text(
+        "import json, os.path\nimport torch.nn as nn\nfrom helper import X\nfrom . import y\n"
+        "try:\n    from PIL import Image\nexcept ImportError:\n    Image = None\n"
+        "def handle(data, context):\n    import yaml  # only when called: not preloaded\n"
+    )
+    (tmp_path / "helper.py").write_text("import numpy\nX = 1\n")
+    (tmp_path / "broken.py").write_text("def (:\n")
+    assert guess_imports(tmp_path) == ["PIL", "numpy", "torch"]
 
 
 def test_module_names_from_a_worker_are_checked() -> None:
