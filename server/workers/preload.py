@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ class PreloadMemory:
 
     def learn(
         self, python: str, model: str, imported: list[str], preloaded: list[str],
-        assumed: list[str] = (),  # type: ignore[assignment]
+        assumed: Sequence[str] = (),
     ) -> bool:  # fmt: skip
         """Remember what a worker of ``model`` imported while loading (``imported``) when its
         template had already imported ``preloaded``; True when that is news (the file is
