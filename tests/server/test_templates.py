@@ -8,6 +8,7 @@ import logging
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -66,6 +67,10 @@ def test_echo_workers_carry_no_torch_and_the_next_start_preloads_what_was_learne
     assert server.predict("echo", "hi").body == b"hi"
     log = (run_dir / "logs" / "mserve.log").read_text()
     assert re.search(r"template for \S+ ready \(pid \d+, preloaded: [^)]*\btorch\b", log)
+    # started before the server imported itself: before its first listener opened
+    *_, listening = re.finditer(r"^(\S+ \S+),(\d+) INFO mserve: inference API listening", log, re.M)
+    opened = time.mktime(time.strptime(listening[1], "%Y-%m-%d %H:%M:%S")) + int(listening[2]) / 1e3
+    assert psutil.Process(torchy[0]).parent().create_time() < opened
 
 
 def test_remembered_imports_survive_a_restart_and_bad_files_are_ignored(
