@@ -1,6 +1,7 @@
 """Serving benchmark: echo and a small torch MLP through a real mserve, figures printed.
 
 Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--rounds 3]]
+       python scripts/bench_server.py --lean [--rounds 3] | --profile-start
 
 Measures requests/s, p50/p99 latency and CPU per request (frontend, workers: steadier than
 req/s on a shared VM) at 1, 16 and 64 connections with 1 and 2 workers (wrk when installed, else
@@ -18,6 +19,12 @@ batch 8 should reach there) and at batch 8 with a 5 ms delay at 1, 16 and 64 con
 worker, with the default ``batch_wait`` (``b8``) and with ``fill`` (``b8 fill``, TorchServe's
 way: what every batch did before ``busy`` existed), each round taking every row in turn; then
 each row's median over the rounds.
+
+``--lean``: cold start (``mserve --start`` to the first answer), PSS of all the server's
+processes with one worker once they are quiet, and the first scale 1 -> 4 right after the first
+answer, for echo and the MLP, one fresh server per figure: the very first start (nothing learned
+yet) on its own, then the medians of ``--rounds`` rounds. ``--profile-start``: the steps of one
+start, from the server log's time stamps (docs/server.md, Measuring cold start).
 
 ``busy/steal/idle`` (every load row): the whole machine's CPU split during that run, from
 /proc/stat (psutil) before and after. The hypervisor steals CPU from this VM (up to 32% seen
