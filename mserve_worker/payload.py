@@ -21,12 +21,7 @@ runtime answers that one request (400 for requests) and carries on with the rest
 from __future__ import annotations
 
 import binascii
-import email.message
-import email.parser
-import email.utils
 import json
-import quopri
-import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -93,6 +88,9 @@ def _parse_content_type(content_type: str) -> tuple[str, dict[str, str]]:
     mime = content_type.split(";", 1)[0].strip().lower()
     if ";" not in content_type:
         return mime, {}
+    import email.message  # here: most requests never need the email package (memory, start)
+    import email.utils
+
     message = email.message.Message()
     message["content-type"] = content_type
     params = {}
@@ -139,6 +137,8 @@ def _decode_json(raw: bytes, charset: str | None, content_type: str) -> Any:
 
 
 def _decode_urlencoded(raw: bytes, charset: str | None, content_type: str) -> dict[str, str]:
+    import urllib.parse
+
     encoding = charset or "utf-8"
     text = _decode_with(raw, encoding, "replace", content_type)
     return dict(urllib.parse.parse_qsl(text, keep_blank_values=True, encoding=encoding))
@@ -198,6 +198,8 @@ def _decode_part(raw: bytes, start: int, end: int, number: int) -> tuple[str, An
             raise PayloadError(f"multipart part {number} has no blank line after its headers")
         header_block = raw[start:header_end].decode("utf-8", errors="replace")
         content_start = header_end + 4
+    import email.parser
+
     headers = email.parser.HeaderParser().parsestr(header_block + "\r\n\r\n")
 
     name = headers.get_param("name", header="content-disposition")
@@ -214,6 +216,8 @@ def _decode_part(raw: bytes, start: int, end: int, number: int) -> tuple[str, An
         except binascii.Error as exc:
             raise PayloadError(f"multipart field {name!r}: bad base64: {exc}") from None
     elif encoding == "quoted-printable":
+        import quopri
+
         content = quopri.decodestring(content)
 
     mime = headers.get_content_type()  # text/plain when the part does not say

@@ -24,6 +24,7 @@ from typing import Any
 
 from . import compat, proctitle, streaming
 from .context import Context, Metrics
+from .imports import loaded_packages
 from .loader import HandlerLoadError, LoadedHandler, load_handler
 from .oip import serving as oip_serving
 from .oip.signature import SignatureError
@@ -347,6 +348,7 @@ def _failed(error: str, i: int, stream: streaming.Stream | None) -> ResponseItem
 
 def _load(init: dict, channel: Channel) -> tuple | None:
     started = time.monotonic()
+    before = set(sys.modules)  # forked from a template: what it preloaded is not news
     model_dir = init["model_dir"]
     sys.path.insert(0, model_dir)  # under -I nothing else puts the model on the path
     compat.install(after=model_dir)  # `import ts...` finds ours, before any installed torchserve
@@ -382,8 +384,17 @@ def _load(init: dict, channel: Channel) -> tuple | None:
         print(text, file=sys.stderr)
         channel.send(Frame(Kind.LOAD_FAILED, {"error": _error_text(exc), "traceback": text}))
         return None
+    # the installed packages the handler pulled in: what this environment's template preloads
+    imports = loaded_packages([model_dir, os.path.dirname(os.path.abspath(__file__))], before)
     channel.send(
-        Frame(Kind.READY, {"load_s": round(time.monotonic() - started, 4), "style": handler.style})
+        Frame(
+            Kind.READY,
+            {
+                "load_s": round(time.monotonic() - started, 4),
+                "style": handler.style,
+                "imports": imports,
+            },
+        )
     )
     return handler, context
 

@@ -10,7 +10,9 @@ torch is imported). Runs inside the model's environment: stdlib only.
 Control channel (JSON lines over an inherited Unix socket):
   server -> template  {"op": "spawn", "id": n, "cwd": dir, "env": {...}}  + 3 fds (SCM_RIGHTS):
                       the worker's channel socket, its stdout pipe, its stderr pipe
-  template -> server  {"ready": true, "preloaded": [...], "pid": n}       once, after imports
+  template -> server  {"ready": true, "preloaded": [...], "modules": [...], "pid": n}
+                      once, after imports: the names it imported, and all the installed
+                      packages it holds since
                       {"spawned": n, "pid": pid}                          per spawn
                       {"exited": pid, "returncode": code}                 per child that ends
                       (negative returncode: killed by that signal, as subprocess reports it)
@@ -129,7 +131,11 @@ def main(argv: list | None = None) -> int:
     control = socket.socket(fileno=args.fd)
     loaded = _preload([n for n in args.preload.split(",") if n])
     _warm_runtime()
-    _send(control, {"ready": True, "preloaded": loaded, "pid": os.getpid()})
+    from .imports import loaded_packages
+
+    # everything installed the preload brought in (torch brings numpy): what workers inherit
+    modules = loaded_packages([os.path.dirname(os.path.abspath(__file__))])
+    _send(control, {"ready": True, "preloaded": loaded, "modules": modules, "pid": os.getpid()})
     buffer = bytearray()
     pending_fds: list = []
     while True:

@@ -2,6 +2,7 @@
 
 Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--rounds 3]]
        python scripts/bench_server.py --ceiling [--rounds 3] [--callgrind 2000]
+       python scripts/bench_server.py --lean [--rounds 3] | --profile-start
 
 Measures requests/s, p50/p99 latency and CPU per request (frontend, workers: steadier than
 req/s on a shared VM) at 1, 16 and 64 connections with 1 and 2 workers (wrk when installed, else
@@ -28,6 +29,12 @@ frontend, as the worker's is not HTTP's), then the medians and the ratios to eac
 ``--callgrind N`` adds a figure that does not move with the machine's load: the user-space
 instructions per request of the frontend (and of the bare httptools echo) under valgrind's
 callgrind, counted over N requests after a warm-up (valgrind runs Python ~50x slower: minutes).
+
+``--lean``: cold start (``mserve --start`` to the first answer), PSS of all the server's
+processes with one worker once they are quiet, and the first scale 1 -> 4 right after the first
+answer, for echo and the MLP, one fresh server per figure: the very first start (nothing learned
+yet) on its own, then the medians of ``--rounds`` rounds. ``--profile-start``: the steps of one
+start, from the server log's time stamps (docs/server.md, Measuring cold start).
 
 ``busy/steal/idle`` (every load row): the whole machine's CPU split during that run, from
 /proc/stat (psutil) before and after. The hypervisor steals CPU from this VM (up to 32% seen
@@ -87,7 +94,7 @@ def build_archives(work: Path, with_mlp: bool) -> None:
 
 
 class Server:
-    def __init__(self, work: Path, models: list[str]) -> None:
+    def __init__(self, work: Path, models: list[str], extra_config: str = "") -> None:
         self.run_dir = work / "run"
         config = work / "mserve.yaml"
         config.write_text(
@@ -95,6 +102,7 @@ class Server:
             f"metrics_address: 127.0.0.1:0\nmodel_store: {work / 'store'}\n"
             "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n"
             "enable_model_api: true\n"  # the MLP rows register models; token auth stays on
+            + extra_config
         )
         started = time.perf_counter()
         run([str(BIN / "mserve"), "--start", "--config", str(config), "--run-dir",
@@ -310,6 +318,139 @@ def batching_rows(server: Server, load, body: bytes, duration: int, rounds: int)
     steals = [r["steal"] for runs in results.values() for r in runs]
     print(f"median steal over {len(steals)} load rows: {statistics.median(steals):.0f}%"
           f" (max {max(steals):.0f}%)")  # fmt: skip
+
+# --- lean workers, cold start, first scale (issue 17) ---------------------------------------
+
+SETTLE_S = 30.0  # the longest to wait for the server's processes to go quiet after a start
+
+
+def server_tree(server: Server) -> list[psutil.Process]:
+    """The frontend and every process under it (template, workers)."""
+    frontend = psutil.Process(server.status["pid"])
+    return [frontend, *frontend.children(recursive=True)]
+
+
+def pss_mib(server: Server) -> float:
+    """Proportional set size of the frontend, the templates and the workers together: pages
+    shared between them (a template and the workers forked from it) count once in all."""
+    total = 0
+    for proc in server_tree(server):
+        try:
+            total += proc.memory_full_info().pss
+        except psutil.Error:
+            continue
+    return total / 2**20
+
+
+def settle(server: Server) -> None:
+    """Wait (bounded) until the server's processes stop using CPU: the template has finished
+    warming up, so what is measured is the steady state, not a snapshot of the import."""
+    deadline = time.monotonic() + SETTLE_S
+    last = -1.0
+    while time.monotonic() < deadline:
+        used = cpu_seconds([p.pid for p in server_tree(server)])
+        if abs(used - last) < 0.01:
+            return
+        last = used
+        time.sleep(0.5)
+
+
+def load_average() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.1f}/{five:.1f}"
+
+
+def one_start(work: Path, model: str, body: bytes, then: str) -> dict[str, float]:
+    """A fresh server with ``model`` (one worker): seconds from ``mserve --start`` to its first
+    answer; then either the PSS of all its processes once they are quiet (``pss``) or the time
+    to scale it 1 -> 4 workers synchronously right after that answer (``scale``)."""
+    t0 = time.perf_counter()
+    server = Server(work, [f"{model}={model}.mar"], "snapshot: false\n")
+    try:
+        status, answer = server.request("POST", f"/predictions/{model}", body)
+        assert status == 200, answer
+        result = {"cold": time.perf_counter() - t0}
+        if then == "pss":
+            settle(server)
+            result["pss"] = pss_mib(server)
+        else:
+            result["scale"] = scale(server, model, 4)
+        return result
+    finally:
+        server.stop()
+
+
+START_STEPS = [  # (what, a regular expression for the log line that ends it)
+    ("server process up, imported, logging", r"."),
+    ("HTTP listeners up", r"metrics API listening"),
+    ("gRPC listeners up", r"gRPC management API listening"),
+    ("archive unpacked, model registered", r"registering {model}"),
+    ("worker template ready", r"worker template for .* ready"),
+    ("worker ready (handler loaded)", r"worker \d+ of {model}:\S+ ready"),
+    ("server ready", r"mserve \S+ ready"),
+]
+
+
+def profile_start(work: Path, model: str, body: bytes) -> None:
+    """Where the time from ``mserve --start`` to the first answer goes: the server log's
+    time stamps of each step, from the start command on (one start, after one that taught the
+    template what the model imports)."""
+    one_start(work, model, body, "pss")  # learn, and warm the page cache
+    log_file = work / "run" / "logs" / "mserve.log"
+    log_file.unlink(missing_ok=True)
+    t0 = time.time()
+    server = Server(work, [f"{model}={model}.mar"], "snapshot: false\n")
+    returned = time.time()
+    status, _ = server.request("POST", f"/predictions/{model}", body)
+    answered = time.time()
+    server.stop()
+    assert status == 200
+    stamps = []
+    for line in log_file.read_text().splitlines():
+        m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ", line)
+        if m:
+            at = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
+            stamps.append((at, line))
+    print(f"{model}: mserve --start to first answer, step by step ({load_average()}):")
+    for what, pattern in START_STEPS:
+        regex = re.compile(pattern.format(model=re.escape(model)))
+        found = next((at for at, line in stamps if regex.search(line)), None)
+        print(f"  {what:<40} " + (f"{found - t0:6.2f} s" if found else "     - (not logged)"))
+    print(f"  {'mserve --start returned':<40} {returned - t0:6.2f} s")
+    print(f"  {'first answer':<40} {answered - t0:6.2f} s")
+
+
+def lean_rows(work: Path, bodies: dict[str, bytes], rounds: int) -> None:
+    """Cold start, memory and first scale of echo and the MLP, one fresh server per figure.
+
+    The very first start learns what each model imports (nothing preloaded yet): it is shown
+    on its own; then ``rounds`` rounds, each model in turn, and the medians."""
+    models = list(bodies)
+    for model in models:
+        first = one_start(work, model, bodies[model], "scale")
+        print(f"first start ever, {model}: cold start {first['cold']:.2f} s, first scale 1 -> 4"
+              f" {first['scale']:.2f} s ({load_average()})")  # fmt: skip
+    runs: dict[tuple[str, str], list[float]] = {}
+    for n in range(rounds):
+        for model in models:
+            for then in ("pss", "scale"):
+                machine = psutil.cpu_times()
+                r = one_start(work, model, bodies[model], then)
+                steal = cpu_split(machine, psutil.cpu_times())["steal"]
+                runs.setdefault((model, "cold"), []).append(r["cold"])
+                runs.setdefault((model, then), []).append(r[then])
+                runs.setdefault((model, "steal"), []).append(steal)
+                print(f"round {n + 1}, {model}: cold start {r['cold']:.2f} s, "
+                      + (f"PSS {r['pss']:.0f} MiB" if then == "pss"
+                         else f"first scale 1 -> 4 {r['scale']:.2f} s")
+                      + f" (steal {steal:.0f}%, {load_average()})")  # fmt: skip
+    print(f"medians over {rounds} round(s):")
+    for model in models:
+        cold, pss, first = (runs[(model, k)] for k in ("cold", "pss", "scale"))
+        print(f"{model:<5} cold start to first answer {statistics.median(cold):.2f} s"
+              f" (min {min(cold):.2f}), PSS 1 worker {statistics.median(pss):.0f} MiB,"
+              f" first scale 1 -> 4 {statistics.median(first):.2f} s (max {max(first):.2f});"
+              f" steal median {statistics.median(runs[(model, 'steal')]):.0f}%")  # fmt: skip
 
 
 # --- the HTTP ceiling: the echo path next to bare HTTP servers, same run --------------------
@@ -576,11 +717,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 s runs, 16 connections only")
     parser.add_argument("--batching", action="store_true", help="only the batching rows")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of --batching and --ceiling rows")  # fmt: skip
+                        help="rounds of --batching, --ceiling and --lean rows")  # fmt: skip
     parser.add_argument("--ceiling", action="store_true",
                         help="only echo CPU per request beside bare HTTP echo servers")  # fmt: skip
     parser.add_argument("--callgrind", type=int, default=0, metavar="N",
                         help="with --ceiling: instructions per request, N requests")  # fmt: skip
+    parser.add_argument("--lean", action="store_true",
+                        help="only cold start, memory (PSS) and first scale rows")
+    parser.add_argument("--profile-start", action="store_true",
+                        help="only the steps from mserve --start to the first answer")
     args = parser.parse_args()
     duration = 3 if args.quick else args.duration
     conn_levels = [16] if args.quick else [1, 16, 64]
@@ -599,6 +744,16 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-server-"))
     try:
         build_archives(work, with_mlp and not args.ceiling)
+        if args.lean or args.profile_start:
+            bodies = {"echo": b'{"x": 1}'}
+            if with_mlp:
+                bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
+            for model, body in bodies.items():
+                if args.profile_start:
+                    profile_start(work, model, body)
+            if args.lean:
+                lean_rows(work, bodies, args.rounds)
+            return
         # cold start: start command to the first successful prediction
         t0 = time.perf_counter()
         server = Server(work, ["echo=echo.mar"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -80,25 +79,58 @@ def _env_summary(root: Path) -> str:
     return f"{len(envs)} environments, {total / 2**20:.1f} MiB"
 
 
-def _start_daemon(config: ServerConfig, argv: list[str]) -> None:
+def _serve(config: ServerConfig, startup: list[StartupModel], warnings: list[str],
+           foreground: bool) -> int:  # fmt: skip
+    """Run the server in this process until it stops; its exit code."""
+    # the worker templates first: their imports (torch: seconds) overlap the server's own
+    from server.workers.prespawn import start_early
+
+    early = start_early(config, startup)
+    from server.main import run_server  # heavy: only the server process needs it
+
+    return run_server(config, startup, foreground=foreground, warnings=warnings, early=early)
+
+
+def _start_daemon(config: ServerConfig, startup: list[StartupModel], warnings: list[str]) -> None:
+    """Fork the server off this process, then wait for it to say it is ready. A fork, not a
+    fresh interpreter: the daemon starts with what this process has already imported and read
+    (the CLI, the config, the startup models), a good part of a cold start."""
     config.log_path.mkdir(parents=True, exist_ok=True)
     out_path = config.log_path / "mserve.out"
-    with open(out_path, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", *argv, "--foreground", "--quiet"],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the daemon: its own session, output to mserve.out, never back into click
+        code = 1
+        try:
+            os.setsid()
+            out = os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(out)
+            os.close(devnull)
+            code = _serve(config, startup, warnings, foreground=False)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
     deadline = time.monotonic() + START_WAIT_S
     while time.monotonic() < deadline:
-        code = proc.poll()
-        if code is not None:
+        done, wait_status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(wait_status)
             tail = out_path.read_text(errors="replace").splitlines()[-15:]
             _fail(f"server exited with code {code} during start:\n" + "\n".join(tail))
         status = read_status(config.run_path)
-        if status and status.get("pid") == proc.pid and status.get("state") == "ready":
+        if status and status.get("pid") == pid and status.get("state") == "ready":
             _print_status(status)
             failed = [n for n, s in status.get("models", {}).items() if "failed: " in s]
             if failed:
@@ -296,12 +328,9 @@ def serve_main(
         if pid is not None:
             _fail(f"mserve is already running (pid {pid}, run dir {config.run_path})")
         if not foreground:
-            argv = [a for a in sys.argv[1:]]
-            _start_daemon(config, argv)
+            _start_daemon(config, startup, warnings)
             return
-        from server.main import run_server  # heavy: only the server process needs it
-
-        sys.exit(run_server(config, startup, foreground=not quiet, warnings=warnings))
+        sys.exit(_serve(config, startup, warnings, foreground=not quiet))
     except MserveError as exc:
         _fail(exc.message)
 

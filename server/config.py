@@ -155,7 +155,7 @@ class ServerConfig:
     env_dir: str | None = None
     protected_packages: tuple[str, ...] = ("torch",)
     fork_workers: bool = True
-    worker_preload: tuple[str, ...] = ("torch", "numpy")
+    worker_preload: tuple[str, ...] = ()  # besides what the models' workers were seen to import
     # Registration by URL (TorchServe's allowed_urls: regular expressions a URL must match in
     # full); empty: the model store and allowed_paths only.
     allowed_urls: tuple[str, ...] = field(default_factory=tuple)

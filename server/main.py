@@ -44,14 +44,16 @@ from server.rundir import (
     KEY_FILE,
     LOCK_FILE,
     PID_FILE,
+    SNAPSHOT_FILE,
     STATUS_FILE,
     StartupModel,
     write_json_atomic,
 )
-from server.snapshot import SNAPSHOT_FILE
 from server.tls import server_context
 from server.workers.environ import WorkerEnvironment, hide_own_environ
 from server.workers.launch import Launcher
+from server.workers.preload import PreloadMemory
+from server.workers.prespawn import EarlyStart, start_early
 
 if TYPE_CHECKING:
     from server.rpc.server import GrpcListener
@@ -145,13 +147,18 @@ class TorchServeFormatter(logging.Formatter):
 
 
 class Server:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, early: EarlyStart | None = None) -> None:
+        """``early``: the templates started before the server imported itself (if not, they
+        start in :meth:`run`)."""
         self.config = config
+        self.early = early or EarlyStart([], PreloadMemory(config.env_path), [])
         self.gpus = GpuAllocator(server_gpus(config.number_of_gpu, os.environ))
         worker_env = WorkerEnvironment.split(
             os.environ, config.worker_env_deny, config.worker_env_deny_regex
         )
-        self.launcher = Launcher(config.fork_workers, config.worker_preload, worker_env)
+        self.launcher = Launcher(
+            config.fork_workers, config.worker_preload, worker_env, self.early.memory
+        )
         self.metrics = Metrics(
             config.metrics_mode,
             load_metrics_config(Path(config.metrics_config))
@@ -408,6 +415,8 @@ class Server:
             loop.add_signal_handler(sig, self._on_signal, sig)
         self.registry.on_change("status file", self.write_status)
         try:
+            # the templates of the models about to load import what those need meanwhile
+            self.launcher.prestart(self.early.models, self.early.templates)
             await self.listen()
             self.write_status()
             if not await self._until_stopped(self._load_models(models)):
@@ -420,8 +429,6 @@ class Server:
             self.state = "ready"
             self.registry.started = True
             self.write_status()
-            if self.config.fork_workers:
-                self.launcher.allow_warming()
             log.info("mserve %s ready", __version__)
             tune_gc()
             chores = [
@@ -592,10 +599,14 @@ def run_server(
     models: list[StartupModel],
     foreground: bool,
     warnings: list[str] | None = None,
+    early: EarlyStart | None = None,
 ) -> int:
     """``warnings``: what reading the config found worth saying (TorchServe keys with no effect),
-    logged once logging is set up."""
+    logged once logging is set up; ``early``: the templates the caller started first thing
+    (server/workers/prespawn.py), else they start now."""
     lock = hold_lock(config.run_path)
+    if early is None:
+        early = start_early(config, models)
     setup_logging(config, foreground)
     for warning in warnings or ():
         log.warning("%s", warning)
@@ -610,7 +621,7 @@ def run_server(
     # workers run as this user: keep them from reading the secrets the deny-list withholds
     # out of /proc/<server pid>/environ
     hide_own_environ()
-    server = Server(config)
+    server = Server(config, early)
     try:
         # uvloop: libuv's loop reuses its read buffers and runs the HTTP path several times
         # faster than asyncio's default loop on this workload (see scripts/bench_server.py)

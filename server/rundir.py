@@ -17,6 +17,7 @@ STATUS_FILE = "status.json"
 KEY_FILE = "key_file.json"  # token authorization's keys (server/auth.py), TorchServe's name
 PID_FILE = "mserve.pid"
 LOCK_FILE = "mserve.lock"
+SNAPSHOT_FILE = "snapshot.json"  # the registered models, restored at the next start
 ENV_META_FILE = ".mserve-env.json"  # written last into a finished per-model environment
 
 

@@ -14,7 +14,6 @@ from server.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_FILE = "snapshot.json"
 FORMAT = 1
 
 

@@ -1,8 +1,10 @@
 """How worker processes come to life: forked from a warm template, or a fresh interpreter.
 
-``ForkServer`` keeps one template process per interpreter (per model environment) and asks it
+``Launcher`` keeps one template process per interpreter (per model environment) and asks it
 to fork workers; a worker then costs milliseconds instead of an interpreter start plus the
-model's imports. If the template cannot start, workers fall back to ``exec``.
+model's imports. A template imports what the workers of its models were seen to import
+(``server/workers/preload.py``), nothing else. If the template cannot start, workers fall back
+to ``exec``.
 """
 
 from __future__ import annotations
@@ -15,15 +17,27 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Mapping
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
+from mserve_worker.imports import valid_names
 from server.workers.environ import DEFAULT_DENY, WorkerEnvironment
+from server.workers.preload import PreloadMemory
+from server.workers.prespawn import (
+    EarlyTemplate,
+    TemplateKey,
+    guess_imports,
+    key_for,
+    template_command,
+    template_env,
+    template_keys,
+)
 
 log = logging.getLogger(__name__)
 
-# Imported once in each template when the environment has them (never CUDA initialisation).
-DEFAULT_PRELOAD = ("torch", "numpy")
+TEMPLATE_START_TIMEOUT_S = 300.0  # its imports, on a busy machine; then workers use exec
 
 
 class Process(Protocol):
@@ -63,14 +77,16 @@ async def exec_worker(
 
 
 class ForkedProcess:
-    """A worker forked by a template: exit status arrives from the template."""
+    """A worker forked by a template: exit status arrives from the template. ``preloaded``:
+    what the template had imported when it forked it."""
 
     def __init__(self, pid: int, stdout: asyncio.StreamReader, stderr: asyncio.StreamReader,
-                 exited: asyncio.Future[int]) -> None:  # fmt: skip
+                 exited: asyncio.Future[int], preloaded: frozenset[str]) -> None:  # fmt: skip
         self.pid = pid
         self.stdout = stdout
         self.stderr = stderr
         self._exited = exited
+        self.preloaded = preloaded
 
     @property
     def returncode(self) -> int | None:
@@ -93,14 +109,35 @@ async def _pipe_reader(fd: int) -> asyncio.StreamReader:
     return reader
 
 
+class _AdoptedProcess:
+    """A template started with ``subprocess`` before the loop ran, as the launcher uses one."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        while (code := self._popen.poll()) is None:
+            await asyncio.sleep(0.02)
+        return code
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+
 class Template:
-    def __init__(self, python: str, preload: tuple[str, ...], base_env: Mapping[str, str]) -> None:
+    def __init__(self, python: str, preload: list[str], base_env: Mapping[str, str]) -> None:
         """``base_env``: the template's environment, which every worker forked from it starts
         with; nothing the deny-list holds back, since the template serves every model."""
         self.python = python
         self.preload = preload
+        self.modules: frozenset[str] = frozenset(preload)  # installed packages it holds
         self.base_env = base_env
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | _AdoptedProcess | None = None
         self._sock: socket.socket | None = None
         self._buffer = bytearray()
         self._ids = 0
@@ -110,29 +147,41 @@ class Template:
         self._log_task: asyncio.Task[None] | None = None
 
     async def start(self, timeout_s: float) -> None:
-        loop = asyncio.get_running_loop()
         parent, child = socket.socketpair()
-        self._sock = parent
-        self._ready = loop.create_future()
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                self.python, "-I", "-u", "-m", "mserve_worker.template",
-                "--fd", str(child.fileno()), "--preload", ",".join(self.preload),
+                *template_command(self.python, child.fileno(), self.preload),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(child.fileno(),),
                 start_new_session=True,
-                # no GPU for the template: a preload that touches CUDA cannot take a device
-                # (its children set their own CUDA_VISIBLE_DEVICES before they load anything)
-                env={**self.base_env, "CUDA_VISIBLE_DEVICES": ""},
-            )  # fmt: skip
+                env=template_env(self.base_env),
+            )
+        except BaseException:
+            parent.close()
+            raise
         finally:
             child.close()
         assert self.proc.stderr is not None
-        self._log_task = asyncio.create_task(self._relog(self.proc.stderr))
-        loop.add_reader(parent.fileno(), self._on_readable)
+        await self._attach(parent, self.proc.stderr, timeout_s)
+
+    async def adopt(self, early: EarlyTemplate, timeout_s: float) -> None:
+        """Take over a template started before the event loop ran (server/workers/prespawn.py)."""
+        self.proc = _AdoptedProcess(early.proc)
+        await self._attach(early.sock, await _pipe_reader(early.stderr_fd), timeout_s)
+
+    async def _attach(
+        self, sock: socket.socket, stderr: asyncio.StreamReader, timeout_s: float
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self._sock = sock
+        self._ready = loop.create_future()
+        self._log_task = asyncio.create_task(self._relog(stderr))
+        loop.add_reader(sock.fileno(), self._on_readable)
         hello = await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+        with contextlib.suppress(ValueError):
+            self.modules = frozenset(valid_names(hello.get("modules", [])))
         log.info(
             "worker template for %s ready (pid %s, preloaded: %s)",
             self.python, hello.get("pid"), ", ".join(hello.get("preloaded", [])) or "nothing",
@@ -205,7 +254,9 @@ class Template:
             os.close(err_w)
         pid = await asyncio.wait_for(spawned, 30)
         exited = self._exits.setdefault(pid, loop.create_future())
-        return ForkedProcess(pid, await _pipe_reader(out_r), await _pipe_reader(err_r), exited)
+        return ForkedProcess(
+            pid, await _pipe_reader(out_r), await _pipe_reader(err_r), exited, self.modules,
+        )  # fmt: skip
 
     async def stop(self) -> None:
         if self._sock is not None:
@@ -225,21 +276,30 @@ def _fd_bytes(fds: list[int]) -> bytes:
 
 
 class Launcher:
-    """Starts workers for every model: forked from a per-interpreter template when one is warm.
+    """Starts workers for every model: forked from a template of its interpreter that has
+    imported what that model's workers were seen to import, and nothing more.
 
-    The first workers of an environment start with ``exec`` while its template warms up in the
-    background (importing torch takes seconds), so a cold start never waits for the template;
-    later workers (scale-ups, restarts) are forked from it in milliseconds.
+    Models with the same needs share a template; an echo model's workers never carry the torch
+    that another model of the same environment needs. A template starts as soon as it is known
+    to be needed: at server start for the models the start will load (from what their workers
+    imported the last time), else with the model's first worker, and again when a worker
+    reports imports its template lacked (it warms up while that worker serves). A worker asked
+    for while its template warms up waits for it: the template is already doing the imports a
+    fresh interpreter would have to do, so it is ready first, and scale-ups arriving meanwhile
+    cost a fork each instead of parallel imports on a few cores.
     """
 
     def __init__(
         self,
         use_templates: bool = True,
-        preload: tuple[str, ...] = DEFAULT_PRELOAD,
+        preload: tuple[str, ...] = (),
         environment: WorkerEnvironment | None = None,
+        memory: PreloadMemory | None = None,
     ) -> None:
-        """``environment``: the server's environment as workers may see it; by default the
-        process's own without the default deny-list."""
+        """``preload``: modules every template imports besides what its models need;
+        ``environment``: the server's environment as workers may see it (by default the
+        process's own without the default deny-list); ``memory``: what models imported the
+        last time (by default nothing is remembered across starts)."""
         self.use_templates = use_templates
         self.preload = preload
         if environment is None:
@@ -250,49 +310,91 @@ class Launcher:
                 "workers do not get %d of the server's environment variables (worker_env_deny):"
                 " %s", len(environment.withheld), ", ".join(sorted(environment.withheld)),
             )  # fmt: skip
-        self._templates: dict[str, Template] = {}
-        self._warming: dict[str, asyncio.Task[None]] = {}
-        self._seen: set[str] = set()
-        # Templates import torch (seconds of CPU): warm none while the server is starting, so
-        # they never slow the first workers down; ``allow_warming`` is called once it is ready.
-        self._may_warm = False
+        self.memory = memory if memory is not None else PreloadMemory(None)
+        self._templates: dict[TemplateKey, Template] = {}
+        self._warming: dict[TemplateKey, asyncio.Task[Template | None]] = {}
+        self._uses: dict[tuple[str, str], TemplateKey] = {}  # (python, model) -> its template
+        self._guessed: dict[tuple[str, str], list[str]] = {}  # from the model's source
 
-    def allow_warming(self) -> None:
-        self._may_warm = True
-        for python in self._seen:
-            self._ready_template(python)
+    def _key(self, python: str, model: str) -> TemplateKey:
+        return key_for(self.memory, python, model, self.preload)
 
-    async def _warm(self, python: str) -> None:
-        template = Template(python, self.preload, self.environment.base)
+    def prestart(self, models: list[str], early: Sequence[EarlyTemplate] = ()) -> None:
+        """Start the templates that ``models`` (names about to be loaded) will need, with what
+        their workers imported the last time, adopting those already started (``early``):
+        their imports overlap the server's own start."""
+        adopt = {e.key: e for e in early}
+        if self.use_templates:
+            for (python, model), key in template_keys(self.memory, models, self.preload).items():
+                if os.path.exists(python):
+                    self._uses[(python, model)] = key
+                    self._template_task(key, adopt.pop(key, None))
+        for unused in adopt.values():  # closing its socket ends it
+            unused.sock.close()
+            os.close(unused.stderr_fd)
+
+    def _template_task(
+        self, key: TemplateKey, early: EarlyTemplate | None = None
+    ) -> asyncio.Task[Template | None]:
+        task = self._warming.get(key)
+        template = self._templates.get(key)
+        if task is None or (task.done() and template is not None and not template.alive):
+            self._templates.pop(key, None)  # first time, or it died: start it (again)
+            task = asyncio.create_task(self._warm(key, early), name="template")
+            self._warming[key] = task
+        return task
+
+    async def _warm(self, key: TemplateKey, early: EarlyTemplate | None) -> Template | None:
+        python, preload = key
+        template = Template(python, list(preload), self.environment.base)
         try:
-            await template.start(timeout_s=300)
+            if early is not None:
+                await template.adopt(early, timeout_s=TEMPLATE_START_TIMEOUT_S)
+            else:
+                await template.start(timeout_s=TEMPLATE_START_TIMEOUT_S)
         except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("worker template for %s failed (%s); workers start with exec",
                         python, exc)  # fmt: skip
             await template.stop()
-            return
-        self._templates[python] = template
-
-    def _ready_template(self, python: str) -> Template | None:
-        self._seen.add(python)
-        template = self._templates.get(python)
-        if template is not None and template.alive:
-            return template
-        if not self._may_warm:
             return None
-        task = self._warming.get(python)
-        if task is None or (task.done() and template is not None):  # first time, or it died
-            self._templates.pop(python, None)
-            self._warming[python] = asyncio.create_task(self._warm(python), name="template")
-        return None
+        self._templates[key] = template
+        return template
 
-    async def launch(self, python: str, cwd: str, env: dict[str, str], fd: int) -> Process:
-        template = self._ready_template(python) if self.use_templates else None
-        if template is not None:
-            try:
-                return await template.spawn(cwd, env, fd)
-            except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
-                log.warning("fork from the worker template failed (%s); using exec", exc)
+    def learned(self, python: str, model: str, imported: list[str],
+                preloaded: frozenset[str]) -> None:  # fmt: skip
+        """A worker of ``model`` is ready and reports the installed packages it imported while
+        loading: remember them; when its template lacked some, start one that has them now, so
+        the model's next worker is forked with them."""
+        assumed = self._guessed.pop((python, model), [])
+        self.memory.learn(python, model, imported, sorted(preloaded), assumed)
+        if not self.use_templates:
+            return
+        old = self._uses.get((python, model))
+        new = self._key(python, model)
+        current = self._templates.get(old) if old is not None else None
+        if new == old or (current is not None and set(new[1]) <= current.modules):
+            return  # its template has all it needs
+        self._uses[(python, model)] = new
+        self._template_task(new)  # the old one stays: the workers forked from it report to it
+
+    async def launch(
+        self, python: str, cwd: str, env: dict[str, str], fd: int, model: str = ""
+    ) -> Process:
+        if self.use_templates:
+            key = self._uses.get((python, model))
+            if key is None:
+                key = self._key(python, model)
+                if not self.memory.knows(python, model):  # its first start ever: guess
+                    guess = await asyncio.to_thread(guess_imports, Path(cwd))
+                    self._guessed[(python, model)] = guess
+                    key = python, tuple(sorted({*key[1], *guess}))
+                self._uses[(python, model)] = key
+            template = await asyncio.shield(self._template_task(key))
+            if template is not None and template.alive:
+                try:
+                    return await template.spawn(cwd, env, fd)
+                except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
+                    log.warning("fork from the worker template failed (%s); using exec", exc)
         return await exec_worker(python, cwd, env, fd, self.environment.base)
 
     async def close(self) -> None:

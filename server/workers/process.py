@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 
 from mserve_worker import protocol
+from mserve_worker.imports import valid_names
 from mserve_worker.protocol import Frame, Kind, MetricEntry, RequestItem, ResponseItem
 from server.errors import HandlerError, InvalidModel, WorkerDied, WorkerTimeout
 from server.workers.channel import Batch, BatchExpired, Channel, ChannelClosed
@@ -196,8 +197,9 @@ class Worker:
         parent, child = socket.socketpair()
         try:
             self._proc = await launcher.launch(
-                self.spec.python, str(self.spec.model_dir), self.spec.env, child.fileno()
-            )
+                self.spec.python, str(self.spec.model_dir), self.spec.env, child.fileno(),
+                self.spec.init.get("model_name", ""),
+            )  # fmt: skip
         finally:
             child.close()
         assert self._proc.stdout is not None and self._proc.stderr is not None
@@ -214,7 +216,7 @@ class Worker:
             "worker %s of %s started, pid %s, gpu %s", self.id, self.model_label, self.pid, self.gpu
         )
         try:
-            await asyncio.wait_for(self._handshake(), timeout_s)
+            imports = await asyncio.wait_for(self._handshake(), timeout_s)
         except asyncio.TimeoutError:
             await self.kill()
             raise InvalidModel(
@@ -225,8 +227,15 @@ class Worker:
             raise InvalidModel(
                 f"{exc.message} while loading; last output:\n{self.tail()}"
             ) from None
+        if imports is not None:
+            launcher.learned(
+                self.spec.python, self.spec.init.get("model_name", ""), imports,
+                getattr(self._proc, "preloaded", frozenset()),
+            )  # fmt: skip
 
-    async def _handshake(self) -> None:
+    async def _handshake(self) -> list[str] | None:
+        """HELLO, INIT, READY; the installed packages the handler imported, as the worker
+        reports them (None when it does not, or says something that is no list of names)."""
         hello = await self._next_frame()
         if hello.kind != Kind.HELLO or hello.meta.get("protocol") != protocol.PROTOCOL_VERSION:
             raise InvalidModel(f"worker {self.id} spoke an unexpected protocol: {hello.meta}")
@@ -249,6 +258,14 @@ class Worker:
             "worker %s of %s ready in %.2f s (handler style %s)",
             self.id, self.model_label, time.time() - self.started_at, self.style,
         )  # fmt: skip
+        if "imports" not in reply.meta:
+            return None
+        try:
+            return valid_names(reply.meta["imports"])
+        except ValueError as exc:
+            log.warning("worker %s of %s reported unusable imports (%s); ignored",
+                        self.id, self.model_label, exc)  # fmt: skip
+            return None
 
     def tail(self, lines: int = 20) -> str:
         return "\n".join(list(self.stderr_tail)[-lines:])

@@ -32,7 +32,6 @@ def _model(python: str, launcher: Launcher) -> ModelVersion:
 def test_missing_interpreter_fails_the_registration_instead_of_hanging(fork: bool) -> None:
     async def scenario() -> str:
         launcher = Launcher(use_templates=fork)
-        launcher.allow_warming()
         model = _model("/nonexistent/bin/python", launcher)
         try:
             with pytest.raises(InvalidModel) as info:

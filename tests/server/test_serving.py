@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.server.conftest import (
     MSERVE,
@@ -367,16 +368,20 @@ def test_a_batch_waits_for_company_only_while_its_worker_is_busy(
     )
 
 
-def test_ps_and_top_show_which_model_a_worker_serves(make_archive, start_server) -> None:
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "exec"])
+def test_ps_and_top_show_which_model_a_worker_serves(make_archive, start_server, fork) -> None:
     """Started fresh or forked from the template, a worker's command line and command name
     name its model, version and worker id, not the runtime's or the template's command."""
     make_archive("probe", "probe:handle", "probe")
-    server = start_server("probe=probe.mar")
-    wait_until(lambda: template_ready(server), 120, "the worker template")
+    server = start_server("probe=probe.mar", config={"fork_workers": fork})
     assert server.manage("PUT", "/models/probe?min_worker=2&synchronous=true").status == 200
     workers = server.manage("GET", "/models/probe").json()[0]["workers"]
     parents = {psutil.Process(w["pid"]).ppid() for w in workers}
-    assert len(parents) == 2 and server.pid in parents  # one exec'd, one forked by the template
+    if fork:  # the first worker too: the template starts with the server's first worker
+        assert len(parents) == 1 and server.pid not in parents
+        assert "mserve_worker.template" in " ".join(psutil.Process(parents.pop()).cmdline())
+    else:
+        assert parents == {server.pid}
     for worker in workers:
         cmdline = Path(f"/proc/{worker['pid']}/cmdline").read_bytes().rstrip(b"\0")
         assert cmdline == f"mserve-worker probe:1.0 W-{worker['id']}".encode()
