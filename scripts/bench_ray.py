@@ -23,11 +23,10 @@ import argparse
 import http.client
 import json
 import os
-import random
 import secrets
 import shutil
-import socket
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 import psutil
 
 # scripts/ is on sys.path when this runs as a script: bench_server.py is a sibling
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_server import (
     Server,
     build_archives,
@@ -42,6 +42,8 @@ from bench_server import (
     python_load,
     wrk_load,
 )
+
+from tests.ray.ports import free_proxy_port
 
 
 class RayTarget:
@@ -63,19 +65,6 @@ class RayTarget:
             return 0, b""
         finally:
             conn.close()
-
-
-def _free_port() -> int:
-    """A free port for Serve's proxy, outside both the kernel's ephemeral range and Ray's
-    worker ports (10002-19999), which Ray's own processes keep taking while it starts."""
-    for port in random.sample(range(20000, 30000), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-29999")
 
 
 def _first_answer(target, path: str, body: bytes, timeout_s: float = 600) -> float:
@@ -103,7 +92,7 @@ def start_ray(work: Path) -> tuple[float, float, int]:
     ray.init(num_cpus=2, _temp_dir=str(work / "ray"), include_dashboard=False,
              log_to_driver=False, configure_logging=False)  # fmt: skip
     ray_s = time.perf_counter() - started
-    port = _free_port()
+    port = free_proxy_port()
     started = time.perf_counter()
     models = [StartupModel("echo", str(work / "store" / "echo.mar")),
               StartupModel("mlp", str(work / "store" / "mlp.mar"))]  # fmt: skip

@@ -12,11 +12,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +30,7 @@ import yaml
 from ray import serve
 
 from tests.conftest import ARCHIVER_SCRIPT
+from tests.ray.ports import free_proxy_port
 from tests.server.conftest import HANDLERS, MSERVE, Reply, concurrently, http
 from tests.wheels import make_wheel
 
@@ -74,19 +73,6 @@ def _archive(store: Path, name: str, folder: str, handler: str, *extra: str) -> 
     return store / f"{name}.mar"
 
 
-def _free_port() -> int:
-    """A free port for Serve's proxy, outside both the kernel's ephemeral range and Ray's
-    worker ports (10002-19999), which Ray's own processes keep taking while it starts."""
-    for port in random.sample(range(20000, 30000), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-29999")
-
-
 def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -126,7 +112,7 @@ def rs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServe]:
                         log_to_driver=False, configure_logging=False)  # fmt: skip
         env = {**os.environ, **added, "RAY_AUTH_MODE": "token"}
         rs = RayServe(
-            info.address_info["gcs_address"], env, f"http://127.0.0.1:{_free_port()}", store
+            info.address_info["gcs_address"], env, f"http://127.0.0.1:{free_proxy_port()}", store
         )
         port = rs.base.rsplit(":", 1)[1]
         started = time.monotonic()
