@@ -164,6 +164,7 @@ def _serve_batch(
     prepared: dict[int, oip_serving.Prepared] = {}  # v1/v2 requests
     # one handler call per operation and API, in arrival order
     groups: dict[tuple[str, str], list[int]] = {}
+    oip = oip_serving.for_context(context, handler.style)  # made when the handler loaded
     for i, item in enumerate(items):
         if item.request_id in cancelled:  # its caller is gone: the answer would reach nobody
             responses[i] = ResponseItem(CLIENT_GONE, b"", "")
@@ -171,16 +172,16 @@ def _serve_batch(
         api = ""
         try:
             if item.api:
-                prepared[i] = oip_serving.for_context(context, handler.style).prepare(item)
+                prepared[i] = oip.prepare(item)
                 decoded[i], api = prepared[i].row, prepared[i].api
-            elif (
-                item.op in ("", "explain")
-                and oip_serving.for_context(context, handler.style).enveloped
-            ):  # the server's service_envelope reads TorchServe's paths too
-                prepared[i] = oip_serving.for_context(context, "").prepare_enveloped(item)
+            elif item.op in ("", "explain") and oip.enveloped:
+                # the server's service_envelope reads TorchServe's paths too
+                prepared[i] = oip.prepare_enveloped(item)
                 decoded[i], api = prepared[i].row, prepared[i].api
             else:
                 decoded[i] = decode_request(item.content_type, item.headers, item.body, item.params)
+            if oip.bare and api != "v2" and item.op in ("", "explain"):
+                decoded[i] = oip_serving.bare_row(decoded[i])
         except OIPError as exc:
             responses[i] = ResponseItem(exc.status, exc.message.encode(), "")
             continue

@@ -186,7 +186,8 @@ class ServerConfig:
     # TorchServe's service_envelope for every model (docs/server.md, Envelopes): "" (none),
     # "kserve" or "json" (each of a request's instances is one row of the handler's batch,
     # the answer {"predictions": [...]}), "kservev2" (decoded OIP tensors, as a model config's
-    # kserveEnvelope: true). A model config's kserveEnvelope: false opts that model out.
+    # kserveEnvelope: true), "body" (a row is the body itself). A model config's
+    # kserveEnvelope: false opts that model out.
     service_envelope: str = ""
     # TLS for listeners whose address is https:// (server/tls.py): PEM files.
     certificate_file: str | None = None
@@ -307,7 +308,7 @@ _CHOICES = {
     "metrics_mode": ("prometheus", "log", "legacy"),
     "log_layout": ("mserve", "torchserve"),
     "batch_wait": BATCH_WAITS,
-    "service_envelope": ("", "kserve", "kservev2", "json"),
+    "service_envelope": ("", "kserve", "kservev2", "json", "body"),
 }
 
 

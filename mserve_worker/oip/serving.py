@@ -36,6 +36,8 @@ TorchServe's styles, unless the model config says ``kserveEnvelope: false``:
   body with a list ``instances`` is read the same way; any other body is handed over as usual.
 - ``kservev2``: v2 tensors are decoded as with ``kserveEnvelope: true``, and an OIP request
   sent to TorchServe's paths is read and answered as on ``/v2/models/{m}/infer``.
+- ``body``: each row is the request's body itself (``data[i]`` is what ``data[i]["body"]``
+  would be), except decoded v2 tensors; answers are unchanged.
 
 Errors on either path are answered as ``{"error": "..."}``.
 """
@@ -96,7 +98,9 @@ class OipServing:
         )
         self.split = torchserve and service_envelope in ("kserve", "json")
         # whether TorchServe's paths are read through the envelope too
-        self.enveloped = torchserve and bool(service_envelope)
+        self.enveloped = torchserve and service_envelope in ("kserve", "json", "kservev2")
+        # "body": a row is the request's body itself (its "data" or "body"), not {"body": ...}
+        self.bare = torchserve and service_envelope == "body"
         self.model = model
         self.version = version
         self._np: Any = None
@@ -295,6 +299,13 @@ def _json(body: Any) -> Any:
         return json.loads(bytes(body))
     except ValueError as exc:
         raise OIPError(f"the body is not valid JSON: {exc}") from None
+
+
+def bare_row(row: Any) -> Any:
+    """TorchServe's body envelope: the row's ``data`` or ``body``, as its handlers read it."""
+    if isinstance(row, dict):
+        return row.get("data") or row.get("body")
+    return row
 
 
 def _json_or_none(body: Any) -> Any:

@@ -329,7 +329,7 @@ def test_service_envelope_from_the_file_the_ts_variable_and_yaml(tmp_path: Path)
 
 
 def test_unknown_service_envelope_is_refused_naming_key_and_value(tmp_path: Path) -> None:
-    choices = "'', kserve, kservev2, json"
+    choices = "'', kserve, kservev2, json, body"
     with pytest.raises(ConfigError) as caught:
         config_from(tmp_path, "service_envelope=kfserving\n")
     assert str(caught.value) == (
@@ -337,7 +337,7 @@ def test_unknown_service_envelope_is_refused_naming_key_and_value(tmp_path: Path
         f" be one of {choices}, found 'kfserving'"
     )
     with pytest.raises(ConfigError, match=re.escape("environment variable TS_SERVICE_ENVELOPE")):
-        config_from(tmp_path, "enable_envvars_config=true\n", {"TS_SERVICE_ENVELOPE": "body"})
+        config_from(tmp_path, "enable_envvars_config=true\n", {"TS_SERVICE_ENVELOPE": "v1"})
     yaml = tmp_path / "m.yaml"
     yaml.write_text("service_envelope: v3\n")
     with pytest.raises(ConfigError, match=re.escape(f"one of {choices}, found 'v3'")):

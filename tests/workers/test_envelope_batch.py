@@ -24,12 +24,17 @@ def _item(rid: str, doc: Any, api: str = "v1", op: str = "") -> RequestItem:
     return RequestItem(rid, "application/json", [], json.dumps(doc).encode(), op=op, api=api)
 
 
-def test_batched_requests_share_one_call_and_get_their_own_slices(monkeypatch) -> None:
+def _loaded(monkeypatch, envelope: str, entry: str = "rows:handle") -> tuple[Any, Context]:
     monkeypatch.syspath_prepend(str(FOLDER))
     context = Context("rows", str(FOLDER), {}, 8, None, "mserve", "0")
-    handler = load_handler("rows:handle", str(FOLDER), context, None)
+    handler = load_handler(entry, str(FOLDER), context, None)
     sys.modules.pop("rows", None)
-    serving.for_context(context, handler.style, "kserve")  # as the worker does when it loads
+    serving.for_context(context, handler.style, envelope)  # as the worker does when it loads
+    return handler, context
+
+
+def test_batched_requests_share_one_call_and_get_their_own_slices(monkeypatch) -> None:
+    handler, context = _loaded(monkeypatch, "kserve")
     items = [
         _item("a", {"instances": [1, 2]}),
         _item("b", {"instances": ["x", "bad", "y"]}),
@@ -51,3 +56,15 @@ def test_batched_requests_share_one_call_and_get_their_own_slices(monkeypatch) -
         (200, {"row": {"plain": True}, "rows": 1, "explain": False}),
         (400, {"error": "the request's 'instances' is empty: there is nothing to predict"}),
     ]  # fmt: skip
+
+
+def test_body_envelope_hands_over_the_bodies_themselves(monkeypatch) -> None:
+    """TorchServe's body envelope: a row is the body (its "data" or "body"), not {"body": ...}."""
+    handler, context = _loaded(monkeypatch, "body", "rows:as_given")
+    items = [_item("a", [1, 2], api=""), _item("b", {"instances": [5]})]
+    result = _serve_batch(protocol.batch_frame(1, items), handler, context)  # type: ignore[arg-type]
+    _, responses = protocol.parse_result(result)
+    assert [json.loads(bytes(r.body)) for r in responses] == [
+        [1, 2],
+        {"predictions": {"instances": [5]}},
+    ]

@@ -20,3 +20,8 @@ def handle(data, context):
     if "short" in rows:
         out.pop()
     return out
+
+
+def as_given(data, context):
+    """Answers each row exactly as the handler got it."""
+    return None if data is None else list(data)
