@@ -1,6 +1,5 @@
-"""TorchServe's server-wide request envelopes (``service_envelope``): a real server started the
-way KServe's TorchServe runtime starts one (config.properties with enable_envvars_config and
-``TS_SERVICE_ENVELOPE``), or from mserve's own YAML key, serving real workers."""
+"""TorchServe's server-wide request envelopes (``service_envelope``): a real server started from
+TorchServe's config.properties, or from mserve's own YAML key, serving real workers."""
 
 from __future__ import annotations
 
@@ -31,17 +30,14 @@ def _opt_out(tmp_path: Path) -> str:
 def test_kserve_envelope_splits_instances_into_batch_rows(
     tmp_path: Path, make_archive, start_server
 ) -> None:
-    """KServe's TorchServe runtime: config.properties turns on TS_ variables and the runtime sets
-    TS_SERVICE_ENVELOPE=kserve. Each instance is one row of the handler's batch; the answer holds
-    one prediction per instance."""
+    """config.properties with service_envelope=kserve (KServe's runtime sets it through
+    TS_SERVICE_ENVELOPE instead: tests/deploy/test_entry_command.py). Each instance is one row
+    of the handler's batch; the answer holds one prediction per instance."""
     make_archive("envelope", "rows", "rows")
     make_archive("envelope", "rows", "own", "--config-file", _opt_out(tmp_path))
     props = tmp_path / "config.properties"
-    props.write_text("enable_envvars_config=true\n")
-    server = start_server(
-        "rows=rows.mar", "own=own.mar", extra=("--ts-config", str(props)),
-        env={"TS_SERVICE_ENVELOPE": "kserve"},
-    )  # fmt: skip
+    props.write_text("service_envelope=kserve\n")
+    server = start_server("rows=rows.mar", "own=own.mar", extra=("--ts-config", str(props)))
     instances = [[1, 2], {"data": "aGk="}, "three"]
     reply = _post(server, "/v1/models/rows:predict", {"instances": instances})
     assert reply.status == 200, reply.body
