@@ -154,13 +154,15 @@ class OipServing:
     def prepare_enveloped(self, item: RequestItem) -> Prepared:
         """A request on TorchServe's paths under the server's envelope: read as the envelope
         reads it when the body is in its shape, else handed over as on /predictions (api "")."""
-        if self.split:
-            doc = _json_or_none(item.body)
+        if self.split:  # TorchServe's envelope reads the row's "data" or "body" (gRPC's too)
+            row = _as_on_predictions(item)
+            doc = row.get("data") or row.get("body")
+            if isinstance(doc, (bytes, bytearray)):
+                doc = _json_or_none(doc)
             if isinstance(doc, dict) and isinstance(doc.get("instances"), list):
                 return self._prepare_v1(item, doc)
-        elif _header(item.headers, HEADER_LENGTH) is not None or _looks_oip(
-            _json_or_none(item.body)
-        ):
+            return Prepared(row, "")
+        if _header(item.headers, HEADER_LENGTH) is not None or _looks_oip(_json_or_none(item.body)):
             return self.prepare(item)
         return Prepared(_as_on_predictions(item), "")
 

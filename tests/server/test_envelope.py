@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import yaml
 
 from mserve_worker.oip.tensors import HEADER_LENGTH, Tensor, encode_request, parse_response
+from server.rpc.protos import inference_pb2 as ipb
+from server.rpc.protos import inference_pb2_grpc
 from tests.server.conftest import Reply, http
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -53,6 +56,14 @@ def test_kserve_envelope_splits_instances_into_batch_rows(
     }
     reply = _post(server, "/predictions/rows", {"hello": 1})
     assert reply.json() == {"row": {"hello": 1}, "rows": 1, "explain": False}
+    # TorchServe's gRPC Predictions goes through the envelope too (its "data" input)
+    with grpc.insecure_channel(server.status["grpc_inference"]) as channel:
+        stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        request = ipb.PredictionsRequest(
+            model_name="rows", input={"data": b'{"instances": [4, 5]}'}
+        )
+        answer = json.loads(stub.Predictions(request, timeout=60).prediction)
+    assert answer == {"predictions": [{"row": r, "rows": 2, "explain": False} for r in (4, 5)]}
     # errors: one request at a time, in KServe's {"error"} shape
     reply = _post(server, "/v1/models/rows:predict", {"instances": [1, "bad", 3]})
     assert (reply.status, reply.json()) == (422, {"error": "instance 1 is bad"})
