@@ -165,6 +165,7 @@ def _serve_batch(
     prepared: dict[int, oip_serving.Prepared] = {}  # v1/v2 requests
     # one handler call per operation and API, in arrival order
     groups: dict[tuple[str, str], list[int]] = {}
+    oip = oip_serving.for_context(context, handler.style)  # made when the handler loaded
     for i, item in enumerate(items):
         if item.request_id in cancelled:  # its caller is gone: the answer would reach nobody
             responses[i] = ResponseItem(CLIENT_GONE, b"", "")
@@ -172,10 +173,16 @@ def _serve_batch(
         api = ""
         try:
             if item.api:
-                prepared[i] = oip_serving.for_context(context, handler.style).prepare(item)
+                prepared[i] = oip.prepare(item)
+                decoded[i], api = prepared[i].row, prepared[i].api
+            elif item.op in ("", "explain") and oip.enveloped:
+                # the server's service_envelope reads TorchServe's paths too
+                prepared[i] = oip.prepare_enveloped(item)
                 decoded[i], api = prepared[i].row, prepared[i].api
             else:
                 decoded[i] = decode_request(item.content_type, item.headers, item.body, item.params)
+            if oip.bare and api != "v2" and item.op in ("", "explain"):
+                decoded[i] = oip_serving.bare_row(decoded[i])
         except OIPError as exc:
             responses[i] = ResponseItem(exc.status, exc.message.encode(), "")
             continue
@@ -237,12 +244,23 @@ def _serve_group(
     """Call the handler for the requests at ``indexes`` (all asking for ``op`` through ``api``)
     and fill in their responses; returns the failure (``error``, ``traceback``) when the call
     failed."""
-    context.start_batch([items[i] for i in indexes], op)
+    # A request the kserve/json envelope split is several rows of the batch, each with the
+    # request's headers; rows[k] is the request of row k.
+    rows: list[int] = []
+    data: list[Any] = []
+    for i in indexes:
+        split = prepared.get(i) if prepared else None
+        if split is not None and split.rows is not None:
+            rows.extend([i] * split.rows)
+            data.extend(decoded[i])
+        else:
+            rows.append(i)
+            data.append(decoded[i])
+    context.start_batch([items[i] for i in rows], op)
     context.protocol = api
-    data = [decoded[i] for i in indexes]
     stream = getattr(context, "_mserve_stream", None)
     if stream is not None:
-        stream.begin(indexes, context)
+        stream.begin(rows, context)
     try:
         outputs = handler.handle(data, context)
     except PredictionException as exc:  # the handler chose the batch's answer
@@ -265,6 +283,8 @@ def _serve_group(
             "handler must return a list with one result per request:"
             f" got {found} for a batch of {len(data)}"
         )
+        if len(rows) != len(indexes):
+            message += " (each instance of an enveloped request is one)"
         print(message, file=sys.stderr)
         return {"error": message, "traceback": ""}
     broken: dict[int, str] | None = None
@@ -274,14 +294,30 @@ def _serve_group(
             broken = stream.drain(iterators)
             for j in iterators:
                 outputs[j] = b""  # every item went out as a chunk; the RESULT closes the stream
-    for j, i in enumerate(indexes):
-        if broken and j in broken:
-            responses[i] = _failed(broken[j], i, stream)
+    j = 0  # the request's first row
+    for i in indexes:
+        split = prepared.get(i) if prepared else None
+        n = split.rows if split is not None and split.rows is not None else 1
+        first, j = j, j + n
+        if broken and any(k in broken for k in range(first, j)):
+            error = next(broken[k] for k in range(first, j) if k in broken)
+            responses[i] = _failed(error, i, stream)
             continue
-        request = context._request(j)  # the checked lookup, once per request
+        request = context._request(first)  # the checked lookup, once per request
         if api and prepared and not _streamed(stream, i):
+            if split is None or split.rows is None:
+                output = outputs[first]
+            else:  # a split request: it fails as its first failed instance does
+                failed = next(
+                    (k for k in range(first, j)
+                     if context._request(k).get_response_status_code() >= 400), None,
+                )  # fmt: skip
+                if failed is None:
+                    output = outputs[first:j]
+                else:
+                    request, output = context._request(failed), outputs[failed]
             responses[i] = _oip_answer(
-                context, prepared[i], outputs[j], request, op, items[i].request_id
+                context, prepared[i], output, request, op, items[i].request_id
             )
             if max_response_bytes is not None and len(responses[i].body) > max_response_bytes:
                 size = str(len(responses[i].body))
@@ -289,7 +325,7 @@ def _serve_group(
             continue
         try:
             body, content_type = encode_output(
-                outputs[j], request.get_response_content_type() or ""
+                outputs[first], request.get_response_content_type() or ""
             )
         except PayloadError as exc:
             print(f"request {items[i].request_id}: {exc}", file=sys.stderr)
@@ -375,7 +411,8 @@ def _load(init: dict, channel: Channel) -> tuple | None:
     )
     try:
         handler = load_handler(init["handler"], model_dir, context, init.get("handler_style"))
-        oip_serving.for_context(context, handler.style)  # the model config's signature
+        # the model config's signature, and the server's envelope
+        oip_serving.for_context(context, handler.style, init.get("service_envelope") or "")
     except (HandlerLoadError, SignatureError) as exc:
         channel.send(Frame(Kind.LOAD_FAILED, {"error": str(exc), "traceback": ""}))
         return None

@@ -183,6 +183,12 @@ class ServerConfig:
     # TorchServe's model API control: registering and unregistering through the API is off
     # unless enabled; startup models load either way.
     enable_model_api: bool = False
+    # TorchServe's service_envelope for every model (docs/server.md, Envelopes): "" (none),
+    # "kserve" or "json" (each of a request's instances is one row of the handler's batch,
+    # the answer {"predictions": [...]}), "kservev2" (decoded OIP tensors, as a model config's
+    # kserveEnvelope: true), "body" (a row is the body itself). A model config's
+    # kserveEnvelope: false opts that model out.
+    service_envelope: str = ""
     # TLS for listeners whose address is https:// (server/tls.py): PEM files.
     certificate_file: str | None = None
     private_key_file: str | None = None
@@ -302,6 +308,7 @@ _CHOICES = {
     "metrics_mode": ("prometheus", "log", "legacy"),
     "log_layout": ("mserve", "torchserve"),
     "batch_wait": BATCH_WAITS,
+    "service_envelope": ("", "kserve", "kservev2", "json", "body"),
 }
 
 
@@ -309,7 +316,8 @@ def _choice(key: str, value: str, source: str) -> str:
     word = "".join(value.split()).lower()
     if word not in _CHOICES[key]:
         raise ConfigError(
-            f"{source}: '{key}' should be one of {', '.join(_CHOICES[key])}, found {value!r}"
+            f"{source}: '{key}' should be one of"
+            f" {', '.join(c or repr(c) for c in _CHOICES[key])}, found {value!r}"
         )
     return word
 

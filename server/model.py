@@ -174,6 +174,7 @@ class ModelVersion:
         loaded_at_startup: bool,
         max_response_bytes: int | None = None,
         metrics: Metrics | None = None,
+        service_envelope: str = "",
     ) -> None:
         self.name = name
         self.version = version
@@ -189,6 +190,7 @@ class ModelVersion:
         self.server_version = server_version
         self.max_payload_bytes = max_payload_bytes
         self.max_response_bytes = max_response_bytes
+        self.service_envelope = service_envelope
         self.loaded_at_startup = loaded_at_startup
         self.queue = JobQueue(settings.job_queue_size)
         self.slots: list[_Slot] = []
@@ -313,6 +315,7 @@ class ModelVersion:
             "model_yaml_config": self.model_yaml_config,
             "server_pid": os.getpid(),  # a busy worker exits when the server is gone
             "max_response_bytes": self.max_response_bytes,  # checked before the answer is sent
+            "service_envelope": self.service_envelope,
         }
         return WorkerSpec(
             python=self.python,

@@ -219,6 +219,7 @@ class Registry:
                 loaded_at_startup=request.at_startup,
                 max_response_bytes=cfg.max_response_size_bytes,
                 metrics=self.metrics,
+                service_envelope=cfg.service_envelope,
             )
             model.trusted = request.trusted
             model.residency = self.residency

@@ -244,6 +244,7 @@ _MAPPED: dict[str, tuple[str, _Convert]] = {
     "metrics_mode": ("metrics_mode", lambda v, w, k: v.strip().lower()),
     "metrics_config": ("metrics_config", _same),
     "enable_grpc_ssl": ("enable_grpc_ssl", _boolean),
+    "service_envelope": ("service_envelope", _same),  # checked against our choices
 }
 # TorchServe gives each gRPC API a host and a port in two keys; ours is one host:port.
 # (our key, TorchServe's host key, its default, TorchServe's port key, its default)
@@ -277,11 +278,6 @@ _NO_EFFECT = frozenset((
 # Keys whose non-default value would change what clients or handlers get, or what workers can
 # see: ignoring them would be silently wrong, so only their default value is accepted.
 _REFUSED: dict[str, tuple[Callable[[str], bool], str]] = {
-    "service_envelope": (
-        lambda v: not v.strip(),
-        "mserve has no request/response envelopes (kserve, kservev2, json); clients would get"
-        " other shapes",
-    ),
     "decode_input_request": (
         lambda v: v.strip().lower() == "true",
         "mserve always decodes JSON and text bodies for handlers (TorchServe's default, true)",

@@ -27,6 +27,18 @@ gets the instances as ``request["inputs"]``, a hooks pipeline as its input ``ins
 answer is ``{"predictions": ...}`` (``"explanations"`` for explain), unless the handler already
 returned such an object.
 
+The server-wide envelope (``service_envelope``, TorchServe's setting) changes that for
+TorchServe's styles, unless the model config says ``kserveEnvelope: false``:
+
+- ``kserve`` / ``json``: each instance of a v1 request is one row of the handler's batch (as
+  TorchServe's envelopes hand them over), and the request's answer is ``{"predictions": [one
+  output per instance]}``. On TorchServe's paths (``/predictions``, ``/explanations``) a JSON
+  body with a list ``instances`` is read the same way; any other body is handed over as usual.
+- ``kservev2``: v2 tensors are decoded as with ``kserveEnvelope: true``, and an OIP request
+  sent to TorchServe's paths is read and answered as on ``/v2/models/{m}/infer``.
+- ``body``: each row is the request's body itself (``data[i]`` is what ``data[i]["body"]``
+  would be), except decoded v2 tensors; answers are unchanged.
+
 Errors on either path are answered as ``{"error": "..."}``.
 """
 
@@ -64,18 +76,31 @@ class Prepared:
     row: Any
     api: str  # "v2" (tensors), "v1", or "" (the body as on /predictions)
     request: InferRequest | None = None
+    # Split by the kserve/json envelope: ``row`` is the list of instances, one batch row each.
+    rows: int | None = None
 
 
 class OipServing:
     """The v1/v2 reading and answering of one worker's model."""
 
-    def __init__(self, config: dict[str, Any], style: str, model: str, version: str) -> None:
+    def __init__(
+        self, config: dict[str, Any], style: str, model: str, version: str,
+        service_envelope: str = "",
+    ) -> None:  # fmt: skip
         self.signature: Signature = parse_signature(config)
-        envelope = config.get(ENVELOPE_KEY, False)
-        if not isinstance(envelope, bool):
+        explicit = config.get(ENVELOPE_KEY)  # the model's own word wins over the server's
+        if explicit is not None and not isinstance(explicit, bool):
             raise SignatureError(f"model config '{ENVELOPE_KEY}' should be true or false")
         self.style = style
-        self.tensors = style in _NATIVE_STYLES or (envelope and style in _TORCHSERVE_STYLES)
+        torchserve = style in _TORCHSERVE_STYLES and explicit is not False
+        self.tensors = style in _NATIVE_STYLES or (
+            torchserve and (explicit is True or service_envelope == "kservev2")
+        )
+        self.split = torchserve and service_envelope in ("kserve", "json")
+        # whether TorchServe's paths are read through the envelope too
+        self.enveloped = torchserve and service_envelope in ("kserve", "json", "kservev2")
+        # "body": a row is the request's body itself (its "data" or "body"), not {"body": ...}
+        self.bare = torchserve and service_envelope == "body"
         self.model = model
         self.version = version
         self._np: Any = None
@@ -126,11 +151,31 @@ class OipServing:
             return {t.name: to_lists(t) for t in request.inputs}
         return {t.name: to_array(t, np) for t in request.inputs}
 
-    def _prepare_v1(self, item: RequestItem) -> Prepared:
-        doc = _json(item.body)
+    def prepare_enveloped(self, item: RequestItem) -> Prepared:
+        """A request on TorchServe's paths under the server's envelope: read as the envelope
+        reads it when the body is in its shape, else handed over as on /predictions (api "")."""
+        if self.split:  # TorchServe's envelope reads the row's "data" or "body" (gRPC's too)
+            row = _as_on_predictions(item)
+            doc = row.get("data") or row.get("body")
+            if isinstance(doc, (bytes, bytearray)):
+                doc = _json_or_none(doc)
+            if isinstance(doc, dict) and isinstance(doc.get("instances"), list):
+                return self._prepare_v1(item, doc)
+            return Prepared(row, "")
+        if _header(item.headers, HEADER_LENGTH) is not None or _looks_oip(_json_or_none(item.body)):
+            return self.prepare(item)
+        return Prepared(_as_on_predictions(item), "")
+
+    def _prepare_v1(self, item: RequestItem, doc: Any = None) -> Prepared:
+        if doc is None:
+            doc = _json(item.body)
         instances = doc.get("instances", doc.get("inputs")) if isinstance(doc, dict) else None
         if not isinstance(instances, list):
             raise OIPError('a KServe v1 request is a JSON object {"instances": [...]}')
+        if self.split:
+            if not instances:
+                raise OIPError("the request's 'instances' is empty: there is nothing to predict")
+            return Prepared(instances, "v1", rows=len(instances))
         if self.style == "v2-model":
             return Prepared(self._plain_row(item, {"inputs": instances}), "v1")
         if self.style == "hooks":
@@ -258,6 +303,24 @@ def _json(body: Any) -> Any:
         raise OIPError(f"the body is not valid JSON: {exc}") from None
 
 
+def bare_row(row: Any) -> Any:
+    """TorchServe's body envelope: the row's ``data`` or ``body``, as its handlers read it."""
+    if isinstance(row, dict):
+        return row.get("data") or row.get("body")
+    return row
+
+
+def _json_or_none(body: Any) -> Any:
+    """The JSON document of a body that may be another kind (an image): None if it is not."""
+    first = bytes(body[:1])
+    if first not in (b"{", b"[", b" ", b"\n", b"\r", b"\t"):
+        return None  # not even JSON's first byte: spare the decoding of a large binary body
+    try:
+        return json.loads(bytes(body))
+    except ValueError:
+        return None
+
+
 def _looks_oip(doc: Any) -> bool:
     """An OIP request, as opposed to another JSON body sent to the same path: its ``inputs``
     is a list whose first entry is an object with a ``name``."""
@@ -291,12 +354,17 @@ def error_response(response: ResponseItem) -> ResponseItem:
     return ResponseItem(response.status, body, JSON, response.headers)
 
 
-def for_context(context: Any, style: str) -> OipServing:
-    """The worker's OipServing, made once and kept on the context (raises SignatureError)."""
+def for_context(context: Any, style: str, service_envelope: str = "") -> OipServing:
+    """The worker's OipServing, made once (when the handler loads, with the server's
+    ``service_envelope``) and kept on the context (raises SignatureError)."""
     oip = getattr(context, "_mserve_oip", None)
     if oip is None:
         oip = OipServing(
-            context.model_yaml_config, style, context.model_name, context.model_version
+            context.model_yaml_config,
+            style,
+            context.model_name,
+            context.model_version,
+            service_envelope,
         )
         context._mserve_oip = oip
     return oip

@@ -119,8 +119,11 @@ def kserve_storage(root: Path, tmp_path: Path) -> None:
     )
 
 
-def runtime_env(container: dict[str, Any], run_dir: Path, key_file: Path) -> dict[str, str]:
-    """The runtime's variables, listeners moved to free loopback ports, the run dir to tmp."""
+def runtime_env(
+    container: dict[str, Any], run_dir: Path, key_file: Path, service_envelope: str = "kserve"
+) -> dict[str, str]:
+    """The runtime's variables, listeners moved to free loopback ports, the run dir to tmp;
+    KServe's label filled in as KServe does (``kserve`` for the v1 protocol, its default)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MSERVE_", "TS_"))}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     for var in container["env"]:
@@ -128,7 +131,7 @@ def runtime_env(container: dict[str, Any], run_dir: Path, key_file: Path) -> dic
         if var["name"].endswith("_ADDRESS"):
             value = re.sub(r"^[0-9.]+:\d+$", "127.0.0.1:0", value)
             assert value == "127.0.0.1:0", var
-        env[var["name"]] = value
+        env[var["name"]] = value.replace("{{.Labels.serviceEnvelope}}", service_envelope)
     env["MSERVE_RUN_DIR"] = str(run_dir)
     env["MSERVE_TOKEN_KEY_FILE"] = str(key_file)  # where the pod mounts the Secret
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

@@ -103,6 +103,13 @@ def test_the_image_command_serves_kserve_torchserve_storage(tmp_path: Path) -> N
         v1 = http("GET", f"{inference}/v1/models/mlp", headers=bearer)
         assert v1.status == 200, v1.body
         assert v1.json() == {"name": "mlp", "ready": True}
+        # KServe v1 through the kserve envelope KServe asks for: one batch row per instance
+        body = json.dumps({"instances": [row, row[::-1]]}).encode()
+        v1 = http("POST", f"{inference}/v1/models/mlp:predict", body, bearer)
+        assert v1.status == 200, v1.body
+        predictions = v1.json()["predictions"]
+        assert [len(p) for p in predictions] == [10, 10]
+        assert predictions[0] == pytest.approx(answer.json(), abs=1e-5)  # batch 2 vs batch 1
         # fixed keys are not rotated through the API: a rotation would reach one replica only
         rotate = http("GET", f"{management}/token?type=inference",
                       headers={"Authorization": f"Bearer {KEYS['api']}"})  # fmt: skip

@@ -23,6 +23,7 @@ import yaml
 from archiver import __version__
 from server.cli import serve_main as mserve_cli
 from server.config import ServerConfig, load_config, parse_address
+from server.ts_config import load_ts_config
 from tests.deploy.crd_schemas import SCHEMAS
 from tests.deploy.k8s_tools import helm_path
 from tests.deploy.manifests import (
@@ -234,7 +235,7 @@ def test_cli_flags_named_by_the_manifests_exist(
 
 
 def test_kserve_runtime_reads_torchserves_layout(
-    rendered: dict[str, list[dict[str, Any]]],
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     """KServe's TorchServe runtime's layout under the storage mount, its ports and protocols;
     the container is named as KServe expects and runs as the image's user."""
@@ -249,6 +250,16 @@ def test_kserve_runtime_reads_torchserves_layout(
     config = load_config(None, {}, environ=_env(container))
     assert parse_address(config.inference_address, "")[1] == 8080
     assert parse_address(config.grpc_inference_address, "")[1] == 7070
+    # KServe fills in the envelope as for its TorchServe runtime; the properties file decides
+    # (enable_envvars_config) whether it is read, as TorchServe does
+    env = _env(container)
+    assert env["TS_SERVICE_ENVELOPE"] == "{{.Labels.serviceEnvelope}}"
+    for label in ("kserve", "kservev2", ""):
+        props = tmp_path / "config.properties"
+        props.write_text("enable_envvars_config=true\n")
+        ts = load_ts_config(props, {**env, "TS_SERVICE_ENVELOPE": label})
+        config = load_config(None, {}, environ=env, ts_layers=list(ts.layers))
+        assert config.service_envelope == label
     uid = Dockerfile.read(DOCKERFILE).args()["UID"]
     assert container["securityContext"]["runAsUser"] == int(uid)
 

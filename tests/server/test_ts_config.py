@@ -301,7 +301,6 @@ def test_blacklist_env_vars_becomes_the_worker_env_deny_regex(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("service_envelope=kserve\n", "mserve has no request/response envelopes"),
         ("decode_input_request=false\n", "mserve always decodes JSON and text bodies"),
     ],
 )
@@ -314,6 +313,35 @@ def test_keys_that_would_be_silently_wrong_are_refused(
     key = text.split("=")[0]
     default = "true" if key == "decode_input_request" else ""
     config_from(tmp_path, f"{key}={default}\n")  # the default value is accepted
+
+
+def test_service_envelope_from_the_file_the_ts_variable_and_yaml(tmp_path: Path) -> None:
+    """KServe's TorchServe runtime sets TS_SERVICE_ENVELOPE with enable_envvars_config=true."""
+    assert config_from(tmp_path, "service_envelope=kservev2\n")[0].service_envelope == "kservev2"
+    env = {"TS_SERVICE_ENVELOPE": "kserve"}
+    config, _ = config_from(tmp_path, "enable_envvars_config=true\n", env)
+    assert config.service_envelope == "kserve"
+    assert config_from(tmp_path, "service_envelope=\n")[0].service_envelope == ""
+    assert load_config(None, None, {}).service_envelope == ""
+    yaml = tmp_path / "m.yaml"
+    yaml.write_text("service_envelope: json\n")
+    assert load_config(yaml, None, {}).service_envelope == "json"
+
+
+def test_unknown_service_envelope_is_refused_naming_key_and_value(tmp_path: Path) -> None:
+    choices = "'', kserve, kservev2, json, body"
+    with pytest.raises(ConfigError) as caught:
+        config_from(tmp_path, "service_envelope=kfserving\n")
+    assert str(caught.value) == (
+        f"{tmp_path / 'config.properties'} line 1 (service_envelope): 'service_envelope' should"
+        f" be one of {choices}, found 'kfserving'"
+    )
+    with pytest.raises(ConfigError, match=re.escape("environment variable TS_SERVICE_ENVELOPE")):
+        config_from(tmp_path, "enable_envvars_config=true\n", {"TS_SERVICE_ENVELOPE": "v1"})
+    yaml = tmp_path / "m.yaml"
+    yaml.write_text("service_envelope: v3\n")
+    with pytest.raises(ConfigError, match=re.escape(f"one of {choices}, found 'v3'")):
+        load_config(yaml, None, {})
 
 
 def test_one_warning_lists_the_keys_without_effect_and_one_the_unknown(tmp_path: Path) -> None:
