@@ -63,8 +63,9 @@ JSON = "application/json"
 # header) instead of by a scan of every header per lookup: four lookups per request cost ~20
 # lower() calls before.
 _KNOWN_HEADERS = frozenset(
-    ("authorization", "content-length", "content-type", "expect", "transfer-encoding")
-)
+    ("authorization", "content-length", "content-type", "expect", "transfer-encoding",
+     "url_path")
+)  # fmt: skip
 # (status, headers, body): what a router's task returns to be answered
 Answer = tuple[int, list[list[str]], bytes]
 
@@ -261,11 +262,15 @@ class HttpServer:
             if self.stopping:
                 raise ServiceUnavailable("the server is shutting down")
             if self.guard is not None:
-                self.guard.check(req.parts, req.method, req.header("Authorization"))
+                self.guard.check(req.parts, req.method, req.known.get("authorization"))
                 if "authorization" in req.known:
                     # the key is the server's secret: a handler never sees it (with keys off,
-                    # the header is the client's own and travels to the handler as sent)
-                    req.headers = [h for h in req.headers if h[0].lower() != "authorization"]
+                    # the header is the client's own and travels to the handler as sent); the
+                    # length test spares lower() on the other names, per request
+                    req.headers = [
+                        h for h in req.headers
+                        if len(h[0]) != 13 or h[0].lower() != "authorization"
+                    ]  # fmt: skip
             api = self.router.api_name
             if api and (req.parts == ["api-description"] or (
                     req.method == "OPTIONS" and req.parts == [""])):  # fmt: skip
@@ -412,14 +417,15 @@ class Connection(asyncio.Protocol):
         if refusal is not None:
             self._reject(refusal, ex)
             return
-        length = ex.header("Content-Length")
+        known = ex.known  # header(), without its lower() for names we spell in lower case
+        length = known.get("content-length")
         limit = self.api.max_request_bytes
         if length is not None and length.isdigit() and int(length) > limit:
             self._reject(RequestTooLarge(
                 f"request body is {length} bytes, more than max_request_size_bytes={limit}"
             ), ex, linger=int(length) <= LINGER_BYTES)  # fmt: skip
             return
-        if (ex.header("Expect") or "").lower() == "100-continue" and not self.pending:
+        if (known.get("expect") or "").lower() == "100-continue" and not self.pending:
             self._write([b"HTTP/1.1 100 Continue\r\n\r\n"])
 
     def _framing_refusal(self, ex: Request) -> MserveError | None:
@@ -431,7 +437,7 @@ class Connection(asyncio.Protocol):
         HTTP/1.1, as RFC 9110 lets a server do, and the connection closes after it."""
         if ex.version not in ("1.0", "1.1"):
             return _VersionNotSupported(f"HTTP/{ex.version} is not supported; use HTTP/1.1")
-        coding = ex.header("Transfer-Encoding")
+        coding = ex.known.get("transfer-encoding")
         if coding is not None:
             if ex.version == "1.0":
                 return BadRequest("Transfer-Encoding is not allowed in an HTTP/1.0 request")
@@ -440,7 +446,7 @@ class Connection(asyncio.Protocol):
                     f"Transfer-Encoding {coding!r} is not supported; only chunked is"
                 )
         if self.parser.should_upgrade():
-            length = ex.header("Content-Length")
+            length = ex.known.get("content-length")
             if ex.method == "CONNECT" or coding is not None or (length and length.strip("0")):
                 return BadRequest(
                     "protocol upgrades (WebSocket, h2c) are not supported, nor CONNECT"

@@ -157,7 +157,7 @@ class InferenceAPI:
         counts = model.stats.arrived(version is not None)
         item = RequestItem(
             request_id=request_id(),
-            content_type=req.header("Content-Type") or "",
+            content_type=req.known.get("content-type") or "",
             headers=req.headers,
             body=req.body,
             params=req.query if req.query_string else {},
@@ -288,10 +288,8 @@ def _set_url_path(req: Request, parts: list[str]) -> None:
     request header ``url_path`` (``v1/chat/completions``; empty without one). The segment after
     the model is always its version, as there. A client's own ``url_path`` header is replaced."""
     headers = req.headers
-    for header in headers:  # a plain loop with a length check first: this runs per request
-        if len(header[0]) == 8 and header[0].lower() == "url_path":
-            headers[:] = [h for h in headers if h[0].lower() != "url_path"]
-            break
+    if "url_path" in req.known:  # rare: the HTTP layer indexed it, so no pass per request
+        headers[:] = [h for h in headers if h[0].lower() != "url_path"]
     headers.append(["url_path", "/".join(parts[3:]) if len(parts) > 3 else ""])
 
 

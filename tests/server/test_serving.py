@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -582,10 +583,25 @@ def test_workers_exit_when_the_server_is_killed(make_archive, start_server) -> N
 def test_metrics_endpoint(make_archive, start_server) -> None:
     make_archive("probe", "probe:handle", "probe")
     server = start_server("probe=probe.mar")
-    server.predict("probe", {})
+    for _ in range(3):
+        server.predict("probe", {})
     text = http("GET", server.url("metrics", "/metrics")).body.decode()
-    assert 'mserve_requests_total{code="200",model="probe",version="1.0"} 1.0' in text
+    assert 'mserve_requests_total{code="200",model="probe",version="1.0"} 3.0' in text
     assert 'mserve_workers_ready{model="probe",version="1.0"} 1.0' in text
+    # the latency histogram: every answer counted once, cumulative buckets, a plausible sum
+    latency = "mserve_request_latency_seconds"
+    buckets = re.findall(latency + r'_bucket\{le="([^"]+)",model="probe"\} (\S+)', text)
+    assert [le for le, _ in buckets][-1] == "+Inf" and len(buckets) == 15
+    counts = [float(n) for _, n in buckets]
+    assert counts == sorted(counts) and counts[-1] == 3.0
+    assert f'{latency}_count{{model="probe"}} 3.0' in text
+    total = float(re.search(latency + r'_sum\{model="probe"\} (\S+)', text).group(1))
+    assert 0 < total < 60
+    # TorchServe's ?name[]= filter picks our collected families as well
+    query = f"/metrics?name[]={latency}_count&name[]=mserve_workers_ready"
+    picked = http("GET", server.url("metrics", query)).body.decode()
+    assert f'{latency}_count{{model="probe"}} 3.0' in picked and "mserve_workers_ready{" in picked
+    assert "_bucket" not in picked and "mserve_requests_total" not in picked
     json.dumps(text)
 
 
