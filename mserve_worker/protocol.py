@@ -62,7 +62,9 @@ class ProtocolError(Exception):
 TOO_LARGE_HEADER = "x-mserve-response-too-large"
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__, 4x the cost of a
+# plain __init__, and these are made per request on both sides of the channel.
+@dataclass
 class Frame:
     kind: Kind
     meta: dict[str, Any]
@@ -71,7 +73,7 @@ class Frame:
     payload: bytes | bytearray | memoryview = b""
 
 
-@dataclass(frozen=True)
+@dataclass
 class RequestItem:
     request_id: str
     content_type: str
@@ -91,7 +93,7 @@ class RequestItem:
 STREAM_FAILED_HEADER = "x-mserve-stream-failed"
 
 
-@dataclass(frozen=True)
+@dataclass
 class ChunkItem:
     """One piece of a streamed response. ``index`` is the request's position in its BATCH frame.
     The first chunk of a request carries its status, content type and headers (``status`` > 0);
@@ -104,7 +106,7 @@ class ChunkItem:
     headers: list[list[str]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass
 class ResponseItem:
     status: int
     body: bytes | bytearray | memoryview

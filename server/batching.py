@@ -13,7 +13,6 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mserve_worker.protocol import RequestItem, ResponseItem
@@ -24,16 +23,20 @@ if TYPE_CHECKING:
     from server.workers.process import Worker
 
 
-@dataclass
 class Job:
-    item: RequestItem
-    future: asyncio.Future[ResponseItem]
-    enqueued_at: float = field(default_factory=time.monotonic)
-    retried: bool = False  # sent to a worker that died, and given its one more try
-    sent: tuple[Worker, Batch] | None = None  # (worker, batch) it was last sent in
-    sent_at: float = 0.0  # monotonic time its batch was sent (TorchServe's queue latency ends)
-    # its streamed response, once the worker sent a first chunk (the future then holds it too)
-    stream: ChunkStream | None = None
+    """One request on a model's queue (a plain class with slots: one is made per request)."""
+
+    __slots__ = ("enqueued_at", "future", "item", "retried", "sent", "sent_at", "stream")
+
+    def __init__(self, item: RequestItem, future: asyncio.Future[ResponseItem]) -> None:
+        self.item = item
+        self.future = future
+        self.enqueued_at = time.monotonic()
+        self.retried = False  # sent to a worker that died, and given its one more try
+        self.sent: tuple[Worker, Batch] | None = None  # (worker, batch) it was last sent in
+        self.sent_at = 0.0  # monotonic time its batch was sent (TorchServe's queue latency ends)
+        # its streamed response, once the worker sent a first chunk (the future holds it too)
+        self.stream: ChunkStream | None = None
 
 
 class Flag(Protocol):
