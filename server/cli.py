@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -80,29 +80,44 @@ def _env_summary(root: Path) -> str:
 
 
 def _serve(config: ServerConfig, startup: list[StartupModel], warnings: list[str],
-           foreground: bool) -> int:  # fmt: skip
-    """Run the server in this process until it stops; its exit code."""
+           foreground: bool, ready_fd: int | None = None) -> int:  # fmt: skip
+    """Run the server in this process until it stops; its exit code. ``ready_fd``: a pipe the
+    server writes a byte to once it is ready."""
     # the worker templates first: their imports (torch: seconds) overlap the server's own
     from server.workers.prespawn import start_early
 
     early = start_early(config, startup)
     from server.main import run_server  # heavy: only the server process needs it
 
-    return run_server(config, startup, foreground=foreground, warnings=warnings, early=early)
+    return run_server(
+        config, startup, foreground=foreground, warnings=warnings, early=early, ready_fd=ready_fd
+    )
 
 
-def _start_daemon(config: ServerConfig, startup: list[StartupModel], warnings: list[str]) -> None:
-    """Fork the server off this process, then wait for it to say it is ready. A fork, not a
+class DaemonStarted(Exception):
+    """``--start`` is done: the daemon is ready and its addresses are printed. :func:`main`
+    ends this process at once on it (see there)."""
+
+
+def _start_daemon(
+    config: ServerConfig, startup: list[StartupModel], warnings: list[str]
+) -> NoReturn:
+    """Fork the server off this process, wait for it to say it is ready, then raise
+    :class:`DaemonStarted` (or fail: ``SystemExit``). A fork, not a
     fresh interpreter: the daemon starts with what this process has already imported and read
     (the CLI, the config, the startup models), a good part of a cold start."""
     config.log_path.mkdir(parents=True, exist_ok=True)
     out_path = config.log_path / "mserve.out"
     sys.stdout.flush()
     sys.stderr.flush()
+    # the daemon writes a byte here once ready (and the pipe closes if it exits): this process
+    # wakes at once instead of polling the status file, which stays the source of truth
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon: its own session, output to mserve.out, never back into click
         code = 1
         try:
+            os.close(ready_r)
             os.setsid()
             out = os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             devnull = os.open(os.devnull, os.O_RDONLY)
@@ -111,9 +126,11 @@ def _start_daemon(config: ServerConfig, startup: list[StartupModel], warnings: l
             os.dup2(out, 2)
             os.close(out)
             os.close(devnull)
-            code = _serve(config, startup, warnings, foreground=False)
+            code = _serve(config, startup, warnings, foreground=False, ready_fd=ready_w)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
+        except MserveError as exc:  # a start that cannot go on says why, as the CLI does
+            print(f"mserve: {exc.message}", file=sys.stderr)
         except BaseException:
             import traceback
 
@@ -122,7 +139,21 @@ def _start_daemon(config: ServerConfig, startup: list[StartupModel], warnings: l
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+    os.close(ready_w)
+    try:
+        _wait_ready(config, pid, ready_r, out_path)
+    finally:
+        os.close(ready_r)
+    raise DaemonStarted
+
+
+def _wait_ready(config: ServerConfig, pid: int, ready_r: int, out_path: Path) -> None:
+    """Until the daemon ``pid`` says it is ready (then print its status) or exits (then fail
+    with the tail of its output)."""
+    import select
+
     deadline = time.monotonic() + START_WAIT_S
+    wake: list[int] = [ready_r]
     while time.monotonic() < deadline:
         done, wait_status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -136,7 +167,11 @@ def _start_daemon(config: ServerConfig, startup: list[StartupModel], warnings: l
             if failed:
                 click.echo(f"mserve: {len(failed)} startup model(s) failed; see above", err=True)
             return
-        time.sleep(0.01)
+        # woken by the daemon's byte, or its end (EOF: then poll for its exit status)
+        if wake and select.select(wake, [], [], 0.5)[0] and not os.read(ready_r, 1):
+            wake = []
+        elif not wake:
+            time.sleep(0.01)
     _fail(f"server did not become ready within {START_WAIT_S:g} s; see {out_path}")
 
 
@@ -328,8 +363,7 @@ def serve_main(
         if pid is not None:
             _fail(f"mserve is already running (pid {pid}, run dir {config.run_path})")
         if not foreground:
-            _start_daemon(config, startup, warnings)
-            return
+            _start_daemon(config, startup, warnings)  # raises DaemonStarted once ready
         sys.exit(_serve(config, startup, warnings, foreground=not quiet))
     except MserveError as exc:
         _fail(exc.message)
@@ -344,7 +378,14 @@ def main(argv: list[str] | None = None) -> None:
 
         ray_main(args[1:])
         return
-    serve_main.main(args=args, prog_name="mserve")
+    try:
+        serve_main.main(args=args, prog_name="mserve")
+    except DaemonStarted:
+        # ``mserve --start`` is done and the daemon runs on its own: nothing in this process
+        # needs cleaning up, and Python's teardown of what it imported would add ~10 ms
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

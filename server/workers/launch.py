@@ -315,6 +315,9 @@ class Launcher:
         self._warming: dict[TemplateKey, asyncio.Task[Template | None]] = {}
         self._uses: dict[tuple[str, str], TemplateKey] = {}  # (python, model) -> its template
         self._guessed: dict[tuple[str, str], list[str]] = {}  # from the model's source
+        # set once a worker process exists: the server opens what a first answer does not need
+        # (its gRPC listeners) while workers load in their own processes
+        self.launched = asyncio.Event()
 
     def _key(self, python: str, model: str) -> TemplateKey:
         return key_for(self.memory, python, model, self.preload)
@@ -392,10 +395,14 @@ class Launcher:
             template = await asyncio.shield(self._template_task(key))
             if template is not None and template.alive:
                 try:
-                    return await template.spawn(cwd, env, fd)
+                    forked = await template.spawn(cwd, env, fd)
+                    self.launched.set()
+                    return forked
                 except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
                     log.warning("fork from the worker template failed (%s); using exec", exc)
-        return await exec_worker(python, cwd, env, fd, self.environment.base)
+        started = await exec_worker(python, cwd, env, fd, self.environment.base)
+        self.launched.set()
+        return started
 
     async def close(self) -> None:
         for task in self._warming.values():
