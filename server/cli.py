@@ -45,7 +45,10 @@ def parse_models(values: list[str]) -> list[StartupModel]:
     return out
 
 
-def _print_status(status: dict[str, Any]) -> None:
+def _print_status(status: dict[str, Any], env_sizes: bool = True) -> None:
+    """``env_sizes``: count and size the environment cache (a walk over every file of every
+    environment: tens of ms for one with torch), which ``--status`` shows and ``--start`` does
+    not wait for."""
     click.echo(f"mserve {status.get('version')} pid {status['pid']}: {status['state']}")
     urls = status.get("urls") or {}
     for api in ("inference", "management", "metrics"):
@@ -59,8 +62,10 @@ def _print_status(status: dict[str, Any]) -> None:
     for name, state in sorted(status.get("models", {}).items()):
         click.echo(f"  model {name}: {state}")
     click.echo(f"  logs       {status.get('log_dir')}")
-    if status.get("env_dir"):
+    if status.get("env_dir") and env_sizes:
         click.echo(f"  envs       {status['env_dir']} ({_env_summary(Path(status['env_dir']))})")
+    elif status.get("env_dir"):
+        click.echo(f"  envs       {status['env_dir']}")
     for warning in status.get("warnings") or ():
         click.echo(f"mserve: WARNING: {warning}", err=True)
 
@@ -162,7 +167,7 @@ def _wait_ready(config: ServerConfig, pid: int, ready_r: int, out_path: Path) ->
             _fail(f"server exited with code {code} during start:\n" + "\n".join(tail))
         status = read_status(config.run_path)
         if status and status.get("pid") == pid and status.get("state") == "ready":
-            _print_status(status)
+            _print_status(status, env_sizes=False)
             failed = [n for n, s in status.get("models", {}).items() if "failed: " in s]
             if failed:
                 click.echo(f"mserve: {len(failed)} startup model(s) failed; see above", err=True)
