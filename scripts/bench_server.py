@@ -137,8 +137,17 @@ class Server:
         return resp.status, data
 
     def stop(self) -> None:
+        """Stop the server and wait (bounded) until all its processes are gone: a torch
+        worker's exit takes a core for a while, and the next figure's start must not share
+        the machine with it."""
+        try:
+            frontend = psutil.Process(self.status["pid"])
+            tree = [frontend, *frontend.children(recursive=True)]
+        except psutil.Error:
+            tree = []
         subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(self.run_dir)],
                        capture_output=True, timeout=120)  # fmt: skip
+        psutil.wait_procs(tree, timeout=30)
 
 
 def wrk_load(server: Server, path: str, body: bytes, conns: int, duration: int) -> dict[str, float]:
