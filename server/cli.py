@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import click
 
 from server.config import ServerConfig, load_config
+from server.entry import Prefork, become_daemon, serve
 from server.errors import ConfigError, MserveError
 from server.rundir import ENV_META_FILE, PID_FILE, StartupModel, read_status, running_pid
 from server.ts_config import TsConfig, load_ts_config
@@ -84,67 +85,35 @@ def _env_summary(root: Path) -> str:
     return f"{len(envs)} environments, {total / 2**20:.1f} MiB"
 
 
-def _serve(config: ServerConfig, startup: list[StartupModel], warnings: list[str],
-           foreground: bool, ready_fd: int | None = None) -> int:  # fmt: skip
-    """Run the server in this process until it stops; its exit code. ``ready_fd``: a pipe the
-    server writes a byte to once it is ready."""
-    # the worker templates first: their imports (torch: seconds) overlap the server's own
-    from server.workers.prespawn import start_early
-
-    early = start_early(config, startup)
-    from server.main import run_server  # heavy: only the server process needs it
-
-    return run_server(
-        config, startup, foreground=foreground, warnings=warnings, early=early, ready_fd=ready_fd
-    )
-
-
 class DaemonStarted(Exception):
     """``--start`` is done: the daemon is ready and its addresses are printed. :func:`main`
     ends this process at once on it (see there)."""
 
 
 def _start_daemon(
-    config: ServerConfig, startup: list[StartupModel], warnings: list[str]
-) -> NoReturn:
-    """Fork the server off this process, wait for it to say it is ready, then raise
-    :class:`DaemonStarted` (or fail: ``SystemExit``). A fork, not a
-    fresh interpreter: the daemon starts with what this process has already imported and read
-    (the CLI, the config, the startup models), a good part of a cold start."""
+    config: ServerConfig, startup: list[StartupModel], warnings: list[str],
+    prefork: Prefork | None,
+) -> NoReturn:  # fmt: skip
+    """Hand the start to the process forked first thing (``prefork``, server/entry.py: it has
+    imported the server meanwhile), else fork the server off this process now; wait for it to
+    say it is ready, then raise :class:`DaemonStarted` (or fail: ``SystemExit``). A fork, not a
+    fresh interpreter: the daemon starts with what was imported and read already."""
     config.log_path.mkdir(parents=True, exist_ok=True)
     out_path = config.log_path / "mserve.out"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # the daemon writes a byte here once ready (and the pipe closes if it exits): this process
-    # wakes at once instead of polling the status file, which stays the source of truth
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the daemon: its own session, output to mserve.out, never back into click
-        code = 1
-        try:
+    if prefork is not None:
+        prefork.hand_over(config, startup, warnings, out_path)
+        pid, ready_r = prefork.pid, prefork.ready_r
+    else:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # the daemon writes a byte here once ready (and the pipe closes if it exits): this
+        # process wakes at once instead of polling the status file, the source of truth
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
             os.close(ready_r)
-            os.setsid()
-            out = os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.dup2(out, 1)
-            os.dup2(out, 2)
-            os.close(out)
-            os.close(devnull)
-            code = _serve(config, startup, warnings, foreground=False, ready_fd=ready_w)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except MserveError as exc:  # a start that cannot go on says why, as the CLI does
-            print(f"mserve: {exc.message}", file=sys.stderr)
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    os.close(ready_w)
+            become_daemon(config, startup, warnings, out_path, ready_w)
+        os.close(ready_w)
     try:
         _wait_ready(config, pid, ready_r, out_path)
     finally:
@@ -367,16 +336,21 @@ def serve_main(
         pid = running_pid(config.run_path)
         if pid is not None:
             _fail(f"mserve is already running (pid {pid}, run dir {config.run_path})")
+        prefork = click.get_current_context().obj
         if not foreground:
-            _start_daemon(config, startup, warnings)  # raises DaemonStarted once ready
-        sys.exit(_serve(config, startup, warnings, foreground=not quiet))
+            _start_daemon(config, startup, warnings, prefork)  # raises DaemonStarted once ready
+        if prefork is not None:
+            prefork.cancel()
+        sys.exit(serve(config, startup, warnings, foreground=not quiet))
     except MserveError as exc:
         _fail(exc.message)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prefork: Prefork | None = None) -> None:
     """The ``mserve`` command: ``mserve ray ...`` deploys on Ray Serve
-    (server/rayserve/cli.py); everything else is the server's, as TorchServe's flags."""
+    (server/rayserve/cli.py); everything else is the server's, as TorchServe's flags.
+    ``prefork``: the daemon-to-be, forked before this module was imported (server/entry.py);
+    unless ``--start`` hands it the start, it exits when this process does."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] == "ray":
         from server.rayserve.cli import main as ray_main
@@ -384,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         ray_main(args[1:])
         return
     try:
-        serve_main.main(args=args, prog_name="mserve")
+        serve_main.main(args=args, prog_name="mserve", obj=prefork)
     except DaemonStarted:
         # ``mserve --start`` is done and the daemon runs on its own: nothing in this process
         # needs cleaning up, and Python's teardown of what it imported would add ~10 ms
