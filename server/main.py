@@ -509,15 +509,16 @@ class Server:
     async def _start(self, models: list[StartupModel]) -> None:
         """Listeners and startup models, in the order that brings the first answer soonest:
         the HTTP listeners, then the startup models, and the gRPC listeners once their workers
-        are starting (or they are loaded), so that gRPC's import and set-up overlap the
-        workers' own start in their processes. Ready (the caller) only when all are done; a
-        listener that cannot open stops the models' loading and fails the start."""
+        are under way (or they are loaded), so that gRPC's import and set-up overlap the
+        workers' start (or their template's imports) in other processes. Ready (the caller)
+        only when all are done; a listener that cannot open stops the models' loading and fails
+        the start."""
         await self.listen()
         self.write_status()
         loading = asyncio.ensure_future(self._load_models(models))
         try:
             if self.config.grpc:
-                started = asyncio.ensure_future(self.launcher.launched.wait())
+                started = asyncio.ensure_future(self.launcher.underway.wait())
                 await asyncio.wait({loading, started}, return_when=asyncio.FIRST_COMPLETED)
                 started.cancel()
                 await self._listen_grpc()
