@@ -101,7 +101,12 @@ def _start_daemon(
     config.log_path.mkdir(parents=True, exist_ok=True)
     out_path = config.log_path / "mserve.out"
     if prefork is not None:
-        prefork.hand_over(config, startup, warnings, out_path)
+        try:
+            prefork.hand_over(config, startup, warnings, out_path)
+        except OSError:  # it is gone (killed?): fork one now, as without it
+            prefork.cancel()
+            prefork = None
+    if prefork is not None:
         pid, ready_r = prefork.pid, prefork.ready_r
     else:
         sys.stdout.flush()
@@ -353,6 +358,8 @@ def main(argv: list[str] | None = None, prefork: Prefork | None = None) -> None:
     unless ``--start`` hands it the start, it exits when this process does."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] == "ray":
+        if prefork is not None:
+            prefork.cancel()
         from server.rayserve.cli import main as ray_main
 
         ray_main(args[1:])

@@ -87,6 +87,7 @@ def _wait_for_start(go_r: int, ready_w: int) -> NoReturn:
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
         os.close(devnull)
+        import pickle
         import threading
 
         # what the hand-over needs (to unpickle, to start the templates) in this thread, the
@@ -103,8 +104,6 @@ def _wait_for_start(go_r: int, ready_w: int) -> NoReturn:
         os.close(go_r)
         if not chunks:
             os._exit(0)  # not a daemon start, or the CLI failed: nothing to do
-        import pickle
-
         config, startup, warnings, out_path = pickle.loads(b"".join(chunks))
         become_daemon(config, startup, warnings, out_path, ready_w, importing)
     except BaseException:  # Ctrl-C before the hand-over included: exit quietly
