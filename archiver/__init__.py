@@ -11,7 +11,14 @@ from archiver.errors import (
     LimitExceeded,
     UnsafeArchive,
 )
-from archiver.manifest import MANIFEST_PATH, FileDigest, Manifest, ModelInfo, parse
+from archiver.manifest import (
+    MANIFEST_PATH,
+    FileDigest,
+    Manifest,
+    ModelInfo,
+    parse,
+    schema_digest,
+)
 from archiver.reader import Archive, ExtractLimits, MemberInfo, VerifyReport, open_archive
 from archiver.writer import ArchiveFormat, write_archive
 
@@ -36,5 +43,6 @@ __all__ = [
     "__version__",
     "open_archive",
     "parse",
+    "schema_digest",
     "write_archive",
 ]

@@ -7,6 +7,7 @@ plus one ``mserve`` key with per-member digests that other readers ignore.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -15,11 +16,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-import jsonschema
+from typing import TYPE_CHECKING, Any
 
 from archiver.errors import InvalidManifest
+
+if TYPE_CHECKING:
+    import jsonschema
 
 MANIFEST_PATH = "MAR-INF/MANIFEST.json"
 DEFAULT_MODEL_VERSION = "1.0"
@@ -51,7 +53,18 @@ def schema() -> dict[str, Any]:
 
 
 @cache
+def schema_digest() -> str:
+    """sha256 of the schema: what a check "this manifest is valid" was made against, for a
+    caller that remembers such checks (the server's unpack cache)."""
+    return hashlib.sha256(json.dumps(schema(), sort_keys=True).encode()).hexdigest()
+
+
+@cache
 def _validator() -> jsonschema.protocols.Validator:
+    # here, not at module level: jsonschema takes ~50 ms to import, and every server module
+    # imports this package (for its version) while only reading an archive validates
+    import jsonschema
+
     cls = jsonschema.validators.validator_for(schema())
     cls.check_schema(schema())
     return cls(schema())
@@ -181,17 +194,23 @@ def validate(data: Any, source: str) -> None:
         raise InvalidManifest(source, f"expected a JSON object, found {type(data).__name__}")
     errors = sorted(_validator().iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
-        error = jsonschema.exceptions.best_match(errors)
+        from jsonschema.exceptions import best_match  # imported by _validator() already
+
+        error = best_match(errors)
         raise InvalidManifest(source, _problem_of(error), field=_field_of(error))
 
 
-def parse(raw: bytes, source: str) -> Manifest:
-    """Parse and validate manifest bytes; missing optional fields get TorchServe's defaults."""
+def parse(raw: bytes, source: str, schema_checked: bool = False) -> Manifest:
+    """Parse and validate manifest bytes; missing optional fields get TorchServe's defaults.
+    ``schema_checked``: these very bytes passed :func:`validate` before, against the schema of
+    :func:`schema_digest` (the caller knows: the server's unpack cache), so it is not run again.
+    """
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidManifest(source, f"not valid JSON: {exc}") from exc
-    validate(data, source)
+    if not schema_checked:
+        validate(data, source)
     if not is_valid_model_name(data["model"]["modelName"]):
         raise InvalidManifest(
             source,

@@ -60,6 +60,18 @@ def _warm_runtime() -> None:
     from . import runtime, sdk  # noqa: F401
 
 
+def _warm_spawn() -> None:
+    """What every forked worker asks before its handler loads, asked once here, once the
+    server knows the template is ready (it is waiting for its first spawn request meanwhile, or
+    that request waits a few ms, as the worker would have): whether the environment holds a
+    ``torchserve`` that our ``ts`` hides, and ``ctypes`` (for the process title)."""
+    import ctypes  # noqa: F401
+
+    from .compat import shadowed_torchserve
+
+    shadowed_torchserve()
+
+
 def _fork() -> int:
     """Fork with every object so far moved out of the collector's reach (``gc.freeze``, the
     recipe in the gc module's docs): a collection in the child would otherwise touch each
@@ -136,6 +148,7 @@ def main(argv: list | None = None) -> int:
     # everything installed the preload brought in (torch brings numpy): what workers inherit
     modules = loaded_packages([os.path.dirname(os.path.abspath(__file__))])
     _send(control, {"ready": True, "preloaded": loaded, "modules": modules, "pid": os.getpid()})
+    _warm_spawn()
     buffer = bytearray()
     pending_fds: list = []
     while True:

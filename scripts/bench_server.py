@@ -33,8 +33,16 @@ callgrind, counted over N requests after a warm-up (valgrind runs Python ~50x sl
 ``--lean``: cold start (``mserve --start`` to the first answer), PSS of all the server's
 processes with one worker once they are quiet, and the first scale 1 -> 4 right after the first
 answer, for echo and the MLP, one fresh server per figure: the very first start (nothing learned
-yet) on its own, then the medians of ``--rounds`` rounds. ``--profile-start``: the steps of one
+yet) on its own, then the medians of ``--rounds`` rounds. Each round also times the floors a
+cold start cannot beat, in the same run: a bare interpreter start (``python -I -c pass``) and,
+for the MLP, ``import torch`` in a fresh interpreter (what its worker template must do); the
+medians come with each cold start's ratio to its floor. ``--profile-start``: the steps of one
 start, from the server log's time stamps (docs/server.md, Measuring cold start).
+
+Every cold start figure (these and the default run's) is taken with ``server``, ``archiver`` and
+``mserve_worker`` byte-compiled first (``compileall``), as an installed wheel or an editable
+install without ``PYTHONDONTWRITEBYTECODE`` has them: without ``.pyc`` files (this VM sets that
+variable) each start recompiles our modules, ~0.09 s more that no user pays.
 
 ``busy/steal/idle`` (every load row): the whole machine's CPU split during that run, from
 /proc/stat (psutil) before and after. The hypervisor steals CPU from this VM (up to 32% seen
@@ -129,8 +137,17 @@ class Server:
         return resp.status, data
 
     def stop(self) -> None:
+        """Stop the server and wait (bounded) until all its processes are gone: a torch
+        worker's exit takes a core for a while, and the next figure's start must not share
+        the machine with it."""
+        try:
+            frontend = psutil.Process(self.status["pid"])
+            tree = [frontend, *frontend.children(recursive=True)]
+        except psutil.Error:
+            tree = []
         subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(self.run_dir)],
                        capture_output=True, timeout=120)  # fmt: skip
+        psutil.wait_procs(tree, timeout=30)
 
 
 def wrk_load(server: Server, path: str, body: bytes, conns: int, duration: int) -> dict[str, float]:
@@ -355,6 +372,32 @@ def settle(server: Server) -> None:
         time.sleep(0.5)
 
 
+def byte_compile() -> None:
+    """``.pyc`` files for our packages, as an installed wheel has them (see the docstring)."""
+    import compileall
+
+    for package in ("server", "archiver", "mserve_worker"):
+        if not compileall.compile_dir(str(REPO / package), quiet=1):
+            raise SystemExit(f"byte-compiling {package} failed")
+    print("byte-compiled server, archiver, mserve_worker (.pyc, as an install has them)")
+
+
+def interpreter_s(code: str, runs: int = 3) -> float:
+    """Median wall time of a fresh ``python -I -c code`` (the server's interpreter) up to the
+    end of ``code``, not of the interpreter's teardown (which takes ~0.1 s after torch and
+    that no start waits for): a floor for a cold start, timed next to it."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-I", "-c", f"{code}\nimport os\nos._exit(0)"],
+                       check=True, capture_output=True)  # fmt: skip
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+FLOORS = {"echo": ("bare interpreter", "pass"), "mlp": ("import torch", "import torch")}
+
+
 def load_average() -> str:
     one, five, _ = os.getloadavg()
     return f"load {one:.1f}/{five:.1f}"
@@ -383,10 +426,10 @@ def one_start(work: Path, model: str, body: bytes, then: str) -> dict[str, float
 START_STEPS = [  # (what, a regular expression for the log line that ends it)
     ("server process up, imported, logging", r"."),
     ("HTTP listeners up", r"metrics API listening"),
-    ("gRPC listeners up", r"gRPC management API listening"),
     ("archive unpacked, model registered", r"registering {model}"),
     ("worker template ready", r"worker template for .* ready"),
     ("worker ready (handler loaded)", r"worker \d+ of {model}:\S+ ready"),
+    ("gRPC listeners up (while workers load)", r"gRPC management API listening"),
     ("server ready", r"mserve \S+ ready"),
 ]
 
@@ -418,6 +461,8 @@ def profile_start(work: Path, model: str, body: bytes) -> None:
         print(f"  {what:<40} " + (f"{found - t0:6.2f} s" if found else "     - (not logged)"))
     print(f"  {'mserve --start returned':<40} {returned - t0:6.2f} s")
     print(f"  {'first answer':<40} {answered - t0:6.2f} s")
+    what, code = FLOORS.get(model, FLOORS["echo"])
+    print(f"  {'floor, ' + what + ' (same run)':<40} {interpreter_s(code):6.2f} s")
 
 
 def lean_rows(work: Path, bodies: dict[str, bytes], rounds: int) -> None:
@@ -432,6 +477,11 @@ def lean_rows(work: Path, bodies: dict[str, bytes], rounds: int) -> None:
               f" {first['scale']:.2f} s ({load_average()})")  # fmt: skip
     runs: dict[tuple[str, str], list[float]] = {}
     for n in range(rounds):
+        for model in models:  # the floor, next to the starts it bounds (the VM drifts)
+            what, code = FLOORS.get(model, FLOORS["echo"])
+            floor = interpreter_s(code)
+            runs.setdefault((model, "floor"), []).append(floor)
+            print(f"round {n + 1}, {model}: floor ({what}) {floor:.2f} s ({load_average()})")
         for model in models:
             for then in ("pss", "scale"):
                 machine = psutil.cpu_times()
@@ -444,11 +494,14 @@ def lean_rows(work: Path, bodies: dict[str, bytes], rounds: int) -> None:
                       + (f"PSS {r['pss']:.0f} MiB" if then == "pss"
                          else f"first scale 1 -> 4 {r['scale']:.2f} s")
                       + f" (steal {steal:.0f}%, {load_average()})")  # fmt: skip
-    print(f"medians over {rounds} round(s):")
+    print(f"medians over {rounds} round(s) ({load_average()}):")
     for model in models:
-        cold, pss, first = (runs[(model, k)] for k in ("cold", "pss", "scale"))
+        cold, pss, first, floor = (runs[(model, k)] for k in ("cold", "pss", "scale", "floor"))
+        what = FLOORS.get(model, FLOORS["echo"])[0]
         print(f"{model:<5} cold start to first answer {statistics.median(cold):.2f} s"
-              f" (min {min(cold):.2f}), PSS 1 worker {statistics.median(pss):.0f} MiB,"
+              f" (min {min(cold):.2f}; {statistics.median(cold) / statistics.median(floor):.1f}x"
+              f" its floor, {what} {statistics.median(floor):.2f} s),"
+              f" PSS 1 worker {statistics.median(pss):.0f} MiB,"
               f" first scale 1 -> 4 {statistics.median(first):.2f} s (max {max(first):.2f});"
               f" steal median {statistics.median(runs[(model, 'steal')]):.0f}%")  # fmt: skip
 
@@ -743,6 +796,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-server-"))
     try:
+        byte_compile()
         build_archives(work, with_mlp and not args.ceiling)
         if args.lean or args.profile_start:
             bodies = {"echo": b'{"x": 1}'}

@@ -14,11 +14,12 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from server.config import ServerConfig, load_config
+from server.entry import Prefork, become_daemon, serve
 from server.errors import ConfigError, MserveError
 from server.rundir import ENV_META_FILE, PID_FILE, StartupModel, read_status, running_pid
 from server.ts_config import TsConfig, load_ts_config
@@ -45,7 +46,10 @@ def parse_models(values: list[str]) -> list[StartupModel]:
     return out
 
 
-def _print_status(status: dict[str, Any]) -> None:
+def _print_status(status: dict[str, Any], env_sizes: bool = True) -> None:
+    """``env_sizes``: count and size the environment cache (a walk over every file of every
+    environment: tens of ms for one with torch), which ``--status`` shows and ``--start`` does
+    not wait for."""
     click.echo(f"mserve {status.get('version')} pid {status['pid']}: {status['state']}")
     urls = status.get("urls") or {}
     for api in ("inference", "management", "metrics"):
@@ -59,8 +63,10 @@ def _print_status(status: dict[str, Any]) -> None:
     for name, state in sorted(status.get("models", {}).items()):
         click.echo(f"  model {name}: {state}")
     click.echo(f"  logs       {status.get('log_dir')}")
-    if status.get("env_dir"):
+    if status.get("env_dir") and env_sizes:
         click.echo(f"  envs       {status['env_dir']} ({_env_summary(Path(status['env_dir']))})")
+    elif status.get("env_dir"):
+        click.echo(f"  envs       {status['env_dir']}")
     for warning in status.get("warnings") or ():
         click.echo(f"mserve: WARNING: {warning}", err=True)
 
@@ -79,50 +85,54 @@ def _env_summary(root: Path) -> str:
     return f"{len(envs)} environments, {total / 2**20:.1f} MiB"
 
 
-def _serve(config: ServerConfig, startup: list[StartupModel], warnings: list[str],
-           foreground: bool) -> int:  # fmt: skip
-    """Run the server in this process until it stops; its exit code."""
-    # the worker templates first: their imports (torch: seconds) overlap the server's own
-    from server.workers.prespawn import start_early
-
-    early = start_early(config, startup)
-    from server.main import run_server  # heavy: only the server process needs it
-
-    return run_server(config, startup, foreground=foreground, warnings=warnings, early=early)
+class DaemonStarted(Exception):
+    """``--start`` is done: the daemon is ready and its addresses are printed. :func:`main`
+    ends this process at once on it (see there)."""
 
 
-def _start_daemon(config: ServerConfig, startup: list[StartupModel], warnings: list[str]) -> None:
-    """Fork the server off this process, then wait for it to say it is ready. A fork, not a
-    fresh interpreter: the daemon starts with what this process has already imported and read
-    (the CLI, the config, the startup models), a good part of a cold start."""
+def _start_daemon(
+    config: ServerConfig, startup: list[StartupModel], warnings: list[str],
+    prefork: Prefork | None,
+) -> NoReturn:  # fmt: skip
+    """Hand the start to the process forked first thing (``prefork``, server/entry.py: it has
+    imported the server meanwhile), else fork the server off this process now; wait for it to
+    say it is ready, then raise :class:`DaemonStarted` (or fail: ``SystemExit``). A fork, not a
+    fresh interpreter: the daemon starts with what was imported and read already."""
     config.log_path.mkdir(parents=True, exist_ok=True)
     out_path = config.log_path / "mserve.out"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the daemon: its own session, output to mserve.out, never back into click
-        code = 1
+    if prefork is not None:
         try:
-            os.setsid()
-            out = os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.dup2(out, 1)
-            os.dup2(out, 2)
-            os.close(out)
-            os.close(devnull)
-            code = _serve(config, startup, warnings, foreground=False)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            import traceback
+            prefork.hand_over(config, startup, warnings, out_path)
+        except OSError:  # it is gone (killed?): fork one now, as without it
+            prefork.cancel()
+            prefork = None
+    if prefork is not None:
+        pid, ready_r = prefork.pid, prefork.ready_r
+    else:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # the daemon writes a byte here once ready (and the pipe closes if it exits): this
+        # process wakes at once instead of polling the status file, the source of truth
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(ready_r)
+            become_daemon(config, startup, warnings, out_path, ready_w)
+        os.close(ready_w)
+    try:
+        _wait_ready(config, pid, ready_r, out_path)
+    finally:
+        os.close(ready_r)
+    raise DaemonStarted
 
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+
+def _wait_ready(config: ServerConfig, pid: int, ready_r: int, out_path: Path) -> None:
+    """Until the daemon ``pid`` says it is ready (then print its status) or exits (then fail
+    with the tail of its output)."""
+    import select
+
     deadline = time.monotonic() + START_WAIT_S
+    wake: list[int] = [ready_r]
     while time.monotonic() < deadline:
         done, wait_status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -131,12 +141,16 @@ def _start_daemon(config: ServerConfig, startup: list[StartupModel], warnings: l
             _fail(f"server exited with code {code} during start:\n" + "\n".join(tail))
         status = read_status(config.run_path)
         if status and status.get("pid") == pid and status.get("state") == "ready":
-            _print_status(status)
+            _print_status(status, env_sizes=False)
             failed = [n for n, s in status.get("models", {}).items() if "failed: " in s]
             if failed:
                 click.echo(f"mserve: {len(failed)} startup model(s) failed; see above", err=True)
             return
-        time.sleep(0.01)
+        # woken by the daemon's byte, or its end (EOF: then poll for its exit status)
+        if wake and select.select(wake, [], [], 0.5)[0] and not os.read(ready_r, 1):
+            wake = []
+        elif not wake:
+            time.sleep(0.01)
     _fail(f"server did not become ready within {START_WAIT_S:g} s; see {out_path}")
 
 
@@ -327,24 +341,37 @@ def serve_main(
         pid = running_pid(config.run_path)
         if pid is not None:
             _fail(f"mserve is already running (pid {pid}, run dir {config.run_path})")
+        prefork = click.get_current_context().obj
         if not foreground:
-            _start_daemon(config, startup, warnings)
-            return
-        sys.exit(_serve(config, startup, warnings, foreground=not quiet))
+            _start_daemon(config, startup, warnings, prefork)  # raises DaemonStarted once ready
+        if prefork is not None:
+            prefork.cancel()
+        sys.exit(serve(config, startup, warnings, foreground=not quiet))
     except MserveError as exc:
         _fail(exc.message)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prefork: Prefork | None = None) -> None:
     """The ``mserve`` command: ``mserve ray ...`` deploys on Ray Serve
-    (server/rayserve/cli.py); everything else is the server's, as TorchServe's flags."""
+    (server/rayserve/cli.py); everything else is the server's, as TorchServe's flags.
+    ``prefork``: the daemon-to-be, forked before this module was imported (server/entry.py);
+    unless ``--start`` hands it the start, it exits when this process does."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] == "ray":
+        if prefork is not None:
+            prefork.cancel()
         from server.rayserve.cli import main as ray_main
 
         ray_main(args[1:])
         return
-    serve_main.main(args=args, prog_name="mserve")
+    try:
+        serve_main.main(args=args, prog_name="mserve", obj=prefork)
+    except DaemonStarted:
+        # ``mserve --start`` is done and the daemon runs on its own: nothing in this process
+        # needs cleaning up, and Python's teardown of what it imported would add ~10 ms
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

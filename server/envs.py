@@ -32,8 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import filelock
-
 from archiver import __version__
 from server.errors import InvalidModel
 from server.rundir import ENV_META_FILE as META_FILE
@@ -219,6 +217,8 @@ class EnvCache:
         key = self.key(request)
         if self.ready(key):
             return self.env_python(key)
+        import filelock  # here: ~8 ms to import, paid only when an environment is built
+
         with filelock.FileLock(str(self.root / f".{key}.lock")):
             if self.ready(key):  # another process built it while we waited
                 return self.env_python(key)
@@ -318,6 +318,8 @@ class EnvCache:
         return out
 
     def prune(self, in_use: set[str]) -> list[str]:
+        import filelock  # here, as in ensure(): only pruning and building lock
+
         removed = []
         for meta in self.entries():
             key = str(meta["key"])

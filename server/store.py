@@ -7,6 +7,7 @@ rename, so a restart or a second registration of the same bytes reuses it at onc
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -20,6 +21,7 @@ from archiver import ArchiverError, Manifest, open_archive
 from archiver.model_config import load_model_config
 from server.download import url_allowed
 from server.errors import ArchiveNotAllowed, BadRequest, DigestMismatch, InvalidModel, ModelNotFound
+from server.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +106,50 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+# Beside each unpacked archive ``<sha256>``: the digest of the manifest schema its manifest
+# was checked against, written once the archive was opened, checked and unpacked.
+CHECKED_SUFFIX = ".checked"
+
+
+def _digest(path: Path, url: str, sha256: str | None, pin: str | None) -> str:
+    digest = sha256 or _sha256(path)
+    if pin is not None and digest != pin:
+        raise DigestMismatch(
+            f"archive {url}: its sha256 is {digest}, the sha256 parameter asks for {pin}"
+        )
+    return digest
+
+
+def _unpacked_before(model_dir: Path, marker: Path) -> Manifest | None:
+    """The manifest of an archive this cache unpacked before, read from the unpacked folder
+    without checking it against the schema again (what the server's start does for its
+    startup models: the check imports jsonschema, ~60 ms, for an answer known already). The
+    archive's bytes are the same (the folder is named for their sha256), so is the manifest,
+    and so is the check's outcome while the schema is the same. None when the cache cannot
+    say so: then the archive is opened and checked as the first time."""
+    try:
+        if json.loads(marker.read_text()).get("schema") != archiver.schema_digest():
+            return None
+        raw = (model_dir / archiver.MANIFEST_PATH).read_bytes()
+        return archiver.parse(raw, str(model_dir / archiver.MANIFEST_PATH), schema_checked=True)
+    except (OSError, ArchiverError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 def unpack(
     path: Path, url: str, cache: Path, sha256: str | None = None, pin: str | None = None
 ) -> UnpackedModel:
     """Open, check and unpack ``path`` (blocking: call it in a thread). ``sha256``: the file's
     digest when already known (a download hashed it on the way in); ``pin``: the digest the
     registration's ``sha256`` parameter asks for."""
-    digest = None
+    if path.is_file():  # an archive this cache unpacked before: its checks are done
+        digest = _digest(path, url, sha256, pin)
+        model_dir = cache / digest
+        manifest = _unpacked_before(model_dir, cache / f"{digest}{CHECKED_SUFFIX}")
+        if manifest is not None:
+            return _unpacked(url, model_dir, manifest, digest)
+    else:
+        digest = None
     try:
         with open_archive(path) as archive:
             manifest = archive.manifest
@@ -122,12 +161,7 @@ def unpack(
                     )
                 model_dir = path
             else:
-                digest = sha256 or _sha256(path)
-                if pin is not None and digest != pin:
-                    raise DigestMismatch(
-                        f"archive {url}: its sha256 is {digest}, the sha256 parameter asks for"
-                        f" {pin}"
-                    )
+                digest = digest or _digest(path, url, sha256, pin)
                 model_dir = cache / digest
                 if not model_dir.exists():
                     log.info("unpacking %s into %s", path, model_dir)
@@ -138,7 +172,20 @@ def unpack(
                     except ArchiverError:
                         shutil.rmtree(model_dir, ignore_errors=True)
                         raise
-        config: dict[str, Any] = {}
+                marker = cache / f"{digest}{CHECKED_SUFFIX}"
+                try:
+                    write_json_atomic(marker, {"schema": archiver.schema_digest()})
+                except OSError as exc:  # the next start checks again: slower, still right
+                    log.warning("could not write %s: %s", marker, exc)
+    except ArchiverError as exc:
+        raise InvalidModel(f"cannot load archive {url}: {exc}") from exc
+    return _unpacked(url, model_dir, manifest, digest)
+
+
+def _unpacked(url: str, model_dir: Path, manifest: Manifest, digest: str | None) -> UnpackedModel:
+    """With the model config the archive carries, checked (that is the model's own file)."""
+    config: dict[str, Any] = {}
+    try:
         if manifest.model.config_file:
             config = load_model_config(model_dir / manifest.model.config_file)
     except ArchiverError as exc:

@@ -12,6 +12,7 @@ the worker logs that choice once at load.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -26,9 +27,15 @@ def install(after: str | None = None) -> None:
     sys.path.insert(index, COMPAT_DIR)
 
 
+@functools.lru_cache(maxsize=None)
 def shadowed_torchserve() -> str | None:
     """The version of the ``torchserve`` distribution installed in this environment, if any: its
-    ``ts`` package is the one ours hides."""
+    ``ts`` package is the one ours hides.
+
+    Remembered: a worker template asks once, while it waits for its first spawn, and the
+    workers forked from it inherit the answer. Asking costs a worker ~20 ms otherwise (importing
+    ``importlib.metadata`` and scanning every ``sys.path`` folder), on the way to its first
+    answer."""
     from importlib import metadata
 
     try:

@@ -315,6 +315,10 @@ class Launcher:
         self._warming: dict[TemplateKey, asyncio.Task[Template | None]] = {}
         self._uses: dict[tuple[str, str], TemplateKey] = {}  # (python, model) -> its template
         self._guessed: dict[tuple[str, str], list[str]] = {}  # from the model's source
+        # set once a worker is under way: its process exists, or it waits for its template to
+        # finish importing. The server opens what a first answer does not need (its gRPC
+        # listeners) meanwhile, while the work is done in other processes.
+        self.underway = asyncio.Event()
 
     def _key(self, python: str, model: str) -> TemplateKey:
         return key_for(self.memory, python, model, self.preload)
@@ -389,13 +393,20 @@ class Launcher:
                     self._guessed[(python, model)] = guess
                     key = python, tuple(sorted({*key[1], *guess}))
                 self._uses[(python, model)] = key
-            template = await asyncio.shield(self._template_task(key))
+            task = self._template_task(key)
+            if not task.done():
+                self.underway.set()  # the template imports (torch: seconds); the worker waits
+            template = await asyncio.shield(task)
             if template is not None and template.alive:
                 try:
-                    return await template.spawn(cwd, env, fd)
+                    forked = await template.spawn(cwd, env, fd)
+                    self.underway.set()
+                    return forked
                 except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
                     log.warning("fork from the worker template failed (%s); using exec", exc)
-        return await exec_worker(python, cwd, env, fd, self.environment.base)
+        started = await exec_worker(python, cwd, env, fd, self.environment.base)
+        self.underway.set()
+        return started
 
     async def close(self) -> None:
         for task in self._warming.values():

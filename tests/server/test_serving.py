@@ -670,6 +670,38 @@ def test_port_in_use_is_reported_plainly(start_server, tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
 
 
+def test_grpc_port_in_use_fails_the_start_while_models_load(make_archive, tmp_path: Path) -> None:
+    """The gRPC listeners open while the startup models' workers load (the first answer does
+    not wait for gRPC's import): one that cannot bind still fails the start plainly, and the
+    worker loading meanwhile and its template do not outlive the server."""
+    import re
+    import socket
+
+    make_archive("slow_load", "slow:handle", "slow")  # its worker loads for ten minutes
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = tmp_path / "busy.yaml"
+        cfg.write_text("inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
+                       f"metrics_address: 127.0.0.1:0\nmodel_store: {tmp_path / 'store'}\n"
+                       f"grpc_inference_address: 127.0.0.1:{port}\n"
+                       "grpc_management_address: 127.0.0.1:0\n")  # fmt: skip
+        out = subprocess.run(
+            [MSERVE, "--start", "--config", str(cfg), "--run-dir", str(tmp_path / "r"),
+             "--models", "slow=slow.mar"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert out.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port} for the gRPC inference API" in out.stderr
+    assert "Traceback" not in out.stderr
+    log = (tmp_path / "r" / "logs" / "mserve.log").read_text()
+    started = re.findall(r"worker \S+ of slow:1.0 started, pid (\d+)", log)
+    assert started, "the gRPC listener was to fail while the model's worker loaded:\n" + log
+    pids = [int(p) for p in started + re.findall(r"worker template for .* ready \(pid (\d+)", log)]
+    wait_until(lambda: not any(pid_alive(p) for p in pids), 10, "the worker and template to exit")
+
+
 def test_async_registration_retries_instead_of_failing(make_archive, start_server) -> None:
     make_archive("bad_import", "broken", "broken")
     server = start_server()
