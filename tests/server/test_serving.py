@@ -46,6 +46,17 @@ def test_start_predict_status_stop(make_archive, start_server) -> None:
     again = server.cli("--start", *server.cli_args)
     assert again.returncode == 1
     assert f"mserve is already running (pid {server.pid}" in again.stderr
+
+    def starts_left() -> set[int]:  # `mserve --start` processes on this run dir
+        found = set()
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            line = proc.info["cmdline"] or []
+            if "--start" in line and str(server.run_dir) in line:
+                found.add(proc.info["pid"])
+        return found
+
+    # the daemon-to-be forked first thing (server/entry.py) ends with the refused start
+    wait_until(lambda: starts_left() <= {server.pid}, 10, "the refused start's fork to exit")
     workers = server.worker_pids("probe")
     stopped = server.cli("--stop")
     assert stopped.returncode == 0 and "mserve stopped" in stopped.stdout
