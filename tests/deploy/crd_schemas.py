@@ -65,29 +65,23 @@ def _resource(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, An
     }
 
 
-SERVICE_MONITOR = _resource("monitoring.coreos.com/v1", "ServiceMonitor", {
-    "type": "object",
-    "required": ["selector", "endpoints"],
-    "properties": {
-        "selector": _SELECTOR,
-        "namespaceSelector": {"type": "object"},
-        "jobLabel": {"type": "string"},
-        "endpoints": {"type": "array", "minItems": 1, "items": _ENDPOINT},
-    },
-    "additionalProperties": False,
-})  # fmt: skip
+def _monitor(kind: str, endpoints: str) -> dict[str, Any]:
+    """ServiceMonitor and PodMonitor: the same spec but for the name of the endpoints list."""
+    return _resource("monitoring.coreos.com/v1", kind, {
+        "type": "object",
+        "required": ["selector", endpoints],
+        "properties": {
+            "selector": _SELECTOR,
+            "namespaceSelector": {"type": "object"},
+            "jobLabel": {"type": "string"},
+            endpoints: {"type": "array", "minItems": 1, "items": _ENDPOINT},
+        },
+        "additionalProperties": False,
+    })  # fmt: skip
 
-POD_MONITOR = _resource("monitoring.coreos.com/v1", "PodMonitor", {
-    "type": "object",
-    "required": ["selector", "podMetricsEndpoints"],
-    "properties": {
-        "selector": _SELECTOR,
-        "namespaceSelector": {"type": "object"},
-        "jobLabel": {"type": "string"},
-        "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _ENDPOINT},
-    },
-    "additionalProperties": False,
-})  # fmt: skip
+
+SERVICE_MONITOR = _monitor("ServiceMonitor", "endpoints")
+POD_MONITOR = _monitor("PodMonitor", "podMetricsEndpoints")
 
 _RUNTIME_SPEC = {
     "type": "object",
