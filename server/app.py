@@ -58,7 +58,7 @@ class ManagementAPI:
             if req.allow("GET", "POST") == "GET":
                 conn.answer_json(req, 200, models_page(registry, req.query))
             else:
-                check_model_api(self.model_api, "registering models")
+                check_model_api(self.model_api, "registering models", registry.config.torchserve)
                 conn.answer_later(req, _answer(register_model(registry, req.query)))
             return
         if parts == ["token"]:
@@ -90,7 +90,7 @@ class ManagementAPI:
         elif method == "PUT":
             conn.answer_later(req, _answer(scale_model(registry, name, version, req.query)))
         else:
-            check_model_api(self.model_api, "unregistering models")
+            check_model_api(self.model_api, "unregistering models", registry.config.torchserve)
             conn.answer_later(req, _answer(unregister_model(registry, name, version)))
 
     async def _environments(self) -> Answer:

@@ -1,8 +1,14 @@
-"""``mserve``: start (as a daemon or in the foreground), stop, and show status.
+"""``mserve`` and ``torchserve``: start (as a daemon or in the foreground), stop, and show status.
 
 ``--start`` returns once the APIs answer and the startup models are loaded or have clearly
 failed; the daemon keeps a pid file, a status file (with the ports actually bound, so port 0
 works) and a log folder under the run dir.
+
+``torchserve`` (the opt-in command that takes TorchServe's place; docs/migration.md) is the same
+command in TorchServe's layout: files where TorchServe writes them (key file, logs, config
+snapshots, relative to the folder it is started from; ``LOG_LOCATION`` and
+``METRICS_LOCATION``), the newest config snapshot restored unless ``--ncs``, the server's console
+on the caller's stdout with ``Model server started.`` once ready, and TorchServe's messages.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -26,6 +33,21 @@ from server.ts_config import TsConfig, load_ts_config
 
 START_WAIT_S = 600.0
 STOP_WAIT_S = 60.0
+# TorchServe's launcher's words, which scripts wait for or grep
+TS_ALREADY_RUNNING = (
+    "TorchServe is already running, please use torchserve --stop to stop TorchServe."
+)
+TS_NOT_RUNNING = "TorchServe is not currently running."
+TS_STOPPED = "TorchServe has stopped."
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """How the command was called: ``prefork``, the daemon-to-be forked first thing
+    (server/entry.py); ``torchserve``, as the ``torchserve`` command."""
+
+    prefork: Prefork | None = None
+    torchserve: bool = False
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -97,9 +119,11 @@ def _start_daemon(
     """Hand the start to the process forked first thing (``prefork``, server/entry.py: it has
     imported the server meanwhile), else fork the server off this process now; wait for it to
     say it is ready, then raise :class:`DaemonStarted` (or fail: ``SystemExit``). A fork, not a
-    fresh interpreter: the daemon starts with what was imported and read already."""
+    fresh interpreter: the daemon starts with what was imported and read already. In the
+    TorchServe layout the daemon keeps this command's stdout and stderr (its console), as
+    TorchServe's server does; otherwise its output goes to ``mserve.out`` in the log folder."""
     config.log_path.mkdir(parents=True, exist_ok=True)
-    out_path = config.log_path / "mserve.out"
+    out_path = None if config.torchserve else config.log_path / "mserve.out"
     if prefork is not None:
         try:
             prefork.hand_over(config, startup, warnings, out_path)
@@ -126,9 +150,9 @@ def _start_daemon(
     raise DaemonStarted
 
 
-def _wait_ready(config: ServerConfig, pid: int, ready_r: int, out_path: Path) -> None:
+def _wait_ready(config: ServerConfig, pid: int, ready_r: int, out_path: Path | None) -> None:
     """Until the daemon ``pid`` says it is ready (then print its status) or exits (then fail
-    with the tail of its output)."""
+    with the tail of its output, which ``out_path`` None means is on the console already)."""
     import select
 
     deadline = time.monotonic() + START_WAIT_S
@@ -137,11 +161,15 @@ def _wait_ready(config: ServerConfig, pid: int, ready_r: int, out_path: Path) ->
         done, wait_status = os.waitpid(pid, os.WNOHANG)
         if done:
             code = os.waitstatus_to_exitcode(wait_status)
+            if out_path is None:
+                _fail(f"server exited with code {code} during start (its output is above)")
+            assert out_path is not None
             tail = out_path.read_text(errors="replace").splitlines()[-15:]
             _fail(f"server exited with code {code} during start:\n" + "\n".join(tail))
         status = read_status(config.run_path)
         if status and status.get("pid") == pid and status.get("state") == "ready":
-            _print_status(status, env_sizes=False)
+            if not config.torchserve:  # TorchServe's console said "Model server started."
+                _print_status(status, env_sizes=False)
             failed = [n for n, s in status.get("models", {}).items() if "failed: " in s]
             if failed:
                 click.echo(f"mserve: {len(failed)} startup model(s) failed; see above", err=True)
@@ -151,25 +179,36 @@ def _wait_ready(config: ServerConfig, pid: int, ready_r: int, out_path: Path) ->
             wake = []
         elif not wake:
             time.sleep(0.01)
-    _fail(f"server did not become ready within {START_WAIT_S:g} s; see {out_path}")
+    where = "its output above" if out_path is None else out_path
+    _fail(f"server did not become ready within {START_WAIT_S:g} s; see {where}")
 
 
-def _stop(config: ServerConfig) -> None:
+def _stop(config: ServerConfig, wait: bool = True) -> None:
+    """SIGTERM the server; ``wait``: until it is gone (SIGKILL after :data:`STOP_WAIT_S`).
+    ``torchserve --stop`` waits only with ``--foreground``, as TorchServe's launcher."""
     pid = running_pid(config.run_path)
     if pid is None:
+        if config.torchserve:
+            click.echo(TS_NOT_RUNNING)
+            return
         _fail(f"mserve is not running (no live pid in {config.run_path / PID_FILE})")
     assert pid is not None
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_WAIT_S
+    if wait and not _wait_gone(pid, STOP_WAIT_S):
+        click.echo(f"mserve: pid {pid} ignored SIGTERM for {STOP_WAIT_S:g} s; killing it", err=True)
+        os.kill(pid, signal.SIGKILL)
+    click.echo(TS_STOPPED if config.torchserve else f"mserve stopped (pid {pid})")
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            click.echo(f"mserve stopped (pid {pid})")
-            return
+            return True
         time.sleep(0.05)
-    click.echo(f"mserve: pid {pid} ignored SIGTERM for {STOP_WAIT_S:g} s; killing it", err=True)
-    os.kill(pid, signal.SIGKILL)
+    return False
 
 
 def _ts_config(flag: Path | None, environ: Mapping[str, str]) -> TsConfig | None:
@@ -289,29 +328,34 @@ def serve_main(
     more_models: tuple[str, ...],
 ) -> None:
     """Serve model archives (.mar) with TorchServe's REST APIs."""
+    invocation: Invocation = click.get_current_context().obj or Invocation()
     if show_version:
         from archiver import __version__
 
-        click.echo(f"mserve {__version__}")
+        where = " (in TorchServe's place)" if invocation.torchserve else ""
+        click.echo(f"mserve {__version__}{where}")
         return
     try:
+        flags: dict[str, Any] = {
+            "model_store": model_store,
+            "run_dir": run_dir,
+            "log_dir": log_dir,
+            "snapshot": False if no_snapshot else None,
+            "disable_token_authorization": True if disable_token_auth else None,
+            "enable_model_api": True if enable_model_api else None,
+        }
+        if invocation.torchserve:
+            flags.update(torchserve_flags(os.environ, log_dir))
+            if ts_config_file is None and not os.environ.get("TS_CONFIG_FILE") and start:
+                ts_config_file = None if no_snapshot else last_snapshot(flags)
         ts = _ts_config(ts_config_file, os.environ)
-        config = load_config(
-            config_file,
-            {
-                "model_store": model_store,
-                "run_dir": run_dir,
-                "log_dir": log_dir,
-                "snapshot": False if no_snapshot else None,
-                "disable_token_authorization": True if disable_token_auth else None,
-                "enable_model_api": True if enable_model_api else None,
-            },
-            ts_layers=list(ts.layers) if ts else None,
-        )
+        if ts is not None and invocation.torchserve:
+            flags["ts_properties"] = ts.properties
+        config = load_config(config_file, flags, ts_layers=list(ts.layers) if ts else None)
         if sum((start, stop, show_status)) != 1:
             _fail("say one of --start, --stop or --status (see mserve -h)", 2)
         if stop:
-            _stop(config)
+            _stop(config, wait=foreground or not invocation.torchserve)
             return
         if show_status:
             status = read_status(config.run_path) if running_pid(config.run_path) else None
@@ -338,10 +382,8 @@ def serve_main(
             _not_used("--plugins-path", plugins_path, "mserve loads no Java plugins")
             for warning in warnings if not foreground else ():  # foreground: logged below
                 click.echo(f"mserve: warning: {warning}", err=True)
-        pid = running_pid(config.run_path)
-        if pid is not None:
-            _fail(f"mserve is already running (pid {pid}, run dir {config.run_path})")
-        prefork = click.get_current_context().obj
+        _refuse_if_running(config)
+        prefork = invocation.prefork
         if not foreground:
             _start_daemon(config, startup, warnings, prefork)  # raises DaemonStarted once ready
         if prefork is not None:
@@ -351,13 +393,55 @@ def serve_main(
         _fail(exc.message)
 
 
-def main(argv: list[str] | None = None, prefork: Prefork | None = None) -> None:
+def _refuse_if_running(config: ServerConfig) -> None:
+    """A second server on one run dir is refused; one that is stopping (``torchserve --stop``
+    returns before it is gone, as TorchServe's does) is waited for, so that a stop and a start
+    in a row work."""
+    pid = running_pid(config.run_path)
+    if pid is not None and (read_status(config.run_path) or {}).get("state") == "stopping":
+        _wait_gone(pid, STOP_WAIT_S)
+        pid = running_pid(config.run_path)
+    if pid is None:
+        return
+    if config.torchserve:
+        click.echo(TS_ALREADY_RUNNING, err=True)
+        sys.exit(1)
+    _fail(f"mserve is already running (pid {pid}, run dir {config.run_path})")
+
+
+def torchserve_flags(environ: Mapping[str, str], log_dir: str | None) -> dict[str, Any]:
+    """What the ``torchserve`` command sets: TorchServe's layout, rooted in the folder it is
+    started from; its log folder from ``LOG_LOCATION`` (``--log-dir`` wins) and its metric
+    logs' from ``METRICS_LOCATION``, as TorchServe's launcher reads them."""
+    return {
+        "layout": "torchserve",
+        "start_dir": str(Path.cwd()),
+        "log_dir": log_dir or environ.get("LOG_LOCATION") or None,
+        "metrics_log_dir": environ.get("METRICS_LOCATION") or None,
+    }
+
+
+def last_snapshot(flags: Mapping[str, Any]) -> Path | None:
+    """TorchServe's newest config snapshot under ``<log folder>/config``, which a start
+    restores unless ``--ncs`` or a config file is named; None when there is none."""
+    from server.ts_config import find_newest_snapshot
+
+    try:
+        return find_newest_snapshot(Path(flags.get("log_dir") or "logs").expanduser() / "config")
+    except OSError:  # no snapshot folder: the first start
+        return None
+
+
+def main(
+    argv: list[str] | None = None, prefork: Prefork | None = None, torchserve: bool = False
+) -> None:
     """The ``mserve`` command: ``mserve ray ...`` deploys on Ray Serve
     (server/rayserve/cli.py); everything else is the server's, as TorchServe's flags.
     ``prefork``: the daemon-to-be, forked before this module was imported (server/entry.py);
-    unless ``--start`` hands it the start, it exits when this process does."""
+    unless ``--start`` hands it the start, it exits when this process does. ``torchserve``:
+    run as the ``torchserve`` command (TorchServe's layout)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if args and args[0] == "ray":
+    if args and args[0] == "ray" and not torchserve:
         if prefork is not None:
             prefork.cancel()
         from server.rayserve.cli import main as ray_main
@@ -365,7 +449,11 @@ def main(argv: list[str] | None = None, prefork: Prefork | None = None) -> None:
         ray_main(args[1:])
         return
     try:
-        serve_main.main(args=args, prog_name="mserve", obj=prefork)
+        serve_main.main(
+            args=args,
+            prog_name="torchserve" if torchserve else "mserve",
+            obj=Invocation(prefork, torchserve),
+        )
     except DaemonStarted:
         # ``mserve --start`` is done and the daemon runs on its own: nothing in this process
         # needs cleaning up, and Python's teardown of what it imported would add ~10 ms

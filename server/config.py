@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from server.errors import ConfigError
+from server.rundir import KEY_FILE
 from server.workers.environ import DEFAULT_DENY
 
 ENV_PREFIX = "MSERVE_"
@@ -48,6 +49,7 @@ class ModelEntry:
     settings: tuple[tuple[str, int | str], ...] = ()  # (archive model-config key, value) pairs
     default_version: bool = False
     mar_name: str | None = None
+    url: str | None = None  # mserve's modelUrl in a snapshot it wrote (server/ts_snapshot.py)
 
     def get(self, key: str) -> int | str | None:
         return next((v for k, v in self.settings if k == key), None)
@@ -108,7 +110,10 @@ def parse_model_entries(value: Any, key: str, source: str) -> tuple[ModelEntry, 
                 raise ConfigError(f"{where}: {name} {version} marName should be a file name")
             if key == "model_snapshot" and mar is None:
                 raise ConfigError(f"{where}: {name} {version} has no marName (the archive)")
-            out.append(ModelEntry(str(name), str(version), tuple(settings), default, mar))
+            url = params.get("modelUrl")
+            if url is not None and (not isinstance(url, str) or not url):
+                raise ConfigError(f"{where}: {name} {version} modelUrl should be a string")
+            out.append(ModelEntry(str(name), str(version), tuple(settings), default, mar, url))
     return tuple(out)
 
 
@@ -164,6 +169,19 @@ class ServerConfig:
     # "torchserve": TorchServe's log files (ts_log.log, access_log.log, model_log.log) in place
     # of ours (mserve.log, access.log), in TorchServe's line formats.
     log_layout: str = "mserve"
+    # "torchserve" (what the ``torchserve`` command runs; server/torchserve.py): every file where
+    # TorchServe writes it, relative to start_dir (the folder the server was started from):
+    # key_file.json there, the logs in log_dir (TorchServe's LOG_LOCATION, default logs/), the
+    # metric logs in metrics_log_dir (METRICS_LOCATION, default the log folder), config
+    # snapshots in <log folder>/config/ instead of <run_dir>/snapshot.json; TorchServe's
+    # defaults and answers (0 workers for a registration that names none, 500 for a handler
+    # that fails to load and for a timed-out batch, its 405 message); the server's console on
+    # the caller's terminal.
+    layout: str = "mserve"
+    start_dir: str | None = None
+    metrics_log_dir: str | None = None
+    # the properties file's own keys and values, as read (written back into the snapshots)
+    ts_properties: tuple[tuple[str, str], ...] = ()
     # Token authorization (server/auth.py): on unless disabled. Keys expire after
     # token_expiration_min, or the per-kind value when set; the paths that need no key (on the
     # inference and management ports); whether the metrics port wants the management key.
@@ -222,8 +240,35 @@ class ServerConfig:
         return Path(self.run_dir).expanduser().resolve()
 
     @property
+    def torchserve(self) -> bool:
+        return self.layout == "torchserve"
+
+    @property
+    def start_path(self) -> Path:
+        return Path(self.start_dir or ".").resolve()
+
+    @property
     def log_path(self) -> Path:
-        return Path(self.log_dir).expanduser().resolve() if self.log_dir else self.run_path / "logs"
+        if self.log_dir:
+            return (self.start_path / Path(self.log_dir).expanduser()).resolve()
+        return self.start_path / "logs" if self.torchserve else self.run_path / "logs"
+
+    @property
+    def metrics_log_path(self) -> Path:
+        """Where ts_metrics.log and model_metrics.log go (metrics_mode log)."""
+        if self.metrics_log_dir:
+            return (self.start_path / Path(self.metrics_log_dir).expanduser()).resolve()
+        return self.log_path
+
+    @property
+    def key_path(self) -> Path:
+        """key_file.json: TorchServe writes it in the folder it was started from."""
+        return (self.start_path if self.torchserve else self.run_path) / KEY_FILE
+
+    @property
+    def ts_snapshot_path(self) -> Path:
+        """TorchServe's config snapshot folder (its LOG_LOCATION/config)."""
+        return self.log_path / "config"
 
     @property
     def env_path(self) -> Path:
@@ -308,6 +353,7 @@ _AT_LEAST_ONE = frozenset(
 _CHOICES = {
     "metrics_mode": ("prometheus", "log", "legacy"),
     "log_layout": ("mserve", "torchserve"),
+    "layout": ("mserve", "torchserve"),
     "batch_wait": BATCH_WAITS,
     "service_envelope": ("", "kserve", "kservev2", "json", "body"),
 }
@@ -325,6 +371,8 @@ def _choice(key: str, value: str, source: str) -> str:
 
 def _coerce(key: str, value: Any, source: str) -> Any:
     """Convert ``value`` to the field's type; strings from env and flags are parsed."""
+    if key == "ts_properties":
+        return tuple((str(k), str(v)) for k, v in value)
     if key in ("models", "model_snapshot"):
         if value is None:
             return None if key == "model_snapshot" else ()
@@ -378,15 +426,21 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         raise ConfigError(f"{source}: '{key}' should be {expected}, found {value!r}") from None
 
 
+# Keys the CLI fills in (where the server was started, what the properties file said): not for
+# a config file or a variable to set.
+_SET_BY_THE_CLI = frozenset(("start_dir", "ts_properties"))
+
+
 def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:
     known = {f.name for f in fields(ServerConfig)}
     values: dict[str, Any] = {}
     for source, layer in layers:
         for key, value in layer.items():
-            if key not in known:
+            if key not in known or (key in _SET_BY_THE_CLI and source != "command line"):
                 name = f"{ENV_PREFIX}{key.upper()}" if source.startswith("environment") else key
                 raise ConfigError(
-                    f"{source}: unknown key '{name}'; known keys: {', '.join(sorted(known))}"
+                    f"{source}: unknown key '{name}'; known keys:"
+                    f" {', '.join(sorted(known - _SET_BY_THE_CLI))}"
                 )
             values[key] = _coerce(key, value, source)
     config = dataclasses.replace(ServerConfig(), **values)
@@ -494,4 +548,16 @@ def load_config(
         layers.append((f"config file {config_file}", load_yaml(config_file)))
     layers.append(("environment (MSERVE_*)", from_environ(env)))
     layers.append(("command line", {k: v for k, v in (flags or {}).items() if v is not None}))
-    return _merge(layers)
+    config = _merge(layers)
+    if config.torchserve:  # TorchServe's own defaults, below everything the user said
+        config = _merge([("TorchServe's defaults", TORCHSERVE_DEFAULTS), *layers])
+    return config
+
+
+# Where TorchServe's defaults differ from ours, the TorchServe layout takes TorchServe's
+# (docs/migration.md lists them with the key that restores ours).
+TORCHSERVE_DEFAULTS: Mapping[str, Any] = {
+    "log_layout": "torchserve",
+    "metrics_mode": "log",
+    "install_py_dep_per_model": False,
+}

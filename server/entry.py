@@ -40,8 +40,10 @@ class Prefork:
         self._go_w: int | None = go_w
 
     @classmethod
-    def start(cls) -> Prefork:
-        """Fork; in the child, wait for :meth:`hand_over` (never returns there)."""
+    def start(cls, keep_console: bool = False) -> Prefork:
+        """Fork; in the child, wait for :meth:`hand_over` (never returns there).
+        ``keep_console``: the child may become a daemon that writes to this process's stdout
+        and stderr (the TorchServe layout); it keeps copies of them until it knows."""
         go_r, go_w = os.pipe()
         ready_r, ready_w = os.pipe()
         sys.stdout.flush()
@@ -50,13 +52,14 @@ class Prefork:
         if pid == 0:
             os.close(go_w)
             os.close(ready_r)
-            _wait_for_start(go_r, ready_w)
+            console = (os.dup(1), os.dup(2)) if keep_console else None
+            _wait_for_start(go_r, ready_w, console)
         os.close(go_r)
         os.close(ready_w)
         return cls(pid, go_w, ready_r)
 
     def hand_over(self, config: ServerConfig, startup: list[StartupModel], warnings: list[str],
-                  out_path: Path) -> None:  # fmt: skip
+                  out_path: Path | None) -> None:  # fmt: skip
         """Tell the child to become the daemon serving this start."""
         import pickle
 
@@ -77,8 +80,9 @@ class Prefork:
             os.waitpid(self.pid, 0)
 
 
-def _wait_for_start(go_r: int, ready_w: int) -> NoReturn:
-    """The pre-forked child: import the server while the parent parses, then serve or exit."""
+def _wait_for_start(go_r: int, ready_w: int, console: tuple[int, int] | None) -> NoReturn:
+    """The pre-forked child: import the server while the parent parses, then serve or exit.
+    ``console``: copies of the parent's stdout and stderr, for a daemon that keeps them."""
     code = 0
     try:
         # the parent's output pipes must not wait for this process (a caller reads them to
@@ -105,6 +109,11 @@ def _wait_for_start(go_r: int, ready_w: int) -> NoReturn:
         if not chunks:
             os._exit(0)  # not a daemon start, or the CLI failed: nothing to do
         config, startup, warnings, out_path = pickle.loads(b"".join(chunks))
+        if console is not None and out_path is None:  # its output stays on the console
+            os.dup2(console[0], 1)
+            os.dup2(console[1], 2)
+        for fd in console or ():
+            os.close(fd)
         become_daemon(config, startup, warnings, out_path, ready_w, importing)
     except BaseException:  # Ctrl-C before the hand-over included: exit quietly
         code = 1
@@ -119,24 +128,25 @@ def become_daemon(
     config: ServerConfig,
     startup: list[StartupModel],
     warnings: list[str],
-    out_path: Path,
+    out_path: Path | None,
     ready_fd: int,
     importing: object = None,
 ) -> NoReturn:
     """This process (forked by ``mserve --start``) becomes the server: its own session, its
-    output to ``out_path``, never back into the CLI; it exits with the server's exit code.
-    ``importing``: a thread importing the server's modules meanwhile (joined before they are
-    needed)."""
+    output to ``out_path`` (None: it keeps its stdout and stderr, the caller's console), never
+    back into the CLI; it exits with the server's exit code. ``importing``: a thread importing
+    the server's modules meanwhile (joined before they are needed)."""
     code = 1
     try:
         os.setsid()
-        out = os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(out)
         os.close(devnull)
+        if out_path is not None:
+            out = os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(out)
         code = serve(config, startup, warnings, False, ready_fd, importing)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -185,3 +195,13 @@ def main() -> None:
     from server.cli import main as cli_main
 
     cli_main(args, prefork=prefork)
+
+
+def torchserve_main() -> None:
+    """The ``torchserve`` command (the opt-in ``mserve-torchserve`` package installs it): the
+    server in TorchServe's layout, so that replacing the package is the whole migration."""
+    args = sys.argv[1:]
+    prefork = Prefork.start(keep_console=True) if is_daemon_start(args) else None
+    from server.cli import main as cli_main
+
+    cli_main(args, prefork=prefork, torchserve=True)

@@ -71,6 +71,11 @@ class InvalidModel(MserveError):
     type = "InvalidModelException"
 
 
+class HandlerLoadFailed(InvalidModel):
+    """A worker could not load the model's handler (it raised, or did not answer within the
+    startup timeout): 400 here, TorchServe's 500 in its layout (:data:`TORCHSERVE_ANSWERS`)."""
+
+
 class ArchiveNotAllowed(MserveError):
     """A registration ``url`` outside the model store and the allowed paths."""
 
@@ -186,3 +191,18 @@ class DownloadTooLarge(DownloadFailed):
     """The archive behind a registration URL is over ``download_max_bytes``."""
 
     status = 413
+
+
+# Where TorchServe answers the same failure differently, the TorchServe layout answers as it
+# does (docs/migration.md): (status, type).
+TORCHSERVE_ANSWERS: dict[type[MserveError], tuple[int, str]] = {
+    HandlerLoadFailed: (500, "InternalServerException"),
+    WorkerTimeout: (500, "InternalServerException"),
+}
+
+
+def answer_as_torchserve() -> None:
+    """Switch this process's answers to TorchServe's (the TorchServe layout's server calls it
+    once at start, before any request): one table, applied where the classes define them."""
+    for cls, (status, kind) in TORCHSERVE_ANSWERS.items():
+        cls.status, cls.type = status, kind

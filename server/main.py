@@ -26,14 +26,15 @@ from typing import TYPE_CHECKING, Any
 import uvloop
 
 from archiver import __version__
-from server import snapshot
+from server import snapshot, ts_snapshot
 from server.accesslog import AccessLogFile
 from server.app import ManagementAPI
 from server.auth import Guard, Keys, read_key_file
 from server.config import ModelEntry, ServerConfig, grpc_tls, split_address
+from server.console import ConsoleHandler
 from server.devices import GpuAllocator, server_gpus
 from server.download import is_remote, recorded_url
-from server.errors import MserveError
+from server.errors import MserveError, answer_as_torchserve
 from server.handler_metrics import MetricsConfig, load_metrics_config
 from server.http import HttpServer
 from server.inference_api import InferenceAPI
@@ -41,7 +42,6 @@ from server.metrics import Metrics, MetricsAPI
 from server.model import ModelVersion
 from server.registry import RegisterRequest, Registry
 from server.rundir import (
-    KEY_FILE,
     LOCK_FILE,
     PID_FILE,
     SNAPSHOT_FILE,
@@ -89,7 +89,9 @@ class AlreadyRunning(MserveError):
     pass
 
 
-def setup_logging(config: ServerConfig, foreground: bool) -> None:
+def setup_logging(config: ServerConfig, foreground: bool) -> ConsoleHandler | None:
+    """The log files, and a console: stderr in the foreground; in the TorchServe layout, stdout
+    (TorchServe's console), daemon or not. The console handler, if any, is returned."""
     config.log_path.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
@@ -106,10 +108,15 @@ def setup_logging(config: ServerConfig, foreground: bool) -> None:
         main = _rotating(config.log_path / "mserve.log")
     main.setFormatter(fmt)
     root.addHandler(main)
-    if foreground:
+    if config.torchserve:
+        console: logging.Handler = ConsoleHandler(1)
+    elif foreground:
         console = logging.StreamHandler()
-        console.setFormatter(fmt)
-        root.addHandler(console)
+    else:
+        return None
+    console.setFormatter(fmt)
+    root.addHandler(console)
+    return console if isinstance(console, ConsoleHandler) else None
 
 
 _LOG4J_LEVELS = {"WARNING": "WARN", "CRITICAL": "FATAL"}
@@ -151,12 +158,15 @@ class TorchServeFormatter(logging.Formatter):
 
 class Server:
     def __init__(
-        self, config: ServerConfig, early: EarlyStart | None = None, ready_fd: int | None = None
-    ) -> None:
+        self, config: ServerConfig, early: EarlyStart | None = None, ready_fd: int | None = None,
+        console: ConsoleHandler | None = None,
+    ) -> None:  # fmt: skip
         """``early``: the templates started before the server imported itself (if not, they
-        start in :meth:`run`); ``ready_fd``: a pipe to write a byte to once ready."""
+        start in :meth:`run`); ``ready_fd``: a pipe to write a byte to once ready;
+        ``console``: the TorchServe layout's console (``Model server started.`` goes there)."""
         self.config = config
         self.ready_fd = ready_fd
+        self.console = console
         self.early = early or EarlyStart([], PreloadMemory(config.env_path), [])
         self.gpus = GpuAllocator(server_gpus(config.number_of_gpu, os.environ))
         worker_env = WorkerEnvironment.split(
@@ -170,7 +180,7 @@ class Server:
             load_metrics_config(Path(config.metrics_config))
             if config.metrics_config
             else MetricsConfig({}, None),
-            config.log_path,
+            config.metrics_log_path,
             gpus=self.gpus.devices,
         )
         self.registry = Registry(config, self.gpus, __version__, self.launcher, self.metrics)
@@ -357,8 +367,23 @@ class Server:
                 self.warnings.append(warning)
                 log.warning("%s", warning)
 
+    def _keep_snapshots(self) -> None:
+        """From now on, every change is saved: in ``<run_dir>/snapshot.json``, or as
+        TorchServe's config snapshots in the TorchServe layout (a ``-startup.cfg`` now, a
+        ``-snapshot.cfg`` per change, a ``-shutdown.cfg`` at stop)."""
+        config, registry = self.config, self.registry
+        if not config.snapshot:
+            return
+        if config.torchserve:
+            ts_snapshot.save(config, registry, "startup")
+            registry.on_change("snapshot", lambda: ts_snapshot.save(config, registry, "snapshot"))
+            return
+        path = config.run_path / SNAPSHOT_FILE
+        registry.on_change("snapshot", lambda: snapshot.save(registry, path))
+        registry.changed()
+
     async def restore_snapshot(self) -> None:
-        if not self.config.snapshot:
+        if not self.config.snapshot or self.config.torchserve:  # the latter: --ts-config's
             return
         requests, defaults = snapshot.load(self.config.run_path / SNAPSHOT_FILE)
         if not requests:
@@ -426,10 +451,9 @@ class Server:
             if not await self._until_stopped(self._start(models)):
                 log.info("stopping before the startup models finished loading")
                 return
-            if self.config.snapshot:
-                path = self.config.run_path / SNAPSHOT_FILE
-                self.registry.on_change("snapshot", lambda: snapshot.save(self.registry, path))
-                self.registry.changed()
+            self._keep_snapshots()
+            if self.console is not None:  # what TorchServe's launchers and tests wait for
+                self.console.say("Model server started.")
             self.state = "ready"
             self.registry.started = True
             self.write_status()
@@ -483,7 +507,7 @@ class Server:
             timeout = entry.get("responseTimeout")
             startup = entry.get("startupTimeout")
             request = RegisterRequest(
-                url=entry.mar_name or "",
+                url=entry.url or entry.mar_name or "",
                 model_name=entry.name,
                 batch_size=entry.get("batchSize"),
                 max_batch_delay_ms=entry.get("maxBatchDelay"),
@@ -557,6 +581,8 @@ class Server:
     async def shutdown(self) -> None:
         self.state = "stopping"
         self.write_status()
+        if self.config.torchserve and self.config.snapshot and self.registry.started:
+            ts_snapshot.save(self.config, self.registry, "shutdown")
         drain_s = self.config.shutdown_drain_s
         for listener in self.listeners:  # new requests get 503 and "Connection: close"
             listener.stop_accepting()
@@ -593,7 +619,7 @@ def _keys(config: ServerConfig) -> Keys:
     fixed = None
     if config.token_key_file:  # one key for every replica (a mounted Secret)
         fixed = read_key_file(Path(config.token_key_file).expanduser())
-    return Keys(config.run_path / KEY_FILE, {k: m * 60 for k, m in minutes.items()}, fixed=fixed)
+    return Keys(config.key_path, {k: m * 60 for k, m in minutes.items()}, fixed=fixed)
 
 
 def open_warning(urls: dict[str, str], model_api: bool) -> str | None:
@@ -660,7 +686,9 @@ def run_server(
     lock = hold_lock(config.run_path)
     if early is None:
         early = start_early(config, models)
-    setup_logging(config, foreground)
+    console = setup_logging(config, foreground)
+    if config.torchserve:
+        answer_as_torchserve()
     for warning in warnings or ():
         log.warning("%s", warning)
     pid_path = config.run_path / PID_FILE
@@ -674,7 +702,7 @@ def run_server(
     # workers run as this user: keep them from reading the secrets the deny-list withholds
     # out of /proc/<server pid>/environ
     hide_own_environ()
-    server = Server(config, early, ready_fd)
+    server = Server(config, early, ready_fd, console)
     try:
         # uvloop: libuv's loop reuses its read buffers and runs the HTTP path several times
         # faster than asyncio's default loop on this workload (see scripts/bench_server.py)
@@ -684,4 +712,6 @@ def run_server(
             path.unlink(missing_ok=True)
         server.said_ready()
         os.close(lock)
+        if console is not None:
+            console.close()
     return 0

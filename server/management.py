@@ -85,17 +85,22 @@ def batch_wait_param(params: Mapping[str, str]) -> str | None:
     )
 
 
-def check_model_api(enabled: bool, action: str) -> None:
+# TorchServe's words for a method its model API control refuses (the TorchServe layout's)
+TS_METHOD_NOT_ALLOWED = "Requested method is not allowed, please refer to API document."
+
+
+def check_model_api(enabled: bool, action: str, torchserve: bool = False) -> None:
     """TorchServe's model API control: registering and unregistering are refused unless the
     operator enabled them (``enable_model_api``). ``action``: "registering models" or
-    "unregistering models"."""
+    "unregistering models"; ``torchserve``: in TorchServe's words (its layout)."""
     if not enabled:
-        raise ModelApiDisabled(
+        message = TS_METHOD_NOT_ALLOWED if torchserve else (
             f"{action} through the API is disabled (model API control): start mserve with"
             " --enable-model-api or set enable_model_api to true; models given at start"
-            " (--models, load_models, the snapshot) load either way",
-            ("GET",) if action == "registering models" else ("GET", "PUT"),
+            " (--models, load_models, the snapshot) load either way"
         )  # fmt: skip
+        allowed = ("GET",) if action == "registering models" else ("GET", "PUT")
+        raise ModelApiDisabled(message, allowed)
 
 
 def models_page(
@@ -160,9 +165,16 @@ async def register_model(registry: Registry, params: Mapping[str, str]) -> Outco
         synchronous=bool_param(params, "synchronous", True),
         sha256=parse_sha256(params.get("sha256")),
         idle_unload_s=_seconds(int_param(params, "idle_unload_timeout")),
+        # TorchServe's layout: no initial_workers and none in the archive starts none
+        workers_default=0 if registry.config.torchserve else None,
     )
     model = await registry.register(req)
     workers = model.settings.min_workers
+    if workers == 0:  # TorchServe's words
+        return Outcome(
+            f'Model "{model.name}" Version: {model.version} registered with 0 initial workers.'
+            " Use scale workers API to add workers for the model."
+        )
     if req.synchronous:
         return Outcome(
             f'Model "{model.name}" Version: {model.version} registered with'
@@ -199,6 +211,8 @@ async def unregister_model(registry: Registry, name: str, version: str | None) -
         if not registry.forget_unrestored(name, version):
             raise
         return Outcome(f'Model "{name}" removed from the snapshot (it had failed to restore)')
+    if registry.config.torchserve:  # TorchServe's words
+        return Outcome(f'Model "{model.name}" unregistered')
     return Outcome(f'Model "{model.name}" version {model.version} unregistered')
 
 

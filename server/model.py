@@ -25,6 +25,7 @@ from server.batching import Job, JobQueue, QueueFull, gather_batch
 from server.devices import GpuPlan, shown_gpu_id, worker_env_for
 from server.errors import (
     HandlerError,
+    HandlerLoadFailed,
     InternalError,
     InvalidModel,
     LoadFailed,
@@ -281,7 +282,10 @@ class ModelVersion:
             raise ServiceUnavailable(f"model {self.label} has failed: {self.failed}")
         if not self.slots:
             if not self.loads_on_demand():
-                raise ServiceUnavailable(f"model {self.label} has no workers; scale it up first")
+                raise ServiceUnavailable(  # TorchServe's words
+                    f'Model "{self.name}" has no worker to serve inference request. Please use'
+                    " scale workers API to add workers."
+                )
             self._load_on_demand()
         self.last_used = time.monotonic()
         job = Job(item, self.queue.new_future())
@@ -353,7 +357,7 @@ class ModelVersion:
                     await worker.start(self.settings.startup_timeout_s, self.launcher)
                 except OSError as exc:  # the interpreter could not even be started
                     await worker.kill()
-                    raise InvalidModel(
+                    raise HandlerLoadFailed(
                         f"cannot start a worker for {self.label} with {self.python}: {exc}"
                     ) from exc
             except InvalidModel as exc:

@@ -70,6 +70,10 @@ class RegisterRequest:
     at_startup: bool = False
     sha256: str | None = None  # the archive's digest the registration pins (server/download.py)
     idle_unload_s: float | None = None  # 0: never (server/residency.py)
+    # min and max workers when neither the request nor the archive names them (TorchServe's
+    # layout: 0 for a registration through the API); None: the config's models entry, then
+    # default_workers_per_model
+    workers_default: int | None = None
 
 
 def effective_settings(
@@ -96,6 +100,8 @@ def effective_settings(
             values[name], sources[name] = api[name], "api"
         elif archive_config.get(archive_key) is not None:
             values[name], sources[name] = archive_config[archive_key], "archive"
+        elif name in ("min_workers", "max_workers") and request.workers_default is not None:
+            values[name], sources[name] = request.workers_default, "api"
         elif entry is not None and entry.get(archive_key) is not None:
             values[name], sources[name] = entry.get(archive_key), "models"
         else:

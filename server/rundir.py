@@ -28,6 +28,11 @@ class StartupModel:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o644) -> None:
+    """:func:`write_text_atomic` of ``data`` as indented JSON."""
+    write_text_atomic(path, json.dumps(data, indent=2), mode)
+
+
+def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     """Replace ``path`` so that a reader, a crash or a power cut finds the old file or the new
     one, never a mix: the data reaches the disk before the rename, the rename before return.
     ``mode`` is the file's from its creation (0o600 for secrets: never readable by others, not
@@ -36,7 +41,7 @@ def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o644) -> No
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()  # a crash's leftover may carry another mode
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w") as f:
-        f.write(json.dumps(data, indent=2))
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

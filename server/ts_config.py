@@ -26,7 +26,7 @@ from server.errors import ConfigError
 _WHITESPACE = " \t\f"
 _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
 _ENV_REF = re.compile(r"\$\$([^$]+[^$])\$\$")  # TorchServe's $$VAR$$ in a value
-_SNAPSHOT_NAME = re.compile(r"^(\d{17})-(startup|snapshot|shutdown)\.cfg$")
+SNAPSHOT_NAME = re.compile(r"^(\d{17})-(startup|snapshot|shutdown)\.cfg$")
 
 
 @dataclass(frozen=True)
@@ -127,15 +127,22 @@ def read_properties(path: Path) -> dict[str, Property]:
 def newest_snapshot(folder: Path) -> Path:
     """The newest ``<yyyyMMddHHmmssSSS>-<kind>.cfg`` in TorchServe's snapshot folder."""
     try:
-        names = [p for p in folder.iterdir() if _SNAPSHOT_NAME.match(p.name) and p.is_file()]
+        found = find_newest_snapshot(folder)
     except OSError as exc:
         raise ConfigError(f"cannot read TorchServe snapshot folder {folder}: {exc}") from exc
-    if not names:
+    if found is None:
         raise ConfigError(
             f"{folder} holds no TorchServe config snapshot (<timestamp>-snapshot.cfg,"
             " -startup.cfg or -shutdown.cfg)"
         )
-    return max(names, key=lambda p: p.name[:17])
+    return found
+
+
+def find_newest_snapshot(folder: Path) -> Path | None:
+    """As TorchServe picks its last snapshot: the newest by the time stamp in the name, of
+    any kind; None when there is none (``OSError`` when the folder cannot be read)."""
+    names = [p for p in folder.iterdir() if SNAPSHOT_NAME.match(p.name) and p.is_file()]
+    return max(names, key=lambda p: p.name[:17]) if names else None
 
 
 # --- what each key becomes ----------------------------------------------------------------
@@ -322,6 +329,8 @@ class TsConfig:
     layers: tuple[tuple[str, dict[str, Any]], ...]
     no_effect: tuple[str, ...]
     unknown: tuple[str, ...]
+    # every key as read (variables resolved): what a config snapshot writes back
+    properties: tuple[tuple[str, str], ...] = ()
 
     def warnings(self) -> list[str]:
         out = []
@@ -398,4 +407,7 @@ def load_ts_config(path: Path, environ: Mapping[str, str]) -> TsConfig:
             unknown.append(key)
     if "install_py_dep_per_model" not in values:  # TorchServe's default differs from ours
         layers.insert(0, (f"{path} (TorchServe's default)", {"install_py_dep_per_model": False}))
-    return TsConfig(path, tuple(layers), tuple(sorted(no_effect)), tuple(sorted(unknown)))
+    properties = tuple((key, value) for key, (value, _where) in values.items())
+    return TsConfig(
+        path, tuple(layers), tuple(sorted(no_effect)), tuple(sorted(unknown)), properties
+    )

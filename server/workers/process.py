@@ -27,7 +27,7 @@ import psutil
 from mserve_worker import protocol
 from mserve_worker.imports import valid_names
 from mserve_worker.protocol import Frame, Kind, MetricEntry, RequestItem, ResponseItem
-from server.errors import HandlerError, InvalidModel, WorkerDied, WorkerTimeout
+from server.errors import HandlerError, HandlerLoadFailed, WorkerDied, WorkerTimeout
 from server.workers.channel import Batch, BatchExpired, Channel, ChannelClosed
 from server.workers.launch import Launcher, Process
 
@@ -193,7 +193,7 @@ class Worker:
         await self._channel.drain()
 
     async def start(self, timeout_s: float, launcher: Launcher) -> None:
-        """Spawn, say INIT, wait for READY; raise ``InvalidModel`` with the worker's own error."""
+        """Spawn, say INIT, wait for READY; else ``HandlerLoadFailed`` with the worker's error."""
         parent, child = socket.socketpair()
         try:
             self._proc = await launcher.launch(
@@ -219,12 +219,12 @@ class Worker:
             imports = await asyncio.wait_for(self._handshake(), timeout_s)
         except asyncio.TimeoutError:
             await self.kill()
-            raise InvalidModel(
+            raise HandlerLoadFailed(
                 f"worker {self.id} of {self.model_label} did not load its handler within"
                 f" startup_timeout_s={timeout_s:g}"
             ) from None
         except WorkerDied as exc:
-            raise InvalidModel(
+            raise HandlerLoadFailed(
                 f"{exc.message} while loading; last output:\n{self.tail()}"
             ) from None
         if imports is not None:
@@ -238,17 +238,17 @@ class Worker:
         reports them (None when it does not, or says something that is no list of names)."""
         hello = await self._next_frame()
         if hello.kind != Kind.HELLO or hello.meta.get("protocol") != protocol.PROTOCOL_VERSION:
-            raise InvalidModel(f"worker {self.id} spoke an unexpected protocol: {hello.meta}")
+            raise HandlerLoadFailed(f"worker {self.id} spoke an unexpected protocol: {hello.meta}")
         await self._send(Frame(Kind.INIT, self.spec.init))
         reply = await self._next_frame()
         if reply.kind == Kind.LOAD_FAILED:
             await self.stop(2.0)
-            raise InvalidModel(
+            raise HandlerLoadFailed(
                 f"handler of {self.model_label} failed to load: {reply.meta.get('error')}\n"
                 f"{reply.meta.get('traceback', '')}".rstrip()
             )
         if reply.kind != Kind.READY:
-            raise InvalidModel(f"worker {self.id} sent {reply.kind!r} instead of READY")
+            raise HandlerLoadFailed(f"worker {self.id} sent {reply.kind!r} instead of READY")
         self._channel.start_serving()
         self.load_s = reply.meta.get("load_s")
         self.load_ms = (time.time() - self.started_at) * 1000

@@ -319,7 +319,9 @@ def test_other_models_serve_while_a_slow_download_shows_its_progress(
     finally:
         route.release.set()
         thread.join(timeout=30)
-    assert result == [(200, {"status": 'Model "slow" Version: 1.0 registered with 0 initial workers'})]  # fmt: skip
+    assert result == [(200, {"status": 'Model "slow" Version: 1.0 registered with 0 initial'
+                                       " workers. Use scale workers API to add workers for the"
+                                       " model."})]  # fmt: skip
     assert f"downloading {url} ({total} MB)" in log_text(server)
     assert server.manage("GET", "/models/slow").json()[0]["modelVersion"] == "1.0"
 

@@ -1,0 +1,136 @@
+"""TorchServe's config snapshots, written as TorchServe writes them (the TorchServe layout).
+
+TorchServe keeps its state in ``<LOG_LOCATION>/config/<yyyyMMddHHmmssSSS>-<kind>.cfg``: a
+``java.util.Properties`` file holding its whole config plus ``model_snapshot``, a JSON object
+with each model version's settings. It writes ``-startup.cfg`` once the startup models are up,
+``-snapshot.cfg`` on every management change and ``-shutdown.cfg`` at stop, and the next start
+reads the newest (server/ts_config.py reads them; ``--ncs`` skips both). Writing the same files
+lets a fleet move between TorchServe and mserve in either direction, and keeps the scripts that
+copy or inspect them working.
+
+Per version we write TorchServe's fields (``defaultVersion``, ``marName``, ``minWorkers``,
+``maxWorkers``, ``batchSize``, ``maxBatchDelay``, ``responseTimeout``, ``startupTimeout``,
+``runtimeType``) and two of ours that TorchServe ignores: ``batchWait``, and ``modelUrl`` where
+the archive is not a file of the model store (TorchServe would look for ``marName`` there).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from server.rundir import write_text_atomic
+
+if TYPE_CHECKING:
+    from server.config import ServerConfig
+    from server.registry import Registry
+
+log = logging.getLogger(__name__)
+
+KINDS = ("startup", "snapshot", "shutdown")
+# The newest files kept: TorchServe adds one per management call and never prunes (a server
+# scaled by an autoscaler every minute fills a disk); the oldest beyond this go.
+KEEP_FILES = 500
+_JAVA_SPECIALS = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\f": "\\f", "\\": "\\\\",
+                  "=": "\\=", ":": "\\:", "#": "\\#", "!": "\\!"}  # fmt: skip
+
+
+def _escape(text: str, key: bool) -> str:
+    """As ``Properties.store`` escapes: the separators, comment marks and control characters
+    everywhere; spaces everywhere in a key, only a leading one in a value."""
+    out = []
+    for i, char in enumerate(text):
+        if char == " " and (key or i == 0):
+            out.append("\\ ")
+        else:
+            out.append(_JAVA_SPECIALS.get(char, char))
+    return "".join(out)
+
+
+def properties_text(items: Iterable[tuple[str, str]], now: float) -> str:
+    """A properties file as Java's ``Properties.store(writer, "Saving snapshot")`` writes it."""
+    stamp = time.strftime("%a %b %d %H:%M:%S %Z %Y", time.localtime(now))
+    lines = ["#Saving snapshot", f"#{stamp}"]
+    lines += [f"{_escape(k, True)}={_escape(v, False)}" for k, v in items]
+    return "\n".join(lines) + "\n"
+
+
+def model_state(registry: Registry) -> dict[str, dict[str, dict[str, Any]]]:
+    """``models`` of TorchServe's snapshot object: name -> version -> settings."""
+    store = registry.config.store_path
+    models: dict[str, dict[str, dict[str, Any]]] = {}
+    for mv in registry.all():
+        s = mv.settings
+        mar = mv.url.rstrip("/").rsplit("/", 1)[-1]
+        state: dict[str, Any] = {
+            "defaultVersion": registry.defaults.get(mv.name) == mv.version,
+            "marName": mar,
+            "minWorkers": s.min_workers,
+            "maxWorkers": s.max_workers,
+            "batchSize": s.batch_size,
+            "maxBatchDelay": s.max_batch_delay_ms,
+            "responseTimeout": round(s.response_timeout_s),
+            "startupTimeout": round(s.startup_timeout_s),
+            "runtimeType": mv.manifest.get("runtime") or "python",
+            "batchWait": s.batch_wait,
+        }
+        if store is None or mv.url != mar or not (store / mar).is_file():
+            state["modelUrl"] = mv.url
+        models.setdefault(mv.name, {})[mv.version] = state
+    return models
+
+
+def snapshot_properties(
+    config: ServerConfig, registry: Registry, name: str
+) -> list[tuple[str, str]]:
+    """The config TorchServe would record: the properties file the server started from (its
+    keys as written), the addresses and store in effect, and ``model_snapshot``."""
+    props = dict(config.ts_properties)
+    for key in ("inference_address", "management_address", "metrics_address"):
+        value = getattr(config, key)
+        props[key] = value if "://" in value else f"http://{value}"
+    if config.store_path is not None:
+        props["model_store"] = str(config.store_path)
+    models = model_state(registry)
+    snapshot = {"name": name, "modelCount": sum(len(v) for v in models.values()),
+                "created": int(time.time() * 1000), "models": models}  # fmt: skip
+    props["model_snapshot"] = json.dumps(snapshot, indent=2)
+    props.pop("load_models", None)  # the snapshot's models replace it at the next start
+    return sorted(props.items())
+
+
+def save(config: ServerConfig, registry: Registry, kind: str) -> Path | None:
+    """Write one ``<timestamp>-<kind>.cfg`` (a name already taken moves on a millisecond, so
+    two changes in one millisecond both count); an error is logged, not raised: the models
+    serve on regardless."""
+    folder = config.ts_snapshot_path
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        millis = int(now * 1000)
+        while True:
+            stamp = time.strftime("%Y%m%d%H%M%S", time.localtime(millis / 1000))
+            name = f"{stamp}{millis % 1000:03d}-{kind}.cfg"
+            path = folder / name
+            if not path.exists():
+                break
+            millis += 1
+        text = properties_text(snapshot_properties(config, registry, name), now)
+        write_text_atomic(path, text)
+        _prune(folder)
+    except OSError as exc:
+        log.error("could not write the TorchServe config snapshot in %s: %s", folder, exc)
+        return None
+    return path
+
+
+def _prune(folder: Path) -> None:
+    from server.ts_config import SNAPSHOT_NAME
+
+    names = sorted(p.name for p in folder.iterdir() if SNAPSHOT_NAME.match(p.name))
+    for old in names[:-KEEP_FILES]:
+        (folder / old).unlink(missing_ok=True)
