@@ -4,6 +4,8 @@
 # 1.0.3) are installed by the tests themselves into .cache/compat on first use.
 set -euo pipefail
 . "$(dirname "$0")/venv.sh" test
+# the opt-in `torchserve` and `torch-model-archiver` commands (tests/server/test_torchserve_layout.py)
+python -m pip install --quiet --no-deps ./compat/torchserve
 # The handler-style, built-in handler and example tests run real torch models. torch is pinned:
 # a bare `torch` may pull a multi-GB CUDA build.
 echo "==> installing torch, numpy, pillow for the model tests"

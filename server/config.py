@@ -89,7 +89,9 @@ def parse_model_entries(value: Any, key: str, source: str) -> tuple[ModelEntry, 
                     raise ConfigError(
                         f"{where}: {name} {version} {param} should be an integer, found {raw!r}"
                     ) from None
-                if number > 0:
+                # a snapshot's 0 workers is a count (TorchServe restores it as such)
+                kept_zero = key == "model_snapshot" and param in ("minWorkers", "maxWorkers")
+                if number > 0 or (number == 0 and kept_zero):
                     settings.append((param, number))
             wait = params.get("batchWait")
             if wait is not None:
