@@ -9,7 +9,9 @@ module are dropped, as those servers do):
 
 ``module:function``
     ``function(data, context)`` is called once with ``data=None`` at load, so that it can
-    initialise, then once per batch. Style ``module-function``.
+    initialise, then once per batch. Style ``module-function``. When the module has no
+    attribute of that name but defines exactly one handler class, that class is used instead,
+    as TorchServe's loader does (``handler.py:handle`` over a file holding only a class).
 ``module:Class``
     ``Class()`` is created with no arguments, ``initialize(context)`` is called when defined, and
     ``instance.handle`` serves batches. Style ``handler-class``.
@@ -47,6 +49,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import inspect
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -71,6 +74,7 @@ _NEEDS = (
 # Top-level import names of mserve itself, which share sys.path with the model's files.
 _OWN_PACKAGES = ("mserve_worker",)
 _FORMS = "expected module, module:function or pkg.module:Class"
+_log = logging.getLogger(__name__)
 
 
 class HandlerLoadError(Exception):
@@ -143,13 +147,11 @@ def load_handler(
             if target is None:
                 return _adapter(HOOKS).load(module, module, context)
             attribute = target.__name__
-    else:
-        if not hasattr(module, attribute):
-            raise HandlerLoadError(
-                f"module {module_name!r} has no attribute {attribute!r}; "
-                f"it defines: {_describe_callables(module)}"
-            )
+    elif hasattr(module, attribute):
         target = getattr(module, attribute)
+    else:
+        target = _class_in_place_of(module, attribute, style)
+        attribute = target.__name__
     return _wrap(target, f"{module_name}:{attribute}", module, context, style)
 
 
@@ -298,17 +300,47 @@ def _class_styles(cls: type) -> list[str]:
     return styles
 
 
-def _only_class(module: Any, style: str | None) -> type | None:
-    """The one handler class the module defines; None when it has none but looks like hooks."""
+def _handler_classes(module: Any, style: str | None) -> list[type]:
+    """The classes defined in ``module`` that fit ``style`` (any style when None)."""
     defined = [value for _, value in _defined_here(module) if inspect.isclass(value)]
     if style:
-        classes = [cls for cls in defined if style in _class_styles(cls)]
-    else:
-        classes = [cls for cls in defined if _class_styles(cls)]
-        if not classes and not _adapter(HOOKS).claims(module):
-            # A half-written handler class (initialize, no handle): load it to say what it lacks.
-            # In a hooks file such a class is a helper, and the module loads as hooks.
-            classes = [cls for cls in defined if hasattr(cls, "initialize")]
+        return [cls for cls in defined if style in _class_styles(cls)]
+    classes = [cls for cls in defined if _class_styles(cls)]
+    if not classes and not _adapter(HOOKS).claims(module):
+        # A half-written handler class (initialize, no handle): load it to say what it lacks.
+        # In a hooks file such a class is a helper, and the module loads as hooks.
+        classes = [cls for cls in defined if hasattr(cls, "initialize")]
+    return classes
+
+
+def _class_in_place_of(module: Any, attribute: str, style: str | None) -> type:
+    """TorchServe's fallback for ``module:name`` when the module has no ``name``: its one
+    handler class. Archives made for TorchServe name ``handler.py:handle`` over a file that
+    defines only a class, and TorchServe serves them."""
+    classes = _handler_classes(module, style)
+    if len(classes) == 1:
+        _log.info(
+            "module %r has no %r; using its one handler class %s instead, as TorchServe does",
+            module.__name__,
+            attribute,
+            classes[0].__name__,
+        )
+        return classes[0]
+    found = (
+        f"it defines {len(classes)} handler classes ({', '.join(c.__name__ for c in classes)}); "
+        f"name one, e.g. '{module.__name__}:{classes[0].__name__}'"
+        if classes
+        else f"it defines: {_describe_callables(module)}"
+    )
+    raise HandlerLoadError(
+        f"module {module.__name__!r} has no attribute {attribute!r}, and no single handler "
+        f"class to use in its place; {found}"
+    )
+
+
+def _only_class(module: Any, style: str | None) -> type | None:
+    """The one handler class the module defines; None when it has none but looks like hooks."""
+    classes = _handler_classes(module, style)
     if len(classes) == 1:
         return classes[0]
     if not classes:

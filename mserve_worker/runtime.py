@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from . import compat, proctitle, streaming
+from . import compat, proctitle, stand_ins, streaming
 from .context import Context, Metrics
 from .imports import loaded_packages
 from .loader import HandlerLoadError, LoadedHandler, load_handler
@@ -388,13 +388,21 @@ def _load(init: dict, channel: Channel) -> tuple | None:
     model_dir = init["model_dir"]
     sys.path.insert(0, model_dir)  # under -I nothing else puts the model on the path
     compat.install(after=model_dir)  # `import ts...` finds ours, before any installed torchserve
+    stand_ins.install()  # `import mlrun` / `redhareapi` find ours only where they are missing
+    log = logging.getLogger("mserve_worker")
     shadowed = compat.shadowed_torchserve()
     if shadowed is not None:
-        logging.getLogger("mserve_worker").info(
+        log.info(
             "torchserve %s is installed in this environment; handlers importing ts.* get "
             "mserve's ts (docs/handlers.md)",
             shadowed,
         )
+    for name, where in stand_ins.real_packages():
+        log.info(
+            "%s is installed (%s); handlers importing %s get that package, not mserve's "
+            "stand-in, which is used only where %s is missing (docs/handlers.md)",
+            name, where, name, name,
+        )  # fmt: skip
     os.chdir(model_dir)
     context = Context(
         model_name=init["model_name"],

@@ -1,6 +1,7 @@
 """A model kernel for mserve: a linear classifier over four measurements (iris-like).
 
-Written as kernel files are for other inference services; only the import line is mserve's.
+Written as kernel files are for other inference services, unedited: inside mserve's workers
+``redhareapi`` provides ``Kernel``.
 The class names come from the model config's kernel attributes.
 """
 
@@ -8,9 +9,8 @@ import json
 import os
 
 import torch
+from redhareapi import Kernel
 from torch import nn
-
-from mserve_worker.sdk.kernel import Kernel
 
 
 class IrisKernel(Kernel):

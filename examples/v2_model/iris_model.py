@@ -1,14 +1,14 @@
 """An iris classifier as a v2 model class: load() reads the model, predict() answers requests.
 
-Written as for mlrun's model server; moving it to mserve changed only the import line below
-(it was ``from mlrun.serving.v2_serving import V2ModelServer``).
+Written as for mlrun's model server, unedited: inside mserve's workers ``mlrun.serving`` provides
+``V2ModelServer``.
 """
 
 # ruff: noqa: B905  (model environments may be Python 3.8, whose zip() has no strict=)
 import json
 import math
 
-from mserve_worker.sdk.v2_model import V2ModelServer
+from mlrun.serving.v2_serving import V2ModelServer
 
 
 class IrisClassifier(V2ModelServer):

@@ -3,14 +3,14 @@
 Runs inside worker processes, in each model's own environment: standard library only at import
 time (torch, numpy and Pillow are imported by the handlers that need them, when they load).
 Handlers written for TorchServe need no edit: their ``ts.*`` imports resolve to these modules
-through ``mserve_worker/compat/ts``. Handlers written for other servers change only their import
-line:
+through ``mserve_worker/compat/ts``. Kernel files and mlrun model classes need none either: where
+the model's environment lacks the real package, ``mserve_worker.stand_ins`` resolves
 
 =========================================  ===============================================
-they imported                              import instead
+their import                               to
 =========================================  ===============================================
 ``redhareapi`` (``Kernel``)                ``mserve_worker.sdk.kernel``
-``mlrun.serving.v2_serving``               ``mserve_worker.sdk.v2_model`` (or ``.v2_serving``)
+``mlrun.serving[.v2_serving]``             ``mserve_worker.sdk.v2_model``
 =========================================  ===============================================
 
 Hooks files import nothing: their functions are found by name (see :mod:`.hooks`; the drivers

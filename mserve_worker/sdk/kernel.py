@@ -1,8 +1,9 @@
 """Kernel style: a ``Kernel`` subclass with ``on_kernel_start`` / ``on_task_invoke`` /
 ``on_kernel_shutdown``, for kernel files written for another inference service (kernel-file.txt).
 
-A kernel file changes only its import line: ``from redhareapi import Kernel`` becomes
-``from mserve_worker.sdk.kernel import Kernel``. Its lifecycle maps onto the worker's:
+A kernel file runs unedited: inside a worker ``from redhareapi import Kernel`` gives this
+``Kernel`` (see :mod:`mserve_worker.stand_ins`), also importable as
+``mserve_worker.sdk.kernel``. Its lifecycle maps onto the worker's:
 
 - load: the class is created with no arguments and ``on_kernel_start(kernel_context)`` runs once;
   :class:`KernelContext` gives the worker id and a JSON model description.

@@ -1,9 +1,11 @@
 """V2 model-server style: classes with ``load()`` and ``predict(request)``
 (mlrun-v2-model-server.txt).
 
-A model class written for that contract changes only its import line::
+A model class written for that contract runs unedited: inside a worker
+``from mlrun.serving import V2ModelServer`` gives this class (see
+:mod:`mserve_worker.stand_ins`), also importable from here::
 
-    from mserve_worker.sdk.v2_model import V2ModelServer
+    from mlrun.serving import V2ModelServer
 
     class MyModel(V2ModelServer):
         def load(self):

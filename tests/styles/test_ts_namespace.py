@@ -125,6 +125,28 @@ def test_installed_torchserve_is_shadowed_and_logged(make_archive, start_server,
     assert json.dumps(described).count("environment") >= 1  # it ran in its own environment
 
 
+def test_a_named_function_falls_back_to_the_one_class(make_archive, start_server) -> None:
+    """TorchServe serves ``handler.py:handle`` over a file that defines only a handler class
+    (``ts/model_loader.py``); so do we, and the worker says which class it took."""
+    make_archive("cls_handler", f"{HANDLERS / 'cls_handler' / 'cls_handler.py'}:handle", "upper")
+    make_archive("multi_cls", f"{HANDLERS / 'multi_cls' / 'multi.py'}:handle", "multi")
+    server = start_server("upper=upper.mar")
+    reply = server.predict("upper", "shout")
+    assert (reply.status, reply.body) == (200, b"SHOUT")
+    log = server.run_dir / "logs" / "mserve.log"
+    line = "module 'cls_handler' has no 'handle'; using its one handler class UpperHandler " \
+           "instead, as TorchServe does"  # fmt: skip
+    wait_until(lambda: line in log.read_text(), 10, "the fallback log line")
+
+    failed = server.manage("POST", "/models?url=multi.mar&synchronous=true")
+    assert failed.status >= 400
+    assert (
+        "handler of multi:1.0 failed to load: module 'multi' has no attribute 'handle', and no "
+        "single handler class to use in its place; it defines 2 handler classes "
+        "(FirstHandler, SecondHandler)"
+    ) in failed.json()["message"]
+
+
 # In process: the ts modules as a worker imports them (compat folder on sys.path).
 
 

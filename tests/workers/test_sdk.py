@@ -123,7 +123,11 @@ def test_empty_batch_does_not_reach_the_handler(load: Loader) -> None:
     assert sys.modules["echo"].CALLS == [("init", "m")]
 
 
-@pytest.mark.parametrize("handler", ["cls_handler", "cls_handler:UpperHandler"])
+@pytest.mark.parametrize(
+    "handler",
+    # the last: TorchServe's fallback from a function the module lacks to its one class
+    ["cls_handler", "cls_handler:UpperHandler", "cls_handler.py:handle"],
+)
 def test_handler_class_is_created_and_initialised_once(load: Loader, handler: str) -> None:
     ctx = make_context(HANDLERS / "cls_handler", model_name="upper")
     loaded = load(handler, HANDLERS / "cls_handler", ctx)
@@ -211,6 +215,16 @@ def test_several_handler_classes_are_named(load: Loader) -> None:
     )
 
 
+def test_no_fallback_class_among_several(load: Loader) -> None:
+    with pytest.raises(HandlerLoadError) as caught:
+        load("multi.py:handle", HANDLERS / "multi_cls")
+    assert str(caught.value) == (
+        "module 'multi' has no attribute 'handle', and no single handler class to use in its "
+        "place; it defines 2 handler classes (FirstHandler, SecondHandler); name one, e.g. "
+        "'multi:FirstHandler'"
+    )
+
+
 def test_import_error_inside_the_handler_surfaces_as_itself(load: Loader) -> None:
     with pytest.raises(ModuleNotFoundError) as caught:
         load("broken", HANDLERS / "bad_import")
@@ -264,7 +278,10 @@ def test_missing_attribute_lists_what_the_module_defines(load: Loader, tmp_path:
     )
     with pytest.raises(HandlerLoadError) as caught:
         load("h:fn", model)
-    assert str(caught.value) == "module 'h' has no attribute 'fn'; it defines: handle, Net"
+    assert str(caught.value) == (
+        "module 'h' has no attribute 'fn', and no single handler class to use in its place; "
+        "it defines: handle, Net"
+    )
 
 
 def test_not_callable_entry_point(load: Loader) -> None:

@@ -1,4 +1,4 @@
-"""A v2 model class in mlrun's documented form; only the import line names mserve.
+"""A v2 model class in mlrun's documented form, unedited (``mlrun.serving`` is mserve's stand-in).
 
 The model is a pickled dict of linear weights (the test writes it with a fixed seed) and a
 labels file shipped as an extra file; ``threshold`` comes from the model config's ``params``.
@@ -9,8 +9,7 @@ import os
 import pickle
 
 import numpy as np
-
-from mserve_worker.sdk.v2_model import V2ModelServer
+from mlrun.serving import V2ModelServer
 
 
 class LinearModel(V2ModelServer):
