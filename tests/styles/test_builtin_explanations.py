@@ -207,11 +207,10 @@ def test_text_classifier_explains_word_importances(start_server, store, tmp_path
     assert server.predict("noemb", text).status == 200  # predictions never needed it
 
 
-def test_without_captum_predictions_work_and_explanations_say_what_to_install(
-    start_server, store, tmp_path
-) -> None:
+def test_without_captum_and_with_own_insights(start_server, store, tmp_path) -> None:
     cnn_archive(store, tmp_path, "nocaptum", str(CNN / "no_captum_handler.py"))
-    server = start_server("nocaptum=nocaptum.mar")
+    cnn_archive(store, tmp_path, "own", str(CNN / "own_insights_handler.py"))
+    server = start_server("nocaptum=nocaptum.mar", "own=own.mar")
     png = noise_png(6)
 
     assert server.predict("nocaptum", png, headers=PNG).status == 200
@@ -225,3 +224,8 @@ def test_without_captum_predictions_work_and_explanations_say_what_to_install(
         "torch" in message
     )
     assert "Traceback" not in message
+
+    # A subclass's own get_insights is what /explanations calls.
+    reply = explain(server, "own", png, PNG, "?target=4")
+    assert reply.status == 200, reply.body
+    assert reply.json() == {"own": True, "target": 4, "shape": [3, 224, 224]}
