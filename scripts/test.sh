@@ -8,8 +8,10 @@ set -euo pipefail
 python -m pip install --quiet --no-deps ./compat/torchserve
 # The handler-style, built-in handler and example tests run real torch models. torch is pinned:
 # a bare `torch` may pull a multi-GB CUDA build.
-echo "==> installing torch, numpy, pillow for the model tests"
-python -m pip install --quiet "torch==2.13.0" "numpy>=1.24" "pillow>=10.0"
+# captum: the built-in handlers' explanations (tests/styles/test_builtin_explanations.py). Here and
+# not in the test extra: it requires torch, so the extra would pull a bare torch before this pin.
+echo "==> installing torch, numpy, pillow, captum for the model tests"
+python -m pip install --quiet "torch==2.13.0" "numpy>=1.24" "pillow>=10.0" "captum>=0.7"
 # The worker runtime must keep working on old Pythons inside model environments; test it on 3.8
 # when this machine has one (pyenv installs it under ~/.pyenv/versions).
 if [ -z "${OLD_PYTHON_FOR_WORKER_TESTS:-}" ]; then

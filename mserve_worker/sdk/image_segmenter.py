@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .base_handler import BaseHandler
 from .vision import IMAGENET_MEAN, IMAGENET_STD, VisionHandler
 
 
@@ -21,6 +22,10 @@ class ImageSegmenter(VisionHandler):
     crop_size = 224
     mean = IMAGENET_MEAN
     std = IMAGENET_STD
+
+    # Integrated gradients need one score per class, not per-pixel scores: /explanations says this
+    # handler does not explain (TorchServe's inherits one that fails inside captum).
+    get_insights = BaseHandler.get_insights
 
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(data, list):

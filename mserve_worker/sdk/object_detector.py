@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base_handler import label_of
+from .base_handler import BaseHandler, label_of
 from .vision import VisionHandler
 
 
@@ -21,6 +21,10 @@ class ObjectDetector(VisionHandler):
 
     threshold = 0.5
     handler_options = (*VisionHandler.handler_options, "threshold")
+
+    # Integrated gradients need one score per class, not detections: /explanations says this
+    # handler does not explain (TorchServe's inherits one that fails inside captum).
+    get_insights = BaseHandler.get_insights
 
     def postprocess(self, data: Any) -> list[Any]:
         results = []

@@ -11,6 +11,8 @@ vocab with ``get_stoi()`` or ``stoi``) or ``vocab.json`` (a dict, or a list of t
 tokens take the index of ``<unk>`` when the vocabulary has one and are dropped otherwise. Each
 request gets one ``{label: probability}`` object over all classes, named through
 ``index_to_name.json``. Unlike TorchServe's (which reads only the first request), it batches.
+``/explanations`` answers captum's layer integrated gradients over ``model.embedding`` per request,
+in TorchServe's shape (see ``get_insights``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .base_handler import (
     map_class_to_label,
     request_input,
 )
+from .insights import checked_target
 from .text_handler import SOURCE_VOCAB, TextHandler
 
 VOCAB_JSON = "vocab.json"
@@ -40,6 +43,8 @@ class TextClassifier(TextHandler):
     handler_options = ("ngrams",)
     vocab: dict[str, int] | None = None
     unknown_index: int | None = None
+    # The words of each request preprocess accepted, for the explanations' "words".
+    words: list[list[str]] | None = None
 
     def initialize(self, context: Any) -> None:
         BaseHandler.initialize(self, context)
@@ -52,6 +57,7 @@ class TextClassifier(TextHandler):
 
         ids: list[int] = []
         offsets: list[int] = []
+        self.words = []
         for idx, row in enumerate(data):
             try:
                 text = request_text(request_input(row))
@@ -59,7 +65,9 @@ class TextClassifier(TextHandler):
                 self.reject(idx, str(exc))
                 continue
             offsets.append(len(ids))
-            ids.extend(self.token_ids(self.tokenize(self.normalize(text))))
+            text = self.normalize(text)
+            self.words.append(self._tokenize(text))
+            ids.extend(self.token_ids(self.tokenize(text)))
         if not offsets:
             return None
         as_long = {"dtype": torch.int64, "device": self.device}
@@ -97,6 +105,37 @@ class TextClassifier(TextHandler):
         import torch
 
         return map_class_to_label(torch.softmax(data, dim=1).tolist(), self.mapping, None)
+
+    def get_insights(self, text_preprocess: Any, raw_data: Any, target: Any = 0) -> Any:
+        """TorchServe's answer, for each request: ``{"importances": ..., "words": ...}``, the
+        layer integrated gradients of the ``target`` class's score at the embedding layer's
+        output (from an all-index-0 reference, as captum's ``TokenReferenceBase()``), through
+        ``summarize_attributions``, and the request's words (without n-grams). An
+        ``EmbeddingBag`` model's embedding output is one row per request, so its importances
+        are ``[[one per embedding dimension]]``, as in TorchServe."""
+        import torch
+
+        token_ids, offsets = text_preprocess
+        lig = self.lig
+        bag = torch.zeros(1, dtype=torch.int64, device=self.device)  # each request alone
+        starts = [*offsets.tolist(), len(token_ids)]
+        words = self.words if self.words and len(self.words) == len(offsets) else None
+        with torch.no_grad():
+            scores = self.model(token_ids[: starts[1]], bag)
+        target = checked_target(target, int(scores.shape[-1]))
+        results = []
+        for i in range(len(offsets)):
+            ids = token_ids[starts[i] : starts[i + 1]]
+            attributions = lig.attribute(
+                ids, torch.zeros_like(ids), additional_forward_args=(bag,), target=target
+            )
+            results.append(
+                {
+                    "importances": self.summarize_attributions(attributions).tolist(),
+                    "words": self.get_word_token(words[i]) if words else [],
+                }
+            )
+        return results
 
 
 def request_text(value: Any) -> str:

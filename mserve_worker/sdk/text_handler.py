@@ -4,7 +4,9 @@ A handler that subclassed TorchServe's ``TextHandler`` keeps calling ``_remove_h
 ``_expand_contractions``, ``_remove_accented_characters``, ``_remove_punctuation`` and
 ``_tokenize`` (torchtext's ``basic_english`` rules, without torchtext), and reads
 ``self.source_vocab`` (the archive's ``source_vocab.pt`` as ``torch.load`` returns it, or
-``vocab.json``). Each step gives what TorchServe's gives for the same text.
+``vocab.json``). Each step gives what TorchServe's gives for the same text. ``self.lig`` is captum's
+``LayerIntegratedGradients`` over the model's ``embedding`` layer, as TorchServe's, made (and captum
+imported) when first used.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import unicodedata
 from typing import Any
 
 from .base_handler import BaseHandler, ModelLoadError
+from .insights import captum_attr
 
 SOURCE_VOCAB = "source_vocab.pt"
 
@@ -79,6 +82,36 @@ class TextHandler(BaseHandler):
         import torch
 
         self.source_vocab = torch.load(path, map_location="cpu", weights_only=False)
+
+    @property
+    def lig(self) -> Any:
+        """captum's ``LayerIntegratedGradients`` over ``model.embedding``. TorchServe builds it in
+        ``initialize``; here the first explanation does, so predictions never need captum. A
+        subclass that sets its own keeps it."""
+        lig = self.__dict__.get("lig")
+        if lig is None:
+            attr = captum_attr(type(self).__name__)
+            layer = getattr(self.model, "embedding", None)
+            if layer is None:
+                raise NotImplementedError(
+                    f"{type(self).__name__} explains through the model's embedding layer, "
+                    f"model.embedding (as TorchServe's), and {type(self.model).__name__} has "
+                    f"none: name that layer 'embedding', or override get_insights"
+                )
+            import torch
+
+            if isinstance(self.model, torch.jit.ScriptModule):
+                raise NotImplementedError(
+                    f"{type(self).__name__} explains by hooking model.embedding, which a "
+                    f"TorchScript model does not allow: archive the eager model (--model-file "
+                    f"and its state dict as --serialized-file), or override get_insights"
+                )
+            lig = self.__dict__["lig"] = attr.LayerIntegratedGradients(self.model, layer)
+        return lig
+
+    @lig.setter
+    def lig(self, value: Any) -> None:
+        self.__dict__["lig"] = value
 
     def get_source_vocab_path(self, ctx: Any) -> str:
         path = os.path.join(ctx.system_properties.get("model_dir") or ".", SOURCE_VOCAB)

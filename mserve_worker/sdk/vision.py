@@ -3,7 +3,9 @@
 Pillow decodes; torch does the arithmetic (resize and crop as torchvision's ``Resize`` and
 ``CenterCrop`` do on PIL images, then to a float CHW tensor and normalise), so torchvision is not
 needed. A request whose image cannot be read gets a 400 of its own; the rest of the batch runs.
-Standard library only at import time: Pillow and torch are imported when the handler loads.
+``/explanations`` answers captum's integrated gradients, as TorchServe's vision handlers do.
+Standard library only at import time: Pillow and torch are imported when the handler loads,
+captum by the first explanation.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import io
 from typing import Any
 
 from .base_handler import BadInput, BaseHandler, request_input
+from .insights import IG_STEPS, captum_attr, checked_target
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -60,6 +63,39 @@ class VisionHandler(BaseHandler):
         processing = self.image_processing
         builtin = getattr(processing, "__func__", None) is VisionHandler._builtin_processing
         return processing is not None and not builtin
+
+    @property
+    def ig(self) -> Any:
+        """captum's ``IntegratedGradients`` over the model. TorchServe builds it in
+        ``initialize``; here the first explanation does, so predictions never need captum. A
+        subclass that sets its own keeps it."""
+        ig = self.__dict__.get("ig")
+        if ig is None:
+            attr = captum_attr(type(self).__name__)
+            ig = self.__dict__["ig"] = attr.IntegratedGradients(self.model)
+        return ig
+
+    @ig.setter
+    def ig(self, value: Any) -> None:
+        self.__dict__["ig"] = value
+
+    def get_insights(self, tensor_data: Any, raw_data: Any, target: Any = 0) -> Any:
+        """TorchServe's answer: per request, the integrated gradients (15 steps from an all-zero
+        input) of the ``target`` class's score with respect to each input value, a nested
+        ``[channel][row][column]`` list shaped as the preprocessed image."""
+        import torch
+
+        ig = self.ig
+        first = tensor_data[0][None] if isinstance(tensor_data, list) else tensor_data[:1]
+        with torch.no_grad():
+            target = checked_target(target, int(self.model(first).shape[-1]))
+        if not isinstance(tensor_data, list):
+            return ig.attribute(tensor_data, target=target, n_steps=IG_STEPS).tolist()
+        # Sizes differ (no crop): one image at a time, as inference does.
+        return [
+            ig.attribute(image[None], target=target, n_steps=IG_STEPS)[0].tolist()
+            for image in tensor_data
+        ]
 
     def preprocess(self, data: list[Any]) -> Any:
         """Decode and transform each request's image; stack them when they share a shape (a list
