@@ -5,12 +5,16 @@ Python 3.8+, nothing done at import time.
 
 :func:`decode_request` builds the dict a TorchServe handler gets for one request:
 
-- ``"body"``: always present. JSON (``application/json`` or any ``+json`` type) is parsed;
-  ``text/*`` becomes ``str`` (the ``charset`` parameter, default UTF-8, undecodable bytes
-  replaced); everything else, and every form request, is the raw ``bytes``.
-- Form requests (``multipart/form-data``, ``application/x-www-form-urlencoded``) add one key per
-  field. A file part is ``bytes``; a text field is ``str``. A field named ``body`` replaces the raw
-  body. When a name repeats, the last value wins (as in TorchServe).
+- A request that is not a form: ``"body"``. JSON (``application/json`` or any ``+json`` type) is
+  parsed; ``text/*`` becomes ``str`` (the ``charset`` parameter, default UTF-8, undecodable bytes
+  replaced); everything else is the raw ``bytes``.
+- A form request (``multipart/form-data``, ``application/x-www-form-urlencoded``): one key per
+  field and no ``"body"`` (unless a field has that name), as TorchServe's frontend turns each
+  form field into one input of the request. Values are typed as TorchServe's worker types them:
+  a file part (one with a ``filename``) by its own Content-Type, ``application/octet-stream``
+  when it names none: ``application/json`` parsed, ``text/*`` a UTF-8 ``str``, either left as
+  ``bytes`` when it does not decode; everything else ``bytes``, and so is every plain field
+  (``-F name=value``) and every url-encoded field. When a name repeats, the last value wins.
 - Query parameters are added under their own names unless a field (or ``body``) has that name.
 
 :func:`encode_output` turns one element of the handler's returned list into response bytes and a
@@ -53,12 +57,11 @@ def decode_request(
     raw = body if isinstance(body, bytes) else bytes(body)
     mime, params_of_type = _parse_content_type(content_type)
 
+    data: dict[str, Any]
     if mime == "multipart/form-data":
-        data: dict[str, Any] = {"body": raw}
-        data.update(_decode_multipart(raw, content_type, params_of_type))
+        data = _decode_multipart(raw, content_type, params_of_type)
     elif mime == "application/x-www-form-urlencoded":
-        data = {"body": raw}
-        data.update(_decode_urlencoded(raw, params_of_type.get("charset"), content_type))
+        data = _decode_urlencoded(raw, params_of_type.get("charset"), content_type)
     elif _is_json(mime):
         data = {"body": _decode_json(raw, params_of_type.get("charset"), content_type)}
     elif mime.startswith("text/"):
@@ -70,6 +73,15 @@ def decode_request(
         if name not in data:
             data[name] = value
     return data
+
+
+def with_body(row: Any, context: Any, idx: int) -> Any:
+    """``row`` for the handler styles whose contract is one body per request (hooks, kernels,
+    mlrun's V2ModelServer): a form request has fields and no ``body`` (as in TorchServe), so
+    its ``body`` is the bytes as sent; ``curl -d '{...}'`` sends JSON as a form."""
+    if isinstance(row, dict) and "body" not in row:
+        return {**row, "body": context.get_request_body(idx)}
+    return row
 
 
 def _find_header(headers: Iterable[Any] | Mapping[str, Any], wanted: str) -> str | None:
@@ -136,12 +148,14 @@ def _decode_json(raw: bytes, charset: str | None, content_type: str) -> Any:
         ) from None
 
 
-def _decode_urlencoded(raw: bytes, charset: str | None, content_type: str) -> dict[str, str]:
+def _decode_urlencoded(raw: bytes, charset: str | None, content_type: str) -> dict[str, bytes]:
+    """Each field's value as bytes in the form's charset, as TorchServe's frontend passes it."""
     import urllib.parse
 
     encoding = charset or "utf-8"
     text = _decode_with(raw, encoding, "replace", content_type)
-    return dict(urllib.parse.parse_qsl(text, keep_blank_values=True, encoding=encoding))
+    fields = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding=encoding)
+    return {name: value.encode(encoding, errors="replace") for name, value in fields}
 
 
 # multipart/form-data. The stdlib ``email`` package reads each part's headers (quoting, RFC 2231
@@ -220,13 +234,32 @@ def _decode_part(raw: bytes, start: int, end: int, number: int) -> tuple[str, An
 
         content = quopri.decodestring(content)
 
-    mime = headers.get_content_type()  # text/plain when the part does not say
-    if headers.get_filename() is not None or not (
-        mime.startswith("text/") or _is_json(mime) or mime == "application/x-www-form-urlencoded"
-    ):
-        return name, content  # a file, or a field that declares binary content
-    charset = headers.get_content_charset() or "utf-8"
-    return name, _decode_with(content, charset, "replace", headers.get("content-type", mime))
+    if headers.get_filename() is None:
+        return name, content  # a plain field: TorchServe passes its bytes with no content type
+    # a file: typed by its Content-Type (without parameters), octet-stream when it has none
+    mime = headers.get_content_type() if "content-type" in headers else OCTET_STREAM
+    return name, _typed_input(name, content, mime)
+
+
+def _typed_input(name: str, content: bytes, mime: str) -> Any:
+    """An input as TorchServe's worker decodes one by its content type: JSON parsed, ``text*``
+    as UTF-8, else (or when that fails) the bytes themselves."""
+    if mime == JSON:
+        try:
+            return json.loads(content.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "form field %r says application/json but is not JSON: passed on as bytes", name
+            )
+            return content
+    if mime.startswith("text"):
+        try:
+            return content.decode("utf-8")
+        except UnicodeDecodeError:
+            return content
+    return content
 
 
 # Writing responses.

@@ -336,7 +336,7 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
                           " error), a sha256 mismatch"),
             "403": _error("the archive is outside the model store, allowed_paths and"
                           " allowed_urls"),
-            "404": _error("no such archive in the model store"),
+            "404": _error("no such archive in the model store, or url is empty"),
             "409": _error("this version of the model is already registered"),
             "413": _error("the archive behind the URL is over download_max_bytes"),
             "502": _error("the URL's server answered an error, refused or broke off"),

@@ -144,10 +144,12 @@ def describe(registry: Registry, name: str, version: str | None) -> Any:
 
 async def register_model(registry: Registry, params: Mapping[str, str]) -> Outcome:
     url = params.get("url")
-    if not url:
-        raise BadRequest(
-            "parameter 'url' is required: the archive's name in the model store, or its URL"
-        )
+    # TorchServe's two answers, word for word: no ``url`` is a bad request, ``url=`` (given,
+    # empty) fails where the archive is looked for. gRPC's "" is "not given" (proto3).
+    if url is None:
+        raise BadRequest("Parameter url is required.")
+    if url == "":
+        raise ModelNotFound("empty url")
     delay = int_param(params, "max_batch_delay")
     timeout = int_param(params, "response_timeout", 1)
     startup_timeout = int_param(params, "startup_timeout", 1)

@@ -1,6 +1,14 @@
 """TorchServe's metric formats: its log line (``Name.Unit:value|#dims|#hostname:h,...``) and
-Prometheus's text format written by hand, because TorchServe's counters keep their names as
-they are (``Requests2XX``, not the ``Requests2XX_total`` prometheus_client's counters write)."""
+Prometheus's text format as TorchServe's frontend prints it, written by hand.
+
+TorchServe exposes its metrics through the Java Prometheus simpleclient 0.9
+(``TextFormat.write004``), and people grep that text, so its families here are written the
+way that client writes them, not the way prometheus_client (Python) does: counters keep their
+names (``Requests2XX``, no ``_total`` added), every label is followed by a comma
+(``{Level="Host",Hostname="h",}``), a sample without labels has no braces, and numbers are
+Java's ``Double.toString`` (``3.0``, ``1.0E-4``, ``1.2345678E7``; ``+Inf``, ``-Inf``, ``NaN``).
+Both forms are valid text format 0.0.4: Prometheus's own parser reads either.
+"""
 
 from __future__ import annotations
 
@@ -88,26 +96,31 @@ class PromText:
             return
         name = _name(name)
         for values, value in rows:
-            self.lines.append(f"{name}{{{_labels(labels, values)}}} {_number(value)}")
+            self.lines.append(_sample(name, zip(labels, values, strict=True), value))
 
     def histogram(self, family: Family) -> None:
+        """Buckets (``le`` last among the labels), then count and sum, as simpleclient 0.9's
+        Histogram lists its samples."""
         if not self._head(family.name, "histogram", family.unit):
             return
         name = _name(family.name)
         for values, stored in family.series.items():
-            labels = _labels(family.labels, values)
+            pairs = list(zip(family.labels, values, strict=True))
             for bound, count in zip(BUCKETS, stored, strict=False):  # then count and sum
-                le = "+Inf" if bound == math.inf else repr(bound)
-                self.lines.append(f'{name}_bucket{{{labels},le="{le}"}} {_number(count)}')
-            self.lines.append(f"{name}_count{{{labels}}} {_number(stored[-2])}")
-            self.lines.append(f"{name}_sum{{{labels}}} {_number(stored[-1])}")
+                le = ("le", java_double(bound))
+                self.lines.append(_sample(f"{name}_bucket", [*pairs, le], count))
+            self.lines.append(_sample(f"{name}_count", pairs, stored[-2]))
+            self.lines.append(_sample(f"{name}_sum", pairs, stored[-1]))
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n" if self.lines else ""
 
 
-def _labels(names: Sequence[str], values: Sequence[str]) -> str:
-    return ",".join(f'{_name(k)}="{_escape(v)}"' for k, v in zip(names, values, strict=True))
+def _sample(name: str, labels: Iterable[tuple[str, str]], value: float) -> str:
+    """One sample line as simpleclient's ``write004`` prints it: each label followed by a
+    comma, no braces when there are no labels."""
+    text = "".join(f'{_name(k)}="{_escape(v)}",' for k, v in labels)
+    return f"{name}{{{text}}} {java_double(value)}" if text else f"{name} {java_double(value)}"
 
 
 def _name(name: str) -> str:
@@ -123,5 +136,34 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _number(value: float) -> str:
-    return repr(float(value))
+def java_double(value: float) -> str:
+    """``value`` as simpleclient's ``doubleToGoString`` writes it: ``+Inf``/``-Inf``/``NaN``,
+    else Java's ``Double.toString``: plain decimals from 10^-3 up to (not including) 10^7,
+    ``d.dddE<exponent>`` outside, always a digit after the point, the shortest digits that
+    read back as the same double (Java 19+; Python's ``repr`` picks the same digits)."""
+    value = float(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == 0:
+        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+    sign = "-" if value < 0 else ""
+    digits, exponent = _shortest(abs(value))
+    if -3 <= exponent < 7:
+        if exponent >= 0:
+            whole = digits[: exponent + 1].ljust(exponent + 1, "0")
+            return f"{sign}{whole}.{digits[exponent + 1 :] or '0'}"
+        return f"{sign}0.{'0' * (-exponent - 1)}{digits}"
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{exponent}"
+
+
+def _shortest(value: float) -> tuple[str, int]:
+    """The shortest significant digits of a positive finite double (no trailing zeros) and
+    the power of ten of the first one: 1234.5 -> ("12345", 3), 0.001 -> ("1", -3)."""
+    mantissa, _, exp_text = repr(value).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    raw = (whole + fraction).lstrip("0")
+    leading = len(whole + fraction) - len(raw)  # zeros before the first significant digit
+    exponent = len(whole) - 1 - leading + int(exp_text or 0)
+    return raw.rstrip("0") or "0", exponent

@@ -48,6 +48,7 @@ import traceback
 from typing import Any
 
 from ..loader import HandlerLoadError, LoadedHandler, accepted_keywords
+from ..payload import with_body
 from .drivers import StageConfig, driver_class, stage_configs
 
 HOOK_NAMES = ("init_hook", "preprocess", "postprocess")
@@ -213,7 +214,7 @@ class HooksPipeline:
                     idx,
                     len(batch),
                 )
-                value = _inputs_of(data, self._np)
+                value = _inputs_of(with_body(data, context, idx), self._np)
                 for stage in self.stages:
                     value = stage.run(value, ctx)
                 # decoded OIP tensors: the worker encodes the outputs itself, dtypes kept

@@ -39,6 +39,8 @@ import time
 import uuid
 from typing import Any
 
+from ..payload import with_body
+
 STYLE = "kernel"
 SCHEMA_VERSION = "1"
 _CONFIG_KEY = "kernel"
@@ -376,7 +378,10 @@ def _run_batch(kernel: Any, batch: list[Any], context: Any) -> list[Any]:
         for i in range(len(batch)):
             context.set_response_status(404, "Not Found", i)
         return [message] * len(batch)
-    tasks = [TaskContext(context, i, row.get("body")) for i, row in enumerate(batch)]
+    tasks = [
+        TaskContext(context, i, with_body(row, context, i).get("body"))
+        for i, row in enumerate(batch)
+    ]
     for before, after in zip(tasks, tasks[1:]):
         before._next, after._prev = after, before
     kernel.on_task_invoke(tasks[0])

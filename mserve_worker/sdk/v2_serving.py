@@ -15,6 +15,7 @@ import sys
 import traceback
 from typing import Any
 
+from ..payload import with_body
 from .v2_model import PARAMS_KEY, Event, Response, ServerContext, V2ModelServer, check_v2
 
 __all__ = ["V2ModelServer", "load"]
@@ -125,6 +126,7 @@ class _Served:
         return outputs
 
     def _one(self, idx: int, row: Any, context: Any) -> Any:
+        row = with_body(row, context, idx)
         op = context.operation
         body = row.get("body")
         if op == "" and isinstance(body, dict) and isinstance(body.get("operation"), str):

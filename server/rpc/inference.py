@@ -2,9 +2,11 @@
 
 A ``PredictionsRequest`` becomes one request on the model's queue, as a REST prediction does:
 each entry of its ``input`` map is one field of the handler's request (``data[i]["data"]``), its
-value the entry's bytes, as TorchServe passes them. The entries travel to the worker as a
-``multipart/form-data`` body of ``application/octet-stream`` parts, which the worker decodes into
-exactly those fields (mserve_worker/payload.py), so the worker and its protocol are unchanged.
+value the entry's bytes, and nothing else (no ``body``), as TorchServe passes them. The entries
+travel to the worker as a ``multipart/form-data`` body of plain fields, which the worker decodes
+into exactly those fields, as bytes (mserve_worker/payload.py), so the worker and its protocol
+are unchanged. That Content-Type is the worker's to read, not a request header: the handler
+sees the headers TorchServe gives a gRPC request, the sequence id alone.
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ class HandlerStatus(Exception):
 
 
 def form(inputs: Mapping[str, bytes]) -> tuple[str, bytes]:
-    """The ``input`` map as a multipart/form-data body (content type, body)."""
-    if not inputs:
-        return "", b""
+    """The ``input`` map as a multipart/form-data body (content type, body): plain fields (no
+    filename), which the worker passes on as bytes; no entries is a form with no field, an
+    empty request as in TorchServe."""
     boundary = os.urandom(16).hex().encode()
     while any(boundary in value for value in inputs.values()):
         boundary = os.urandom(16).hex().encode()
@@ -60,7 +62,7 @@ def form(inputs: Mapping[str, bytes]) -> tuple[str, bytes]:
             raise BadRequest(f"input name {name!r} has a quote or a line break; these are refused")
         parts += [
             b"--", boundary, b'\r\nContent-Disposition: form-data; name="', name.encode(),
-            b'"\r\nContent-Type: application/octet-stream\r\n\r\n', value, b"\r\n",
+            b'"\r\n\r\n', value, b"\r\n",
         ]  # fmt: skip
     parts += [b"--", boundary, b"--\r\n"]
     return f"multipart/form-data; boundary={boundary.decode()}", b"".join(parts)
@@ -150,9 +152,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         counts = model.stats.arrived(version is not None)
         started = time.perf_counter()
         content_type, body = form(request.input)
-        headers = [["Content-Type", content_type]] if content_type else []
-        if request.sequenceId:
-            headers.append([SEQUENCE_HEADER, request.sequenceId])
+        headers = [[SEQUENCE_HEADER, request.sequenceId]] if request.sequenceId else []
         item = RequestItem(
             request_id=request_id(), content_type=content_type, headers=headers, body=body
         )

@@ -106,7 +106,8 @@ def test_ping_predictions_streams_and_errors(make_archive, start_server, channel
     health = inference.Ping(empty_pb2.Empty(), timeout=TIMEOUT_S).health
     assert json.loads(health) == {"status": "Healthy"}
 
-    # each input entry is one field of the handler's request, as bytes, as in TorchServe
+    # each input entry is one field of the handler's request, as bytes, and nothing else, as in
+    # TorchServe: no body, no Content-Type header; the sequence id as its header
     answer = inference.Predictions(
         ipb.PredictionsRequest(
             model_name="io", input={"data": b"hello", "extra": b"\x00\xff"}, sequenceId="s-1"
@@ -116,15 +117,17 @@ def test_ping_predictions_streams_and_errors(make_archive, start_server, channel
     report = json.loads(answer.prediction)
     assert report["data"] == "hello"
     assert report["extra"] == [0, 255]
-    assert {k: report["types"][k] for k in ("data", "extra")} == {"data": "bytes", "extra": "bytes"}
-    assert set(report["keys"]) == {"body", "data", "extra"}
-    assert report["sequence"] == "s-1"
+    assert report["types"] == {"data": "bytes", "extra": "bytes"}
+    assert report["keys"] == ["data", "extra"]
+    assert (report["sequence"], report["content_type"]) == ("s-1", None)
     versioned = inference.Predictions(_predict("io", b"v", model_version="1.0"), timeout=TIMEOUT_S)
     assert json.loads(versioned.prediction)["data"] == "v"
     only_body = inference.Predictions(
         ipb.PredictionsRequest(model_name="io", input={"body": b"raw"}), timeout=TIMEOUT_S
     )
-    assert json.loads(only_body.prediction)["keys"] == ["body"]
+    assert json.loads(only_body.prediction)["types"] == {"body": "bytes"}
+    nothing = inference.Predictions(ipb.PredictionsRequest(model_name="io"), timeout=TIMEOUT_S)
+    assert json.loads(nothing.prediction)["keys"] == []  # no input entries: an empty request
 
     # errors: the REST message, TorchServe's codes
     rest = server.predict("nope", b"x").json()["message"]
@@ -206,10 +209,10 @@ def test_management_calls_as_rest_answers_them(make_archive, start_server, chann
     assert _error(management.RegisterModel, mpb.RegisterModelRequest(url="io.mar")) == (
         Code.ABORTED, "Model version 1.0 for model io already exists"
     )  # fmt: skip
-    assert _error(management.RegisterModel, mpb.RegisterModelRequest()) == (
-        Code.INVALID_ARGUMENT,
-        "parameter 'url' is required: the archive's name in the model store, or its URL",
-    )
+    # TorchServe reads gRPC's "" as not given: its REST answer for a missing url
+    assert _error(management.RegisterModel, mpb.RegisterModelRequest(url="")) == (
+        Code.INVALID_ARGUMENT, "Parameter url is required."
+    )  # fmt: skip
     assert _error(management.RegisterModel, mpb.RegisterModelRequest(url="io.mar", runtime="LSP"))[
         0
     ] == Code.INVALID_ARGUMENT

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import requests
 
 from tests.server.conftest import (
     MSERVE,
@@ -105,24 +106,64 @@ def test_request_bodies_reach_the_handler_as_torchserve_gives_them(make_archive,
         "POST", server.url("inference", "/predictions/probe?topk=3"), b"a=1&b=two",
         {"Content-Type": "application/x-www-form-urlencoded"},
     ).json()  # fmt: skip
-    assert {"a", "b", "body", "topk"} <= set(form["keys"])
-    boundary = "XyZ"
-    multipart = (
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"data\"; filename=\"x.bin\"\r\n"
-        f"Content-Type: application/octet-stream\r\n\r\n"
-    ).encode() + bytes(range(256)) + (
-        f"\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"label\"\r\n\r\ncat\r\n"
-        f"--{boundary}--\r\n"
-    ).encode()  # fmt: skip
-    reply = server.predict(
-        "probe", multipart, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
-    ).json()
-    assert {"body", "data", "label"} <= set(reply["keys"])
+    assert form["keys"] == ["a", "b", "topk"]  # the fields, no body: as TorchServe
     binary = server.predict("probe", {"cmd": "bytes"})
     assert binary.body == bytes(range(256))
     assert binary.headers["Content-Type"] == "application/octet-stream"
     bad = server.predict("probe", b"{not json", headers={"Content-Type": "application/json"})
     assert bad.status == 400
+
+
+def test_form_fields_reach_the_handler_as_torchserve_gives_them(
+    make_archive, start_server
+) -> None:
+    """``curl -F data=@x.jpg -F other=value``: each field one input under its name, no ``body``;
+    plain fields are bytes, files typed by their content type as TorchServe's worker types
+    them (JSON parsed, text as str, bytes otherwise or when that fails)."""
+    make_archive("form_fields", "form_fields", "fields")
+    server = start_server("fields=fields.mar")
+    url = server.url("inference", "/predictions/fields?topk=3")
+    image = bytes(range(256))
+    reply = requests.post(
+        url,
+        files={
+            "data": ("x.jpg", image, "image/jpeg"),
+            "untyped": ("blob.bin", b"\x00\x01"),  # requests sends no Content-Type for it
+            "doc": ("doc.json", b'{"k": [1, "v"]}', "application/json"),
+            "note": ("note.txt", "héllo".encode(), "text/plain; charset=utf-8"),
+            "bad_json": ("x.json", b"{oops", "application/json"),
+            "typed_field": (None, b'{"not": "parsed"}', "application/json"),  # no filename
+        },
+        data={"other": "value", "name": "café"},
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+    got = reply.json()
+    assert got["fields"] == {
+        "data": ["bytes", image.decode("latin-1")],
+        "untyped": ["bytes", "\x00\x01"],
+        "doc": ["dict", {"k": [1, "v"]}],
+        "note": ["str", "héllo"],
+        "bad_json": ["bytes", "{oops"],
+        "typed_field": ["bytes", '{"not": "parsed"}'],
+        "other": ["bytes", "value"],
+        "name": ["bytes", "café".encode().decode("latin-1")],
+        "topk": ["str", "3"],
+    }
+    assert got["content_type"].startswith("multipart/form-data; boundary=")
+
+    urlencoded = requests.post(url, data={"a": "1", "b": "two é"}, timeout=60).json()
+    assert urlencoded["fields"] == {
+        "a": ["bytes", "1"],
+        "b": ["bytes", "two é".encode().decode("latin-1")],
+        "topk": ["str", "3"],
+    }
+    # a field named like a query parameter wins, as TorchServe adds the fields after it
+    clash = requests.post(url, files={"topk": (None, b"5")}, timeout=60).json()
+    assert clash["fields"] == {"topk": ["bytes", "5"]}
+    # a body that is not a form is still "body"
+    plain = requests.post(url, json={"x": 1}, timeout=60).json()
+    assert plain["fields"] == {"body": ["dict", {"x": 1}], "topk": ["str", "3"]}
 
 
 def test_context_response_controls(make_archive, start_server) -> None:

@@ -9,9 +9,11 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from server.metric_formats import java_double
 from tests.server.conftest import MSERVE, Server, concurrently, http, wait_until
 
 HOST = socket.gethostname()
@@ -42,6 +44,43 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     return found
 
 
+# A sample line as the Java simpleclient's TextFormat.write004 prints it: labels each followed
+# by a comma, no braces without labels, the value as Java's Double.toString writes it.
+JAVA_SAMPLE = re.compile(r'[A-Za-z_]\w*(?:\{(?:\w+="(?:[^"\\]|\\.)*",)+\})? (?P<value>\S+)')
+JAVA_DOUBLE = re.compile(r"-?(?:\d+\.\d+|\d\.\d+E-?\d+)|[+-]Inf|NaN")
+
+
+def assert_java_client_text(text: str) -> None:
+    """Every TorchServe-named sample on the page reads as TorchServe's frontend prints it."""
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    torchserve = [line for line in lines if not line.startswith("mserve_")]
+    assert torchserve
+    for line in torchserve:
+        match = JAVA_SAMPLE.fullmatch(line)
+        assert match, line
+        value = match.group("value")
+        assert JAVA_DOUBLE.fullmatch(value), line
+        if "E" in value:  # Java writes 10^-3 <= |v| < 10^7 in plain decimals only
+            assert not 1e-3 <= abs(float(value)) < 1e7, line
+        elif value not in ("+Inf", "-Inf", "NaN") and float(value) != 0:
+            assert 1e-3 <= abs(float(value)) < 1e7, line
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (3, "3.0"), (0.0, "0.0"), (-0.0, "-0.0"), (2.5, "2.5"), (-2.5, "-2.5"),
+        (0.001, "0.001"), (0.0012, "0.0012"), (1e-4, "1.0E-4"), (1.5e-5, "1.5E-5"),
+        (9999999.0, "9999999.0"), (1e7, "1.0E7"), (12345678, "1.2345678E7"),
+        (5484021.691000001, "5484021.691000001"), (308.94310760498047, "308.94310760498047"),
+        (1e16, "1.0E16"), (1.7976931348623157e308, "1.7976931348623157E308"),
+        (float("inf"), "+Inf"), (float("-inf"), "-Inf"), (float("nan"), "NaN"),
+    ],
+)  # fmt: skip
+def test_numbers_are_written_as_java_writes_doubles(value: float, text: str) -> None:
+    assert java_double(value) == text
+
+
 def test_torchserve_default_metrics_with_torchserve_names_types_and_labels(
     make_archive, start_server
 ) -> None:
@@ -60,6 +99,18 @@ def test_torchserve_default_metrics_with_torchserve_names_types_and_labels(
     assert 'mserve_requests_total{code="200",model="probe",version="1.0"} 4.0' in text
 
     assert samples(text, "Requests2XX") == [({"Level": "Host", "Hostname": HOST}, 4.0)]
+    # byte for byte as TorchServe's Java client prints them (people grep this text)
+    assert (
+        "# HELP Requests2XX Torchserve prometheus counter metric with unit: Count\n"
+        "# TYPE Requests2XX counter\n"
+        f'Requests2XX{{Level="Host",Hostname="{HOST}",}} 4.0\n'
+    ) in text
+    assert re.search(
+        r'^ts_inference_requests_total\{uuid="[-0-9a-f]{36}",model_name="probe",'
+        rf'model_version="default",hostname="{re.escape(HOST)}",\}} 5\.0$',
+        text, re.MULTILINE,
+    )  # fmt: skip
+    assert_java_client_text(text)
     assert samples(text, "Requests4XX") == [({"Level": "Host", "Hostname": HOST}, 2.0)]
     assert samples(text, "Requests5XX") == [({"Level": "Host", "Hostname": HOST}, 1.0)]
     for name in ("Requests2XX", "Requests4XX", "Requests5XX"):
@@ -149,14 +200,11 @@ def test_handler_metrics_are_aggregated_across_workers(
     assert samples(text, "ModelLoads") == [({"Stage": "load", **model}, 2.0)]
     # declared a histogram in metrics.yaml: add_time's values are counted into buckets
     assert parsed["LatencyHist"].type == "histogram"
-    assert (
-        f'LatencyHist_count{{ModelName="custom",Level="Model",Hostname="{HOST}"}} {float(sent)}'
-        in text
-    )
-    assert (
-        f'LatencyHist_bucket{{ModelName="custom",Level="Model",Hostname="{HOST}",le="0.5"}} {float(sent)}'
-        in text
-    )
+    labels = f'ModelName="custom",Level="Model",Hostname="{HOST}",'
+    assert f"LatencyHist_count{{{labels}}} {float(sent)}" in text
+    assert f'LatencyHist_bucket{{{labels}le="0.5",}} {float(sent)}' in text
+    assert f'LatencyHist_bucket{{{labels}le="+Inf",}} {float(sent)}' in text
+    assert_java_client_text(text)
 
 
 def test_invented_label_values_are_capped_with_one_warning(make_archive, start_server) -> None:

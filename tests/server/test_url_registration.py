@@ -181,6 +181,23 @@ def test_urls_outside_the_allow_list_are_refused(upstream, echo_bytes, start_ser
         assert register(server, url) == (400, {"code": 400, "type": "BadRequestException", "message": message})  # fmt: skip
 
 
+def test_a_missing_or_empty_url_answers_as_torchserve_does(start_server) -> None:
+    """TorchServe: no ``url`` is a 400 BadRequestException, ``url=`` a 404 from the archive
+    lookup (ModelNotFoundException "empty url"); clients branch on both."""
+    server = start_server()
+    for query, status, kind, message in [
+        ("", 400, "BadRequestException", "Parameter url is required."),
+        ("?model_name=m", 400, "BadRequestException", "Parameter url is required."),
+        ("?url=", 404, "ModelNotFoundException", "empty url"),
+        ("?url=&model_name=m", 404, "ModelNotFoundException", "empty url"),
+    ]:
+        reply = server.manage("POST", f"/models{query}")
+        assert (reply.status, reply.json()) == (
+            status, {"code": status, "type": kind, "message": message}
+        ), query  # fmt: skip
+    assert server.manage("GET", "/models").json() == {"models": []}
+
+
 def test_redirects_are_followed_only_inside_the_allow_list(
     upstream, echo_bytes, start_server
 ) -> None:

@@ -479,8 +479,8 @@ batch = [
     decode_request("", [], memoryview(b"x"), {}),
     decode_request("multipart/form-data; boundary=B", [], form, {"q": "1"}),
 ]
-assert batch[1] == {"body": form, "f": b"\x00", "t": "hi", "q": "1"}, batch[1]
-assert decode_request("application/x-www-form-urlencoded", [], b"a=1", {}) == {"body": b"a=1", "a": "1"}
+assert batch[1] == {"f": b"\x00", "t": b"hi", "q": "1"}, batch[1]
+assert decode_request("application/x-www-form-urlencoded", [], b"a=1", {}) == {"a": b"1"}
 assert decode_request("text/plain; charset=latin-1", [], b"\xe9", {}) == {"body": "\xe9"}
 print(loaded.handle(batch[:1], ctx))
 assert encode_output({"a": [1]}) == (b'{"a":[1]}', "application/json")
@@ -830,23 +830,27 @@ def multipart(*parts: tuple[bytes, bytes]) -> bytes:
     return out + b"--" + BOUNDARY.encode() + b"--\r\nepilogue\r\n"
 
 
-def test_multipart_file_and_text_fields() -> None:
+def file_part(name: str, content_type: str | None = None) -> bytes:
+    head = f'Content-Disposition: form-data; name="{name}"; filename="{name}.x"'
+    return (head + (f"\r\nContent-Type: {content_type}" if content_type else "")).encode()
+
+
+def test_multipart_fields_are_typed_as_torchserve_types_them() -> None:
+    """Plain fields are bytes; files are typed by their content type (JSON parsed, text/* as
+    UTF-8, bytes otherwise or when that fails); there is no raw ``body``."""
     image = bytes(range(256)) + b"\r\n--not-the-boundary\r\n" + b"\r\n"
     body = multipart(
-        (
-            b'Content-Disposition: form-data; name="data"; filename="cat.png"\r\nContent-Type: image/png',
-            image,
-        ),
+        (file_part("data", "image/png"), image),
         (b'Content-Disposition: form-data; name="caption"', "un café".encode()),
-        (
-            b'Content-Disposition: form-data; name="latin"\r\nContent-Type: text/plain; charset=latin-1',
-            "é".encode("latin-1"),
-        ),
-        (
-            b'Content-Disposition: form-data; name="blob"\r\nContent-Type: application/octet-stream',
-            b"\xff\x00",
-        ),
+        (b'Content-Disposition: form-data; name="declared"\r\nContent-Type: text/plain', b"t"),
         (b'Content-Disposition: form-data; name="empty"', b""),
+        (file_part("untyped"), b"\x00raw"),
+        (file_part("doc", "application/json"), b'{"k": ["v", 1]}'),
+        (file_part("doc_utf8", "application/json; charset=utf-8"), b"[1]"),
+        (file_part("not_json", "application/json"), b"{oops"),
+        (file_part("note", "text/plain"), "héllo".encode()),
+        (file_part("csv", "text/csv; charset=latin-1"), "é".encode("latin-1")),
+        (file_part("blob", "application/octet-stream"), b"\xff\x00"),
         (
             b'Content-Disposition: form-data; name="b64"; filename="x"\r\nContent-Transfer-Encoding: base64',
             b"aGVsbG8=",
@@ -859,12 +863,17 @@ def test_multipart_file_and_text_fields() -> None:
         {"caption": "query loses", "topk": "2"},
     )
     assert data == {
-        "body": body,
         "data": image,
-        "caption": "un café",
-        "latin": "é",
+        "caption": "un café".encode(),
+        "declared": b"t",  # a plain field, whatever its part says: bytes, as in TorchServe
+        "empty": b"",
+        "untyped": b"\x00raw",
+        "doc": {"k": ["v", 1]},
+        "doc_utf8": [1],
+        "not_json": b"{oops",
+        "note": "héllo",
+        "csv": "é".encode("latin-1"),  # not UTF-8: its bytes, as TorchServe's worker falls back
         "blob": b"\xff\x00",
-        "empty": "",
         "b64": b"hello",
         "topk": "2",
     }
@@ -881,14 +890,16 @@ def test_multipart_from_the_stdlib_encoder() -> None:
     form.attach(text_part)
     body = form.as_bytes().partition(b"\r\n\r\n")[2]
     data = decode_request(form["Content-Type"], [], body, {})
-    assert data == {"body": body, "file": b"\x00\x01\r\n", "text": "héllo"}
+    assert data == {"file": b"\x00\x01\r\n", "text": "héllo".encode()}
 
 
-def test_multipart_field_named_body_wins() -> None:
+def test_multipart_field_named_body_is_a_field_like_any() -> None:
     body = multipart((b'Content-Disposition: form-data; name="body"', b"field"))
     assert decode_request(f"multipart/form-data; boundary={BOUNDARY}", [], body, {}) == {
-        "body": "field"
+        "body": b"field"
     }
+    empty = f"--{BOUNDARY}--\r\n".encode()  # a form with no field: an empty input
+    assert decode_request(f"multipart/form-data; boundary={BOUNDARY}", [], empty, {}) == {}
 
 
 @pytest.mark.parametrize(
@@ -925,10 +936,9 @@ def test_urlencoded_form() -> None:
         {"n": "query loses", "lang": "fr"},
     )
     assert data == {
-        "body": b"text=caf%C3%A9+au+lait&n=3&empty=",
-        "text": "café au lait",
-        "n": "3",
-        "empty": "",
+        "text": "café au lait".encode(),
+        "n": b"3",
+        "empty": b"",
         "lang": "fr",
     }
 

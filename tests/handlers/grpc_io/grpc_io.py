@@ -2,7 +2,7 @@
 and fails on request. The ``data`` field is a command:
 
 - (anything else): a JSON report of the fields the request got, their types, the ``data``
-  value and the sequence-id header;
+  value and the sequence-id and Content-Type headers;
 - ``raise``: raises; ``sleep:<s>``: sleeps that long; ``status:<code>``: answers with that status;
 - ``stream:<n>``: returns a generator of n chunks; ``ts_stream:<n>``: n chunks sent with
   TorchServe's ``send_intermediate_predict_response``, then a last one.
@@ -48,5 +48,6 @@ def handle(data, context):
                 "data": raw.decode("latin-1") if isinstance(raw, (bytes, bytearray)) else raw,
                 "extra": list(row["extra"]) if "extra" in row else None,
                 "sequence": context.get_request_header(i, "ts_request_sequence_id"),
+                "content_type": context.get_request_header(i, "Content-Type"),
             }))  # fmt: skip
     return out
