@@ -77,12 +77,19 @@ class Dockerfile:
         return pairs
 
 
-def server_command(dockerfile: Dockerfile) -> list[str]:
-    """The image's entry point without its init (tini): the mserve command line."""
+def server_command(
+    dockerfile: Dockerfile, args: list[str], environ: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """What the image runs for a container's ``args`` and environment: its entry point without
+    its init (tini), and, as that is mserve-container, the command line and environment it
+    execs (server/container.py decides; the same code runs in the image)."""
+    from server.container import command_for
+
     command = dockerfile.entrypoint()
     if command[:2] == ["tini", "--"]:
         command = command[2:]
-    return command
+    assert command == ["mserve-container"], command
+    return command_for(list(args), environ)
 
 
 def kserve_storage(root: Path, tmp_path: Path) -> None:

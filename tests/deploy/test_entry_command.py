@@ -53,12 +53,13 @@ def test_the_image_command_serves_kserve_torchserve_storage(tmp_path: Path) -> N
     mount = tmp_path / "mnt" / "models"
     kserve_storage(mount, tmp_path)
     args = [a.replace("/mnt/models", str(mount)) for a in container["args"]]
-    command = [*server_command(Dockerfile.read(DOCKERFILE)), *args]
     run_dir = tmp_path / "run"
+    command, env = server_command(Dockerfile.read(DOCKERFILE), args,
+                                  runtime_env(container, run_dir, key_file))  # fmt: skip
     log = tmp_path / "mserve.out"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, env=runtime_env(container, run_dir, key_file),
-                                stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)  # fmt: skip
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=tmp_path)  # fmt: skip
     try:
         status: dict[str, Any] = {}
         probes: list[int] = []  # readiness answers while the model was still loading

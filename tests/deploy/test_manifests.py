@@ -223,15 +223,16 @@ def test_cli_flags_named_by_the_manifests_exist(
 ) -> None:
     """The image's command with each runtime's arguments parses with mserve's own CLI; and a
     flag we do not have fails the same check."""
-    command = server_command(Dockerfile.read(DOCKERFILE))
-    assert command[0] == "mserve"
+    docker = Dockerfile.read(DOCKERFILE)
     runtimes = [*of_kind(rendered["kserve runtime alone"], "ServingRuntime"),
                 *of_kind(rendered["kserve cluster runtime, gpu"], "ClusterServingRuntime")]
     for runtime in runtimes:
-        args = [*command[1:], *_container(runtime).get("args", ())]
-        mserve_cli.make_context("mserve", args)
+        command, _env = server_command(docker, _container(runtime).get("args", []), {})
+        assert command[:3] == ["mserve", "--start", "--foreground"]
+        mserve_cli.make_context("mserve", command[1:])
+    command, _env = server_command(docker, ["--model-dir=/mnt/models"], {})
     with pytest.raises(click.NoSuchOption):
-        mserve_cli.make_context("mserve", [*command[1:], "--model-dir=/mnt/models"])
+        mserve_cli.make_context("mserve", command[1:])
 
 
 def test_kserve_runtime_reads_torchserves_layout(
@@ -281,7 +282,16 @@ def test_dockerfile() -> None:
     """Entry point, variants, non-root user, the baked config (every key known), and the
     exposed ports equal to that config's; the files it copies exist."""
     docker = Dockerfile.read(DOCKERFILE)
-    assert docker.entrypoint() == ["tini", "--", "mserve", "--start", "--foreground"]
+    assert docker.entrypoint() == ["tini", "--", "mserve-container"]
+    for args, command in [
+        ([], ["mserve", "--start", "--foreground"]),
+        (["--models", "all"], ["mserve", "--start", "--foreground", "--models", "all"]),
+        (["torchserve", "--start", "--ncs"], ["torchserve", "--start", "--ncs", "--foreground"]),
+        (["mserve", "--start", "--foreground"], ["mserve", "--start", "--foreground"]),
+        (["torchserve", "--stop"], ["torchserve", "--stop"]),
+        (["bash", "-c", "ls"], ["bash", "-c", "ls"]),
+    ]:  # fmt: skip
+        assert server_command(docker, args, {})[0] == command
     stages = {value[-1] for value in docker.all("FROM")}
     assert {"base-cpu", "base-cuda", "runtime"} <= stages
     assert ("base-${VARIANT}", "AS", "runtime") in docker.all("FROM")
