@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from server.errors import BadRequest, ConfigError, MserveError
+from server.errors import BadRequest, ConfigError, Unauthorized
 from server.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -48,25 +48,6 @@ KEY_BYTES = 32
 FIXED_KEY_MIN_CHARS = 16
 FIXED_KEY_MAX_CHARS = 512
 FIXED_KEY_FILE_MAX_BYTES = 64 * 1024
-
-
-class Unauthorized(MserveError):
-    """No key, a wrong key or an expired one. TorchServe answers 400 with this type; 401 with
-    ``WWW-Authenticate`` is what HTTP clients and proxies expect."""
-
-    status = 401
-    type = "InvalidKeyException"
-
-    def __init__(self, message: str, realm: str, error: str | None) -> None:
-        super().__init__(message)
-        self.realm = realm
-        self.error = error  # RFC 6750: "invalid_token" once a key was sent
-
-    def headers(self) -> dict[str, str]:
-        value = f'Bearer realm="{self.realm}"'
-        if self.error:
-            value += f', error="{self.error}"'
-        return {"WWW-Authenticate": value}
 
 
 @dataclass

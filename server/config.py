@@ -211,6 +211,9 @@ class ServerConfig:
     # TLS for listeners whose address is https:// (server/tls.py): PEM files.
     certificate_file: str | None = None
     private_key_file: str | None = None
+    # OpenSSL's security level for the HTTPS listeners (its default, 2 on current systems,
+    # refuses RSA keys under 2048 bits; 1 accepts them, as TorchServe's Java TLS does)
+    tls_security_level: int | None = None
     # The gRPC frontend (server/rpc/): TorchServe's inference and management services; off with
     # grpc: false. Over TLS when enable_grpc_ssl (TorchServe's name) or an https:// address,
     # from certificate_file and private_key_file.

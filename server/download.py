@@ -197,6 +197,7 @@ class Downloader:
             raise ArchiveNotAllowed(
                 f"Given URL {shown} does not match any allowed URL(s): allowed_urls is empty, so"
                 " only archives in the model store and allowed_paths can be registered"
+                " (TorchServe's default allows any URL: allowed_urls=file://.*|http(s)?://.*)"
             )
         raise ArchiveNotAllowed(
             f"Given URL {shown} does not match any allowed URL(s) (the allowed_urls patterns)"

@@ -47,6 +47,26 @@ class ModelNotFound(MserveError):
     type = "ModelNotFoundException"
 
 
+class Unauthorized(MserveError):
+    """No key, a wrong key or an expired one (server/auth.py). TorchServe answers 400 with this
+    type (and so does its layout: :data:`TORCHSERVE_ANSWERS`); 401 with ``WWW-Authenticate`` is
+    what HTTP clients and proxies expect."""
+
+    status = 401
+    type = "InvalidKeyException"
+
+    def __init__(self, message: str, realm: str, error: str | None) -> None:
+        super().__init__(message)
+        self.realm = realm
+        self.error = error  # RFC 6750: "invalid_token" once a key was sent
+
+    def headers(self) -> dict[str, str]:
+        value = f'Bearer realm="{self.realm}"'
+        if self.error:
+            value += f', error="{self.error}"'
+        return {"WWW-Authenticate": value}
+
+
 class PathNotFound(MserveError):
     """No API at this path."""
 
@@ -198,6 +218,7 @@ class DownloadTooLarge(DownloadFailed):
 TORCHSERVE_ANSWERS: dict[type[MserveError], tuple[int, str]] = {
     HandlerLoadFailed: (500, "InternalServerException"),
     WorkerTimeout: (500, "InternalServerException"),
+    Unauthorized: (400, "InvalidKeyException"),
 }
 
 

@@ -274,7 +274,9 @@ class Server:
         tls = None
         if any(secure for secure, _, _ in addresses.values()):
             assert config.certificate_file and config.private_key_file  # checked by the config
-            tls = server_context(config.certificate_file, config.private_key_file)
+            tls = server_context(
+                config.certificate_file, config.private_key_file, config.tls_security_level
+            )
         if self.keys is not None:
             self.keys.write()
             log.info("token authorization is on: keys in %s", self.keys.path)
@@ -321,7 +323,10 @@ class Server:
         tls = None
         if grpc_tls(config):
             assert config.certificate_file and config.private_key_file  # checked by the config
-            server_context(config.certificate_file, config.private_key_file)  # checks the files
+            # checks the files
+            server_context(
+                config.certificate_file, config.private_key_file, config.tls_security_level
+            )
             tls = credentials(config.certificate_file, config.private_key_file)
         torchserve = InferenceService(self.registry, self.metrics, config.max_response_size_bytes)
         services = {

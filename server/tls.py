@@ -5,7 +5,9 @@ certificate (chain) and private key files (TorchServe's ``certificate_file`` and
 Modern defaults: TLS 1.2 or newer; for TLS 1.2, forward-secret AEAD suites only (ECDHE or DHE
 with AES-GCM or ChaCha20-Poly1305); TLS 1.3 suites are OpenSSL's, all strong. No compression,
 no renegotiation. A file that is missing, unreadable, not PEM, or a key that does not match the
-certificate stops the start with a message naming the file.
+certificate stops the start with a message naming the file. A key OpenSSL finds too weak for
+its security level (an RSA key under 2048 bits, at the default level 2) stops it too, naming
+``tls_security_level``: 1 accepts such keys, as TorchServe does.
 """
 
 from __future__ import annotations
@@ -18,14 +20,17 @@ from server.errors import ConfigError
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20:!aNULL:!eNULL:!MD5:!DSS"
 
 
-def server_context(certificate_file: str, private_key_file: str) -> ssl.SSLContext:
+def server_context(
+    certificate_file: str, private_key_file: str, security_level: int | None = None
+) -> ssl.SSLContext:
     cert, key = Path(certificate_file).expanduser(), Path(private_key_file).expanduser()
     for what, path in (("certificate_file", cert), ("private_key_file", key)):
         if not path.is_file():
             raise ConfigError(f"{what} {path} does not exist or is not a file")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.set_ciphers(TLS12_CIPHERS)
+    level = "" if security_level is None else f":@SECLEVEL={security_level}"
+    context.set_ciphers(TLS12_CIPHERS + level)
     context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION
     context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     if not _holds_certificate(cert):
@@ -39,6 +44,13 @@ def server_context(certificate_file: str, private_key_file: str) -> ssl.SSLConte
         if "KEY_VALUES_MISMATCH" in str(exc).upper():
             raise ConfigError(
                 f"private_key_file {key} does not belong to certificate_file {cert}"
+            ) from None
+        if exc.reason in ("EE_KEY_TOO_SMALL", "CA_KEY_TOO_SMALL", "CA_MD_TOO_WEAK"):
+            raise ConfigError(
+                f"certificate_file {cert}: its key or signature is too weak for OpenSSL's"
+                f" security level ({exc.reason}; an RSA key under 2048 bits, at the usual"
+                " level 2): make a 2048-bit or larger key, or set tls_security_level: 1 to"
+                " accept it, as TorchServe does"
             ) from None
         raise ConfigError(
             f"private_key_file {key} is not a usable PEM private key ({exc.reason or exc});"

@@ -12,11 +12,12 @@ import subprocess
 from collections.abc import Callable
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from server.main import open_warning
@@ -234,9 +235,11 @@ def test_disable_token_auth_serves_without_keys(
 # --- TLS ------------------------------------------------------------------------------------
 
 
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key, made here (never a fixed file)."""
-    key = ec.generate_private_key(ec.SECP256R1())
+def _self_signed(folder: Path, rsa_bits: int | None = None) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (EC P-256, or RSA of ``rsa_bits``), made here
+    (never a fixed file)."""
+    key: Any = (ec.generate_private_key(ec.SECP256R1()) if rsa_bits is None
+                else rsa.generate_private_key(public_exponent=65537, key_size=rsa_bits))  # fmt: skip
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mserve test")])
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (
@@ -351,3 +354,34 @@ def test_bad_certificate_files_stop_the_start(tmp_path: Path, files: str, messag
     assert out.returncode != 0
     assert message.format(cert=cert, other=other) in out.stderr, out.stderr
     assert not (tmp_path / "run" / "mserve.pid").exists()  # nothing left running
+
+
+def test_a_1024_bit_key_names_the_setting_that_accepts_it(tmp_path: Path) -> None:
+    """TorchServe serves a 1024-bit RSA key; OpenSSL's usual level refuses it: the start says
+    which setting accepts it, and with it the listener serves over that key."""
+    cert, key = _self_signed(tmp_path, rsa_bits=1024)
+    config = tmp_path / "tls.yaml"
+    settings = (
+        "inference_address: https://127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
+        "metrics_address: 127.0.0.1:0\ngrpc: false\ndisable_token_authorization: true\n"
+        f"certificate_file: {cert}\nprivate_key_file: {key}\n"
+    )
+    config.write_text(settings)
+    start = [MSERVE, "--start", "--config", str(config), "--run-dir", str(tmp_path / "run")]
+    out = subprocess.run(start, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert (
+        f"certificate_file {cert}: its key or signature is too weak for OpenSSL's security level"
+        " (EE_KEY_TOO_SMALL; an RSA key under 2048 bits, at the usual level 2): make a 2048-bit"
+        " or larger key, or set tls_security_level: 1 to accept it, as TorchServe does"
+    ) in out.stderr, out.stderr
+    config.write_text(settings + "tls_security_level: 1\n")
+    out = subprocess.run(start, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    server = Server(tmp_path / "run", json.loads((tmp_path / "run" / "status.json").read_text()))
+    try:
+        client = ssl.create_default_context(cafile=str(cert))
+        client.set_ciphers("DEFAULT:@SECLEVEL=1")  # a client that accepts such keys too
+        assert _https(server, "inference", "GET", "/ping", client).status == 200
+    finally:
+        subprocess.run([MSERVE, "--stop", "--run-dir", str(tmp_path / "run")], timeout=120)

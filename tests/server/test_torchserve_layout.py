@@ -101,8 +101,9 @@ class TorchServeDir:
     def call(self, api: str, method: str, path: str, body: bytes | None = None) -> Reply:
         kind = "inference" if api == "inference" else "management"
         headers = {"Authorization": f"Bearer {self.key(kind)}"}
-        if body and body.startswith(b"{"):
-            headers["Content-Type"] = "application/json"
+        if body:  # a body without a type is a form to TorchServe (urllib's default type)
+            json_body = body.startswith(b"{")
+            headers["Content-Type"] = "application/json" if json_body else "application/octet-stream"
         if body is None and method in ("POST", "PUT", "DELETE"):
             body = b""
         return http(method, f"{self.status['urls'][api]}{path}", body, headers)
@@ -163,7 +164,8 @@ def test_started_as_torchserve_is_its_files_console_and_stop(ts_dir: TorchServeD
     reply = ts_dir.call("inference", "POST", "/predictions/printer", b"hello")
     assert (reply.status, reply.body) == (200, b"hello")
     bare = http("POST", f"{ts_dir.status['urls']['inference']}/predictions/printer", b"x")
-    assert bare.status == 401  # keys are required, as in TorchServe 0.12
+    # keys are required, as in TorchServe 0.12, which refuses a call without one with a 400
+    assert (bare.status, bare.json()["type"]) == (400, "InvalidKeyException")
 
     # TorchServe's log files under logs/, in its formats; metrics_mode log is its default
     logs = root / "logs"

@@ -163,7 +163,8 @@ def test_urls_outside_the_allow_list_are_refused(upstream, echo_bytes, start_ser
     assert register(server, url + "?token=s3cret") == (403, {
         "code": 403, "type": "ArchiveNotAllowedException",
         "message": f"Given URL {url} does not match any allowed URL(s): allowed_urls is empty,"
-                   " so only archives in the model store and allowed_paths can be registered",
+                   " so only archives in the model store and allowed_paths can be registered"
+                   " (TorchServe's default allows any URL: allowed_urls=file://.*|http(s)?://.*)",
     })  # fmt: skip
     server = start_server(config=allowed_config(upstream))
     status, body = register(server, url)
