@@ -167,6 +167,11 @@ def test_started_as_torchserve_is_its_files_console_and_stop(ts_dir: TorchServeD
     # keys are required, as in TorchServe 0.12, which refuses a call without one with a 400
     assert (bare.status, bare.json()["type"]) == (400, "InvalidKeyException")
 
+    refused = ts_dir.call("management", "POST", "/models?url=echo.mar")  # model API is off
+    assert (refused.status, refused.json()) == (405, {
+        "code": 405, "type": "MethodNotAllowedException",
+        "message": "Requested method is not allowed, please refer to API document."})  # fmt: skip
+
     # TorchServe's log files under logs/, in its formats; metrics_mode log is its default
     logs = root / "logs"
     wait_until(lambda: '"POST /predictions/printer HTTP/1.1" 200' in _read(logs / "access_log.log"),
