@@ -9,8 +9,12 @@ Python 3.8+, nothing done at import time.
   parsed; ``text/*`` becomes ``str`` (the ``charset`` parameter, default UTF-8, undecodable bytes
   replaced); everything else is the raw ``bytes``.
 - A form request (``multipart/form-data``, ``application/x-www-form-urlencoded``): one key per
-  field and no ``"body"`` (unless a field has that name), as TorchServe's frontend turns each
-  form field into one input of the request. Values are typed as TorchServe's worker types them:
+  field, as TorchServe's frontend turns each form field into one input of the request; a
+  multipart request has no ``"body"`` (unless a field has that name), as in TorchServe. A
+  url-encoded one keeps ``"body"``, the bytes as sent, beside its fields: that is the type
+  clients give a raw body by default (curl's ``-d``, urllib), and a handler that reads
+  ``body`` (as mserve gave it before) keeps working; one that reads the fields, as a TorchServe
+  handler does, sees them as TorchServe gives them. Values are typed as TorchServe's worker types them:
   a file part (one with a ``filename``) by its own Content-Type, ``application/octet-stream``
   when it names none: ``application/json`` parsed, ``text/*`` a UTF-8 ``str``, either left as
   ``bytes`` when it does not decode; everything else ``bytes``, and so is every plain field
@@ -62,6 +66,7 @@ def decode_request(
         data = _decode_multipart(raw, content_type, params_of_type)
     elif mime == "application/x-www-form-urlencoded":
         data = _decode_urlencoded(raw, params_of_type.get("charset"), content_type)
+        data.setdefault("body", raw)
     elif _is_json(mime):
         data = {"body": _decode_json(raw, params_of_type.get("charset"), content_type)}
     elif mime.startswith("text/"):

@@ -106,7 +106,8 @@ def test_request_bodies_reach_the_handler_as_torchserve_gives_them(make_archive,
         "POST", server.url("inference", "/predictions/probe?topk=3"), b"a=1&b=two",
         {"Content-Type": "application/x-www-form-urlencoded"},
     ).json()  # fmt: skip
-    assert form["keys"] == ["a", "b", "topk"]  # the fields, no body: as TorchServe
+    # the fields, as TorchServe gives them, and the bytes as sent (curl -d, urllib's default)
+    assert form["keys"] == ["a", "b", "body", "topk"]
     binary = server.predict("probe", {"cmd": "bytes"})
     assert binary.body == bytes(range(256))
     assert binary.headers["Content-Type"] == "application/octet-stream"
@@ -156,6 +157,7 @@ def test_form_fields_reach_the_handler_as_torchserve_gives_them(
     assert urlencoded["fields"] == {
         "a": ["bytes", "1"],
         "b": ["bytes", "two é".encode().decode("latin-1")],
+        "body": ["bytes", "a=1&b=two+%C3%A9"],
         "topk": ["str", "3"],
     }
     # a field named like a query parameter wins, as TorchServe adds the fields after it
