@@ -11,14 +11,14 @@ Python 3.8+, nothing done at import time.
 - A form request (``multipart/form-data``, ``application/x-www-form-urlencoded``): one key per
   field, as TorchServe's frontend turns each form field into one input of the request; a
   multipart request has no ``"body"`` (unless a field has that name), as in TorchServe. A
-  url-encoded one keeps ``"body"``, the bytes as sent, beside its fields: that is the type
-  clients give a raw body by default (curl's ``-d``, urllib), and a handler that reads
-  ``body`` (as mserve gave it before) keeps working; one that reads the fields, as a TorchServe
-  handler does, sees them as TorchServe gives them. Values are typed as TorchServe's worker
-  types them: a file part (one with a ``filename``) by its own Content-Type, ``application/octet-stream``
-  when it names none: ``application/json`` parsed, ``text/*`` a UTF-8 ``str``, either left as
-  ``bytes`` when it does not decode; everything else ``bytes``, and so is every plain field
-  (``-F name=value``) and every url-encoded field. When a name repeats, the last value wins.
+  url-encoded one keeps ``"body"``, the bytes as sent, beside its fields: that is the type clients
+  give a raw body by default (curl's ``-d``, urllib), and a handler that reads ``body`` (as
+  mserve gave it before) keeps working; one that reads the fields, as a TorchServe handler does,
+  sees them as TorchServe gives them. Values are typed as TorchServe's worker types them: a file
+  part (one with a ``filename``) by its own Content-Type, ``application/octet-stream`` when it
+  names none: ``application/json`` parsed, ``text/*`` a UTF-8 ``str``, either left as ``bytes``
+  when it does not decode; everything else ``bytes``, and so is every plain field (``-F
+  name=value``) and every url-encoded field. When a name repeats, the last value wins.
 - Query parameters are added under their own names unless a field (or ``body``) has that name.
 
 :func:`encode_output` turns one element of the handler's returned list into response bytes and a
