@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from server.envs import EnvCache, EnvRequest
+from server.model_envs import EnvCache, EnvRequest
 from tests.wheels import make_wheel
 
 BIN = Path(sys.executable).parent

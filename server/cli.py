@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 import click
 
 from server.config import ServerConfig, load_config
-from server.entry import Prefork, become_daemon, serve
+from server.daemon import Prefork, become_daemon, serve
 from server.errors import ConfigError, MserveError
 from server.rundir import ENV_META_FILE, PID_FILE, StartupModel, read_status, running_pid
 from server.ts_config import TsConfig, load_ts_config
@@ -44,7 +44,7 @@ TS_STOPPED = "TorchServe has stopped."
 @dataclass(frozen=True)
 class Invocation:
     """How the command was called: ``prefork``, the daemon-to-be forked first thing
-    (server/entry.py); ``torchserve``, as the ``torchserve`` command."""
+    (server/daemon.py); ``torchserve``, as the ``torchserve`` command."""
 
     prefork: Prefork | None = None
     torchserve: bool = False
@@ -116,7 +116,7 @@ def _start_daemon(
     config: ServerConfig, startup: list[StartupModel], warnings: list[str],
     prefork: Prefork | None,
 ) -> NoReturn:  # fmt: skip
-    """Hand the start to the process forked first thing (``prefork``, server/entry.py: it has
+    """Hand the start to the process forked first thing (``prefork``, server/daemon.py: it has
     imported the server meanwhile), else fork the server off this process now; wait for it to
     say it is ready, then raise :class:`DaemonStarted` (or fail: ``SystemExit``). A fork, not a
     fresh interpreter: the daemon starts with what was imported and read already. In the
@@ -437,7 +437,7 @@ def main(
 ) -> None:
     """The ``mserve`` command: ``mserve ray ...`` deploys on Ray Serve
     (server/rayserve/cli.py); everything else is the server's, as TorchServe's flags.
-    ``prefork``: the daemon-to-be, forked before this module was imported (server/entry.py);
+    ``prefork``: the daemon-to-be, forked before this module was imported (server/daemon.py);
     unless ``--start`` hands it the start, it exits when this process does. ``torchserve``:
     run as the ``torchserve`` command (TorchServe's layout)."""
     args = sys.argv[1:] if argv is None else list(argv)

@@ -25,7 +25,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from server.errors import ConfigError
 from server.rundir import KEY_FILE
-from server.workers.environ import DEFAULT_DENY
+from server.workers.env_vars import DEFAULT_DENY
 
 ENV_PREFIX = "MSERVE_"
 
@@ -138,10 +138,11 @@ class ServerConfig:
     startup_timeout_s: float = 120.0
     job_queue_size: int = 100
     retry_on_worker_death: bool = False
-    # Many models on one server (server/residency.py): a model idle this long scales down to its
-    # minWorkers (None: never, per model idleUnloadTimeout); the workers' memory (PSS) and the
-    # number of models with workers that starting a worker on demand may not pass, evicting
-    # the least recently used idle models first; how long such a start waits for room.
+    # Many models on one server (server/models/residency.py): a model idle this long scales
+    # down to its minWorkers (None: never, per model idleUnloadTimeout); the workers' memory
+    # (PSS) and the number of models with workers that starting a worker on demand may not
+    # pass, evicting the least recently used idle models first; how long such a start waits
+    # for room.
     idle_unload_s: float | None = None
     worker_memory_budget_mb: int | None = None
     max_loaded_models: int | None = None
@@ -234,7 +235,7 @@ class ServerConfig:
     download_timeout_s: float = 30.0
     download_total_timeout_s: float = 3600.0
     # Environment variables workers do not get (shell-style globs on the name, case ignored;
-    # server/workers/environ.py), unless the model's config names them in allowedEnvVars;
+    # server/workers/env_vars.py), unless the model's config names them in allowedEnvVars;
     # MSERVE_* never. worker_env_deny_regex: TorchServe's blacklist_env_vars, a regular
     # expression the whole name must match, on top.
     worker_env_deny: tuple[str, ...] = DEFAULT_DENY

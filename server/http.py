@@ -1,5 +1,5 @@
 """Our HTTP/1.1 server, on all three ports: connections over httptools' parser, routing left to
-each port's router (server/inference_api.py, server/app.py).
+each port's router (server/rest/inference.py, server/rest/management.py).
 
 Why not aiohttp: on the inference path the server's whole job is to move a body to a worker and
 an answer back, and aiohttp's request, response, router and middleware objects cost ~100-140 us
@@ -31,7 +31,6 @@ from urllib.parse import parse_qsl, unquote
 import httptools
 
 from server.accesslog import AccessLogFile
-from server.api_description import describe
 from server.auth import Guard
 from server.errors import (
     BadRequest,
@@ -42,6 +41,7 @@ from server.errors import (
     RequestTooLarge,
     ServiceUnavailable,
 )
+from server.rest.description import describe
 
 log = logging.getLogger(__name__)
 

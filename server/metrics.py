@@ -39,9 +39,9 @@ from server.http import Connection, Request
 from server.metric_formats import MetricLog, PromText, metric_line
 
 if TYPE_CHECKING:
-    from server.batching import Job
-    from server.model import ModelVersion
-    from server.registry import Registry
+    from server.models.batching import Job
+    from server.models.registry import Registry
+    from server.models.version import ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class Metrics:
         # and +Inf, then the sum; cumulated at scrape (collect). A prometheus_client Histogram
         # costs a lock and two inc() calls per observation, ~4% of the frontend per request.
         self._latency: dict[str, list[float]] = {}
-        # loading on demand, idle unloads and evictions (server/residency.py)
+        # loading on demand, idle unloads and evictions (server/models/residency.py)
         self.model_loads = Counter(
             "mserve_model_loads", "Workers started for a model that had none (on demand)",
             ["model", "version", "outcome"], registry=self.prom,

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from server.registry import RegisterRequest, Registry
+from server.models.registry import RegisterRequest, Registry
 from server.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)

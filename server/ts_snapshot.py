@@ -27,7 +27,7 @@ from server.rundir import write_text_atomic
 
 if TYPE_CHECKING:
     from server.config import ServerConfig
-    from server.registry import Registry
+    from server.models.registry import Registry
 
 log = logging.getLogger(__name__)
 

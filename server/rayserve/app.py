@@ -22,8 +22,8 @@ from ray import serve
 from ray.serve import Application, Deployment
 
 from archiver import __version__
-from server.envs import runtime_digest
 from server.errors import BadRequest, InvalidModel, ModelNotFound, ModelVersionNotFound
+from server.model_envs import runtime_digest
 from server.rayserve.ingress import Ingress
 from server.rayserve.plan import ModelPlan, Overrides, plan_models, scaled_options
 from server.rayserve.replica import ModelReplica

@@ -37,8 +37,8 @@ from server.errors import (
     WorkerTimeout,
 )
 from server.http import error_body
-from server.inference_api import _SERVER_HEADERS, request_id, server_metadata
 from server.rayserve.replica import BATCH_FAILED
+from server.rest.inference import _SERVER_HEADERS, request_id, server_metadata
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """What each archive becomes on Ray Serve: its settings, replicas, GPUs and runtime environment.
 
 Imports no Ray: the mapping is read from archives through the server's own code (the unpack
-cache of server/store.py, the setting precedence of server/registry.py, the requirement rules of
-server/envs.py), so it is the same as a single-node mserve's and can be checked without a
-cluster (``mserve ray deploy --dry-run`` prints it).
+cache of server/store.py, the setting precedence of server/models/registry.py, the requirement
+rules of server/model_envs.py), so it is the same as a single-node mserve's and can be checked
+without a cluster (``mserve ray deploy --dry-run`` prints it).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 from archiver import __version__
 from server.config import ServerConfig
 from server.download import is_remote
-from server.envs import find_uv, normalise_requirements, protected_constraints
 from server.errors import BadRequest, InvalidModel
-from server.model import ModelSettings
-from server.registry import RegisterRequest, effective_settings
+from server.model_envs import find_uv, normalise_requirements, protected_constraints
+from server.models.registry import RegisterRequest, effective_settings
+from server.models.version import ModelSettings
 from server.rundir import StartupModel
 from server.store import resolve_url, unpack
 
@@ -45,7 +45,7 @@ class Overrides:
     min_workers: int | None = None
     max_workers: int | None = None
     use_uv: bool = True
-    # who installs an archive's requirements: "mserve" (server/envs.py, in each replica, once
+    # who installs an archive's requirements: "mserve" (server/model_envs.py, in each replica, once
     # per node) or "ray" (the deployment's runtime_env); docs/ray.md, Requirements
     env_builder: str = "mserve"
 
@@ -269,7 +269,7 @@ def replica_env(
     model_config: dict[str, Any],
     notes: list[str],
 ) -> dict[str, Any] | None:
-    """What a replica asks mserve's environment cache for (server/envs.py, built on its node
+    """What a replica asks mserve's environment cache for (server/model_envs.py, built on its node
     under the cache's file lock, so once per node): the requirements, and the wheelhouse inside
     the unpacked archive, which every node has."""
     text = _requirements(model_dir, requirements_file)

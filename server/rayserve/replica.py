@@ -85,7 +85,7 @@ class ModelReplica:
         """The archive's requirements, from mserve's environment cache on this node (built by
         the first replica that needs it, under the cache's lock), ahead of the replica's own
         packages on ``sys.path``, as a layered mserve environment has them."""
-        from server.envs import EnvCache, EnvRequest
+        from server.model_envs import EnvCache, EnvRequest
 
         wheelhouse = model_dir / env["wheelhouse"] if env.get("wheelhouse") else None
         cache = EnvCache(cache_dir / "envs")

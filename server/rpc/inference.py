@@ -22,12 +22,12 @@ from google.rpc import status_pb2
 from grpc import aio
 
 from mserve_worker.protocol import RequestItem, ResponseItem
-from server.batching import Job
 from server.errors import BadRequest, MserveError, ResponseTooLarge
-from server.inference_api import check_size, request_id
 from server.metrics import Metrics
-from server.model import ModelVersion
-from server.registry import Registry
+from server.models.batching import Job
+from server.models.registry import Registry
+from server.models.version import ModelVersion
+from server.rest.inference import check_size, request_id
 from server.rpc import status
 from server.rpc.protos import inference_pb2 as pb
 from server.rpc.protos import inference_pb2_grpc

@@ -1,5 +1,5 @@
 """TorchServe's gRPC management service (``ManagementAPIsService``) on the same operations as the
-REST management API (server/management.py): same parameters, checks, errors and messages.
+REST management API (server/operations.py): same parameters, checks, errors and messages.
 
 proto3 cannot tell a number left 0 or a string left empty from one not given, so those count as
 not given, and the REST default applies; a negative number is refused as REST refuses it. Each
@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 from grpc import aio
 
-from server import management as ops
+from server import operations as ops
 from server.errors import BadRequest, MserveError
-from server.registry import Registry
+from server.models.registry import Registry
 from server.rpc.protos import management_pb2 as pb
 from server.rpc.protos import management_pb2_grpc
 from server.rpc.server import AddService, abort

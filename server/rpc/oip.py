@@ -1,7 +1,7 @@
 """The Open Inference Protocol's gRPC service (``inference.GRPCInferenceService``, KServe v2 and
 Triton's), on the gRPC inference port next to TorchServe's service.
 
-Health and metadata answer what their REST paths answer (server/inference_api.py). An inference
+Health and metadata answer what their REST paths answer (server/rest/inference.py). An inference
 goes to the worker as its REST form with binary data (server/rpc/oip_messages.py), marked
 ``api: "v2"``, through the same queue as TorchServe's gRPC predictions (server/rpc/inference.py),
 so signatures, checks, error messages and handler styles are those of ``/v2/models/{m}/infer``.
@@ -28,8 +28,8 @@ from grpc import aio
 from mserve_worker.oip.tensors import HEADER_LENGTH
 from mserve_worker.protocol import RequestItem
 from server.errors import BadRequest, InternalError, MserveError, ResponseTooLarge
-from server.inference_api import model_metadata, request_id, server_metadata
-from server.registry import Registry
+from server.models.registry import Registry
+from server.rest.inference import model_metadata, request_id, server_metadata
 from server.rpc import status
 from server.rpc.inference import HandlerStatus, InferenceService
 from server.rpc.oip_messages import request_body, response

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mserve_worker.imports import valid_names
-from server.workers.environ import DEFAULT_DENY, WorkerEnvironment
+from server.workers.env_vars import DEFAULT_DENY, WorkerEnvironment
 from server.workers.preload import PreloadMemory
 from server.workers.prespawn import (
     EarlyTemplate,
@@ -62,8 +62,9 @@ def worker_command(python: str, fd: int) -> list[str]:
 async def exec_worker(
     python: str, cwd: str, env: dict[str, str], fd: int, base_env: Mapping[str, str]
 ) -> Process:
-    """``base_env``: what every worker gets of the server's environment (server/workers/environ.py);
-    ``env``: this worker's own (its GPU, the variables its model is allowed)."""
+    """``base_env``: what every worker gets of the server's environment
+    (server/workers/env_vars.py); ``env``: this worker's own (its GPU, the variables its model
+    is allowed)."""
     return await asyncio.create_subprocess_exec(
         *worker_command(python, fd),
         cwd=cwd,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from server.rundir import SNAPSHOT_FILE, StartupModel
-from server.workers.environ import WorkerEnvironment
+from server.workers.env_vars import WorkerEnvironment
 from server.workers.preload import PreloadMemory
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from server.api_description import INFERENCE_PATHS, MANAGEMENT_PATHS, describe
+from server.rest.description import INFERENCE_PATHS, MANAGEMENT_PATHS, describe
 from tests.server.conftest import http
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from server.envs import EnvBuildError, EnvCache, EnvRequest
+from server.model_envs import EnvBuildError, EnvCache, EnvRequest
 from tests.server.conftest import wait_until
 from tests.wheels import make_wheel
 
@@ -94,7 +94,7 @@ def test_layered_env_sees_server_packages_isolated_does_not(tmp_path: Path) -> N
 _BUILD = """
 import sys
 from pathlib import Path
-from server.envs import EnvBuildError, EnvCache, EnvRequest
+from server.model_envs import EnvBuildError, EnvCache, EnvRequest
 cache = EnvCache(Path(sys.argv[1]), use_uv=sys.argv[3] == "uv")
 print(cache.ensure(EnvRequest("mservetestpkg==1.0", "m:1", Path(sys.argv[2]))))
 """

@@ -1,6 +1,6 @@
 """The inference port's HTTP/1.1 handling, byte level, through a real server and raw sockets.
 
-The port runs our own connection protocol over httptools (server/inference_api.py); these are
+The port runs our own connection protocol over httptools (server/rest/inference.py); these are
 the cases a client library hides: pipelining, Expect, chunked bodies, keep-alive rules, limits,
 malformed input, header injection by a handler.
 """

@@ -9,7 +9,7 @@ import pytest
 
 from server.devices import GpuAllocator
 from server.errors import InvalidModel
-from server.model import ModelSettings, ModelVersion
+from server.models.version import ModelSettings, ModelVersion
 from server.workers.launch import Launcher
 
 HANDLERS = Path(__file__).resolve().parent.parent / "handlers"
@@ -55,7 +55,7 @@ def test_restart_backoff_doubles_and_starts_again_after_a_worker_served_a_while(
     import signal
     import sys
 
-    import server.model as model_module
+    import server.models.version as model_module
     from server.workers.process import WorkerState
 
     monkeypatch.setattr(model_module, "BACKOFF_START_S", 0.2)
@@ -70,7 +70,7 @@ def test_restart_backoff_doubles_and_starts_again_after_a_worker_served_a_while(
                 delays.append(message.rsplit("restarting in ", 1)[1])
 
     handler = Collect()
-    logging.getLogger("server.model").addHandler(handler)
+    logging.getLogger("server.models.version").addHandler(handler)
 
     async def crash(model: ModelVersion, served_s: float) -> None:
         worker = model.slots[0].worker
@@ -100,5 +100,5 @@ def test_restart_backoff_doubles_and_starts_again_after_a_worker_served_a_while(
     try:
         asyncio.run(scenario())
     finally:
-        logging.getLogger("server.model").removeHandler(handler)
+        logging.getLogger("server.models.version").removeHandler(handler)
     assert delays == ["0.2 s", "0.4 s", "0.8 s", "0.2 s", "0.2 s"]

@@ -56,7 +56,7 @@ def test_start_predict_status_stop(make_archive, start_server) -> None:
                 found.add(proc.info["pid"])
         return found
 
-    # the daemon-to-be forked first thing (server/entry.py) ends with the refused start
+    # the daemon-to-be forked first thing (server/daemon.py) ends with the refused start
     wait_until(lambda: starts_left() <= {server.pid}, 10, "the refused start's fork to exit")
     workers = server.worker_pids("probe")
     stopped = server.cli("--stop")

@@ -24,7 +24,7 @@ import pytest
 from mserve_worker.context import Context
 from mserve_worker.loader import HandlerLoadError, LoadedHandler, load_handler
 from mserve_worker.sdk.v2_model import V2ModelServer
-from server.envs import copy_runtime
+from server.model_envs import copy_runtime
 from tests.conftest import ARCHIVER_SCRIPT, REPO
 from tests.server import conftest as serving
 from tests.server.conftest import Reply, concurrently, http

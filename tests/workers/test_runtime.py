@@ -14,7 +14,7 @@ import pytest
 
 from mserve_worker import protocol
 from mserve_worker.protocol import Frame, Kind, RequestItem
-from server.envs import copy_runtime
+from server.model_envs import copy_runtime
 
 REPO = Path(__file__).resolve().parent.parent.parent
 HANDLERS = REPO / "tests" / "handlers"

@@ -32,7 +32,7 @@ from mserve_worker import payload as payload_module
 from mserve_worker.context import Context, Metrics
 from mserve_worker.loader import HandlerLoadError, LoadedHandler, load_handler
 from mserve_worker.payload import PayloadError, decode_request, encode_output
-from server.envs import copy_runtime
+from server.model_envs import copy_runtime
 
 HANDLERS = Path(__file__).resolve().parent.parent / "handlers"
 WORKERS = Path(context_module.__file__).resolve().parent

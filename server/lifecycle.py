@@ -28,7 +28,6 @@ import uvloop
 from archiver import __version__
 from server import snapshot, ts_snapshot
 from server.accesslog import AccessLogFile
-from server.app import ManagementAPI
 from server.auth import Guard, Keys, read_key_file
 from server.config import ModelEntry, ServerConfig, grpc_tls, split_address
 from server.console import ConsoleHandler
@@ -37,10 +36,11 @@ from server.download import is_remote, recorded_url
 from server.errors import MserveError, answer_as_torchserve
 from server.handler_metrics import MetricsConfig, load_metrics_config
 from server.http import HttpServer
-from server.inference_api import InferenceAPI
 from server.metrics import Metrics, MetricsAPI
-from server.model import ModelVersion
-from server.registry import RegisterRequest, Registry
+from server.models.registry import RegisterRequest, Registry
+from server.models.version import ModelVersion
+from server.rest.inference import InferenceAPI
+from server.rest.management import ManagementAPI
 from server.rundir import (
     LOCK_FILE,
     PID_FILE,
@@ -50,7 +50,7 @@ from server.rundir import (
     write_json_atomic,
 )
 from server.tls import server_context
-from server.workers.environ import WorkerEnvironment, hide_own_environ
+from server.workers.env_vars import WorkerEnvironment, hide_own_environ
 from server.workers.launch import Launcher
 from server.workers.preload import PreloadMemory
 from server.workers.prespawn import EarlyStart, start_early

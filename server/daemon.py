@@ -121,7 +121,7 @@ def _wait_for_start(go_r: int, ready_w: int, console: tuple[int, int] | None) ->
 
 
 def _import_server() -> None:
-    import server.main  # noqa: F401
+    import server.lifecycle  # noqa: F401
 
 
 def become_daemon(
@@ -181,7 +181,7 @@ def serve(
     early = start_early(config, startup)
     if importing is not None:
         importing.join()  # type: ignore[attr-defined]
-    from server.main import run_server  # heavy: only the server process needs it
+    from server.lifecycle import run_server  # heavy: only the server process needs it
 
     return run_server(
         config, startup, foreground=foreground, warnings=warnings, early=early, ready_fd=ready_fd

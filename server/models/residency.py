@@ -1,6 +1,6 @@
 """Many models on one server: which models keep workers.
 
-A model with no worker loads on demand (server/model.py: a request starts one). This module
+A model with no worker loads on demand (server/models/version.py: a request starts one). This module
 decides the rest, server-wide:
 
 - **Idle unload**: a model asked for nothing during its ``idle_unload_s`` scales down to its
@@ -39,7 +39,7 @@ from server.errors import BudgetExhausted
 
 if TYPE_CHECKING:
     from server.metrics import Metrics
-    from server.model import ModelVersion
+    from server.models.version import ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Residency:
     # --- events -----------------------------------------------------------------------------
 
     def loaded(self, model: ModelVersion, seconds: float, ok: bool) -> None:
-        """An on-demand load ended (server/model.py)."""
+        """An on-demand load ended (server/models/version.py)."""
         self.loads += 1
         self.failed_loads += not ok
         if self.metrics is not None:

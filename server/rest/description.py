@@ -17,7 +17,7 @@ from archiver import __version__
 # The most workers one model may be asked for through the API (min_worker, max_worker,
 # initial_workers); more is refused with 400 rather than started.
 MAX_WORKERS = 1024
-# TorchServe's paging (server/app.py models_page)
+# TorchServe's paging (server/rest/management.py models_page)
 MAX_PAGE = 100
 
 _NAME = {"type": "string", "minLength": 1}

@@ -23,13 +23,13 @@ from typing import Any
 from archiver import __version__
 from mserve_worker.oip.signature import SignatureError, parse_signature
 from mserve_worker.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
-from server.batching import Job
 from server.errors import BadRequest, InternalError, MserveError, ResponseTooLarge
 from server.http import ChunkedAnswer, Connection, Request, header_ok
-from server.management import models_page
 from server.metrics import Metrics
-from server.model import ModelVersion
-from server.registry import Registry
+from server.models.batching import Job
+from server.models.registry import Registry
+from server.models.version import ModelVersion
+from server.operations import models_page
 from server.streaming import ChunkStream
 
 log = logging.getLogger(__name__)

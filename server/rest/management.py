@@ -1,5 +1,5 @@
 """The management API (8081), with TorchServe's paths and parameters. The inference port (8080)
-is server/inference_api.py, the metrics port (8082) server/metrics.py; all three run on
+is server/rest/inference.py, the metrics port (8082) server/metrics.py; all three run on
 server/http.py.
 
 Errors keep TorchServe's JSON shape ``{"code", "type", "message"}``.
@@ -15,7 +15,8 @@ from typing import Any
 from server.auth import Keys
 from server.errors import PathNotFound
 from server.http import Answer, Connection, Request, json_answer
-from server.management import (
+from server.models.registry import Registry
+from server.operations import (
     Outcome,
     check_model_api,
     describe,
@@ -25,7 +26,6 @@ from server.management import (
     set_default,
     unregister_model,
 )
-from server.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from mserve_worker import protocol
 from mserve_worker.protocol import STREAM_FAILED_HEADER, TOO_LARGE_HEADER, Frame, RequestItem
-from server.batching import Job, JobQueue, QueueFull, gather_batch
 from server.devices import GpuPlan, shown_gpu_id, worker_env_for
 from server.errors import (
     HandlerError,
@@ -36,13 +35,14 @@ from server.errors import (
     WorkerTimeout,
 )
 from server.metrics import Metrics, ModelStats
+from server.models.batching import Job, JobQueue, QueueFull, gather_batch
 from server.streaming import ChunkStream
 from server.workers.channel import Batch, ChannelClosed
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
 
 if TYPE_CHECKING:
-    from server.residency import Residency
+    from server.models.residency import Residency
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class ModelVersion:
             model_yaml_config.get("allowedEnvVars") or (), self.label
         )
         self.stats = ModelStats(metrics, name, version)  # TorchServe's metrics
-        # loading on demand (server/residency.py): the server's residency keeper, whether the
+        # loading on demand (server/models/residency.py): the server's residency keeper, whether the
         # model is ready to start workers (its environment built), when it was last asked for
         self.residency: Residency | None = None
         self.prepared = False
@@ -721,7 +721,7 @@ class ModelVersion:
     ) -> None:
         """Bring the worker count to ``min_workers``; with ``synchronous`` wait for them.
 
-        New workers must fit the server's budget (server/residency.py) like loads on demand:
+        New workers must fit the server's budget (server/models/residency.py) like loads on demand:
         idle models are evicted for them, or the call waits up to ``load_wait_s`` and raises
         :class:`BudgetExhausted` with the settings left as they were. The new ``min_workers``
         is set before that wait, so evictions meanwhile leave this model's workers alone."""

@@ -19,7 +19,6 @@ from mserve_worker.protocol import MAX_U32
 from server.config import ModelEntry, ServerConfig
 from server.devices import GpuAllocator
 from server.download import Downloader, Progress, is_remote
-from server.envs import EnvCache, EnvRequest, normalise_requirements
 from server.errors import (
     InvalidModel,
     ModelAlreadyExists,
@@ -28,9 +27,10 @@ from server.errors import (
     MserveError,
 )
 from server.metrics import Metrics
-from server.model import ModelSettings, ModelVersion
+from server.model_envs import EnvCache, EnvRequest, normalise_requirements
+from server.models.residency import Residency
+from server.models.version import ModelSettings, ModelVersion
 from server.redaction import PathRedactor
-from server.residency import Residency
 from server.store import UnpackedModel, resolve_url, unpack
 from server.workers.launch import Launcher
 from server.workers.process import default_python
@@ -69,7 +69,7 @@ class RegisterRequest:
     trusted: bool = False  # the operator's --models flag may name any local path
     at_startup: bool = False
     sha256: str | None = None  # the archive's digest the registration pins (server/download.py)
-    idle_unload_s: float | None = None  # 0: never (server/residency.py)
+    idle_unload_s: float | None = None  # 0: never (server/models/residency.py)
     # min and max workers when neither the request nor the archive names them (TorchServe's
     # layout: 0 for a registration through the API); None: the config's models entry, then
     # default_workers_per_model
@@ -145,7 +145,7 @@ class Registry:
         self.unrestored: list[dict[str, Any]] = []
         self.envs = EnvCache(config.env_path, protected=config.protected_packages)
         self.downloader = Downloader(config)
-        # which models keep workers: idle unload, the memory budget (server/residency.py)
+        # which models keep workers: idle unload, the memory budget (server/models/residency.py)
         self.residency = Residency(config, metrics)
         self.residency.watch(self.all)
         # server paths out of error answers and describe's worker output (server/redaction.py)

@@ -1,7 +1,8 @@
 """The management operations, whatever the transport: register, scale, unregister, set-default,
 describe and list, with their parameters read and checked once, by the names the REST API gives
-them. The REST router (server/app.py) and the gRPC management service (server/rpc/management.py)
-both call these, so both answer with the same semantics, errors and messages.
+them. The REST router (server/rest/management.py) and the gRPC management service
+(server/rpc/management.py) both call these, so both answer with the same semantics, errors and
+messages.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from server.api_description import MAX_PAGE, MAX_WORKERS
 from server.config import BATCH_WAITS
 from server.download import parse_sha256
 from server.errors import BadRequest, ModelApiDisabled, ModelNotFound, ModelVersionNotFound
-from server.registry import RegisterRequest, Registry
+from server.models.registry import RegisterRequest, Registry
+from server.rest.description import MAX_PAGE, MAX_WORKERS
 
 # TorchServe's runtimes (its Manifest.RuntimeType); all Python ones run on the model's Python 3.
 PYTHON_RUNTIMES = ("python", "python2", "python3")
