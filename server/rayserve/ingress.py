@@ -23,7 +23,6 @@ from starlette.responses import Response
 from mserve_worker.oip.signature import SignatureError, parse_signature
 from mserve_worker.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
 from server.errors import (
-    BadRequest,
     HandlerError,
     InternalError,
     MethodNotAllowed,
@@ -38,7 +37,19 @@ from server.errors import (
 )
 from server.http import error_body
 from server.rayserve.replica import BATCH_FAILED
-from server.rest.inference import _SERVER_HEADERS, request_id, server_metadata
+from server.rest.inference import SERVER_HEADERS, request_id, server_metadata
+from server.rest.routes import (
+    INFER,
+    MODELS,
+    PING,
+    V1_MODELS,
+    V1_READY,
+    V2_LIVE,
+    V2_MODEL,
+    V2_READY,
+    V2_SERVER,
+    match,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,79 +83,50 @@ class Ingress:
             return Response(json.dumps(body), exc.status, headers, media_type=JSON)
 
     async def _route(self, request: Request, parts: list[str]) -> Response:
-        n = len(parts)
-        head = parts[0] if parts else ""
-        method = request.method
-        if head in ("predictions", "explanations") and n >= 2:
-            _allow(request, "POST", "PUT")
-            version = parts[2] if n >= 3 else None
-            headers = [[k, v] for k, v in request.headers.items() if k != "url_path"]
-            headers.append(["url_path", "/".join(parts[3:]) if n > 3 else ""])
-            op = ""
-            if head == "explanations":
+        route = match(parts, request.method)
+        if route is None:
+            raise _not_found(request.method, request)
+        _allow(request, *route.methods)
+        kind = route.kind
+        if kind == INFER:
+            headers = [[k, v] for k, v in request.headers.items()]
+            if route.url_path is not None:  # replaces a client's own
+                headers = [h for h in headers if h[0] != "url_path"]
+                headers.append(["url_path", route.url_path])
+            if route.explain:
                 headers.append(["explain", "True"])
-                op = "explain"
-            return await self._infer(request, parts[1], version, op, "", headers)
-        if parts == ["ping"]:
-            _allow(request, "GET")
+            assert route.model is not None
+            return await self._infer(
+                request, route.model, route.version, route.op, route.api, headers
+            )
+        if kind == PING:
             healthy = await self._all_ready()
             return _json(200 if healthy else 500, {"status": "Healthy" if healthy else "Unhealthy"})
-        if head == "v2":
-            return await self._v2(request, parts[1:])
-        if head == "v1" and n == 3 and parts[1] == "models":
-            name, colon, verb = parts[2].rpartition(":")
-            if not colon:
-                _allow(request, "GET")
-                ready = await self._ready(parts[2], None)
-                return _json(200 if ready else 503, {"name": parts[2], "ready": ready})
-            if verb not in ("predict", "explain"):
-                raise _not_found(method, request)
-            _allow(request, "POST")
-            headers = [[k, v] for k, v in request.headers.items()]
-            op = ""
-            if verb == "explain":
-                headers.append(["explain", "True"])
-                op = "explain"
-            return await self._infer(request, name, None, op, "v1", headers)
-        raise _not_found(method, request)
-
-    async def _v2(self, request: Request, parts: list[str]) -> Response:
-        if not parts:
-            _allow(request, "GET")
+        if kind == MODELS:  # TorchServe's list on the inference port (no server paths)
+            return _json(200, {"models": [
+                {"modelName": name, "modelUrl": _archive_name(model)}
+                for name, model in sorted(self.models.items())
+            ]})  # fmt: skip
+        if kind == V1_MODELS:
+            return _json(200, {"models": sorted(self.models)})
+        if kind == V1_READY:
+            assert route.model is not None
+            ready = await self._ready(route.model, None)
+            return _json(200 if ready else 503, {"name": route.model, "ready": ready})
+        if kind == V2_SERVER:
             return _json(200, server_metadata())
-        if len(parts) == 2 and parts[0] == "health" and parts[1] in ("live", "ready"):
-            _allow(request, "GET")
-            if parts[1] == "live":
-                return _json(200, {"live": True})
+        if kind == V2_LIVE:
+            return _json(200, {"live": True})
+        if kind == V2_READY:
             ready = await self._all_ready()
             return _json(200 if ready else 503, {"ready": ready})
-        if len(parts) < 2 or parts[0] != "models":
-            raise _not_found(request.method, request)
-        name, rest, version = parts[1], parts[2:], None
-        if len(rest) >= 2 and rest[0] == "versions":
-            version, rest = rest[1], rest[2:]
-        if not rest:
-            _allow(request, "GET")
-            return _json(200, self._metadata(name, version))
-        if len(rest) != 1:
-            raise _not_found(request.method, request)
-        op = rest[0]
-        if op == "ready" and request.method in ("GET", "HEAD"):
-            resolved = self._version(name, version)
-            ready = await self._ready(name, resolved)
-            return _json(200 if ready else 503, {"name": name, "version": resolved, "ready": ready})
-        _allow(request, "POST")
-        headers = [[k, v] for k, v in request.headers.items()]
-        api = "v2"
-        if op in ("infer", "predict"):
-            op = ""
-        elif op == "explain":
-            headers.append(["explain", "True"])
-        elif not op.isidentifier():
-            raise BadRequest(f"operation {op!r} is not a valid name (letters, digits and '_')")
-        else:
-            api = ""
-        return await self._infer(request, name, version, op, api, headers)
+        assert route.model is not None
+        if kind == V2_MODEL:
+            return _json(200, self._metadata(route.model, route.version))
+        resolved = self._version(route.model, route.version)  # V2_MODEL_READY
+        ready = await self._ready(route.model, resolved)
+        return _json(200 if ready else 503,
+                     {"name": route.model, "version": resolved, "ready": ready})  # fmt: skip
 
     # --- models -----------------------------------------------------------------------------
 
@@ -232,10 +214,14 @@ def _answer(label: str, result: ResponseItem, max_bytes: int) -> Response:
         )
     response = Response(result.body, result.status)
     for k, v in result.headers:
-        if k.lower() not in _SERVER_HEADERS:
+        if k.lower() not in SERVER_HEADERS:
             response.headers.append(k, v)
     response.headers["content-type"] = result.content_type or "application/octet-stream"
     return response
+
+
+def _archive_name(model: dict[str, Any]) -> str:
+    return str(model["versions"][model["default"]]["archive"]).rstrip("/").rsplit("/", 1)[-1]
 
 
 def _json(status: int, body: Any) -> Response:

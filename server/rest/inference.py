@@ -23,19 +23,31 @@ from typing import Any
 from archiver import __version__
 from mserve_worker.oip.signature import SignatureError, parse_signature
 from mserve_worker.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
-from server.errors import BadRequest, InternalError, MserveError, ResponseTooLarge
+from server.errors import InternalError, MserveError, ResponseTooLarge
 from server.http import ChunkedAnswer, Connection, Request, header_ok
 from server.metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion
 from server.operations import models_page
+from server.rest.routes import (
+    INFER,
+    MODELS,
+    PING,
+    V1_MODELS,
+    V1_READY,
+    V2_LIVE,
+    V2_MODEL,
+    V2_READY,
+    V2_SERVER,
+    match,
+)
 from server.streaming import ChunkStream
 
 log = logging.getLogger(__name__)
 
 # Set by the server alone: a handler's value would break the framing or contradict ours.
-_SERVER_HEADERS = frozenset(
+SERVER_HEADERS = frozenset(
     ("content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "date",
      "server", "content-type", "x-request-id")
 )  # fmt: skip
@@ -52,102 +64,43 @@ class InferenceAPI:
         self.max_response_bytes = max_response_bytes
 
     def route(self, conn: Connection, req: Request) -> None:
-        parts = req.parts
-        n = len(parts)
-        head = parts[0] if parts else ""
-        if head in ("predictions", "explanations") and n >= 2:
-            req.allow("POST", "PUT")
-            version = parts[2] if n >= 3 else None
-            _set_url_path(req, parts)
-            if head == "predictions":
-                self._infer(conn, req, parts[1], version, "")
-            else:  # TorchServe adds this header too; handlers written for it look at it
+        route = match(req.parts, req.method)
+        if route is None:
+            raise req.not_found()
+        req.allow(*route.methods)
+        kind = route.kind
+        if kind == INFER:
+            if route.url_path is not None:
+                _set_url_path(req, route.url_path)
+            if route.explain:  # TorchServe adds this header; handlers written for it look at it
                 req.headers.append(["explain", "True"])
-                self._infer(conn, req, parts[1], version, "explain")
-            return
-        if parts == ["ping"]:
-            req.allow("GET")
+            self._infer(conn, req, route.model, route.version, route.op, route.api)
+        elif kind == PING:
             healthy = self.registry.healthy()
             status = {"status": "Healthy" if healthy else "Unhealthy"}
             conn.answer_json(req, 200 if healthy else 500, status)
-            return
-        if parts == ["models"]:
-            req.allow("GET")
+        elif kind == MODELS:
             conn.answer_json(req, 200, models_page(self.registry, req.query, public=True))
-            return
-        if head == "v2":
-            self._v2(conn, req, parts[1:])
-            return
-        if head == "v1" and n >= 2 and parts[1] == "models":
-            self._v1(conn, req, parts[2:])
-            return
-        raise req.not_found()
-
-    def _v1(self, conn: Connection, req: Request, parts: list[str]) -> None:
-        """KServe v1, as TorchServe serves it: list, readiness, ``:predict`` and ``:explain``."""
-        if not parts:
-            req.allow("GET")
+        elif kind == V1_MODELS:
             conn.answer_json(req, 200, {"models": sorted(self.registry.models)})
-            return
-        if len(parts) != 1:
-            raise req.not_found()
-        name, colon, verb = parts[0].rpartition(":")
-        if not colon:
-            req.allow("GET")
-            model = self.registry.get(parts[0], None)
+        elif kind == V1_READY:
+            model = self.registry.get(route.model, None)
             ready = model.ready()
             conn.answer_json(req, 200 if ready else 503, {"name": model.name, "ready": ready})
-            return
-        if verb not in ("predict", "explain"):
-            raise req.not_found()
-        req.allow("POST")
-        if verb == "explain":
-            req.headers.append(["explain", "True"])
-        self._infer(conn, req, name, None, "explain" if verb == "explain" else "", "v1")
-
-    def _v2(self, conn: Connection, req: Request, parts: list[str]) -> None:
-        """KServe v2: health, model metadata and readiness, infer/explain/custom operations."""
-        if not parts:
-            req.allow("GET")
+        elif kind == V2_SERVER:
             conn.answer_json(req, 200, server_metadata())
-            return
-        if len(parts) == 2 and parts[0] == "health" and parts[1] in ("live", "ready"):
-            req.allow("GET")
-            if parts[1] == "live":
-                conn.answer_json(req, 200, {"live": True})
-            else:
-                ready = self.registry.healthy()
-                conn.answer_json(req, 200 if ready else 503, {"ready": ready})
-            return
-        if len(parts) < 2 or parts[0] != "models":
-            raise req.not_found()
-        name, rest, version = parts[1], parts[2:], None
-        if len(rest) >= 2 and rest[0] == "versions":
-            version, rest = rest[1], rest[2:]
-        if not rest:
-            req.allow("GET")
-            conn.answer_json(req, 200, model_metadata(self.registry, name, version))
-            return
-        if len(rest) != 1:
-            raise req.not_found()
-        op = rest[0]
-        if op == "ready" and req.method in ("GET", "HEAD"):
-            model = self.registry.get(name, version)
+        elif kind == V2_LIVE:
+            conn.answer_json(req, 200, {"live": True})
+        elif kind == V2_READY:
+            ready = self.registry.healthy()
+            conn.answer_json(req, 200 if ready else 503, {"ready": ready})
+        elif kind == V2_MODEL:
+            conn.answer_json(req, 200, model_metadata(self.registry, route.model, route.version))
+        else:  # V2_MODEL_READY
+            model = self.registry.get(route.model, route.version)
             ready = model.ready()
             body = {"name": model.name, "version": model.version, "ready": ready}
             conn.answer_json(req, 200 if ready else 503, body)
-            return
-        req.allow("POST")
-        api = "v2"  # infer and explain: OIP tensors; custom operations: their own bodies
-        if op in ("infer", "predict"):
-            op = ""
-        elif op == "explain":
-            req.headers.append(["explain", "True"])
-        elif not op.isidentifier():
-            raise BadRequest(f"operation {op!r} is not a valid name (letters, digits and '_')")
-        else:
-            api = ""
-        self._infer(conn, req, name, version, op, api)
 
     def _infer(
         self, conn: Connection, req: Request, name: str, version: str | None, op: str,
@@ -241,7 +194,7 @@ class InferenceAPI:
     ) -> list[list[str]]:
         """The answer's headers; raises when the answer cannot be sent as the handler made it."""
         check_size(model, result, self.max_response_bytes)
-        headers = [[k, v] for k, v in result.headers if k.lower() not in _SERVER_HEADERS]
+        headers = [[k, v] for k, v in result.headers if k.lower() not in SERVER_HEADERS]
         headers.append(["Content-Type", result.content_type or "application/octet-stream"])
         bad = next((k for k, v in headers if not header_ok(k, v)), None)
         if bad is not None:
@@ -283,14 +236,14 @@ def check_size(model: ModelVersion, result: ResponseItem, max_bytes: int) -> Non
         )
 
 
-def _set_url_path(req: Request, parts: list[str]) -> None:
+def _set_url_path(req: Request, url_path: str) -> None:
     """TorchServe 0.11+: the path after ``/predictions/{m}/{v}/`` reaches the handler as the
-    request header ``url_path`` (``v1/chat/completions``; empty without one). The segment after
-    the model is always its version, as there. A client's own ``url_path`` header is replaced."""
+    request header ``url_path`` (``v1/chat/completions``; empty without one; server/rest/
+    routes.py). A client's own ``url_path`` header is replaced."""
     headers = req.headers
     if "url_path" in req.known:  # rare: the HTTP layer indexed it, so no pass per request
         headers[:] = [h for h in headers if h[0].lower() != "url_path"]
-    headers.append(["url_path", "/".join(parts[3:]) if len(parts) > 3 else ""])
+    headers.append(["url_path", url_path])
 
 
 _id_prefix = os.urandom(8).hex()
