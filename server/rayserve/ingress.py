@@ -104,7 +104,7 @@ class Ingress:
             return _json(200 if healthy else 500, {"status": "Healthy" if healthy else "Unhealthy"})
         if kind == MODELS:  # TorchServe's list on the inference port (no server paths)
             return _json(200, {"models": [
-                {"modelName": name, "modelUrl": _archive_name(model)}
+                {"modelName": name, "modelUrl": _archive_name(model), "loadState": "loaded"}
                 for name, model in sorted(self.models.items())
             ]})  # fmt: skip
         if kind == V1_MODELS:

@@ -215,6 +215,8 @@ def test_a_client_cannot_tell_it_from_mserve(rs: RayServe, start_server, tmp_pat
         ("POST", "/v2/models/nope/infer", tensors),
         ("POST", "/v2/models/pkg/infer", {"inputs": "not a list"}),
         ("GET", "/v1/models/pkg", None),
+        ("GET", "/v1/models", None),
+        ("GET", "/models", None),
         ("GET", "/nowhere", None),
     ]
     for method, path, body in calls:
