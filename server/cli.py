@@ -28,7 +28,14 @@ import click
 from server.config import ServerConfig, load_config
 from server.daemon import Prefork, become_daemon, serve
 from server.errors import ConfigError, MserveError
-from server.rundir import ENV_META_FILE, PID_FILE, StartupModel, read_status, running_pid
+from server.rundir import (
+    ENV_META_FILE,
+    PID_FILE,
+    StartupModel,
+    parse_models,
+    read_status,
+    running_pid,
+)
 from server.ts_config import TsConfig, load_ts_config
 
 START_WAIT_S = 600.0
@@ -53,19 +60,6 @@ class Invocation:
 def _fail(message: str, code: int = 1) -> None:
     click.echo(f"mserve: {message}", err=True)
     sys.exit(code)
-
-
-def parse_models(values: list[str]) -> list[StartupModel]:
-    """``NAME=PATH``, ``PATH``, comma lists, as TorchServe accepts them."""
-    out = []
-    for value in values:
-        for item in value.split(","):
-            item = item.strip()
-            if not item:
-                continue
-            name, sep, url = item.partition("=")
-            out.append(StartupModel(name=name, url=url) if sep else StartupModel(None, item))
-    return out
 
 
 def _print_status(status: dict[str, Any], env_sizes: bool = True) -> None:

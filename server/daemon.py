@@ -1,4 +1,4 @@
-"""What runs first when ``mserve`` starts, and the daemon's side of ``mserve --start``.
+"""The daemon's side of ``mserve --start``: forked first thing, then handed the start.
 
 A daemon start forks the server-to-be before anything else (:class:`Prefork`): the child imports
 the server's modules (~0.1 s) while this process imports the CLI and reads the config (~0.07 s),
@@ -186,22 +186,3 @@ def serve(
     return run_server(
         config, startup, foreground=foreground, warnings=warnings, early=early, ready_fd=ready_fd
     )
-
-
-def main() -> None:
-    """The ``mserve`` command."""
-    args = sys.argv[1:]
-    prefork = Prefork.start() if is_daemon_start(args) else None
-    from server.cli import main as cli_main
-
-    cli_main(args, prefork=prefork)
-
-
-def torchserve_main() -> None:
-    """The ``torchserve`` command (the opt-in ``mserve-torchserve`` package installs it): the
-    server in TorchServe's layout, so that replacing the package is the whole migration."""
-    args = sys.argv[1:]
-    prefork = Prefork.start(keep_console=True) if is_daemon_start(args) else None
-    from server.cli import main as cli_main
-
-    cli_main(args, prefork=prefork, torchserve=True)

@@ -27,6 +27,19 @@ class StartupModel:
     url: str
 
 
+def parse_models(values: list[str]) -> list[StartupModel]:
+    """``NAME=PATH``, ``PATH``, comma lists, as TorchServe accepts them."""
+    out = []
+    for value in values:
+        for item in value.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            name, sep, url = item.partition("=")
+            out.append(StartupModel(name=name, url=url) if sep else StartupModel(None, item))
+    return out
+
+
 def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o644) -> None:
     """:func:`write_text_atomic` of ``data`` as indented JSON."""
     write_text_atomic(path, json.dumps(data, indent=2), mode)

@@ -83,7 +83,7 @@ def _versioned(deployment: Deployment, identity: list[Any]) -> Deployment:
 
 def parse_model_list(value: str | list[str] | None) -> list[StartupModel]:
     """``NAME=PATH`` items, comma-separated or a list, as ``mserve --models`` takes them."""
-    from server.cli import parse_models
+    from server.rundir import parse_models
 
     if not value:
         return []

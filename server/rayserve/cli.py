@@ -81,8 +81,8 @@ def deploy(
     env_builder: str, no_uv: bool, dry_run: bool,
 ) -> None:  # fmt: skip
     """Deploy archives as a Serve application (updates it in place when it runs)."""
-    from server.cli import parse_models
     from server.rayserve.plan import Overrides, plan_models
+    from server.rundir import parse_models
 
     overrides = Overrides(
         cpus_per_replica=cpus_per_replica, gpus_per_replica=gpus_per_replica, use_uv=not no_uv,
