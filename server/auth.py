@@ -25,6 +25,7 @@ replica only.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import secrets
@@ -35,6 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from server.config import split_address
 from server.errors import BadRequest, ConfigError, Unauthorized
 from server.rundir import write_json_atomic
 
@@ -210,3 +212,25 @@ class Guard:
             return
         kind = API if self.rotates and path == ("token",) else self.kind
         self.keys.check(kind, bearer(authorization), self.realm)
+
+
+def open_warning(urls: dict[str, str], model_api: bool) -> str | None:
+    """What to say when token authorization is off and an API listens beyond loopback: anyone
+    who reaches it can call it without a key, and register models (their code runs here)."""
+    exposed = [f"{api} ({url})" for api, url in urls.items()
+               if not _loopback(split_address(url.split("://", 1)[-1], api)[1])]  # fmt: skip
+    if not exposed:
+        return None
+    runs_code = " and register models, which runs their code here" if model_api else ""
+    return (
+        f"token authorization is OFF and the {', '.join(exposed)} API listens beyond this"
+        f" machine: anyone who reaches it can call it without a key{runs_code}; remove"
+        " --disable-token-auth / disable_token_authorization to require keys"
+    )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

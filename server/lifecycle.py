@@ -1,11 +1,15 @@
-"""The mserve process: listeners, startup models, status file, signals and ordered shutdown.
+"""The mserve process's lifecycle: start in order, serve until a signal, stop in order.
 
-Signal handlers only set an event; the main coroutine acts on it (a second signal forces exit).
+Start: the lock on the run dir, logging (server/logs.py), the REST listeners
+(server/rest/frontend.py), the startup and snapshot models (server/snapshot.py,
+server/ts_snapshot.py), the gRPC listeners (server/rpc/frontend.py), then ready. Signal
+handlers only set an event; the main coroutine acts on it (a second signal forces exit).
 Shutdown order: stop accepting, let in-flight requests finish against a deadline, stop workers,
 remove the status and pid files.
 
-The status file (what ``mserve --status`` shows) is rewritten on every registry change, and
-within a second of a model's state changing on its own (workers arriving, a model failing).
+The status file (what ``mserve --status`` shows; server/status.py) is rewritten on every
+registry change, and within a second of a model's state changing on its own (workers arriving,
+a model failing).
 """
 
 from __future__ import annotations
@@ -13,13 +17,12 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import gc
-import ipaddress
+import importlib
 import logging
 import os
 import signal
 import time
 from collections.abc import Coroutine
-from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,19 +31,18 @@ import uvloop
 from archiver import __version__
 from server import snapshot, ts_snapshot
 from server.accesslog import AccessLogFile
-from server.auth import Guard, Keys, read_key_file
-from server.config import ModelEntry, ServerConfig, grpc_tls, split_address
+from server.auth import Keys, open_warning, read_key_file
+from server.config import ServerConfig
 from server.console import ConsoleHandler
 from server.devices import GpuAllocator, server_gpus
 from server.download import is_remote, recorded_url
 from server.errors import MserveError, answer_as_torchserve
 from server.handler_metrics import MetricsConfig, load_metrics_config
 from server.http import HttpServer
-from server.metrics import Metrics, MetricsAPI
+from server.logs import setup_logging
+from server.metrics import Metrics
 from server.models.registry import RegisterRequest, Registry
-from server.models.version import ModelVersion
-from server.rest.inference import InferenceAPI
-from server.rest.management import ManagementAPI
+from server.rest import frontend as rest_frontend
 from server.rundir import (
     LOCK_FILE,
     PID_FILE,
@@ -49,7 +51,7 @@ from server.rundir import (
     StartupModel,
     write_json_atomic,
 )
-from server.tls import server_context
+from server.status import models_status
 from server.workers.env_vars import WorkerEnvironment, hide_own_environ
 from server.workers.launch import Launcher
 from server.workers.preload import PreloadMemory
@@ -87,74 +89,6 @@ def tune_gc() -> None:
 
 class AlreadyRunning(MserveError):
     pass
-
-
-def setup_logging(config: ServerConfig, foreground: bool) -> ConsoleHandler | None:
-    """The log files, and a console: stderr in the foreground; in the TorchServe layout, stdout
-    (TorchServe's console), daemon or not. The console handler, if any, is returned."""
-    config.log_path.mkdir(parents=True, exist_ok=True)
-    config.metrics_log_path.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    root = logging.getLogger()
-    root.setLevel(logging.INFO)
-    # httpx logs every request with its full URL (query secrets included); ours say what matters
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    if config.log_layout == "torchserve":
-        fmt = TorchServeFormatter()
-        main = _rotating(config.log_path / "ts_log.log")
-        models = _rotating(config.log_path / "model_log.log")
-        models.setFormatter(fmt)
-        logging.getLogger("mserve.model").addHandler(models)  # and on to ts_log.log, as there
-    else:
-        main = _rotating(config.log_path / "mserve.log")
-    main.setFormatter(fmt)
-    root.addHandler(main)
-    if config.torchserve:
-        console: logging.Handler = ConsoleHandler(1)
-    elif foreground:
-        console = logging.StreamHandler()
-    else:
-        return None
-    console.setFormatter(fmt)
-    root.addHandler(console)
-    return console if isinstance(console, ConsoleHandler) else None
-
-
-_LOG4J_LEVELS = {"WARNING": "WARN", "CRITICAL": "FATAL"}
-
-
-def _rotating(path: Path) -> RotatingFileHandler:
-    return RotatingFileHandler(path, maxBytes=50 << 20, backupCount=5)
-
-
-class TorchServeFormatter(logging.Formatter):
-    """TorchServe's log4j2 line, ``2024-05-01T12:00:00,123 [INFO ] thread logger - message``,
-    for tools that parse its files. A worker's output line is written as TorchServe writes it:
-    thread ``W-9000-<model>_<version>-stdout``, logger ``MODEL_LOG``, the line as printed."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s [%(ts_level)-5s] %(ts_thread)s %(ts_logger)s - %(message)s")
-
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(record.created))
-        return f"{stamp},{int(record.msecs):03d}"
-
-    def format(self, record: logging.LogRecord) -> str:
-        record.ts_level = _LOG4J_LEVELS.get(record.levelname, record.levelname)
-        worker_line = record.name.startswith("mserve.model.") and isinstance(record.args, tuple)
-        if worker_line and len(record.args) == 2:  # type: ignore[arg-type]
-            worker_id, line = record.args  # type: ignore[misc]
-            label = record.name[len("mserve.model.") :].replace(":", "_")
-            record.ts_thread = f"W-{worker_id}-{label}-{getattr(record, 'stream', 'stdout')}"
-            record.ts_logger = "MODEL_LOG"
-            record.msg, record.args = "%s", (line,)
-            try:
-                return super().format(record)
-            finally:
-                record.msg, record.args = "[worker %s] %s", (worker_id, line)
-        record.ts_thread = "main" if record.threadName == "MainThread" else record.threadName
-        record.ts_logger = record.name
-        return super().format(record)
 
 
 class Server:
@@ -204,16 +138,7 @@ class Server:
         return self.config.run_path / STATUS_FILE
 
     def models_status(self) -> dict[str, str]:
-        """Each model's state (``_state``: ready, unloaded, loading, failed), per version when its
-        versions differ; startup models that failed to register are listed too."""
-        out = dict(self.load_failures)
-        for name, versions in sorted(self.registry.models.items()):
-            states = {version: _state(mv) for version, mv in versions.items()}
-            if len(set(states.values())) == 1:
-                out[name] = next(iter(states.values()))
-            else:
-                out[name] = ", ".join(f"{version} {state}" for version, state in states.items())
-        return out
+        return models_status(self.registry, self.load_failures)
 
     def write_status(self) -> None:
         for name in self.registry.models:  # registered since, through the API: that counts now
@@ -254,117 +179,34 @@ class Server:
                     log.error("could not save the status file: %s", exc)
 
     async def listen(self) -> None:
+        """The REST listeners (server/rest/frontend.py), with the key file written first."""
         config = self.config
         if config.access_log:
             torchserve = config.log_layout == "torchserve"
             name = "access_log.log" if torchserve else "access.log"
             self.access_log = AccessLogFile(config.log_path / name, torchserve=torchserve)
-        routers = {
-            "inference": InferenceAPI(self.registry, self.metrics, config.max_response_size_bytes),
-            "management": ManagementAPI(self.registry, self.keys, config.enable_model_api),
-            "metrics": MetricsAPI(self.metrics),
-        }
-        max_request = {
-            "inference": config.max_request_size_bytes,
-            "management": 1 << 20,
-            "metrics": 1 << 16,
-        }
-        addresses = {name: split_address(getattr(config, f"{name}_address"), name)
-                     for name in routers}  # fmt: skip
-        tls = None
-        if any(secure for secure, _, _ in addresses.values()):
-            assert config.certificate_file and config.private_key_file  # checked by the config
-            tls = server_context(
-                config.certificate_file, config.private_key_file, config.tls_security_level
-            )
         if self.keys is not None:
             self.keys.write()
             log.info("token authorization is on: keys in %s", self.keys.path)
-        for name, router in routers.items():
-            secure, host, port = addresses[name]
-            listener = HttpServer(
-                router,
-                self.access_log if name != "metrics" else None,
-                max_request[name],
-                keepalive_s=config.keepalive_timeout_s,
-                read_timeout_s=config.read_timeout_s,
-                max_connections=config.max_connections,
-                on_answer=self.metrics.status if name != "metrics" else None,
-                guard=self._guard(name),
-                redact=self.registry.redact,
-            )
-            try:
-                bound = await listener.listen(host, port, tls if secure else None)
-            except OSError as exc:
-                raise MserveError(
-                    f"cannot listen on {host}:{port} for the {name} API: {exc.strerror}"
-                    f" (set {name}_address to another port, or 0 for any free port)"
-                ) from exc
-            self.listeners.append(listener)
-            address = f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
-            self.addresses[name] = address
-            self.urls[name] = f"{'https' if secure else 'http'}://{address}"
-            log.info("%s API listening on %s", name, self.urls[name])
+        for opened in await rest_frontend.open_listeners(
+            config, self.registry, self.metrics, self.keys, self.access_log
+        ):
+            self.listeners.append(opened.listener)
+            self.addresses[opened.api] = opened.address
+            self.urls[opened.api] = opened.url
 
     async def _listen_grpc(self) -> None:
-        """TorchServe's gRPC inference and management services (server/rpc/), each on its own
-        address, and the Open Inference Protocol's next to TorchServe's inference service, on
-        this event loop."""
+        """The gRPC frontend (server/rpc/frontend.py)."""
         # grpc takes ~0.1 s to import: only a server that serves gRPC pays for it, and in a
         # thread, as this runs while the startup models' workers load: the loop stays free to
         # answer their handshakes (grpc's import releases the GIL often enough for that)
-        await asyncio.to_thread(_import_grpc)
-        from server.rpc.inference import PING, InferenceService
-        from server.rpc.management import ManagementService
-        from server.rpc.oip import PROBES, OipService
-        from server.rpc.server import GrpcListener, TokenGuard, credentials
-
-        config = self.config
-        tls = None
-        if grpc_tls(config):
-            assert config.certificate_file and config.private_key_file  # checked by the config
-            # checks the files
-            server_context(
-                config.certificate_file, config.private_key_file, config.tls_security_level
-            )
-            tls = credentials(config.certificate_file, config.private_key_file)
-        torchserve = InferenceService(self.registry, self.metrics, config.max_response_size_bytes)
-        services = {
-            # TorchServe's service and the Open Inference Protocol's share the inference port
-            "inference": [torchserve.add_to(), OipService(self.registry, torchserve).add_to()],
-            "management": [ManagementService(self.registry, config.enable_model_api).add_to()],
-        }
-        max_request = {"inference": config.max_request_size_bytes, "management": 1 << 20}
-        # the probes are exempt as their REST paths are (token_exempt_paths): Ping as /ping,
-        # ServerLive and ServerReady as /v2/health/live and /v2/health/ready
-        probes = {"/ping": (PING,), **PROBES}
-        exempt = frozenset(
-            m for path, methods in probes.items() if path in config.token_exempt_paths
-            for m in methods
-        )  # fmt: skip
-        for api, added in services.items():
-            guard = None if self.keys is None else TokenGuard(self.keys, api, api, exempt)
-            listener = GrpcListener(
-                api, added, guard, max_request[api], config.max_response_size_bytes
-            )
-            key = f"grpc_{api}_address"
-            _, host, port = split_address(getattr(config, key), key)
-            bound = listener.bind(host, port, tls)
-            await listener.start()
-            self.grpc_listeners.append(listener)
-            address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
-            self.addresses[f"grpc_{api}"] = address
-            self.urls[f"grpc_{api}"] = f"{'grpcs' if tls else 'grpc'}://{address}"
-            log.info("gRPC %s API listening on %s", api, self.urls[f"grpc_{api}"])
-
-    def _guard(self, api: str) -> Guard | None:
-        """Token authorization for one listener: the inference key on the inference port, the
-        management key on the management port and, when asked, on the metrics port."""
-        if self.keys is None or (api == "metrics" and not self.config.metrics_need_token):
-            return None
-        kind = "inference" if api == "inference" else "management"
-        exempt = self.config.token_exempt_paths if api != "metrics" else ()
-        return Guard(self.keys, kind, api, exempt)
+        frontend = await asyncio.to_thread(importlib.import_module, "server.rpc.frontend")
+        for opened in await frontend.open_listeners(
+            self.config, self.registry, self.metrics, self.keys
+        ):
+            self.grpc_listeners.append(opened.listener)
+            self.addresses[f"grpc_{opened.api}"] = opened.address
+            self.urls[f"grpc_{opened.api}"] = opened.url
 
     def _warn_if_open(self) -> None:
         if self.keys is None:
@@ -389,29 +231,11 @@ class Server:
         registry.changed()
 
     async def restore_snapshot(self) -> None:
-        if not self.config.snapshot or self.config.torchserve:  # the latter: --ts-config's
-            return
-        requests, defaults = snapshot.load(self.config.run_path / SNAPSHOT_FILE)
-        if not requests:
-            return
-        log.info("restoring %d model version(s) from the snapshot", len(requests))
-
-        async def one(request: RegisterRequest, entry: dict[str, Any]) -> None:
-            try:
-                await self.registry.register(request)
-            except MserveError as exc:
-                log.error(
-                    "snapshot model %s failed to restore: %s (kept in the snapshot for the next"
-                    " start; DELETE /models/%s removes it)",
-                    request.url, exc.message, request.model_name,
-                )  # fmt: skip
-                self.load_failures[request.model_name or request.url] = f"failed: {exc.message}"
-                self.registry.unrestored.append(entry)
-
-        await asyncio.gather(*(one(r, e) for r, e in requests))
-        for name, version in defaults.items():
-            if version in self.registry.models.get(name, {}):
-                self.registry.defaults[name] = version
+        """mserve's own snapshot (none in TorchServe's layout: its config snapshot is the
+        properties file, restored by :meth:`restore_ts_snapshot`)."""
+        if self.config.snapshot and not self.config.torchserve:
+            path = self.config.run_path / SNAPSHOT_FILE
+            await snapshot.restore(self.registry, path, self.load_failures)
 
     async def load_startup_models(self, models: list[StartupModel]) -> None:
         async def one(m: StartupModel) -> None:
@@ -500,41 +324,11 @@ class Server:
             os.close(fd)
 
     async def restore_ts_snapshot(self) -> None:
-        """The models a TorchServe config snapshot records (``model_snapshot``), each from its
-        archive in the store with the settings it was running with; names our own snapshot
-        already restored are skipped (it is newer: it holds what changed since)."""
+        """The models a TorchServe config snapshot records (``model_snapshot``); names our own
+        snapshot already restored are skipped (it is newer: it holds what changed since)."""
         restored = {mv.name for mv in self.registry.all()} | set(self.load_failures)
         entries = [e for e in self.config.model_snapshot or () if e.name not in restored]
-        if not entries:
-            return
-        log.info("registering %d model version(s) from the TorchServe snapshot", len(entries))
-
-        async def one(entry: ModelEntry) -> None:
-            timeout = entry.get("responseTimeout")
-            startup = entry.get("startupTimeout")
-            request = RegisterRequest(
-                url=entry.url or entry.mar_name or "",
-                model_name=entry.name,
-                batch_size=entry.get("batchSize"),
-                max_batch_delay_ms=entry.get("maxBatchDelay"),
-                response_timeout_s=float(timeout) if timeout else None,
-                startup_timeout_s=float(startup) if startup else None,
-                initial_workers=entry.get("minWorkers"),
-                max_workers=entry.get("maxWorkers"),
-                trusted=True,
-                at_startup=True,
-            )
-            try:
-                model = await self.registry.register(request)
-            except MserveError as exc:
-                log.error("TorchServe snapshot model %s %s failed: %s",
-                          entry.name, entry.version, exc.message)  # fmt: skip
-                self.load_failures[entry.name] = f"failed: {exc.message}"
-                return
-            if entry.default_version:
-                self.registry.defaults[entry.name] = model.version
-
-        await asyncio.gather(*(one(e) for e in entries))
+        await ts_snapshot.restore(self.registry, entries, self.load_failures)
 
     async def _start(self, models: list[StartupModel]) -> None:
         """Listeners and startup models, in the order that brings the first answer soonest:
@@ -608,15 +402,6 @@ class Server:
         log.info("mserve stopped")
 
 
-def _import_grpc() -> None:
-    """grpc and the generated service modules (server/rpc/): the bulk of opening the gRPC
-    listeners."""
-    import server.rpc.inference
-    import server.rpc.management
-    import server.rpc.oip
-    import server.rpc.server  # noqa: F401
-
-
 def _keys(config: ServerConfig) -> Keys:
     minutes = {
         "inference": config.inference_token_expiration_min or config.token_expiration_min,
@@ -626,43 +411,6 @@ def _keys(config: ServerConfig) -> Keys:
     if config.token_key_file:  # one key for every replica (a mounted Secret)
         fixed = read_key_file(Path(config.token_key_file).expanduser())
     return Keys(config.key_path, {k: m * 60 for k, m in minutes.items()}, fixed=fixed)
-
-
-def open_warning(urls: dict[str, str], model_api: bool) -> str | None:
-    """What to say when token authorization is off and an API listens beyond loopback: anyone
-    who reaches it can call it without a key, and register models (their code runs here)."""
-    exposed = [f"{api} ({url})" for api, url in urls.items()
-               if not _loopback(split_address(url.split("://", 1)[-1], api)[1])]  # fmt: skip
-    if not exposed:
-        return None
-    runs_code = " and register models, which runs their code here" if model_api else ""
-    return (
-        f"token authorization is OFF and the {', '.join(exposed)} API listens beyond this"
-        f" machine: anyone who reaches it can call it without a key{runs_code}; remove"
-        " --disable-token-auth / disable_token_authorization to require keys"
-    )
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-def _state(mv: ModelVersion) -> str:
-    """``ready`` (its workers serve), ``unloaded`` (no worker; ``loads on demand`` when a
-    request starts one), ``loading`` or ``failed: why``."""
-    if mv.failed is not None:
-        return f"failed: {mv.failed}"
-    if mv.stage:
-        return f"loading ({mv.stage})"
-    state = mv.load_state()
-    if state == "unloaded" and mv.healthy():
-        return "unloaded (loads on demand)" if mv.loads_on_demand() else "unloaded"
-    if state == "loaded" and mv.healthy():
-        return "ready"
-    return "loading"
 
 
 def hold_lock(run_dir: Path) -> int:

@@ -3,12 +3,14 @@ every change and restored at the next start, so a restart (even after kill -9) l
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+from server.errors import MserveError
 from server.models.registry import RegisterRequest, Registry
 from server.rundir import write_json_atomic
 
@@ -93,3 +95,29 @@ def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict
         if m.get("default"):
             defaults[m["name"]] = m["version"]
     return requests, defaults
+
+
+async def restore(registry: Registry, path: Path, load_failures: dict[str, str]) -> None:
+    """Register what the snapshot at ``path`` holds; a version that fails is logged, listed in
+    ``load_failures`` and kept for the next snapshot (``registry.unrestored``)."""
+    requests, defaults = load(path)
+    if not requests:
+        return
+    log.info("restoring %d model version(s) from the snapshot", len(requests))
+
+    async def one(request: RegisterRequest, entry: dict[str, Any]) -> None:
+        try:
+            await registry.register(request)
+        except MserveError as exc:
+            log.error(
+                "snapshot model %s failed to restore: %s (kept in the snapshot for the next"
+                " start; DELETE /models/%s removes it)",
+                request.url, exc.message, request.model_name,
+            )  # fmt: skip
+            load_failures[request.model_name or request.url] = f"failed: {exc.message}"
+            registry.unrestored.append(entry)
+
+    await asyncio.gather(*(one(r, e) for r, e in requests))
+    for name, version in defaults.items():
+        if version in registry.models.get(name, {}):
+            registry.defaults[name] = version

@@ -16,6 +16,7 @@ the archive is not a file of the model store (TorchServe would look for ``marNam
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -23,11 +24,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from server.errors import MserveError
+from server.models.registry import RegisterRequest, Registry
 from server.rundir import write_text_atomic
 
 if TYPE_CHECKING:
-    from server.config import ServerConfig
-    from server.models.registry import Registry
+    from server.config import ModelEntry, ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -134,3 +136,50 @@ def _prune(folder: Path) -> None:
     names = sorted(p.name for p in folder.iterdir() if SNAPSHOT_NAME.match(p.name))
     for old in names[:-KEEP_FILES]:
         (folder / old).unlink(missing_ok=True)
+
+
+async def restore(
+    registry: Registry, entries: Iterable[ModelEntry], load_failures: dict[str, str]
+) -> None:
+    """Register each model version a TorchServe config snapshot records, from its archive in
+    the store (or mserve's ``modelUrl``), with the settings it was running with (they win over
+    the archive's model config, as in TorchServe's restore) and its default version; one that
+    fails is logged and listed in ``load_failures``, and the others start (TorchServe refuses
+    the whole snapshot)."""
+    entries = list(entries)
+    if not entries:
+        return
+    log.info("registering %d model version(s) from the TorchServe snapshot", len(entries))
+
+    async def one(entry: ModelEntry) -> None:
+        timeout = entry.get("responseTimeout")
+        startup = entry.get("startupTimeout")
+        wait = entry.get("batchWait")
+        request = RegisterRequest(
+            url=entry.url or entry.mar_name or "",
+            model_name=entry.name,
+            batch_size=_int(entry.get("batchSize")),
+            max_batch_delay_ms=_int(entry.get("maxBatchDelay")),
+            batch_wait=str(wait) if wait is not None else None,
+            response_timeout_s=float(timeout) if timeout else None,
+            startup_timeout_s=float(startup) if startup else None,
+            initial_workers=_int(entry.get("minWorkers")),
+            max_workers=_int(entry.get("maxWorkers")),
+            trusted=True,
+            at_startup=True,
+        )
+        try:
+            model = await registry.register(request)
+        except MserveError as exc:
+            log.error("TorchServe snapshot model %s %s failed: %s",
+                      entry.name, entry.version, exc.message)  # fmt: skip
+            load_failures[entry.name] = f"failed: {exc.message}"
+            return
+        if entry.default_version:
+            registry.defaults[entry.name] = model.version
+
+    await asyncio.gather(*(one(e) for e in entries))
+
+
+def _int(value: int | str | None) -> int | None:
+    return None if value is None else int(value)

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from server.lifecycle import open_warning
+from server.auth import open_warning
 from tests.server.conftest import MSERVE, Reply, Server, http, wait_until
 
 SECURE = {"disable_token_authorization": False, "enable_model_api": False}

@@ -1,0 +1,38 @@
+"""What ``mserve --status`` and ``status.json`` say about each model: one word per state, or
+per version when its versions differ; models that failed to register at start are listed too."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.models.registry import Registry
+    from server.models.version import ModelVersion
+
+
+def models_status(registry: Registry, load_failures: dict[str, str]) -> dict[str, str]:
+    """Each model's state (:func:`model_state`), per version when its versions differ, after
+    the startup or snapshot models that failed to register (``load_failures``)."""
+    out = dict(load_failures)
+    for name, versions in sorted(registry.models.items()):
+        states = {version: model_state(mv) for version, mv in versions.items()}
+        if len(set(states.values())) == 1:
+            out[name] = next(iter(states.values()))
+        else:
+            out[name] = ", ".join(f"{version} {state}" for version, state in states.items())
+    return out
+
+
+def model_state(mv: ModelVersion) -> str:
+    """``ready`` (its workers serve), ``unloaded`` (no worker; ``loads on demand`` when a
+    request starts one), ``loading`` or ``failed: why``."""
+    if mv.failed is not None:
+        return f"failed: {mv.failed}"
+    if mv.stage:
+        return f"loading ({mv.stage})"
+    state = mv.load_state()
+    if state == "unloaded" and mv.healthy():
+        return "unloaded (loads on demand)" if mv.loads_on_demand() else "unloaded"
+    if state == "loaded" and mv.healthy():
+        return "ready"
+    return "loading"
