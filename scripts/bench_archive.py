@@ -17,15 +17,15 @@ import random
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.compat_tools import build_compat_tool
+from harness import BIN, REPO
 
 BLOCK_FLOATS = 1 << 20
+# where the archiver tests install it (tests/compat_tools.py), in a venv of its own
+TMA_HOME = REPO / ".cache" / "compat" / "torch-model-archiver-0.12.0"
 
 
 def make_weights(path: Path, size_bytes: int) -> None:
@@ -56,8 +56,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    ours = str(Path(sys.executable).parent / "model-archiver")
-    tma = str(build_compat_tool("tma").script)
+    ours = str(BIN / "model-archiver")
+    tma = str(TMA_HOME / "bin" / "torch-model-archiver")
+    if not Path(tma).exists():
+        raise SystemExit(
+            f"torch-model-archiver 0.12.0 is not installed in {TMA_HOME}: the archiver tests"
+            f" install it there (pytest tests/archiver), or: python -m venv {TMA_HOME} &&"
+            f" {TMA_HOME}/bin/pip install torch-model-archiver==0.12.0"
+        )
     work = Path(tempfile.mkdtemp(prefix="bench-archive-", dir=Path.cwd()))
     try:
         weights = work / "weights.pt"

@@ -39,22 +39,19 @@ import os
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psutil
+from harness import REPO, Client, Machine, Server, free_port, wait_until
 
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 MIB = 2**20
 IN_FEATURES, OUT_FEATURES = 32, 8
 SEED = 1234
@@ -100,30 +97,6 @@ def handle(data, context):
 BODY = json.dumps({"data": [0.5] * IN_FEATURES}).encode()
 
 
-# --- machine -------------------------------------------------------------------------------
-
-
-class Machine:
-    """Load average and CPU steal over a phase, printed beside its figures."""
-
-    def __init__(self) -> None:
-        self._cpu = psutil.cpu_times()
-
-    def since(self) -> str:
-        now = psutil.cpu_times()
-        steal = getattr(now, "steal", 0.0) - getattr(self._cpu, "steal", 0.0)
-        idle = now.idle - self._cpu.idle
-        total = sum(now) - sum(self._cpu)
-        busy = total - idle - steal
-        load = os.getloadavg()
-        self._cpu = now
-        total = max(total, 1e-9)
-        return (
-            f"load avg {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, cpu busy"
-            f" {busy / total * 100:.0f}% steal {steal / total * 100:.0f}%"
-        )
-
-
 # --- archives ------------------------------------------------------------------------------
 
 
@@ -158,68 +131,14 @@ def build_archives(work: Path, count: int) -> Path:
 # --- servers -------------------------------------------------------------------------------
 
 
-def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if out.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
-    return out
+class Mserve(Server):
+    """A server of this benchmark: the model API on, one keep-alive client per API."""
 
-
-class Client:
-    """One keep-alive connection per thread to an HTTP API."""
-
-    def __init__(self, address: str, headers: dict[str, str]) -> None:
-        host, port = address.rsplit(":", 1)
-        self.host, self.port, self.headers = host, int(port), headers
-        self._local = threading.local()
-
-    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        for attempt in (1, 2):
-            conn = getattr(self._local, "conn", None)
-            if conn is None:
-                conn = self._local.conn = http.client.HTTPConnection(
-                    self.host, self.port, timeout=300
-                )
-            try:
-                conn.request(method, path, body, self.headers)
-                resp = conn.getresponse()
-                return resp.status, resp.read()
-            except (ConnectionError, http.client.HTTPException):
-                conn.close()
-                self._local.conn = None
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
-
-class Mserve:
     def __init__(self, work: Path, name: str, settings: dict[str, Any]) -> None:
-        self.run_dir = work / f"run-{name}"
-        config = work / f"mserve-{name}.yaml"
-        lines = {
-            "inference_address": "127.0.0.1:0",
-            "management_address": "127.0.0.1:0",
-            "metrics_address": "127.0.0.1:0",
-            "grpc_inference_address": "127.0.0.1:0",
-            "grpc_management_address": "127.0.0.1:0",
-            "model_store": str(work / "store"),
-            "enable_model_api": True,
-            **settings,
-        }
-        config.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in lines.items()))
-        _run([str(BIN / "mserve"), "--start", "--config", str(config), "--run-dir",
-              str(self.run_dir)], timeout=300)  # fmt: skip
-        self.status = json.loads((self.run_dir / "status.json").read_text())
-        keys = json.loads((self.run_dir / "key_file.json").read_text())
-        auth = {
-            api: {"Authorization": f"Bearer {keys[api]['key']}"}
-            for api in ("inference", "management")
-        }
-        json_type = {"Content-Type": "application/json"}
-        self.inference = Client(self.status["inference"], {**auth["inference"], **json_type})
-        self.management = Client(self.status["management"], auth["management"])
+        super().__init__(work, {"enable_model_api": True, **settings}, name=name)
+        self.inference = Client(self.status["inference"], self.headers["inference"])
+        self.management = Client(self.status["management"], self.headers["management"])
         self.metrics = Client(self.status["metrics"], {})
-        self.pid = int(self.status["pid"])
 
     def register(self, name: str, workers: int) -> None:
         sync = "&synchronous=true" if workers else ""
@@ -242,19 +161,6 @@ class Mserve:
     def template_ready(self) -> bool:
         log = (self.run_dir / "logs" / "mserve.log").read_text(errors="replace")
         return "worker template for" in log and "ready (pid" in log
-
-    def stop(self) -> None:
-        subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(self.run_dir)],
-                       capture_output=True, timeout=120)  # fmt: skip
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
 
 # --- memory --------------------------------------------------------------------------------
 
@@ -504,12 +410,6 @@ def warm_comparison(args: argparse.Namespace, work: Path, dense: Mserve, name: s
 # --- TorchServe ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def compare_torchserve(args: argparse.Namespace, work: Path) -> None:
     """N archives with one worker each: TorchServe 0.12 beside mserve."""
     venv = Path(args.torchserve_venv)
@@ -536,7 +436,7 @@ def compare_torchserve(args: argparse.Namespace, work: Path) -> None:
     finally:
         ours.stop()
 
-    ports = {k: _free_port() for k in ("inference", "management", "metrics")}
+    ports = {k: free_port() for k in ("inference", "management", "metrics")}
     home = work / "torchserve"
     home.mkdir(exist_ok=True)
     config = home / "config.properties"

@@ -11,20 +11,17 @@ again (a cache hit). Medians of the repeats.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import Server, archive
+
 from server.model_envs import EnvCache, EnvRequest
 from tests.wheels import make_wheel
 
-BIN = Path(sys.executable).parent
 PACKAGES = [("benchpkg_a", "1.0"), ("benchpkg_b", "2.1"), ("benchpkg_c", "0.3")]
 
 
@@ -64,35 +61,22 @@ def main() -> None:
             "    return [benchpkg_a.VERSION for _ in data or []]\n"
         )
         (work / "requirements.txt").write_text(requirements + "\n")
-        store = work / "store"
-        store.mkdir()
         for name in ("m1", "m2"):
-            subprocess.run([str(BIN / "model-archiver"), "--model-name", name, "--handler",
-                            str(work / "h.py"), "-r", str(work / "requirements.txt"),
-                            "--wheelhouse", str(wheels), "--export-path", str(store)],
-                           check=True, capture_output=True)  # fmt: skip
-        cfg = work / "mserve.yaml"
-        cfg.write_text("inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
-                       f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\n"
-                       "grpc: false\n"
-                       # loopback only; it registers models and measures environments
-                       "disable_token_authorization: true\nenable_model_api: true\n")  # fmt: skip
-        run = work / "run"
-        subprocess.run([str(BIN / "mserve"), "--start", "--config", str(cfg), "--run-dir",
-                        str(run)], check=True, capture_output=True)  # fmt: skip
-        status = json.loads((run / "status.json").read_text())
-        import urllib.request
-
+            archive(work / "store", name, "--handler", work / "h.py", "-r",
+                    work / "requirements.txt", "--wheelhouse", wheels)  # fmt: skip
+        # loopback only; it registers models and measures environments
+        server = Server(work, {"grpc": False, "disable_token_authorization": True,
+                               "enable_model_api": True})  # fmt: skip
         try:
             for name, what in (("m1", "cold cache"), ("m2", "warm cache")):
-                req = urllib.request.Request(
-                    f"http://{status['management']}/models?url={name}.mar", method="POST"
-                )
-                took = timed(lambda r=req: urllib.request.urlopen(r, timeout=300).read())
+                started = time.perf_counter()
+                status, body = server.request("POST", f"/models?url={name}.mar", api="management")
+                took = time.perf_counter() - started
+                if status != 200:
+                    raise SystemExit(f"registering {name}: {status} {body[:300]!r}")
                 print(f"registration to ready, model with requirements, {what}: {took:.2f} s")
         finally:
-            subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(run)],
-                           capture_output=True)  # fmt: skip
+            server.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

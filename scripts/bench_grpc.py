@@ -12,30 +12,14 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from harness import REPO, Server, archive, timed_calls
 
 from server.rpc.protos import inference_pb2, inference_pb2_grpc
-
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-
-
-def _measure(call: Callable[[], None], seconds: float) -> tuple[float, float]:
-    latencies = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        started = time.perf_counter()
-        call()
-        latencies.append(time.perf_counter() - started)
-    return len(latencies) / sum(latencies), statistics.median(latencies) * 1000
 
 
 def main() -> int:
@@ -45,30 +29,13 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        store = work / "store"
-        store.mkdir()
-        subprocess.run(
-            [BIN / "model-archiver", "--model-name", "echo", "--handler", "echo", "--model-path",
-             ROOT / "tests/handlers/echo_fn", "--export-path", store, "-f"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        config = work / "mserve.yaml"
-        config.write_text(
-            "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
-            "metrics_address: 127.0.0.1:0\ngrpc_inference_address: 127.0.0.1:0\n"
-            f"grpc_management_address: 127.0.0.1:0\nmodel_store: {store}\n"
-            "access_log: false\n"
-            # loopback only; both transports are measured without keys alike
-            "disable_token_authorization: true\n"
-        )
-        run = work / "run"
-        mserve = [BIN / "mserve", "--run-dir", run]
-        subprocess.run([*mserve, "--start", "--config", config, "--models", "echo=echo.mar"],
-                       check=True, capture_output=True)  # fmt: skip
+        archive(work / "store", "echo", "--handler", "echo", "--model-path",
+                REPO / "tests/handlers/echo_fn", "-f")  # fmt: skip
+        # loopback only; both transports are measured without keys alike
+        settings = {"access_log": False, "disable_token_authorization": True}
+        server = Server(work, settings, ["echo=echo.mar"])
         try:
-            status = json.loads((run / "status.json").read_text())
-            host, port = status["inference"].rsplit(":", 1)
-            conn = http.client.HTTPConnection(host, int(port))
+            conn = http.client.HTTPConnection(server.host, server.port)
             body = json.dumps({"x": 1}).encode()
             headers = {"Content-Type": "application/json"}
 
@@ -78,7 +45,7 @@ def main() -> int:
                 response.read()
                 assert response.status == 200
 
-            channel = grpc.insecure_channel(status["grpc_inference"])
+            channel = grpc.insecure_channel(server.status["grpc_inference"])
             stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
             request = inference_pb2.PredictionsRequest(model_name="echo", input={"body": body})
 
@@ -86,16 +53,16 @@ def main() -> int:
                 stub.Predictions(request, timeout=30)
 
             for call in (rest, rpc):  # warm both
-                _measure(call, 0.5)
+                timed_calls(call, 0.5)
             print(f"{'transport':<12} {'req/s':>8} {'p50 ms':>8}")
             for _ in range(args.rounds):
                 for name, call in (("REST JSON", rest), ("gRPC unary", rpc)):
-                    rate, p50 = _measure(call, args.seconds)
+                    rate, p50 = timed_calls(call, args.seconds)
                     print(f"{name:<12} {rate:>8.0f} {p50:>8.2f}")
             channel.close()
             conn.close()
         finally:
-            subprocess.run([*mserve, "--stop"], capture_output=True)
+            server.stop()
     return 0
 
 

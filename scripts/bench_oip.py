@@ -32,59 +32,33 @@ import argparse
 import http.client
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import torch
+from harness import REPO, Server, archive, timed_calls
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # mserve_worker's codec builds the request bodies
+from mserve_worker.oip.tensors import HEADER_LENGTH, RequestedOutput, Tensor
+from mserve_worker.oip.wire import encode_request
+from server.rpc.protos import oip_pb2, oip_pb2_grpc
 
-import grpc  # noqa: E402
-
-from mserve_worker.oip.tensors import HEADER_LENGTH, RequestedOutput, Tensor, encode_request  # noqa: E402
-from server.rpc.protos import oip_pb2, oip_pb2_grpc  # noqa: E402
-
-BIN = Path(sys.executable).parent
 FOLDER = REPO / "tests" / "handlers" / "oip_models"
 
 
-def run(cmd: list[str]) -> None:
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
-
-
-def start(work: Path) -> tuple[str, int, str, Path, str]:
+def start(work: Path) -> Server:
     sys.path.insert(0, str(FOLDER))
     from mlp_handler import MLP  # the served model's own class
 
     torch.manual_seed(0)
     torch.save(MLP().state_dict(), work / "mlp.pt")
-    store = work / "store"
-    store.mkdir()
-    run([str(BIN / "model-archiver"), "--model-name", "mlp", "--handler", "mlp_handler",
-         "--model-path", str(FOLDER), "--serialized-file", str(work / "mlp.pt"),
-         "--config-file", str(FOLDER / "mlp_config.yaml"),
-         "--export-path", str(store)])  # fmt: skip
-    config = work / "mserve.yaml"
-    config.write_text(
-        "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
-        f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\n"
-        "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n"
-        "max_request_size_bytes: 16000000\nmax_response_size_bytes: 16000000\n"
-    )
-    run_dir = work / "run"
-    run([str(BIN / "mserve"), "--start", "--config", str(config), "--run-dir", str(run_dir),
-         "--models", "mlp=mlp.mar"])  # fmt: skip
-    status = json.loads((run_dir / "status.json").read_text())
-    key = json.loads((run_dir / "key_file.json").read_text())["inference"]["key"]
-    host, port = status["inference"].rsplit(":", 1)
-    return host, int(port), key, run_dir, status["grpc_inference"]
+    archive(work / "store", "mlp", "--handler", "mlp_handler", "--model-path", FOLDER,
+            "--serialized-file", work / "mlp.pt",
+            "--config-file", FOLDER / "mlp_config.yaml")  # fmt: skip
+    limits = {"max_request_size_bytes": 16000000, "max_response_size_bytes": 16000000}
+    return Server(work, limits, ["mlp=mlp.mar"])
 
 
 def bodies(x: np.ndarray) -> dict[str, tuple[str, bytes, dict[str, str]]]:
@@ -120,15 +94,7 @@ def load_grpc(
         answer = stub.ModelInfer(request, metadata=metadata, timeout=120)
         if not answer.raw_output_contents:
             raise SystemExit(f"ModelInfer: no raw_output_contents in {answer}")
-    latencies = []
-    deadline = time.perf_counter() + duration
-    started = time.perf_counter()
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        stub.ModelInfer(request, metadata=metadata, timeout=120)
-        latencies.append(time.perf_counter() - t0)
-    elapsed = time.perf_counter() - started
-    return len(latencies) / elapsed, statistics.median(latencies) * 1000
+    return timed_calls(lambda: stub.ModelInfer(request, metadata=metadata, timeout=120), duration)
 
 
 def load(host: str, port: int, key: str, path: str, body: bytes, headers: dict[str, str],
@@ -141,18 +107,14 @@ def load(host: str, port: int, key: str, path: str, body: bytes, headers: dict[s
         answer = resp.read()
         if resp.status != 200:
             raise SystemExit(f"{path}: {resp.status} {answer[:300]!r}")
-    latencies = []
-    deadline = time.perf_counter() + duration
-    started = time.perf_counter()
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
+
+    def call() -> None:
         conn.request("POST", path, body, headers)
-        resp = conn.getresponse()
-        resp.read()
-        latencies.append(time.perf_counter() - t0)
-    elapsed = time.perf_counter() - started
+        conn.getresponse().read()
+
+    figures = timed_calls(call, duration)
     conn.close()
-    return len(latencies) / elapsed, statistics.median(latencies) * 1000
+    return figures
 
 
 def main() -> None:
@@ -162,7 +124,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        host, port, key, run_dir, grpc_address = start(work)
+        server = start(work)
+        host, port, grpc_address = server.host, server.port, server.status["grpc_inference"]
+        key = server.keys["inference"]
         options = [("grpc.max_send_message_length", 16_000_000),
                    ("grpc.max_receive_message_length", 16_000_000)]  # fmt: skip
         channel = grpc.insecure_channel(grpc_address, options=options)
@@ -194,8 +158,7 @@ def main() -> None:
                           f" {rps / base:>9.2f}x {rps / binary:>12.2f}x", flush=True)  # fmt: skip
         finally:
             channel.close()
-            subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(run_dir)],
-                           capture_output=True, timeout=120)  # fmt: skip
+            server.stop()
 
 
 if __name__ == "__main__":

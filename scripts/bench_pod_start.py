@@ -59,10 +59,11 @@ def _get(url: str, body: bytes | None = None) -> int:
 def one_round(work: Path, mount: Path, container: dict, key_file: Path, n: int) -> dict[str, float]:
     run_dir = work / f"run{n}"
     args = [a.replace("/mnt/models", str(mount)) for a in container["args"]]
-    command = [*server_command(Dockerfile.read(DOCKERFILE)), *args]
+    command, env = server_command(Dockerfile.read(DOCKERFILE), args,
+                                  runtime_env(container, run_dir, key_file))  # fmt: skip
     out = open(work / f"mserve{n}.out", "wb")  # noqa: SIM115 (closed below)
     start = time.monotonic()
-    proc = subprocess.Popen(command, env=runtime_env(container, run_dir, key_file),
+    proc = subprocess.Popen(command, env=env,
                             stdout=out, stderr=subprocess.STDOUT, cwd=work)  # fmt: skip
     try:
         url = None

@@ -23,27 +23,15 @@ import argparse
 import http.client
 import json
 import os
+import random
 import secrets
 import shutil
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
-
-# scripts/ is on sys.path when this runs as a script: bench_server.py is a sibling
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_server import (
-    Server,
-    build_archives,
-    cpu_split,
-    python_load,
-    wrk_load,
-)
-
-from tests.ray.ports import free_proxy_port
+from harness import Server, build_archives, cpu_split, free_port, load_generator, medians
 
 
 class RayTarget:
@@ -92,7 +80,9 @@ def start_ray(work: Path) -> tuple[float, float, int]:
     ray.init(num_cpus=2, _temp_dir=str(work / "ray"), include_dashboard=False,
              log_to_driver=False, configure_logging=False)  # fmt: skip
     ray_s = time.perf_counter() - started
-    port = free_proxy_port()
+    # Serve's proxy: outside the kernel's ephemeral range and Ray's worker ports (10002-19999),
+    # which Ray's own processes keep taking while it starts
+    port = free_port(random.sample(range(20000, 30000), 200))
     started = time.perf_counter()
     models = [StartupModel("echo", str(work / "store" / "echo.mar")),
               StartupModel("mlp", str(work / "store" / "mlp.mar"))]  # fmt: skip
@@ -109,8 +99,8 @@ def main() -> None:
     parser.add_argument("--conns", default="1,16", help="connection counts, comma-separated")
     args = parser.parse_args()
     conns = [int(c) for c in args.conns.split(",")]
-    load = wrk_load if shutil.which("wrk") else python_load
-    print(f"load generator: {'wrk' if load is wrk_load else 'python threads'};"
+    load, generator = load_generator()
+    print(f"load generator: {generator};"
           f" {args.duration} s per run, {args.rounds} rounds; load average at start"
           f" {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
     # a short folder: Ray's Unix socket paths must stay under ~107 characters
@@ -119,7 +109,7 @@ def main() -> None:
     try:
         build_archives(work, with_mlp=True)
         t0 = time.perf_counter()
-        server = Server(work, ["echo=echo.mar", "mlp=mlp.mar"])
+        server = Server(work, {"enable_model_api": True}, ["echo=echo.mar", "mlp=mlp.mar"])
         status, _ = server.request("POST", "/predictions/echo", b'{"x": 1}')
         assert status == 200
         print(f"mserve: --start to first answer {time.perf_counter() - t0:.2f} s")
@@ -147,7 +137,7 @@ def main() -> None:
               f" {'p99 ms':>7} {'errors':>6}  load1  steal")  # fmt: skip
         med: dict[tuple[str, str, int], dict[str, float]] = {}
         for key, runs in results.items():
-            med[key] = {f: statistics.median(r[f] for r in runs) for f in runs[0]}
+            med[key] = medians(runs)
         for (model, engine, c), r in sorted(med.items()):
             print(f"{model:<6} {engine:<7} {c:>5} {r['rps']:>8.0f} {r['p50']:>7.2f}"
                   f" {r['p99']:>7.2f} {int(r['errors']):>6}  {r['load1']:>5.2f}"

@@ -69,149 +69,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-ECHO_HANDLER = """
-def handle(data, context):
-    if not data:
-        return None
-    return [row.get("body") for row in data]
-"""
-
-
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if out.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
-    return out
+from harness import (
+    REPO,
+    Server,
+    build_archives,
+    cpu_seconds,
+    cpu_split,
+    load_generator,
+    medians,
+    run,
+)
 
 
-def build_archives(work: Path, with_mlp: bool) -> None:
-    store = work / "store"
-    store.mkdir()
-    (work / "echo.py").write_text(ECHO_HANDLER)
-    run([str(BIN / "model-archiver"), "--model-name", "echo", "--handler", str(work / "echo.py"),
-         "--export-path", str(store)])  # fmt: skip
-    if with_mlp:
-        mlp = REPO / "examples" / "mlp"
-        run([sys.executable, str(mlp / "make_weights.py"), str(work / "mlp.pt")])
-        run([str(BIN / "model-archiver"), "--model-name", "mlp", "--handler",
-             str(mlp / "handler.py") + ":handle", "--model-file", str(mlp / "model.py"),
-             "--serialized-file", str(work / "mlp.pt"), "--export-path", str(store)])  # fmt: skip
-
-
-class Server:
-    def __init__(self, work: Path, models: list[str], extra_config: str = "") -> None:
-        self.run_dir = work / "run"
-        config = work / "mserve.yaml"
-        config.write_text(
-            "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
-            f"metrics_address: 127.0.0.1:0\nmodel_store: {work / 'store'}\n"
-            "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n"
-            "enable_model_api: true\n"  # the MLP rows register models; token auth stays on
-            + extra_config
-        )
-        started = time.perf_counter()
-        run([str(BIN / "mserve"), "--start", "--config", str(config), "--run-dir",
-             str(self.run_dir), "--models", *models])  # fmt: skip
-        self.status = json.loads((self.run_dir / "status.json").read_text())
-        keys = json.loads((self.run_dir / "key_file.json").read_text())
-        self.headers = {  # what a client sends with the default token authorization
-            api: {"Content-Type": "application/json", "Authorization": f"Bearer {keys[api]['key']}"}
-            for api in ("inference", "management")
-        }
-        self.host, port = self.status["inference"].rsplit(":", 1)
-        self.port = int(port)
-        self.ready_s = time.perf_counter() - started
-
-    def request(
-        self, method: str, path: str, body: bytes = b"", api: str = "inference"
-    ) -> tuple[int, bytes]:
-        host, port = self.status[api].rsplit(":", 1)
-        conn = http.client.HTTPConnection(host, int(port), timeout=120)
-        conn.request(method, path, body, self.headers[api])
-        resp = conn.getresponse()
-        data = resp.read()
-        conn.close()
-        return resp.status, data
-
-    def stop(self) -> None:
-        """Stop the server and wait (bounded) until all its processes are gone: a torch
-        worker's exit takes a core for a while, and the next figure's start must not share
-        the machine with it."""
-        try:
-            frontend = psutil.Process(self.status["pid"])
-            tree = [frontend, *frontend.children(recursive=True)]
-        except psutil.Error:
-            tree = []
-        subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(self.run_dir)],
-                       capture_output=True, timeout=120)  # fmt: skip
-        psutil.wait_procs(tree, timeout=30)
-
-
-def wrk_load(server: Server, path: str, body: bytes, conns: int, duration: int) -> dict[str, float]:
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(
-            'wrk.method = "POST"\n'
-            f"wrk.body = {json.dumps(body.decode())}\n"
-            'wrk.headers["Content-Type"] = "application/json"\n'
-            f'wrk.headers["Authorization"] = "{server.headers["inference"]["Authorization"]}"\n'
-        )
-    url = f"http://{server.host}:{server.port}{path}"
-    out = run(["wrk", "-t", str(min(2, conns)), "-c", str(conns), "-d", f"{duration}s",
-               "--latency", "-s", script.name, url])  # fmt: skip
-    os.unlink(script.name)
-    text = out.stdout
-
-    def latency_ms(label: str) -> float:
-        m = re.search(rf"^\s*{label}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
-        assert m, text
-        scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
-        return float(m.group(1)) * scale
-
-    found = re.search(r"Requests/sec:\s+([\d.]+)", text)
-    assert found, text
-    rps = float(found.group(1))
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    return {"rps": rps, "p50": latency_ms("50"), "p99": latency_ms("99"),
-            "errors": float(errors.group(1)) if errors else 0.0}  # fmt: skip
-
-
-def python_load(
-    server: Server, path: str, body: bytes, conns: int, duration: int
-) -> dict[str, float]:
-    """Fallback when wrk is missing: one keep-alive connection per thread."""
-    latencies: list[float] = []
-    errors = [0]
-    deadline = time.perf_counter() + duration
-    lock = threading.Lock()
-
-    def worker() -> None:
-        conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
-        mine = []
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            conn.request("POST", path, body, server.headers["inference"])
-            resp = conn.getresponse()
-            resp.read()
-            mine.append(time.perf_counter() - t0)
-            if resp.status != 200:
-                errors[0] += 1
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=worker) for _ in range(conns)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
-    latencies.sort()
-    return {"rps": len(latencies) / elapsed, "p50": latencies[len(latencies) // 2] * 1000,
-            "p99": latencies[int(len(latencies) * 0.99)] * 1000,
-            "errors": float(errors[0])}  # fmt: skip
+def start(work: Path, models: list[str], **settings: object) -> Server:
+    """The server every figure here measures: the model API on (the MLP rows register
+    models), token authorization on, as a user runs it."""
+    return Server(work, {"enable_model_api": True, **settings}, models)
 
 
 def bare_mlp(batch: int, seconds: float = 3.0) -> float:
@@ -237,39 +110,12 @@ def bare_mlp(batch: int, seconds: float = 3.0) -> float:
     return done / (time.perf_counter() - started)
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU the processes have used so far (gone ones count 0)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            times = psutil.Process(pid).cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
-
-
-def cpu_split(before: object, after: object) -> dict[str, float]:
-    """The machine's CPU between two psutil.cpu_times() snapshots, in %: busy, steal (Linux
-    only, else 0) and idle, so a slow row can be told from a row the hypervisor starved."""
-
-    def delta(*fields: str) -> float:
-        return sum(getattr(after, f, 0.0) - getattr(before, f, 0.0) for f in fields)
-
-    busy = delta("user", "nice", "system", "irq", "softirq")
-    steal = delta("steal")
-    idle = delta("idle", "iowait")
-    total = max(busy + steal + idle, 1e-9)
-    return {"busy": busy / total * 100, "steal": steal / total * 100, "idle": idle / total * 100}
-
-
 def measured(server: Server, model: str, load, path: str, body: bytes, conns: int,
              duration: int) -> dict[str, float]:  # fmt: skip
     """One load run plus the CPU the frontend and the model's workers spent per request: on a
     shared VM req/s swings between identical runs, CPU per request much less."""
-    _, described = server.request("GET", f"/models/{model}", api="management")
-    workers = [w["pid"] for w in json.loads(described)[0]["workers"]]
-    frontend = [server.status["pid"]]
+    workers = server.worker_pids(model)
+    frontend = [server.pid]
     before = cpu_seconds(frontend), cpu_seconds(workers)
     machine = psutil.cpu_times()
     r = load(server, path, body, conns, duration)
@@ -330,7 +176,7 @@ def batching_rows(server: Server, load, body: bytes, duration: int, rounds: int)
     print(f"medians over {rounds} round(s):")
     for model, _batch, conns in cells:
         runs = results[(model, conns)]
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        med = medians(runs)
         print(_row(labels[model], 1, conns, med))
     steals = [r["steal"] for runs in results.values() for r in runs]
     print(f"median steal over {len(steals)} load rows: {statistics.median(steals):.0f}%"
@@ -341,17 +187,11 @@ def batching_rows(server: Server, load, body: bytes, duration: int, rounds: int)
 SETTLE_S = 30.0  # the longest to wait for the server's processes to go quiet after a start
 
 
-def server_tree(server: Server) -> list[psutil.Process]:
-    """The frontend and every process under it (template, workers)."""
-    frontend = psutil.Process(server.status["pid"])
-    return [frontend, *frontend.children(recursive=True)]
-
-
 def pss_mib(server: Server) -> float:
     """Proportional set size of the frontend, the templates and the workers together: pages
     shared between them (a template and the workers forked from it) count once in all."""
     total = 0
-    for proc in server_tree(server):
+    for proc in server.processes():
         try:
             total += proc.memory_full_info().pss
         except psutil.Error:
@@ -365,7 +205,7 @@ def settle(server: Server) -> None:
     deadline = time.monotonic() + SETTLE_S
     last = -1.0
     while time.monotonic() < deadline:
-        used = cpu_seconds([p.pid for p in server_tree(server)])
+        used = cpu_seconds([p.pid for p in server.processes()])
         if abs(used - last) < 0.01:
             return
         last = used
@@ -408,7 +248,7 @@ def one_start(work: Path, model: str, body: bytes, then: str) -> dict[str, float
     answer; then either the PSS of all its processes once they are quiet (``pss``) or the time
     to scale it 1 -> 4 workers synchronously right after that answer (``scale``)."""
     t0 = time.perf_counter()
-    server = Server(work, [f"{model}={model}.mar"], "snapshot: false\n")
+    server = start(work, [f"{model}={model}.mar"], snapshot=False)
     try:
         status, answer = server.request("POST", f"/predictions/{model}", body)
         assert status == 200, answer
@@ -442,7 +282,7 @@ def profile_start(work: Path, model: str, body: bytes) -> None:
     log_file = work / "run" / "logs" / "mserve.log"
     log_file.unlink(missing_ok=True)
     t0 = time.time()
-    server = Server(work, [f"{model}={model}.mar"], "snapshot: false\n")
+    server = start(work, [f"{model}={model}.mar"], snapshot=False)
     returned = time.time()
     status, _ = server.request("POST", f"/predictions/{model}", body)
     answered = time.time()
@@ -648,18 +488,15 @@ def ceiling_rows(server: Server, load, body: bytes, duration: int, rounds: int) 
             results.setdefault(f"bare {name}", []).append(r)
             print(row(f"bare {name}", r))
     print(f"medians over {rounds} round(s):")
-    medians = {
-        label: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        for label, runs in results.items()
-    }
-    for label, med in medians.items():
+    med_rows = {label: medians(runs) for label, runs in results.items()}
+    for label, med in med_rows.items():
         if label != "mserve echo":
-            medians["mserve echo"][f"x {label}"] = (
-                medians["mserve echo"]["frontend_us"] / med["frontend_us"]
+            med_rows["mserve echo"][f"x {label}"] = (
+                med_rows["mserve echo"]["frontend_us"] / med["frontend_us"]
             )
-    for label, med in medians.items():
+    for label, med in med_rows.items():
         print(row(label, med))
-    ratios = ", ".join(f"{k[2:]} {v:.2f}x" for k, v in medians["mserve echo"].items()
+    ratios = ", ".join(f"{k[2:]} {v:.2f}x" for k, v in med_rows["mserve echo"].items()
                        if k.startswith("x bare "))  # fmt: skip
     print(f"mserve echo CPU per request over the bare servers': {ratios}")
 
@@ -789,10 +626,8 @@ def main() -> None:
     except ImportError:
         with_mlp = False
         print("torch is not installed: MLP figures skipped (pip install torch==2.13.0)")
-    load = wrk_load if shutil.which("wrk") else python_load
-    print(
-        f"load generator: {'wrk' if load is wrk_load else 'python threads'}; {duration} s per run"
-    )
+    load, generator = load_generator()
+    print(f"load generator: {generator}; {duration} s per run")
 
     work = Path(tempfile.mkdtemp(prefix="bench-server-"))
     try:
@@ -810,7 +645,7 @@ def main() -> None:
             return
         # cold start: start command to the first successful prediction
         t0 = time.perf_counter()
-        server = Server(work, ["echo=echo.mar"])
+        server = start(work, ["echo=echo.mar"])
         status, _ = server.request("POST", "/predictions/echo", b'{"x": 1}')
         cold = time.perf_counter() - t0
         assert status == 200
@@ -869,7 +704,7 @@ def main() -> None:
             f"median steal over {len(steals)} load rows: {statistics.median(steals):.0f}%"
             f" (max {max(steals):.0f}%): compare only rows taken at low steal"
         )
-        rss = psutil.Process(server.status["pid"]).memory_info().rss
+        rss = psutil.Process(server.pid).memory_info().rss
         print(f"frontend RSS after load: {rss / 2**20:.0f} MiB")
         if with_mlp:
             times = []

@@ -30,16 +30,14 @@ import http.client
 import json
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import psutil
+from harness import Server, archive
 
-BIN = Path(sys.executable).parent
 HANDLERS = {
     "ts": """
 from ts.handler_utils.utils import send_intermediate_predict_response
@@ -66,12 +64,6 @@ def handle(data, context):
     return [_tokens(row["body"]["n"], row["body"]["size"]) for row in data]
 """,
 }
-
-
-def run(cmd: list[str]) -> None:
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
 
 
 def stream(address: tuple[str, int], model: str, body: bytes) -> tuple[float, int, float]:
@@ -161,27 +153,17 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mserve-bench-stream-") as tmp:
         work = Path(tmp)
-        store = work / "store"
-        store.mkdir()
         for name, code in HANDLERS.items():
             module = work / f"{name}_stream.py"  # not ts.py: it would hide the ts package
             module.write_text(code)
-            run([str(BIN / "model-archiver"), "--model-name", name, "--handler",
-                 f"{module}:handle", "--export-path", str(store)])  # fmt: skip
-        config = work / "mserve.yaml"
-        config.write_text(
-            "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
-            f"metrics_address: 127.0.0.1:0\nmodel_store: {store}\ngrpc: false\n"
-            # loopback only; it registers its models and measures streaming, not keys
-            # (scripts/bench_server.py runs with token authorization on)
-            "disable_token_authorization: true\nenable_model_api: true\n"
-        )
-        run_dir = work / "run"
-        run([str(BIN / "mserve"), "--start", "--config", str(config), "--run-dir", str(run_dir)])
+            archive(work / "store", name, "--handler", f"{module}:handle")
+        # loopback only; it registers its models and measures streaming, not keys
+        # (scripts/bench_server.py runs with token authorization on)
+        settings = {"grpc": False, "disable_token_authorization": True, "enable_model_api": True}
+        server = Server(work, settings)
         try:
-            status = json.loads((run_dir / "status.json").read_text())
-            host, port = status["inference"].rsplit(":", 1)
-            address = (host, int(port))
+            status = server.status
+            address = (server.host, server.port)
             manage = http.client.HTTPConnection(*status["management"].rsplit(":", 1), timeout=120)
             body = json.dumps({"n": args.chunks, "size": args.size}).encode()
             print(f"{args.chunks} chunks of {args.size} bytes per request; one worker;"
@@ -220,8 +202,7 @@ def main() -> None:
             print("first chunk, 2-chunk streams (median of 50): "
                   + ", ".join(f"{n} {t * 1000:.2f} ms" for n, t in firsts.items()))  # fmt: skip
         finally:
-            subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(run_dir)],
-                           capture_output=True, timeout=120)  # fmt: skip
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,12 +28,11 @@ import wave
 from collections.abc import Callable
 from pathlib import Path
 
+import harness
 import torch
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "examples" / "waveglow"
-BIN = Path(sys.executable).parent
+EXAMPLE = harness.REPO / "examples" / "waveglow"
 SENTENCES = [
     "the quick brown fox jumps over the lazy dog",
     "a serving benchmark speaks in random noise",
@@ -131,32 +128,24 @@ def archive(root: Path, tacotron2_file: Path, waveglow_file: Path, threads: int)
     config_file.write_text(yaml.safe_dump(config))
     extra = [EXAMPLE / f for f in ("tacotron2_model.py", "text_frontend.py",
                                    "nvidia_checkpoints.py")] + [tacotron2_file]  # fmt: skip
-    subprocess.run([
-        str(BIN / "model-archiver"), "--model-name", "tts", "--version", "1.0",
-        "--serialized-file", str(waveglow_file),
-        "--model-file", str(EXAMPLE / "waveglow_model.py"),
+    harness.archive(
+        store, "tts", "--version", "1.0", "--serialized-file", waveglow_file,
+        "--model-file", EXAMPLE / "waveglow_model.py",
         "--handler", str(EXAMPLE / "waveglow_handler.py") + ":TextToSpeech",
         "--extra-files", ",".join(str(p) for p in extra),
-        "--requirements-file", str(EXAMPLE / "requirements.txt"),
-        "-c", str(config_file), "--export-path", str(store), "-f",
-    ], check=True)  # fmt: skip
+        "--requirements-file", EXAMPLE / "requirements.txt", "-c", config_file, "-f",
+    )  # fmt: skip
     return store
 
 
 def through_mserve(root: Path, store: Path, rounds: int) -> dict[int, tuple[float, float]]:
-    config = root / "mserve.yaml"
-    config.write_text(yaml.safe_dump({
-        "inference_address": "127.0.0.1:0", "management_address": "127.0.0.1:0",
-        "metrics_address": "127.0.0.1:0", "model_store": str(store), "access_log": False,
-        "grpc": False,
+    server = harness.Server(root, {
+        "access_log": False, "grpc": False,
         # loopback only; it registers models and measures the model, not keys
         "disable_token_authorization": True, "enable_model_api": True,
-    }))  # fmt: skip
-    run_dir = root / "run"
-    args = ["--config", str(config), "--run-dir", str(run_dir)]
-    subprocess.run([str(BIN / "mserve"), "--start", *args], check=True)
+    })  # fmt: skip
     try:
-        status = json.loads((run_dir / "status.json").read_text())
+        status = server.status
         results = {}
         for batch in (1, 4):
             name = f"tts_b{batch}"
@@ -176,7 +165,7 @@ def through_mserve(root: Path, store: Path, rounds: int) -> dict[int, tuple[floa
             urllib.request.urlopen(urllib.request.Request(delete, method="DELETE"), timeout=60)
         return results
     finally:
-        subprocess.run([str(BIN / "mserve"), "--stop", "--run-dir", str(run_dir)], check=False)
+        server.stop()
 
 
 def main() -> None:

@@ -513,18 +513,31 @@ def _check_allowed_urls(patterns: tuple[str, ...]) -> None:
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
-    import yaml  # here: ~14 ms to import, paid only when there is a config file to read
+    return read_yaml_mapping(
+        path,
+        cannot_read=f"cannot read config file {path}",
+        invalid=f"config file {path} is not valid YAML",
+        not_mapping=f"config file {path}: expected a mapping of keys",
+    )
+
+
+def read_yaml_mapping(
+    path: Path, *, cannot_read: str, invalid: str, not_mapping: str
+) -> dict[str, Any]:
+    """A YAML file that must hold a mapping (an empty file reads as ``{}``); each failure a
+    ConfigError in the caller's words, as each file names itself its own way."""
+    import yaml  # here: ~14 ms to import, paid only when there is a YAML file to read
 
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        raise ConfigError(f"{cannot_read}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"{invalid}: {exc}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: expected a mapping of keys")
+        raise ConfigError(not_mapping)
     return data
 
 

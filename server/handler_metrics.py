@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mserve_worker.protocol import MetricEntry
+from server.config import read_yaml_mapping
 from server.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -85,18 +86,12 @@ class MetricsConfig:
 
 
 def load_metrics_config(path: Path) -> MetricsConfig:
-    import yaml  # here: ~14 ms to import, paid only by a server given a metrics.yaml
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"metrics_config: cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"metrics_config: {path} is not valid YAML: {exc}") from exc
-    if data is None:
-        return MetricsConfig({}, None)
-    if not isinstance(data, dict):
-        raise ConfigError(f"metrics_config: {path} should be a mapping with model_metrics")
+    data = read_yaml_mapping(
+        path,
+        cannot_read=f"metrics_config: cannot read {path}",
+        invalid=f"metrics_config: {path} is not valid YAML",
+        not_mapping=f"metrics_config: {path} should be a mapping with model_metrics",
+    )
     frontend = None
     if data.get("ts_metrics") is not None:
         frontend = frozenset(f.name for f in _section(path, data, "ts_metrics"))

@@ -16,41 +16,19 @@ import math
 import re
 import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
-from typing import IO
 
 from server.handler_metrics import BUCKETS, Family
+from server.linefile import LineFile
 
 _NAME_OK = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
 
 
-class MetricLog:
-    """One of TorchServe's metric log files: lines kept in memory and written every second."""
-
-    def __init__(self, path: Path) -> None:
-        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (owned, closed)
-        self._lines: list[str] = []
-        self._stamp_second = -1
-        self._stamp = ""
+class MetricLog(LineFile):
+    """One of TorchServe's metric log files, written every second (the metrics chore)."""
 
     def add(self, line: str) -> None:
-        now = time.time()
-        second = int(now)
-        if second != self._stamp_second:
-            self._stamp_second = second
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(second))
-        self._lines.append(f"{self._stamp},{int((now - second) * 1000):03d} - {line}\n")
-
-    def flush(self) -> None:
-        if self._lines:
-            self._file.write("".join(self._lines))
-            self._lines.clear()
-            self._file.flush()
-
-    def close(self) -> None:
-        self.flush()
-        self._file.close()
+        self.append(f"{self.stamp()} - {line}\n")
 
 
 def metric_line(

@@ -50,18 +50,11 @@ from typing import Any
 
 from ..payload import JSON, OCTET_STREAM, PayloadError, decode_request
 from ..protocol import RequestItem, ResponseItem
+from .decode import to_array, to_lists
+from .encode import output_tensor
 from .signature import ENVELOPE_KEY, Signature, SignatureError, check_output, parse_signature
-from .tensors import (
-    HEADER_LENGTH,
-    InferRequest,
-    OIPError,
-    encode_response,
-    output_tensor,
-    parse_request,
-    request_from_json,
-    to_array,
-    to_lists,
-)
+from .tensors import HEADER_LENGTH, InferRequest, OIPError
+from .wire import encode_response, parse_request, request_from_json
 
 _TORCHSERVE_STYLES = ("module-function", "handler-class", "class-instance")
 _NATIVE_STYLES = ("hooks", "v2-model")

@@ -18,16 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mserve_worker.oip.tensors import (
-    DATATYPES,
-    RequestedOutput,
-    Tensor,
-    element_count,
-    encode_request,
-    flat_values,
-    parse_response,
-    tensor_bytes,
-)
+from mserve_worker.oip.decode import flat_values
+from mserve_worker.oip.encode import tensor_bytes
+from mserve_worker.oip.tensors import DATATYPES, RequestedOutput, Tensor, element_count
+from mserve_worker.oip.wire import encode_request, parse_response
 from server.errors import BadRequest
 from server.rpc.protos import oip_pb2 as pb
 

@@ -11,7 +11,8 @@ import grpc
 import numpy as np
 import yaml
 
-from mserve_worker.oip.tensors import HEADER_LENGTH, Tensor, encode_request, parse_response
+from mserve_worker.oip.tensors import HEADER_LENGTH, Tensor
+from mserve_worker.oip.wire import encode_request, parse_response
 from server.rpc.protos import inference_pb2 as ipb
 from server.rpc.protos import inference_pb2_grpc
 from tests.server.conftest import Reply, http

@@ -10,14 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mserve_worker.oip.tensors import (
-    HEADER_LENGTH,
-    RequestedOutput,
-    Tensor,
-    encode_request,
-    parse_response,
-    to_array,
-)
+from mserve_worker.oip.decode import to_array
+from mserve_worker.oip.tensors import HEADER_LENGTH, RequestedOutput, Tensor
+from mserve_worker.oip.wire import encode_request, parse_response
 from tests.server.conftest import HANDLERS, Reply, http
 
 FOLDER = HANDLERS / "oip_models"

@@ -8,21 +8,11 @@ import struct
 import numpy as np
 import pytest
 
+from mserve_worker.oip.decode import flat_values, split_bytes, to_array, to_lists
+from mserve_worker.oip.encode import output_tensor
 from mserve_worker.oip.signature import SignatureError, parse_signature
-from mserve_worker.oip.tensors import (
-    OIPError,
-    RequestedOutput,
-    Tensor,
-    encode_request,
-    encode_response,
-    flat_values,
-    output_tensor,
-    parse_request,
-    parse_response,
-    split_bytes,
-    to_array,
-    to_lists,
-)
+from mserve_worker.oip.tensors import OIPError, RequestedOutput, Tensor
+from mserve_worker.oip.wire import encode_request, encode_response, parse_request, parse_response
 
 
 def test_binary_request_bytes_are_json_then_tensors_in_input_order() -> None:
