@@ -29,7 +29,8 @@ from server.errors import (
 from server.metrics import Metrics
 from server.model_envs import EnvCache, EnvRequest, normalise_requirements
 from server.models.residency import Residency
-from server.models.version import ModelSettings, ModelVersion
+from server.models.settings import ModelSettings
+from server.models.version import ModelVersion
 from server.redaction import PathRedactor
 from server.store import UnpackedModel, resolve_url, unpack
 from server.workers.launch import Launcher

@@ -22,7 +22,7 @@ from server.download import is_remote
 from server.errors import BadRequest, InvalidModel
 from server.model_envs import find_uv, normalise_requirements, protected_constraints
 from server.models.registry import RegisterRequest, effective_settings
-from server.models.version import ModelSettings
+from server.models.settings import ModelSettings
 from server.rundir import StartupModel
 from server.store import resolve_url, unpack
 
