@@ -43,11 +43,15 @@ log = logging.getLogger(__name__)
 _worker_ids = itertools.count(9000)  # TorchServe numbers workers from 9000
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
+# The breaker: this many workers that could not load (one died or failed before it was ready)
+# within FAILURE_WINDOW_S mark the model failed. Workers that were ready, then died, never count:
+# the OOM killer, an operator or a node agent killing served workers is no crash loop, and
+# failing the whole model for it would turn a few 500s into 503s for everyone.
 FAILURES_TO_GIVE_UP = 5
+FAILURE_WINDOW_S = 120.0
 # A worker that served this long before it died starts its replacement's backoff afresh: an
 # occasional crash days apart must not leave every restart waiting BACKOFF_MAX_S.
 BACKOFF_RESET_AFTER_S = 60.0
-FAILURE_WINDOW_S = 120.0
 
 
 @dataclass(eq=False)  # identity: slots live in sets
@@ -300,7 +304,6 @@ class ModelVersion:
             if time.monotonic() - serving_since >= BACKOFF_RESET_AFTER_S:
                 backoff = BACKOFF_START_S
             log.warning("model %s: %s; restarting in %.1f s", self.label, ended, backoff)
-            self._note_failure(ended)
             await self._sleep_unless_retired(slot, backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
         if slot.worker is not None and slot.worker.state is not WorkerState.STOPPED:
