@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mserve_worker.protocol import RequestItem
 from server.devices import GpuPlan, shown_gpu_id, worker_env_for
@@ -31,12 +31,10 @@ from server.errors import (
 from server.metrics import Metrics, ModelStats
 from server.models.batching import Job, JobQueue, QueueFull
 from server.models.pump import BatchPump
+from server.models.residency import Residency
 from server.models.settings import ModelSettings, with_changes
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
-
-if TYPE_CHECKING:
-    from server.models.residency import Residency
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +138,14 @@ class ModelVersion:
             for s in self.slots
             if s.worker is not None and s.worker.state in (WorkerState.READY, WorkerState.BUSY)
         )
+
+    def worker_load_ms(self) -> list[tuple[str, float]]:
+        """(worker id, how long it took to load) of each worker that has loaded."""
+        return [
+            (s.worker.id, s.worker.load_ms)
+            for s in self.slots
+            if s.worker is not None and s.worker.load_ms is not None
+        ]
 
     def queued(self) -> int:
         """Requests waiting: in the queue, or already sent to a worker that has not started them
@@ -285,9 +291,7 @@ class ModelVersion:
             if slot.first_start is not None and not slot.first_start.done():
                 slot.first_start.set_result(None)
             if self.stats.metrics is not None and worker.load_ms is not None:
-                self.stats.metrics.worker_loaded(
-                    f"W-{worker.id}-{self.name}_{self.version}", worker.load_ms
-                )
+                self.stats.metrics.worker_loaded(self.name, self.version, worker.id, worker.load_ms)
             serving_since = time.monotonic()
             pump = BatchPump(
                 self.label, self.queue, self.settings, self.stats, lambda: bool(self.slots)
