@@ -38,6 +38,7 @@ from server.handler_metrics import MetricsConfig, load_metrics_config
 from server.http import HttpServer
 from server.metrics import Metrics, MetricsAPI
 from server.models.registry import RegisterRequest, Registry
+from server.models.settings import request_fields
 from server.models.version import ModelVersion
 from server.rest.inference import InferenceAPI
 from server.rest.management import ManagementAPI
@@ -510,17 +511,10 @@ class Server:
         log.info("registering %d model version(s) from the TorchServe snapshot", len(entries))
 
         async def one(entry: ModelEntry) -> None:
-            timeout = entry.get("responseTimeout")
-            startup = entry.get("startupTimeout")
             request = RegisterRequest(
                 url=entry.url or entry.mar_name or "",
                 model_name=entry.name,
-                batch_size=entry.get("batchSize"),
-                max_batch_delay_ms=entry.get("maxBatchDelay"),
-                response_timeout_s=float(timeout) if timeout else None,
-                startup_timeout_s=float(startup) if startup else None,
-                initial_workers=entry.get("minWorkers"),
-                max_workers=entry.get("maxWorkers"),
+                **request_fields(entry.get),  # minWorkers, ... (server/models/settings.py)
                 trusted=True,
                 at_startup=True,
             )

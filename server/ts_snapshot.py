@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from server.models.settings import snapshot_fields
 from server.rundir import write_text_atomic
 
 if TYPE_CHECKING:
@@ -64,19 +65,12 @@ def model_state(registry: Registry) -> dict[str, dict[str, dict[str, Any]]]:
     store = registry.config.store_path
     models: dict[str, dict[str, dict[str, Any]]] = {}
     for mv in registry.all():
-        s = mv.settings
         mar = mv.url.rstrip("/").rsplit("/", 1)[-1]
         state: dict[str, Any] = {
             "defaultVersion": registry.defaults.get(mv.name) == mv.version,
             "marName": mar,
-            "minWorkers": s.min_workers,
-            "maxWorkers": s.max_workers,
-            "batchSize": s.batch_size,
-            "maxBatchDelay": s.max_batch_delay_ms,
-            "responseTimeout": round(s.response_timeout_s),
-            "startupTimeout": round(s.startup_timeout_s),
+            **snapshot_fields(mv.settings),  # minWorkers, ..., batchWait (models/settings.py)
             "runtimeType": mv.manifest.get("runtime") or "python",
-            "batchWait": s.batch_wait,
         }
         if store is None or mv.url != mar or not (store / mar).is_file():
             state["modelUrl"] = mv.url

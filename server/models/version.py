@@ -32,7 +32,7 @@ from server.metrics import Metrics, ModelStats
 from server.models.batching import Job, JobQueue, QueueFull
 from server.models.pump import BatchPump
 from server.models.residency import Residency
-from server.models.settings import ModelSettings, with_changes
+from server.models.settings import ModelSettings, shown, with_changes
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
 
@@ -512,27 +512,18 @@ class ModelVersion:
             "modelUrl": self.url,
             "runtime": self.manifest.get("runtime", "python"),
             "handler": self.handler,
-            "minWorkers": s.min_workers,
-            "maxWorkers": s.max_workers,
-            "batchSize": s.batch_size,
-            "maxBatchDelay": s.max_batch_delay_ms,
-            "responseTimeout": _whole(s.response_timeout_s),
-            "startupTimeout": _whole(s.startup_timeout_s),
+            **shown(s),  # minWorkers, maxWorkers, batchSize, ... (server/models/settings.py)
             "parallelType": "",  # no model parallelism (torchrun) here: TorchServe's "none"
             "parallelLevel": 0,
             "deviceType": "gpu" if self.gpus.use_gpu else "cpu",
             "deviceIds": list(s.device_ids) if s.device_ids else None,
-            "jobQueueSize": s.job_queue_size,
             "jobQueueStatus": {
                 "remainingCapacity": max(0, s.job_queue_size - queued),
                 "pendingRequests": queued,
             },
-            "retryOnWorkerDeath": s.retry_on_worker_death,
-            "batchWait": s.batch_wait,
             "queueDepth": queued,
             "settingSources": s.sources,
             "loadedAtStartup": self.loaded_at_startup,
-            "idleUnloadTimeout": s.idle_unload_s,
             "loadState": self.load_state(),
             "status": "FAILED" if self.failed else ("READY" if self.healthy() else "LOADING"),
             "stage": self.stage,
@@ -545,12 +536,6 @@ class ModelVersion:
 
 
 _SERVING = (WorkerState.READY, WorkerState.BUSY)
-
-
-def _whole(seconds: float) -> float | int:
-    """A whole number of seconds as an int, as TorchServe writes it (typed clients refuse 120.0
-    where they expect an integer)."""
-    return int(seconds) if float(seconds).is_integer() else seconds
 
 
 def _timestamp(epoch_s: float) -> str:
