@@ -24,19 +24,16 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from server.errors import ConfigError
+from server.models.settings import BATCH_WAITS, ENTRY_SETTINGS, Setting
 from server.rundir import KEY_FILE
 from server.workers.env_vars import DEFAULT_DENY
 
 ENV_PREFIX = "MSERVE_"
 
-# When a batch waits for more requests (ModelSettings.batch_wait); the first is the default.
-BATCH_WAITS = ("busy", "fill")
-# A model version's settings in the ``models`` key and in a TorchServe snapshot, under the
-# archive model-config names (TorchServe's): integers, where a value <= 0 means "not set", as
-# TorchServe reads them; and mserve's batchWait.
-MODEL_ENTRY_INTS = (
-    "minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout", "startupTimeout"
-)  # fmt: skip
+# A model version's settings in the ``models`` key and in a TorchServe snapshot are those of
+# ENTRY_SETTINGS (server/models/settings.py), under TorchServe's names: integers, where a value
+# <= 0 means "not set", as TorchServe reads them; and mserve's batchWait (one of BATCH_WAITS,
+# when a batch waits for more requests; the first is the default).
 
 
 @dataclass(frozen=True)
@@ -53,6 +50,26 @@ class ModelEntry:
 
     def get(self, key: str) -> int | str | None:
         return next((v for k, v in self.settings if k == key), None)
+
+
+def _entry_value(setting: Setting, raw: Any, key: str, where: str) -> int | str | None:
+    """One setting of a ``models`` or snapshot entry; None: unset (0 or less, which TorchServe
+    reads as "not given", except a snapshot's worker counts)."""
+    if setting.unit == "choice":
+        if raw not in setting.choices:
+            raise ConfigError(
+                f"{where} {setting.key} should be one of {', '.join(setting.choices)},"
+                f" found {raw!r}"
+            )
+        return str(raw)
+    try:
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            raise ValueError
+        number = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} {setting.key} should be an integer, found {raw!r}") from None
+    kept_zero = key == "model_snapshot" and setting.zero_kept
+    return number if number > 0 or (number == 0 and kept_zero) else None
 
 
 def parse_model_entries(value: Any, key: str, source: str) -> tuple[ModelEntry, ...]:
@@ -77,30 +94,12 @@ def parse_model_entries(value: Any, key: str, source: str) -> tuple[ModelEntry, 
             if not isinstance(params, dict):
                 raise ConfigError(f"{where}: {name} {version} should be an object of settings")
             settings = []
-            for param in MODEL_ENTRY_INTS:
-                raw = params.get(param)
-                if raw is None:
-                    continue
-                try:
-                    if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                        raise ValueError
-                    number = int(raw)
-                except (TypeError, ValueError):
-                    raise ConfigError(
-                        f"{where}: {name} {version} {param} should be an integer, found {raw!r}"
-                    ) from None
-                # a snapshot's 0 workers is a count (TorchServe restores it as such)
-                kept_zero = key == "model_snapshot" and param in ("minWorkers", "maxWorkers")
-                if number > 0 or (number == 0 and kept_zero):
-                    settings.append((param, number))
-            wait = params.get("batchWait")
-            if wait is not None:
-                if wait not in BATCH_WAITS:
-                    raise ConfigError(
-                        f"{where}: {name} {version} batchWait should be one of"
-                        f" {', '.join(BATCH_WAITS)}, found {wait!r}"
-                    )
-                settings.append(("batchWait", wait))
+            for setting in ENTRY_SETTINGS:
+                raw = params.get(setting.key)
+                if raw is not None:
+                    value = _entry_value(setting, raw, key, f"{where}: {name} {version}")
+                    if value is not None:
+                        settings.append((setting.key, value))
             default = params.get("defaultVersion", False)
             if not isinstance(default, bool):
                 raise ConfigError(

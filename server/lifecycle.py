@@ -119,7 +119,7 @@ class Server:
             gpus=self.gpus.devices,
         )
         self.registry = Registry(config, self.gpus, __version__, self.launcher, self.metrics)
-        self.metrics.watch(self.registry)
+        self.metrics.watch(self.registry.all, self.registry.residency)
         self.keys = None if config.disable_token_authorization else _keys(config)
         self.listeners: list[HttpServer] = []
         self.grpc_listeners: list[GrpcListener] = []

@@ -22,9 +22,9 @@ import logging
 import socket
 import subprocess
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
 import psutil
@@ -32,16 +32,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from mserve_worker.protocol import MetricEntry
+from mserve_worker.protocol import MetricEntry, RequestItem
 from server.errors import ConfigError
 from server.handler_metrics import HandlerMetrics, MetricsConfig, default_families
 from server.http import Connection, Request
 from server.metric_formats import MetricLog, PromText, metric_line
-
-if TYPE_CHECKING:
-    from server.models.batching import Job
-    from server.models.registry import Registry
-    from server.models.version import ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +53,54 @@ LEGACY_PROMETHEUS = (
 )
 SYSTEM_METRICS_INTERVAL_S = 60.0  # TorchServe collects its system metrics once a minute
 LOG_FLUSH_S = 1.0  # the longest a metric log line waits in memory
+
+
+# --- what the metrics observe --------------------------------------------------------------
+# The models report to the metrics and are read by them through these shapes; the metrics import
+# nothing of server/models/, so supervision depends on metrics and never the other way round.
+
+
+class AnsweredJob(Protocol):
+    """A request a worker answered (server/models/batching.py's Job)."""
+
+    @property
+    def item(self) -> RequestItem: ...
+    @property
+    def enqueued_at(self) -> float: ...
+    @property
+    def sent_at(self) -> float: ...
+
+
+class ObservedModel(Protocol):
+    """A model version as the scrape reads it (server/models/version.py's ModelVersion)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def stats(self) -> ModelStats: ...
+    def queued(self) -> int: ...
+    def ready_workers(self) -> int: ...
+    def pending(self) -> int: ...
+    def worker_load_ms(self) -> list[tuple[str, float]]:
+        """(worker id, its load time) of each worker that has loaded."""
+        ...
+
+
+class ObservedResidency(Protocol):
+    """The server's residency keeper (server/models/residency.py), for its gauges."""
+
+    @property
+    def memory_bytes(self) -> int: ...
+    @property
+    def budget_bytes(self) -> int | None: ...
+    def loaded_models(self) -> int: ...
+
+
+def worker_name(model_name: str, model_version: str, worker_id: str) -> str:
+    """TorchServe's WorkerName dimension."""
+    return f"W-{worker_id}-{model_name}_{model_version}"
 
 
 # --- per model version --------------------------------------------------------------------
@@ -108,7 +151,7 @@ class ModelStats:
         return self.version if named else "default"
 
     def batch_done(
-        self, handler_ms: float | None, entries: list[MetricEntry], jobs: Sequence[Job],
+        self, handler_ms: float | None, entries: list[MetricEntry], jobs: Sequence[AnsweredJob],
         settle_s: float,
     ) -> None:  # fmt: skip
         """A batch was answered: the handler's time and metrics, the frontend's own time."""
@@ -135,7 +178,7 @@ class ModelStats:
             metrics.handler_entries(self.name, entries, jobs)
 
 
-def _request_ids(jobs: Sequence[Job]) -> str:
+def _request_ids(jobs: Sequence[AnsweredJob]) -> str:
     return ",".join(job.item.request_id for job in jobs)
 
 
@@ -180,7 +223,8 @@ class Metrics:
             buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0),
             registry=self.prom,
         )  # fmt: skip
-        self._registry: Registry | None = None
+        self._models: Callable[[], Iterable[ObservedModel]] = tuple
+        self._residency: ObservedResidency | None = None
         # answers counted since the last scrape, by (model, version, code): a plain number per
         # request, added to ``requests`` when scraped (its inc() is four calls and a lock)
         self._answers: dict[tuple[str, str, int], list[int]] = {}
@@ -209,9 +253,12 @@ class Metrics:
             self.ts_log = MetricLog(log_dir / "ts_metrics.log")
             self.model_log = MetricLog(log_dir / "model_metrics.log")
 
-    def watch(self, registry: Registry) -> None:
-        """The registry whose models the scrape-time metrics read."""
-        self._registry = registry
+    def watch(
+        self, models: Callable[[], Iterable[ObservedModel]], residency: ObservedResidency
+    ) -> None:
+        """Where the scrape-time metrics read the registered model versions and residency."""
+        self._models = models
+        self._residency = residency
 
     # --- updates ------------------------------------------------------------------------
 
@@ -223,8 +270,8 @@ class Metrics:
             self.log_ts(("Requests2XX", "Requests4XX", "Requests5XX")[index], "Count", 1, ())
 
     def answered(
-        self, model: ModelVersion, code: int, seconds: float | None,
-        counts: list[float] | None = None, job: Job | None = None,
+        self, model: ObservedModel, code: int, seconds: float | None,
+        counts: list[float] | None = None, job: AnsweredJob | None = None,
     ) -> None:  # fmt: skip
         """Count one answer; label children are cached (``labels()`` costs more than ``inc()``).
         ``counts`` and ``job`` (a worker's answer): TorchServe's latency counters."""
@@ -256,19 +303,20 @@ class Metrics:
             self.log_ts("ts_queue_latency_microseconds", "Microseconds", queue_s * 1e6, dims)
             self.log_ts("QueueTime", "Milliseconds", self.queue_ms, ())
 
-    def model_loaded(self, model: ModelVersion, seconds: float, ok: bool) -> None:
+    def model_loaded(self, name: str, version: str, seconds: float, ok: bool) -> None:
         outcome = "ok" if ok else "failed"
-        self.model_loads.labels(model.name, model.version, outcome).inc()
+        self.model_loads.labels(name, version, outcome).inc()
         if ok:
             self.load_seconds.observe(seconds)
 
-    def model_evicted(self, model: ModelVersion, reason: str) -> None:
+    def model_evicted(self, name: str, version: str, reason: str) -> None:
         """``reason``: ``idle`` (idle_unload_s) or ``budget`` (room for another model)."""
-        self.model_evictions.labels(model.name, model.version, reason).inc()
+        self.model_evictions.labels(name, version, reason).inc()
 
-    def worker_loaded(self, worker_name: str, load_ms: float) -> None:
+    def worker_loaded(self, name: str, version: str, worker_id: str, load_ms: float) -> None:
         if self.log_frontend:
-            self.log_ts("WorkerLoadTime", "Milliseconds", load_ms, (("WorkerName", worker_name),))
+            dims = (("WorkerName", worker_name(name, version, worker_id)),)
+            self.log_ts("WorkerLoadTime", "Milliseconds", load_ms, dims)
 
     def builtin_series(self, name: str, model_name: str) -> list[float] | None:
         """The stored value of HandlerTime or PredictionTime for one model."""
@@ -281,7 +329,7 @@ class Metrics:
         return self.handler.series(family, tuple(dims[label] for label in family.labels))
 
     def handler_entries(
-        self, model_name: str, entries: list[MetricEntry], jobs: Sequence[Job]
+        self, model_name: str, entries: list[MetricEntry], jobs: Sequence[AnsweredJob]
     ) -> None:
         for entry in entries:
             applied = self.handler.add(model_name, entry)
@@ -431,9 +479,9 @@ class Metrics:
         yield workers
         yield pending
         yield self._latency_family()
-        if self._registry is None:
+        residency = self._residency
+        if residency is None:
             return
-        residency = self._registry.residency
         memory = GaugeMetricFamily(
             "mserve_worker_memory_bytes", "Workers' memory (PSS), as last measured"
         )
@@ -471,9 +519,6 @@ class Metrics:
                 self.requests.labels(name, version, str(code)).inc(tally[0])
                 tally[0] = 0
 
-    def _models(self) -> list[ModelVersion]:
-        return list(self._registry.all()) if self._registry is not None else []
-
     def exposition(self, names: set[str] | None = None) -> bytes:
         """Ours, then TorchServe's, in Prometheus's text format; only the metrics ``names``
         names when given (TorchServe's ``?name[]=...``)."""
@@ -486,7 +531,7 @@ class Metrics:
             return ""
         out = PromText(names)
         out.only = self.frontend  # a metrics config's ts_metrics section picks frontend metrics
-        models = self._models()
+        models = list(self._models())
         host = self.hostname
         ts_labels = ("uuid", "model_name", "model_version", "hostname")
         for index, name in enumerate(LEGACY_PROMETHEUS):
@@ -513,11 +558,8 @@ class Metrics:
                    [(("Host", host), thread[-1])] if thread else [])  # fmt: skip
         loads = []
         for mv in models:
-            for slot in mv.slots:
-                worker = slot.worker
-                if worker is not None and worker.load_ms is not None:
-                    name = f"W-{worker.id}-{mv.name}_{mv.version}"
-                    loads.append(((name, "Host", host), worker.load_ms))
+            for worker_id, load_ms in mv.worker_load_ms():
+                loads.append(((worker_name(mv.name, mv.version, worker_id), "Host", host), load_ms))
         out.family("WorkerLoadTime", "gauge", "Milliseconds", ("WorkerName", "Level", "Hostname"),
                    loads)  # fmt: skip
         for name, unit, dims, value in self.system:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from server.errors import MserveError
 from server.models.registry import RegisterRequest, Registry
+from server.models.settings import request_fields, snapshot_fields
 from server.rundir import write_text_atomic
 
 if TYPE_CHECKING:
@@ -66,19 +67,12 @@ def model_state(registry: Registry) -> dict[str, dict[str, dict[str, Any]]]:
     store = registry.config.store_path
     models: dict[str, dict[str, dict[str, Any]]] = {}
     for mv in registry.all():
-        s = mv.settings
         mar = mv.url.rstrip("/").rsplit("/", 1)[-1]
         state: dict[str, Any] = {
             "defaultVersion": registry.defaults.get(mv.name) == mv.version,
             "marName": mar,
-            "minWorkers": s.min_workers,
-            "maxWorkers": s.max_workers,
-            "batchSize": s.batch_size,
-            "maxBatchDelay": s.max_batch_delay_ms,
-            "responseTimeout": round(s.response_timeout_s),
-            "startupTimeout": round(s.startup_timeout_s),
+            **snapshot_fields(mv.settings),  # minWorkers, ..., batchWait (models/settings.py)
             "runtimeType": mv.manifest.get("runtime") or "python",
-            "batchWait": s.batch_wait,
         }
         if store is None or mv.url != mar or not (store / mar).is_file():
             state["modelUrl"] = mv.url
@@ -152,19 +146,10 @@ async def restore(
     log.info("registering %d model version(s) from the TorchServe snapshot", len(entries))
 
     async def one(entry: ModelEntry) -> None:
-        timeout = entry.get("responseTimeout")
-        startup = entry.get("startupTimeout")
-        wait = entry.get("batchWait")
         request = RegisterRequest(
             url=entry.url or entry.mar_name or "",
             model_name=entry.name,
-            batch_size=_int(entry.get("batchSize")),
-            max_batch_delay_ms=_int(entry.get("maxBatchDelay")),
-            batch_wait=str(wait) if wait is not None else None,
-            response_timeout_s=float(timeout) if timeout else None,
-            startup_timeout_s=float(startup) if startup else None,
-            initial_workers=_int(entry.get("minWorkers")),
-            max_workers=_int(entry.get("maxWorkers")),
+            **request_fields(entry.get),  # minWorkers, ... (server/models/settings.py)
             trusted=True,
             at_startup=True,
         )
@@ -179,7 +164,3 @@ async def restore(
             registry.defaults[entry.name] = model.version
 
     await asyncio.gather(*(one(e) for e in entries))
-
-
-def _int(value: int | str | None) -> int | None:
-    return None if value is None else int(value)

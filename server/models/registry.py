@@ -29,28 +29,14 @@ from server.errors import (
 from server.metrics import Metrics
 from server.model_envs import EnvCache, EnvRequest, normalise_requirements
 from server.models.residency import Residency
-from server.models.version import ModelSettings, ModelVersion
+from server.models.settings import SETTINGS, ModelSettings
+from server.models.version import ModelVersion
 from server.redaction import PathRedactor
 from server.store import UnpackedModel, resolve_url, unpack
 from server.workers.launch import Launcher
 from server.workers.process import default_python
 
 log = logging.getLogger(__name__)
-
-# (setting, archive model-config key, server config attribute)
-_SETTINGS = (
-    ("batch_size", "batchSize", "batch_size"),
-    ("max_batch_delay_ms", "maxBatchDelay", "max_batch_delay_ms"),
-    ("response_timeout_s", "responseTimeout", "response_timeout_s"),
-    ("startup_timeout_s", "startupTimeout", "startup_timeout_s"),
-    ("job_queue_size", "jobQueueSize", "job_queue_size"),
-    ("retry_on_worker_death", "retryOnWorkerDeath", "retry_on_worker_death"),
-    ("batch_wait", "batchWait", "batch_wait"),
-    ("min_workers", "minWorkers", "default_workers_per_model"),
-    ("max_workers", "maxWorkers", "default_workers_per_model"),
-    ("idle_unload_s", "idleUnloadTimeout", "idle_unload_s"),
-)
-
 
 @dataclass(frozen=True)
 class RegisterRequest:
@@ -83,29 +69,21 @@ def effective_settings(
     entry: ModelEntry | None = None,
 ) -> ModelSettings:
     """``entry``: the server config's ``models`` entry for this name and version."""
-    api = {
-        "batch_size": request.batch_size,
-        "max_batch_delay_ms": request.max_batch_delay_ms,
-        "batch_wait": request.batch_wait,
-        "response_timeout_s": request.response_timeout_s,
-        "startup_timeout_s": request.startup_timeout_s,
-        "min_workers": request.initial_workers,
-        "max_workers": request.max_workers,
-        "idle_unload_s": request.idle_unload_s,
-    }
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for name, archive_key, server_attr in _SETTINGS:
-        if api.get(name) is not None:
-            values[name], sources[name] = api[name], "api"
-        elif archive_config.get(archive_key) is not None:
-            values[name], sources[name] = archive_config[archive_key], "archive"
+    for setting in SETTINGS:
+        name, key = setting.attr, setting.key
+        api = getattr(request, setting.request) if setting.request else None
+        if api is not None:
+            values[name], sources[name] = api, "api"
+        elif archive_config.get(key) is not None:
+            values[name], sources[name] = archive_config[key], "archive"
         elif name in ("min_workers", "max_workers") and request.workers_default is not None:
             values[name], sources[name] = request.workers_default, "api"
-        elif entry is not None and entry.get(archive_key) is not None:
-            values[name], sources[name] = entry.get(archive_key), "models"
+        elif entry is not None and entry.get(key) is not None:
+            values[name], sources[name] = entry.get(key), "models"
         else:
-            values[name], sources[name] = getattr(config, server_attr), "server"
+            values[name], sources[name] = getattr(config, setting.default), "server"
     values["max_workers"] = max(values["max_workers"], values["min_workers"])
     values["idle_unload_s"] = values["idle_unload_s"] or None  # 0: never
     device_ids = archive_config.get("deviceIds")

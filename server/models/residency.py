@@ -29,17 +29,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import psutil
 
 from server.config import ServerConfig
 from server.errors import BudgetExhausted
-
-if TYPE_CHECKING:
-    from server.metrics import Metrics
-    from server.models.version import ModelVersion
+from server.metrics import Metrics
+from server.models.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +47,23 @@ MEASURE_EVERY_S = 5.0  # the memory gauge, when nothing else measured it meanwhi
 # would add ~0.1 s to each load on demand. A new worker is read at once.
 REREAD_AFTER_S = MEASURE_EVERY_S
 MIB = 2**20
+
+
+class Resident(Protocol):
+    """A model version as residency sees it (server/models/version.py's ModelVersion, which
+    imports this module: the dependency runs one way)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def settings(self) -> ModelSettings: ...
+    def live_workers(self, retiring: bool = True) -> list[tuple[int | None, bool]]: ...
+    def idle_since(self) -> float | None: ...
+    def unload(self, why: str) -> list[asyncio.Task[None]]: ...
 
 
 class Residency:
@@ -64,13 +79,13 @@ class Residency:
         self.loads = 0
         self.failed_loads = 0
         self.evictions = 0
-        self._models: Callable[[], list[ModelVersion]] = list
+        self._models: Callable[[], Sequence[Resident]] = list
         self._lock = asyncio.Lock()
         self._per_worker: dict[str, int] = {}  # model label: a ready worker's memory, last seen
         self._measured_at = 0.0
         self._sizes: dict[int, tuple[float, int]] = {}  # pid: (when read, bytes)
 
-    def watch(self, models: Callable[[], list[ModelVersion]]) -> None:
+    def watch(self, models: Callable[[], Sequence[Resident]]) -> None:
         """Where the registered model versions are (the registry)."""
         self._models = models
 
@@ -78,28 +93,28 @@ class Residency:
     def limited(self) -> bool:
         return self.budget_bytes is not None or self.max_loaded is not None
 
-    def loaded_models(self, but: ModelVersion | None = None) -> int:
+    def loaded_models(self, but: Resident | None = None) -> int:
         """Models with a worker starting or serving (not one only stopping: it is unloaded),
         ``but`` left out."""
         return sum(1 for m in self._models() if m is not but and m.live_workers(retiring=False))
 
     # --- events -----------------------------------------------------------------------------
 
-    def loaded(self, model: ModelVersion, seconds: float, ok: bool) -> None:
+    def loaded(self, model: Resident, seconds: float, ok: bool) -> None:
         """An on-demand load ended (server/models/version.py)."""
         self.loads += 1
         self.failed_loads += not ok
         if self.metrics is not None:
-            self.metrics.model_loaded(model, seconds, ok)
+            self.metrics.model_loaded(model.name, model.version, seconds, ok)
 
-    def _evicted(self, model: ModelVersion, reason: str) -> None:
+    def _evicted(self, model: Resident, reason: str) -> None:
         self.evictions += 1
         if self.metrics is not None:
-            self.metrics.model_evicted(model, reason)
+            self.metrics.model_evicted(model.name, model.version, reason)
 
     # --- admission --------------------------------------------------------------------------
 
-    async def admit(self, model: ModelVersion, count: int = 1) -> None:
+    async def admit(self, model: Resident, count: int = 1) -> None:
         """Return when ``count`` new workers of ``model`` may start: evict idle models until
         they fit, wait for room up to ``load_wait_s``; raise :class:`BudgetExhausted` past it.
 
@@ -131,7 +146,7 @@ class Residency:
         finally:
             self._lock.release()
 
-    def _refusal(self, model: ModelVersion, count: int, why: str) -> str:
+    def _refusal(self, model: Resident, count: int, why: str) -> str:
         what = f"load model {model.label}" if count == 1 else (
             f"start {count} workers of model {model.label}"
         )
@@ -140,7 +155,7 @@ class Residency:
             f" within load_wait_s={self.wait_s:g}"
         )
 
-    async def _over(self, model: ModelVersion, count: int = 1) -> str | None:
+    async def _over(self, model: Resident, count: int = 1) -> str | None:
         """Why ``count`` new workers of ``model`` do not fit now, or None when they do."""
         if self.max_loaded is not None and not model.live_workers(retiring=False):
             loaded = self.loaded_models(but=model)
@@ -160,16 +175,16 @@ class Residency:
             f" {used / MIB:.0f} MiB and {takes} about {count * each / MIB:.0f} MiB"
         )
 
-    def _victim(self, model: ModelVersion) -> ModelVersion | None:
+    def _victim(self, model: Resident) -> Resident | None:
         """The least recently used model that could be unloaded now, other than ``model``."""
-        best: tuple[float, ModelVersion] | None = None
+        best: tuple[float, Resident] | None = None
         for m in self._models():
             since = m.idle_since() if m is not model else None
             if since is not None and (best is None or since < best[0]):
                 best = (since, m)
         return best[1] if best else None
 
-    def _estimate(self, model: ModelVersion) -> int:
+    def _estimate(self, model: Resident) -> int:
         """A worker of ``model`` takes what its last one took; never seen: the mean of all."""
         known = self._per_worker.get(model.label)
         if known is not None:

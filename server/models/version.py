@@ -14,69 +14,42 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mserve_worker import protocol
-from mserve_worker.protocol import STREAM_FAILED_HEADER, TOO_LARGE_HEADER, Frame, RequestItem
+from mserve_worker.protocol import RequestItem
 from server.devices import GpuPlan, shown_gpu_id, worker_env_for
 from server.errors import (
-    HandlerError,
     HandlerLoadFailed,
-    InternalError,
     InvalidModel,
     LoadFailed,
     MserveError,
     ServiceUnavailable,
     TooManyRequests,
-    WorkerDied,
-    WorkerTimeout,
 )
 from server.metrics import Metrics, ModelStats
-from server.models.batching import Job, JobQueue, QueueFull, gather_batch
-from server.streaming import ChunkStream
-from server.workers.channel import Batch, ChannelClosed
+from server.models.batching import Job, JobQueue, QueueFull
+from server.models.pump import BatchPump
+from server.models.residency import Residency
+from server.models.settings import ModelSettings, shown, with_changes
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
-
-if TYPE_CHECKING:
-    from server.models.residency import Residency
 
 log = logging.getLogger(__name__)
 
 _worker_ids = itertools.count(9000)  # TorchServe numbers workers from 9000
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
+# The breaker: this many workers that could not load (one died or failed before it was ready)
+# within FAILURE_WINDOW_S mark the model failed. Workers that were ready, then died, never count:
+# the OOM killer, an operator or a node agent killing served workers is no crash loop, and
+# failing the whole model for it would turn a few 500s into 503s for everyone.
 FAILURES_TO_GIVE_UP = 5
+FAILURE_WINDOW_S = 120.0
 # A worker that served this long before it died starts its replacement's backoff afresh: an
 # occasional crash days apart must not leave every restart waiting BACKOFF_MAX_S.
 BACKOFF_RESET_AFTER_S = 60.0
-# Requests one worker holds at once: the batch it runs plus those already in its socket.
-IN_FLIGHT_REQUESTS = 8
-FAILURE_WINDOW_S = 120.0
-
-
-@dataclass(frozen=True)
-class ModelSettings:
-    """Effective settings; ``sources`` says where each came from (api, archive, server)."""
-
-    batch_size: int
-    max_batch_delay_ms: int
-    response_timeout_s: float
-    startup_timeout_s: float
-    min_workers: int
-    max_workers: int
-    job_queue_size: int
-    device_ids: tuple[int, ...] | None
-    device_type: str | None = None  # the model config's deviceType: cpu, gpu, neuron
-    retry_on_worker_death: bool = False
-    idle_unload_s: float | None = None  # scale down to min_workers after this long unused
-    # when a batch waits for more requests: "busy" only while its worker runs another batch,
-    # "fill" up to max_batch_delay_ms even when the worker idles (TorchServe's way)
-    batch_wait: str = "busy"
-    sources: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(eq=False)  # identity: slots live in sets
@@ -90,69 +63,6 @@ class _Slot:
     @property
     def idle(self) -> bool:
         return self.worker is None or self.worker.state is not WorkerState.BUSY
-
-
-class _Retired:
-    """A retiring slot's stop signal, as its gatherer sees it: a worker retired while other
-    workers remain stops at once; the model's last workers (scaled to 0) first run what is
-    still queued, so scaling down never drops an accepted request."""
-
-    def __init__(self, slot: _Slot, model: ModelVersion) -> None:
-        self._slot = slot
-        self._model = model
-
-    def is_set(self) -> bool:
-        if not self._slot.retire.is_set():
-            return False
-        return bool(self._model.slots) or len(self._model.queue) == 0
-
-
-class _Pipeline:
-    """Batches in flight to one worker, and why it was lost (if it was)."""
-
-    def __init__(
-        self,
-        depth: int,
-        new_future: Callable[[], asyncio.Future[None]],
-        on_idle: Callable[[Callable[[], int]], None] | None = None,
-    ) -> None:
-        self.depth = depth
-        self._on_idle = on_idle  # called with ``load`` when the last batch in flight settles
-        # called when a batch settles: sends the next one from there if it can (True), so the
-        # gatherer task need not wake (see ModelVersion._serve)
-        self.refill: Callable[[], bool] | None = None
-        self.in_flight = 0
-        self.lost = asyncio.Event()
-        self.reasons: list[str] = []
-        self.tasks: set[asyncio.Task[None]] = set()  # settling failed batches
-        self._new_future = new_future
-        self._waiter: asyncio.Future[None] | None = None
-
-    def load(self) -> int:
-        return self.in_flight
-
-    async def wait(self) -> None:
-        """Until a batch is settled or the worker is lost."""
-        self._waiter = self._new_future()
-        await self._waiter
-
-    def done(self, refill: bool = True) -> None:
-        """A batch settled. ``refill``: it was answered, so the worker can take the next one
-        (a failed batch's worker may be on its way out: the gatherer decides)."""
-        self.in_flight -= 1
-        if not refill or self.refill is None or not self.refill():
-            self._wake()
-        if self.in_flight == 0 and self._on_idle is not None:
-            self._on_idle(self.load)
-
-    def lose(self, reason: str) -> None:
-        self.reasons.append(reason)
-        self.lost.set()
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
 
 class ModelVersion:
@@ -228,6 +138,14 @@ class ModelVersion:
             for s in self.slots
             if s.worker is not None and s.worker.state in (WorkerState.READY, WorkerState.BUSY)
         )
+
+    def worker_load_ms(self) -> list[tuple[str, float]]:
+        """(worker id, how long it took to load) of each worker that has loaded."""
+        return [
+            (s.worker.id, s.worker.load_ms)
+            for s in self.slots
+            if s.worker is not None and s.worker.load_ms is not None
+        ]
 
     def queued(self) -> int:
         """Requests waiting: in the queue, or already sent to a worker that has not started them
@@ -373,11 +291,12 @@ class ModelVersion:
             if slot.first_start is not None and not slot.first_start.done():
                 slot.first_start.set_result(None)
             if self.stats.metrics is not None and worker.load_ms is not None:
-                self.stats.metrics.worker_loaded(
-                    f"W-{worker.id}-{self.name}_{self.version}", worker.load_ms
-                )
+                self.stats.metrics.worker_loaded(self.name, self.version, worker.id, worker.load_ms)
             serving_since = time.monotonic()
-            ended = await self._serve(slot, worker)
+            pump = BatchPump(
+                self.label, self.queue, self.settings, self.stats, lambda: bool(self.slots)
+            )
+            ended = await pump.serve(worker, slot.retire)
             if ended is None:
                 break  # retired
             self.last_output = worker.tail()
@@ -389,7 +308,6 @@ class ModelVersion:
             if time.monotonic() - serving_since >= BACKOFF_RESET_AFTER_S:
                 backoff = BACKOFF_START_S
             log.warning("model %s: %s; restarting in %.1f s", self.label, ended, backoff)
-            self._note_failure(ended)
             await self._sleep_unless_retired(slot, backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
         if slot.worker is not None and slot.worker.state is not WorkerState.STOPPED:
@@ -398,229 +316,9 @@ class ModelVersion:
         if not self.slots and not others:  # the last worker is gone: nobody will run these
             self.queue.fail_all(ServiceUnavailable(f"model {self.label} has no workers left"))
 
-    def _retry_or_fail(self, jobs: list[Job], error: WorkerDied) -> None:
-        """A dead worker's jobs: back to the head of the queue once when the model allows it
-        (the next free worker, another one or the replacement, runs them), else failed."""
-        retry = []
-        if self.settings.retry_on_worker_death:
-            retry = [j for j in jobs if not j.retried and not j.future.done()]
-        for job in retry:
-            job.retried = True
-        if retry:
-            log.warning(
-                "model %s: retrying %d request(s) of a dead worker once", self.label, len(retry)
-            )
-            self.queue.requeue(retry)
-        _fail([j for j in jobs if j not in retry], error)
-
     async def _sleep_unless_retired(self, slot: _Slot, delay_s: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(slot.retire.wait(), delay_s)
-
-    async def _serve(self, slot: _Slot, worker: Worker) -> str | None:
-        """Serve batches until retired (None) or the worker is lost (returns why).
-
-        One gatherer forms batches in turn (a batch is complete, its delay over or, unless the
-        model's ``batch_wait`` is "fill", its worker idle, before the next one starts to form)
-        and keeps up to ``pipeline_depth`` of them in the worker, so the next is already in its
-        socket when it finishes one. An answered batch is settled from its future's callback,
-        waking no task; only a batch that failed takes one."""
-        fill = self.settings.batch_wait == "fill"
-        pipe = _Pipeline(
-            pipeline_depth(self.settings.batch_size), self.queue.new_future,
-            None if fill or self.settings.batch_size == 1 else self.queue.wake_filling,
-        )  # fmt: skip
-        delay_s = self.settings.max_batch_delay_ms / 1000
-        retired = _Retired(slot, self)
-
-        def lost_while_idle() -> None:  # a death with batches in flight is seen through them
-            if pipe.in_flight == 0 and not pipe.lost.is_set():
-                pipe.lose("")
-                self.queue.wake_all()
-
-        worker.on_lost(lost_while_idle)
-        worker.on_chunk(functools.partial(self._chunk, worker))
-        queue, timeout_s = self.queue, self.settings.response_timeout_s
-        send_failed = f"unexpected error sending a batch to worker {worker.id}"
-
-        def send(live: list[Job]) -> bool:
-            """Send one batch; False if that failed (its callers got a 500; the caller then
-            kills the worker)."""
-            try:
-                sent_at = time.monotonic()
-                batch = worker.send_batch([j.item for j in live], timeout_s)
-            except Exception as exc:  # the supervisor's task guard: never strand a caller
-                log.exception("model %s: unexpected error sending a batch", self.label)
-                _fail(live, InternalError(f"internal error sending the batch: {exc!r}"))
-                return False
-            pipe.in_flight += 1
-            self.stats.send_s = time.monotonic() - sent_at
-            batch.jobs = live
-            for job in live:
-                job.sent = (worker, batch)
-                job.sent_at = sent_at
-            batch.future.add_done_callback(
-                functools.partial(self._settle, pipe, worker, live, batch)
-            )
-            return True
-
-        def take() -> bool:
-            """Batches of one: send the next queued request from here, a callback, rather than
-            wake this task to do it (a task step, futures and coroutines per request), when
-            nothing would keep this task from sending it at once. True if it took one."""
-            if (
-                pipe.in_flight >= pipe.depth
-                or pipe.lost.is_set()
-                or retired.is_set()
-                or not worker.can_take()
-            ):
-                return False
-            job = queue.pop()
-            if job is None:
-                return False
-            if not send([job]):
-                kill = asyncio.ensure_future(worker.kill())
-                pipe.tasks.add(kill)
-                kill.add_done_callback(pipe.tasks.discard)
-                pipe.lose(send_failed)
-            return True
-
-        def refill() -> bool:
-            """A batch settled: take the next request, unless a gatherer waits for work (an
-            idle worker's gets it first: queue.put picks the least loaded)."""
-            return not queue.has_waiters() and take()
-
-        one = self.settings.batch_size == 1
-        if one:
-            pipe.refill = refill
-        while not pipe.lost.is_set():
-            if pipe.in_flight >= pipe.depth:
-                await pipe.wait()
-                continue
-            await worker.drain()
-            jobs = await gather_batch(
-                queue, self.settings.batch_size, delay_s, retired, pipe.lost,
-                load=pipe.load, fill=fill, take=take if one else None,
-            )  # fmt: skip
-            if jobs is None:
-                break
-            live = [j for j in jobs if not j.future.done()]
-            if not live:
-                continue
-            if not send(live):
-                await worker.kill()
-                pipe.lose(send_failed)
-                break
-        pipe.refill = None
-        while pipe.in_flight:  # a retiring worker finishes what it was given
-            await pipe.wait()
-        worker.on_lost(None)
-        if not pipe.reasons:
-            return None
-        # "" is a batch that was only queued behind the lost one, or a death while idle: say
-        # the real why
-        return next((r for r in pipe.reasons if r), None) or await worker.ended()
-
-    def _settle(
-        self, pipe: _Pipeline, worker: Worker, live: list[Job], batch: Batch, _done: Any
-    ) -> None:
-        """A batch's future is done: answer its callers, or hand a failure to a task."""
-        try:
-            started = time.perf_counter()
-            results = worker.answered(batch, len(live))
-            if results is None:
-                task = asyncio.ensure_future(self._settle_failed(pipe, worker, live, batch))
-                pipe.tasks.add(task)
-                task.add_done_callback(pipe.tasks.discard)
-                return
-            for job, result in zip(live, results, strict=True):
-                if not job.future.done():
-                    job.future.set_result(result)
-                elif job.stream is not None:
-                    _end_stream(job.stream, result, self.label)
-            handler_ms, entries = worker.result_metrics(batch)
-            self.stats.batch_done(handler_ms, entries, live, time.perf_counter() - started)
-        except Exception as exc:  # the supervisor's guard: never strand a caller
-            log.exception("model %s: unexpected error settling a batch", self.label)
-            _fail(live, InternalError(f"internal error answering the batch: {exc!r}"))
-        pipe.done()
-
-    async def _settle_failed(
-        self, pipe: _Pipeline, worker: Worker, live: list[Job], batch: Batch
-    ) -> None:
-        try:
-            reason = await self._run(worker, live, batch)
-        finally:
-            pipe.done(refill=False)
-        if reason is not None:  # "" included
-            pipe.lose(reason)
-            self.queue.wake_all()  # the gatherer waiting for jobs must see it too
-
-    async def _run(self, worker: Worker, live: list[Job], batch: Batch) -> str | None:
-        """Answer a sent batch's jobs; why the worker is lost, if it is."""
-        try:
-            results = await worker.batch_result(batch, [j.item for j in live])
-        except HandlerError as exc:
-            _fail(live, exc)
-            return None
-        except ChannelClosed:  # queued behind a batch that lost the worker: it never ran
-            self.queue.requeue(live)
-            return ""
-        except WorkerDied as exc:
-            self._retry_or_fail(live, exc)
-            return exc.message
-        except WorkerTimeout as exc:  # never retried: the request may be what hangs
-            _fail(live, exc)
-            return exc.message
-        except Exception as exc:  # the supervisor's task guard: never strand a caller
-            log.exception("model %s: unexpected error running a batch", self.label)
-            _fail(live, InternalError(f"internal error running the batch: {exc!r}"))
-            await worker.kill()
-            return f"unexpected error {exc!r}"
-        for job, result in zip(live, results, strict=False):
-            if not job.future.done():
-                job.future.set_result(result)
-            elif job.stream is not None:
-                _end_stream(job.stream, result, self.label)
-        return None
-
-    def _chunk(self, worker: Worker, batch: Batch, frame: Frame) -> None:
-        """A CHUNK frame of the batch ``worker`` runs: each chunk goes to its job's stream, the
-        first one of a job opening it (its future then resolves to the stream)."""
-        jobs = batch.jobs
-        try:
-            batch_id, chunks = protocol.parse_chunk(frame)
-        except protocol.ProtocolError as exc:
-            worker.chunks_broke_protocol(f"malformed CHUNK frame: {exc}")
-            return
-        if jobs is None or batch_id != batch.batch_id:
-            worker.chunks_broke_protocol(
-                f"CHUNK for batch {batch_id} while it runs batch {batch.batch_id}"
-            )
-            return
-        for chunk in chunks:
-            if chunk.index >= len(jobs):
-                worker.chunks_broke_protocol(
-                    f"CHUNK for request {chunk.index} of batch {batch_id}, which has {len(jobs)}"
-                )
-                return
-            job = jobs[chunk.index]
-            stream = job.stream
-            if stream is None:
-                stream = job.stream = ChunkStream(
-                    chunk.status or 200, chunk.content_type, chunk.headers,
-                    worker.pause_reading, worker.resume_reading,
-                    functools.partial(worker.stop_streaming, batch, job.item.request_id),
-                )  # fmt: skip
-                if job.future.done():  # its caller left before the first chunk: stop it
-                    stream.cancel()
-                else:
-                    # read no more of the worker until a frontend takes the stream (next loop
-                    # iteration): a handler flooding chunks would otherwise fill the backlog
-                    # first and delay the first chunk by milliseconds
-                    stream.pause()
-                    job.future.set_result(stream)  # type: ignore[arg-type]
-            stream.push(bytes(chunk.body))
 
     def _add_slot(self, wait: bool, on_demand: bool = False) -> _Slot:
         # only a synchronous caller (or a request waiting for an on-demand load) waits on the
@@ -726,7 +424,7 @@ class ModelVersion:
         :class:`BudgetExhausted` with the settings left as they were. The new ``min_workers``
         is set before that wait, so evictions meanwhile leave this model's workers alone."""
         before = self.settings
-        self.settings = _replace(
+        self.settings = with_changes(
             self.settings,
             source,
             min_workers=min_workers,
@@ -814,27 +512,18 @@ class ModelVersion:
             "modelUrl": self.url,
             "runtime": self.manifest.get("runtime", "python"),
             "handler": self.handler,
-            "minWorkers": s.min_workers,
-            "maxWorkers": s.max_workers,
-            "batchSize": s.batch_size,
-            "maxBatchDelay": s.max_batch_delay_ms,
-            "responseTimeout": _whole(s.response_timeout_s),
-            "startupTimeout": _whole(s.startup_timeout_s),
+            **shown(s),  # minWorkers, maxWorkers, batchSize, ... (server/models/settings.py)
             "parallelType": "",  # no model parallelism (torchrun) here: TorchServe's "none"
             "parallelLevel": 0,
             "deviceType": "gpu" if self.gpus.use_gpu else "cpu",
             "deviceIds": list(s.device_ids) if s.device_ids else None,
-            "jobQueueSize": s.job_queue_size,
             "jobQueueStatus": {
                 "remainingCapacity": max(0, s.job_queue_size - queued),
                 "pendingRequests": queued,
             },
-            "retryOnWorkerDeath": s.retry_on_worker_death,
-            "batchWait": s.batch_wait,
             "queueDepth": queued,
             "settingSources": s.sources,
             "loadedAtStartup": self.loaded_at_startup,
-            "idleUnloadTimeout": s.idle_unload_s,
             "loadState": self.load_state(),
             "status": "FAILED" if self.failed else ("READY" if self.healthy() else "LOADING"),
             "stage": self.stage,
@@ -846,54 +535,10 @@ class ModelVersion:
         }
 
 
-def pipeline_depth(batch_size: int) -> int:
-    """Batches sent to one worker before the first is answered: two at least, so the next is
-    waiting when one ends; more when batches are small, so that a burst of them travels in one
-    write and the worker picks several up per wake-up (echo, batch 1, 16 connections: 2 -> 8
-    in flight measured 1.2-1.5x the requests/s, interleaved A/B)."""
-    return max(2, -(-IN_FLIGHT_REQUESTS // max(1, batch_size)))
-
-
 _SERVING = (WorkerState.READY, WorkerState.BUSY)
-
-
-def _whole(seconds: float) -> float | int:
-    """A whole number of seconds as an int, as TorchServe writes it (typed clients refuse 120.0
-    where they expect an integer)."""
-    return int(seconds) if float(seconds).is_integer() else seconds
 
 
 def _timestamp(epoch_s: float) -> str:
     """UTC with milliseconds, TorchServe's form: 2024-05-01T12:00:00.123Z."""
     millis = int(epoch_s * 1000) % 1000
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch_s)) + f".{millis:03d}Z"
-
-
-def _fail(jobs: list[Job], error: BaseException) -> None:
-    for job in jobs:
-        if not job.future.done():
-            job.future.set_exception(error)
-        elif job.stream is not None:  # a stream already under way breaks off
-            job.stream.fail(
-                error if isinstance(error, MserveError) else InternalError(str(error))
-            )
-
-
-def _end_stream(stream: ChunkStream, result: Any, label: str) -> None:
-    """The RESULT entry of a streamed request: its last chunk, or why the stream broke."""
-    headers = result.headers
-    if headers and headers[0][0] == STREAM_FAILED_HEADER:
-        stream.fail(HandlerError(f"handler of {label} failed mid-stream: {headers[0][1]}"))
-    elif headers and headers[0][0] == TOO_LARGE_HEADER:
-        stream.fail(InternalError(f"the last chunk of {label} is {headers[0][1]} bytes, more"
-                                  " than max_response_size_bytes"))  # fmt: skip
-    else:
-        stream.finish(bytes(result.body))
-
-
-def _replace(settings: ModelSettings, source: str | None, **changes: Any) -> ModelSettings:
-    sources = dict(settings.sources)
-    for key, value in changes.items():
-        if value != getattr(settings, key) and source is not None:
-            sources[key] = source
-    return replace(settings, **changes, sources=sources)

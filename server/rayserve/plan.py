@@ -22,7 +22,7 @@ from server.download import is_remote
 from server.errors import BadRequest, InvalidModel
 from server.model_envs import find_uv, normalise_requirements, protected_constraints
 from server.models.registry import RegisterRequest, effective_settings
-from server.models.version import ModelSettings
+from server.models.settings import SETTINGS, ModelSettings, shown
 from server.rundir import StartupModel
 from server.store import resolve_url, unpack
 
@@ -100,14 +100,7 @@ class ModelPlan:
             "name": self.name,
             "version": self.version,
             "archive": self.archive,
-            "settings": {
-                "batchSize": s.batch_size,
-                "maxBatchDelay": s.max_batch_delay_ms,
-                "minWorkers": s.min_workers,
-                "maxWorkers": s.max_workers,
-                "responseTimeout": s.response_timeout_s,
-                "jobQueueSize": s.job_queue_size,
-            },
+            "settings": shown(s, (setting for setting in SETTINGS if setting.ray)),
             "options": self.deployment_options(),
             "replica": self.replica,
             "notes": list(self.notes),

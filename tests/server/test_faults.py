@@ -3,6 +3,7 @@ not reveal, segfaults, oversized answers, timeouts, scaling to zero under load, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -329,3 +330,75 @@ def test_callers_that_left_the_frontend_queue_do_not_fill_it(make_archive, start
     busy.join(30)
     for thread in held:
         thread.join(30)
+
+
+@pytest.mark.slow  # a 25 s chaos run: 16 clients, workers killed and the model rescaled
+@pytest.mark.timeout(240)
+def test_workers_killed_after_serving_are_restarted_and_the_model_never_answers_503(
+    make_archive, start_server, tmp_path
+) -> None:
+    """Workers that loaded and served, then were killed (OOM killer, an operator, a node agent),
+    are restarted and the model keeps serving: the breaker is for handlers that cannot load,
+    which still mark their model FAILED meanwhile."""
+    import itertools
+    import random
+
+    (tmp_path / "retry.yaml").write_text("retryOnWorkerDeath: true\nminWorkers: 2\nmaxWorkers: 3\n")
+    make_archive("probe", "probe:handle", "probe", "-c", str(tmp_path / "retry.yaml"))
+    make_archive("bad_import", "broken", "broken")
+    server = start_server("probe=probe.mar")
+    assert server.manage("POST", "/models?url=broken.mar&synchronous=false").status == 202
+    run_s, stop = 25.0, threading.Event()
+    statuses: list[int] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            statuses.append(server.predict("probe", {}).status)
+
+    def ready_pids() -> list[int]:
+        workers = server.manage("GET", "/models/probe").json()[0]["workers"]
+        return [w["pid"] for w in workers if w["status"] == "READY" and w["pid"]]
+
+    clients = [threading.Thread(target=client) for _ in range(16)]
+    for thread in clients:
+        thread.start()
+    chaos = random.Random(26)
+    kills = rescales = 0
+    deadline = time.monotonic() + run_s
+    try:
+        # every 2-3 s a served worker is killed, every 6th time the model is rescaled instead
+        # (a scale request clears the failure count: six kills in a row pass the old breaker)
+        for event in itertools.count(1):
+            time.sleep(chaos.uniform(2, 3))
+            if time.monotonic() >= deadline:
+                break
+            pids = ready_pids()
+            if event % 7 and pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(chaos.choice(pids), signal.SIGKILL)
+                kills += 1
+            elif not event % 7:
+                wanted = chaos.randint(1, 3)
+                reply = server.manage("PUT", f"/models/probe?min_worker={wanted}&max_worker=3")
+                assert reply.status == 202, reply.body
+                rescales += 1
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(90)
+    assert not any(thread.is_alive() for thread in clients), "a request hung"
+    assert kills >= 6 and rescales >= 1, (kills, rescales)
+    counts = {code: statuses.count(code) for code in set(statuses)}
+    assert 503 not in counts, counts
+    assert counts.get(200, 0) >= 0.9 * len(statuses), counts  # the rest: a death retried twice
+    described = server.manage("GET", "/models/probe").json()[0]
+    assert described["status"] != "FAILED", described["failure"]
+    assert server.predict("probe", {}).status == 200
+    # a handler that cannot load is still a crash loop: FAILED, with its 503
+    wait_until(
+        lambda: server.manage("GET", "/models/broken").json()[0]["status"] == "FAILED",
+        60, "the model that cannot load to be marked failed",
+    )  # fmt: skip
+    failed = server.predict("broken", {})
+    assert failed.status == 503
+    assert "worker failures within 120 s" in failed.json()["message"]

@@ -9,7 +9,8 @@ import pytest
 
 from server.devices import GpuAllocator
 from server.errors import InvalidModel
-from server.models.version import ModelSettings, ModelVersion
+from server.models.settings import ModelSettings
+from server.models.version import ModelVersion
 from server.workers.launch import Launcher
 
 HANDLERS = Path(__file__).resolve().parent.parent / "handlers"

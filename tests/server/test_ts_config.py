@@ -450,3 +450,37 @@ def test_kserves_one_port_file_works_once_a_variable_moves_an_api(tmp_path: Path
     with pytest.raises(ConfigError, match="metrics_address and grpc_inference_address are both"):
         config_from(tmp_path, text, {**env, "MSERVE_METRICS_ADDRESS": "0.0.0.0:7070",
                                      "MSERVE_GRPC_INFERENCE_ADDRESS": "127.0.0.1:7070"})  # fmt: skip
+
+
+def test_every_setting_a_snapshot_writes_is_read_back_and_restored_as_registered() -> None:
+    """One table (server/models/settings.py) names the settings for the snapshot writer, the
+    entry reader and the restore: what one writes, the others take back unchanged."""
+    from server.config import parse_model_entries
+    from server.models.settings import (
+        ENTRY_SETTINGS,
+        ModelSettings,
+        request_fields,
+        snapshot_fields,
+    )
+
+    settings = ModelSettings(
+        batch_size=4, max_batch_delay_ms=20, response_timeout_s=30.0, startup_timeout_s=90.0,
+        min_workers=0, max_workers=3, job_queue_size=10, device_ids=None, batch_wait="fill",
+    )  # fmt: skip
+    written = snapshot_fields(settings)
+    assert written == {
+        "minWorkers": 0, "maxWorkers": 3, "batchSize": 4, "maxBatchDelay": 20,
+        "responseTimeout": 30, "startupTimeout": 90, "batchWait": "fill",
+    }  # fmt: skip
+    snapshot = {"models": {"m": {"1.0": {"marName": "m.mar", **written}}}}
+    (entry,) = parse_model_entries(snapshot, "model_snapshot", "snap.cfg")
+    assert {s.key: entry.get(s.key) for s in ENTRY_SETTINGS} == written
+    assert request_fields(entry.get) == {
+        "initial_workers": 0, "max_workers": 3, "batch_size": 4, "max_batch_delay_ms": 20,
+        "response_timeout_s": 30.0, "startup_timeout_s": 90.0, "batch_wait": "fill",
+    }  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        parse_model_entries({"m": {"1.0": {"batchWait": "soon"}}}, "models", "cfg")
+    assert info.value.message == (
+        "cfg: 'models': m 1.0 batchWait should be one of busy, fill, found 'soon'"
+    )

@@ -1,0 +1,122 @@
+"""A model version's effective settings, where each came from, and the one table of their
+TorchServe names.
+
+Every place that spells a setting's camelCase name (describe, the registration precedence, the
+``models`` entries of config.properties and TorchServe's ``model_snapshot``, the snapshot we
+write, its restore, the Ray plan) goes through :data:`SETTINGS`: a name added or renamed here
+is added or renamed everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+BATCH_WAITS = ("busy", "fill")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One model setting. ``unit``: ``count``, ``ms``, ``s`` (seconds: a whole number is shown
+    as an int, as TorchServe writes it), ``flag`` or ``choice`` (one of ``choices``)."""
+
+    key: str  # TorchServe's name: describe, the model config, config.properties, snapshots
+    attr: str  # the ModelSettings attribute
+    default: str  # the ServerConfig attribute that gives it when nothing else does
+    unit: str
+    request: str | None = None  # the RegisterRequest field of the registration API
+    entry: bool = False  # in config.properties ``models``, ``model_snapshot`` and our snapshot
+    zero_kept: bool = False  # a snapshot's 0 is a value (a worker count), not "unset"
+    ray: bool = False  # in the Ray plan's settings
+    choices: tuple[str, ...] = ()
+
+
+SETTINGS = (
+    Setting("minWorkers", "min_workers", "default_workers_per_model", "count",
+            request="initial_workers", entry=True, zero_kept=True, ray=True),
+    Setting("maxWorkers", "max_workers", "default_workers_per_model", "count",
+            request="max_workers", entry=True, zero_kept=True, ray=True),
+    Setting("batchSize", "batch_size", "batch_size", "count",
+            request="batch_size", entry=True, ray=True),
+    Setting("maxBatchDelay", "max_batch_delay_ms", "max_batch_delay_ms", "ms",
+            request="max_batch_delay_ms", entry=True, ray=True),
+    Setting("responseTimeout", "response_timeout_s", "response_timeout_s", "s",
+            request="response_timeout_s", entry=True, ray=True),
+    Setting("startupTimeout", "startup_timeout_s", "startup_timeout_s", "s",
+            request="startup_timeout_s", entry=True),
+    Setting("jobQueueSize", "job_queue_size", "job_queue_size", "count", ray=True),
+    Setting("retryOnWorkerDeath", "retry_on_worker_death", "retry_on_worker_death", "flag"),
+    Setting("batchWait", "batch_wait", "batch_wait", "choice",
+            request="batch_wait", entry=True, choices=BATCH_WAITS),
+    Setting("idleUnloadTimeout", "idle_unload_s", "idle_unload_s", "s", request="idle_unload_s"),
+)  # fmt: skip
+ENTRY_SETTINGS = tuple(s for s in SETTINGS if s.entry)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Effective settings; ``sources`` says where each came from (api, archive, server)."""
+
+    batch_size: int
+    max_batch_delay_ms: int
+    response_timeout_s: float
+    startup_timeout_s: float
+    min_workers: int
+    max_workers: int
+    job_queue_size: int
+    device_ids: tuple[int, ...] | None
+    device_type: str | None = None  # the model config's deviceType: cpu, gpu, neuron
+    retry_on_worker_death: bool = False
+    idle_unload_s: float | None = None  # scale down to min_workers after this long unused
+    # when a batch waits for more requests: "busy" only while its worker runs another batch,
+    # "fill" up to max_batch_delay_ms even when the worker idles (TorchServe's way)
+    batch_wait: str = "busy"
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def with_changes(settings: ModelSettings, source: str | None, **changes: Any) -> ModelSettings:
+    """``settings`` with ``changes``; each that differs is recorded as from ``source``."""
+    sources = dict(settings.sources)
+    for key, value in changes.items():
+        if value != getattr(settings, key) and source is not None:
+            sources[key] = source
+    return replace(settings, **changes, sources=sources)
+
+
+def whole(seconds: float) -> float | int:
+    """A whole number of seconds as an int, as TorchServe writes it (typed clients refuse 120.0
+    where they expect an integer)."""
+    return int(seconds) if float(seconds).is_integer() else seconds
+
+
+def shown(settings: ModelSettings, which: Iterable[Setting] = SETTINGS) -> dict[str, Any]:
+    """``which`` settings under their TorchServe names, in TorchServe's types (describe)."""
+    out = {}
+    for setting in which:
+        value = getattr(settings, setting.attr)
+        out[setting.key] = whole(value) if setting.unit == "s" and value is not None else value
+    return out
+
+
+def snapshot_fields(settings: ModelSettings) -> dict[str, Any]:
+    """The settings a snapshot entry records: whole seconds (TorchServe reads integers)."""
+    out = {}
+    for setting in ENTRY_SETTINGS:
+        value = getattr(settings, setting.attr)
+        out[setting.key] = round(value) if setting.unit == "s" else value
+    return out
+
+
+def request_fields(get: Any) -> dict[str, Any]:
+    """RegisterRequest fields from a ``models`` or snapshot entry (``get``: its value of a
+    TorchServe name, None when unset); seconds as floats."""
+    out = {}
+    for setting in ENTRY_SETTINGS:
+        value = get(setting.key)
+        if setting.request is None:
+            continue
+        if setting.unit == "s":
+            value = float(value) if value else None
+        out[setting.request] = value
+    return out
