@@ -18,7 +18,7 @@ from archiver.errors import InputNotFound, UsageError
 BUILTIN_HANDLERS = frozenset(
     {"image_classifier", "image_segmenter", "object_detector", "text_classifier"}
 )
-# Values of --handler-style besides "auto"; the worker's list is mserve_worker.loader.STYLES.
+# Values of --handler-style besides "auto"; the worker's list is mserve_worker.contract.STYLES.
 HANDLER_STYLES = ("module-function", "handler-class", "kernel", "hooks", "v2-model")
 
 

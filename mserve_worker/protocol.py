@@ -447,16 +447,8 @@ def result_frame(
             )
             bodies.append(body)  # a lone bytes body becomes the payload as it is, by b"".join
             continue
-        where = f"RESULT responses[{i}]"
-        body = _byte_view(item.body, f"{where}.body")
-        entries.append(
-            {
-                "status": _check_status(item.status, f"{where}.status"),
-                "content_type": _check_str(item.content_type, f"{where}.content_type"),
-                "headers": _check_pairs(item.headers, f"{where}.headers"),
-                "size": len(body),
-            }
-        )
+        entry, body = checked_response(item, f"RESULT responses[{i}]")
+        entries.append(entry)
         bodies.append(body)
     meta: dict[str, Any] = {"batch_id": batch_id, "responses": entries}
     if handler_ms is not None:
@@ -464,6 +456,20 @@ def result_frame(
     if metrics:
         meta["metrics"] = list(metrics)
     return Frame(Kind.RESULT, meta, b"".join(bodies))
+
+
+def checked_response(item: ResponseItem, where: str) -> tuple[dict[str, Any], memoryview]:
+    """``item``'s RESULT entry and its body, every field checked against what the wire carries;
+    a ProtocolError names the bad field. In-process callers (a Ray replica) hand the same
+    answers on without a frame, and check them by the same rules."""
+    body = _byte_view(item.body, f"{where}.body")
+    entry = {
+        "status": _check_status(item.status, f"{where}.status"),
+        "content_type": _check_str(item.content_type, f"{where}.content_type"),
+        "headers": _check_pairs(item.headers, f"{where}.headers"),
+        "size": len(body),
+    }
+    return entry, body
 
 
 def parse_result(frame: Frame) -> tuple[int, list[ResponseItem]]:

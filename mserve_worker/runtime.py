@@ -1,4 +1,5 @@
-"""Child side of a worker: say hello, load the handler once, then serve batches until EOF.
+"""Child side of a worker, the socket loop: say hello, have the handler loaded once
+(:mod:`.service`), then turn BATCH frames into RESULT frames until EOF.
 
 Runs inside the model's own environment, so it imports the standard library and its sibling
 modules only. A handler exception fails its batch (traceback to stderr, which the server re-logs)
@@ -8,9 +9,7 @@ and never the worker. Started as ``python -m mserve_worker.runtime --fd N``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
 import os
 import platform
 import select
@@ -19,32 +18,21 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
-from . import compat, proctitle, stand_ins, streaming
-from .context import Context, Metrics
-from .imports import loaded_packages
-from .loader import HandlerLoadError, LoadedHandler, load_handler
-from .oip import serving as oip_serving
-from .oip.signature import SignatureError
-from .oip.tensors import OIPError
-from .payload import PayloadError, decode_request, encode_output
+from . import proctitle, streaming
 from .protocol import (
     PROTOCOL_VERSION,
-    STREAM_FAILED_HEADER,
-    TOO_LARGE_HEADER,
     Decoder,
     Frame,
     Kind,
     ProtocolError,
-    ResponseItem,
     encode,
     parse_batch,
     parse_cancel,
     result_frame,
 )
-from .sdk.errors import PredictionException
+from .service import BatchFailed, HandlerService, LoadFailed
 
 _RECV_BYTES = 1 << 18
 # After the server closes the channel, how long a worker still busy in its handler may run on
@@ -56,7 +44,6 @@ _GRACE_AFTER_CLOSE_S = 5.0
 _CANCEL_POLL_AFTER_S = 0.001
 # How often a streaming handler's sends look for CANCELs of its own batch (clients that left).
 _STREAM_POLL_S = 0.01
-CLIENT_GONE = 499  # the answer to a cancelled request, which nobody reads
 # The exit status of a worker that got a frame it cannot trust (1: its handler failed to load).
 EXIT_PROTOCOL_ERROR = 3
 
@@ -138,310 +125,16 @@ class Channel:
                 self.pending.append(frame)
 
 
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _serve_batch(
-    frame: Frame,
-    handler: LoadedHandler,
-    context: Context,
-    channel: Channel | None = None,
-    max_response_bytes: int | None = None,
-) -> Frame:
-    batch_id, items = parse_batch(frame)
-    if (
-        channel is not None
-        and channel.buffered
-        and time.monotonic() - channel.read_at > _CANCEL_POLL_AFTER_S
-    ):
-        channel.poll()  # it waited here behind another batch: its callers may have left
-    cancelled = channel.cancelled(batch_id) if channel is not None else set()
-    stream = getattr(context, "_mserve_stream", None)
-    if stream is not None:
-        stream.reset(batch_id)
-    responses: list[ResponseItem | None] = [None] * len(items)
-    decoded: dict[int, Any] = {}
-    prepared: dict[int, oip_serving.Prepared] = {}  # v1/v2 requests
-    # one handler call per operation and API, in arrival order
-    groups: dict[tuple[str, str], list[int]] = {}
-    oip = oip_serving.for_context(context, handler.style)  # made when the handler loaded
-    for i, item in enumerate(items):
-        if item.request_id in cancelled:  # its caller is gone: the answer would reach nobody
-            responses[i] = ResponseItem(CLIENT_GONE, b"", "")
-            continue
-        api = ""
-        try:
-            if item.api:
-                prepared[i] = oip.prepare(item)
-                decoded[i], api = prepared[i].row, prepared[i].api
-            elif item.op in ("", "explain") and oip.enveloped:
-                # the server's service_envelope reads TorchServe's paths too
-                prepared[i] = oip.prepare_enveloped(item)
-                decoded[i], api = prepared[i].row, prepared[i].api
-            else:
-                decoded[i] = decode_request(item.content_type, item.headers, item.body, item.params)
-            if oip.bare and api != "v2" and item.op in ("", "explain"):
-                decoded[i] = oip_serving.bare_row(decoded[i])
-        except OIPError as exc:
-            responses[i] = ResponseItem(exc.status, exc.message.encode(), "")
-            continue
-        except PayloadError as exc:
-            responses[i] = ResponseItem(400, str(exc).encode(), "text/plain; charset=utf-8")
-            continue
-        groups.setdefault((item.op, api), []).append(i)
-    started = time.perf_counter()
-    for (op, api), indexes in groups.items():
-        failure = _serve_group(
-            op, indexes, items, decoded, handler, context, responses, max_response_bytes,
-            api, prepared,
-        )  # fmt: skip
-        if failure is None:
-            continue
-        if len(groups) == 1:
-            return Frame(Kind.BATCH_FAILED, dict(failure, batch_id=batch_id))
-        # A batch mixing operations: only the requests of the failed one share its fate.
-        for i in indexes:
-            responses[i] = _failed(failure["error"], i, stream)
-    for i, item in enumerate(items):  # v1/v2 errors in OIP's shape, {"error": "..."}
-        response = responses[i]
-        if item.api and response is not None and response.status >= 400 and (
-            response.status != CLIENT_GONE and not _streamed(stream, i)
-        ):  # fmt: skip
-            responses[i] = oip_serving.error_response(response)
-    handler_ms = round((time.perf_counter() - started) * 1000, 3) if groups else None
-    metrics = context.metrics
-    recorded = None
-    if isinstance(metrics, Metrics) and len(metrics):  # NaN and infinities are not JSON
-        recorded = [m for m in metrics.drain() if math.isfinite(m["value"])]
+def _load(init: dict, channel: Channel) -> HandlerService | None:
+    """The service, READY sent; None when the handler failed to load (LOAD_FAILED sent)."""
     try:
-        return result_frame(
-            batch_id,
-            [r for r in responses if r is not None],
-            handler_ms=handler_ms,
-            metrics=recorded,
-        )
-    except ProtocolError as exc:  # e.g. a status outside 100-599 set by the handler
-        print(f"cannot send the handler's results: {exc}", file=sys.stderr)
-        return Frame(
-            Kind.BATCH_FAILED,
-            {"batch_id": batch_id, "error": f"invalid handler result: {exc}", "traceback": ""},
-        )
-
-
-def _serve_group(
-    op: str,
-    indexes: list[int],
-    items: list[Any],
-    decoded: dict[int, Any],
-    handler: LoadedHandler,
-    context: Context,
-    responses: list[ResponseItem | None],
-    max_response_bytes: int | None = None,
-    api: str = "",
-    prepared: dict[int, oip_serving.Prepared] | None = None,
-) -> dict[str, str] | None:
-    """Call the handler for the requests at ``indexes`` (all asking for ``op`` through ``api``)
-    and fill in their responses; returns the failure (``error``, ``traceback``) when the call
-    failed."""
-    # A request the kserve/json envelope split is several rows of the batch, each with the
-    # request's headers; rows[k] is the request of row k.
-    rows: list[int] = []
-    data: list[Any] = []
-    for i in indexes:
-        split = prepared.get(i) if prepared else None
-        if split is not None and split.rows is not None:
-            rows.extend([i] * split.rows)
-            data.extend(decoded[i])
-        else:
-            rows.append(i)
-            data.append(decoded[i])
-    context.start_batch([items[i] for i in rows], op)
-    context.protocol = api
-    stream = getattr(context, "_mserve_stream", None)
-    if stream is not None:
-        stream.begin(rows, context)
-    try:
-        outputs = handler.handle(data, context)
-    except PredictionException as exc:  # the handler chose the batch's answer
-        traceback.print_exc()
-        for i in indexes:
-            responses[i] = _prediction_error(exc, i, stream)
+        service = HandlerService.load(init)
+    except LoadFailed as exc:
+        channel.send(Frame(Kind.LOAD_FAILED, {"error": exc.error, "traceback": exc.traceback}))
         return None
-    except Exception as exc:  # the per-batch boundary: the worker keeps serving
-        traceback.print_exc()
-        return {"error": _error_text(exc), "traceback": traceback.format_exc()}
-    finally:
-        if stream is not None:
-            stream.end()  # send_intermediate_predict_response is refused from here on
-    if not isinstance(outputs, list) or len(outputs) != len(data):
-        if isinstance(outputs, list):
-            found = f"{len(outputs)} results"
-        else:
-            found = "None" if outputs is None else type(outputs).__name__
-        message = (
-            "handler must return a list with one result per request:"
-            f" got {found} for a batch of {len(data)}"
-        )
-        if len(rows) != len(indexes):
-            message += " (each instance of an enveloped request is one)"
-        print(message, file=sys.stderr)
-        return {"error": message, "traceback": ""}
-    broken: dict[int, str] | None = None
-    if stream is not None:
-        iterators = streaming.iterators_in(outputs)
-        if iterators:  # mserve's own streaming: each item of a returned iterator is a chunk
-            broken = stream.drain(iterators)
-            for j in iterators:
-                outputs[j] = b""  # every item went out as a chunk; the RESULT closes the stream
-    j = 0  # the request's first row
-    for i in indexes:
-        split = prepared.get(i) if prepared else None
-        n = split.rows if split is not None and split.rows is not None else 1
-        first, j = j, j + n
-        if broken and any(k in broken for k in range(first, j)):
-            error = next(broken[k] for k in range(first, j) if k in broken)
-            responses[i] = _failed(error, i, stream)
-            continue
-        request = context._request(first)  # the checked lookup, once per request
-        if api and prepared and not _streamed(stream, i):
-            if split is None or split.rows is None:
-                output = outputs[first]
-            else:  # a split request: it fails as its first failed instance does
-                failed = next(
-                    (k for k in range(first, j)
-                     if context._request(k).get_response_status_code() >= 400), None,
-                )  # fmt: skip
-                if failed is None:
-                    output = outputs[first:j]
-                else:
-                    request, output = context._request(failed), outputs[failed]
-            responses[i] = _oip_answer(
-                context, prepared[i], output, request, op, items[i].request_id
-            )
-            if max_response_bytes is not None and len(responses[i].body) > max_response_bytes:
-                size = str(len(responses[i].body))
-                responses[i] = ResponseItem(413, b"", "", [[TOO_LARGE_HEADER, size]])
-            continue
-        try:
-            body, content_type = encode_output(
-                outputs[first], request.get_response_content_type() or ""
-            )
-        except PayloadError as exc:
-            print(f"request {items[i].request_id}: {exc}", file=sys.stderr)
-            responses[i] = _failed(str(exc), i, stream)
-            continue
-        if max_response_bytes is not None and len(body) > max_response_bytes:
-            responses[i] = ResponseItem(413, b"", "", [[TOO_LARGE_HEADER, str(len(body))]])
-            continue
-        headers = [[k, v] for k, v in request.get_response_headers().items()]
-        responses[i] = ResponseItem(request.get_response_status_code(), body, content_type, headers)
-    return None
-
-
-def _streamed(stream: streaming.Stream | None, i: int) -> bool:
-    return stream is not None and i in stream.started
-
-
-def _oip_answer(
-    context: Context, prepared: oip_serving.Prepared, output: Any, request: Any, op: str,
-    request_id: str,
-) -> ResponseItem:  # fmt: skip
-    """A v1/v2 request's answer; an output that cannot be sent fails that request alone."""
-    oip = oip_serving.for_context(context, "")  # made when the batch was read
-    headers = [[k, v] for k, v in request.get_response_headers().items()]
-    try:
-        return oip.answer(prepared, output, request.get_response_status_code(), headers, op)
-    except OIPError as exc:
-        print(f"request {request_id}: {exc.message}", file=sys.stderr)
-        return ResponseItem(exc.status, exc.message.encode(), "")
-
-
-def _prediction_error(
-    exc: PredictionException, i: int, stream: streaming.Stream | None
-) -> ResponseItem:
-    """Each request of the batch gets the exception's status and message, in TorchServe's body;
-    a status HTTP cannot carry becomes a 500 that names it. A request that already streamed a
-    chunk cannot change its status any more: its stream ends broken, as any failure's does."""
-    code, message = exc.error_code, str(exc.message)
-    if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
-        message = f"{message} (PredictionException code {code!r} is not an HTTP status)"
-        code = 500
-    if stream is not None and i in stream.started:
-        return _failed(f"PredictionException {code}: {message}", i, stream)
-    body = {"code": code, "type": "InternalServerException", "message": message}
-    return ResponseItem(code, json.dumps(body).encode(), "application/json")
-
-
-def _failed(error: str, i: int, stream: streaming.Stream | None) -> ResponseItem:
-    """The 500 answer of request ``i``; one that already streamed a chunk says so in a header,
-    so that the server ends the response where the client can see it broke."""
-    headers = []
-    if stream is not None and i in stream.started:
-        headers = [[STREAM_FAILED_HEADER, error]]
-    return ResponseItem(500, error.encode(), "text/plain; charset=utf-8", headers)
-
-
-def _load(init: dict, channel: Channel) -> tuple | None:
-    started = time.monotonic()
-    before = set(sys.modules)  # forked from a template: what it preloaded is not news
-    model_dir = init["model_dir"]
-    sys.path.insert(0, model_dir)  # under -I nothing else puts the model on the path
-    compat.install(after=model_dir)  # `import ts...` finds ours, before any installed torchserve
-    stand_ins.install()  # `import mlrun` / `redhareapi` find ours only where they are missing
-    log = logging.getLogger("mserve_worker")
-    shadowed = compat.shadowed_torchserve()
-    if shadowed is not None:
-        log.info(
-            "torchserve %s is installed in this environment; handlers importing ts.* get "
-            "mserve's ts (docs/handlers.md)",
-            shadowed,
-        )
-    for name, where in stand_ins.real_packages():
-        log.info(
-            "%s is installed (%s); handlers importing %s get that package, not mserve's "
-            "stand-in, which is used only where %s is missing (docs/handlers.md)",
-            name, where, name, name,
-        )  # fmt: skip
-    os.chdir(model_dir)
-    context = Context(
-        model_name=init["model_name"],
-        model_dir=model_dir,
-        manifest=init["manifest"],
-        batch_size=init["batch_size"],
-        gpu_id=init.get("gpu_id"),
-        server_name=init.get("server_name", "mserve"),
-        server_version=init.get("server_version", ""),
-        limit_max_image_pixels=init.get("limit_max_image_pixels", True),
-        model_yaml_config=init.get("model_yaml_config"),
-        model_version=init.get("model_version", ""),
-        worker_id=init.get("worker_id", ""),
-    )
-    try:
-        handler = load_handler(init["handler"], model_dir, context, init.get("handler_style"))
-        # the model config's signature, and the server's envelope
-        oip_serving.for_context(context, handler.style, init.get("service_envelope") or "")
-    except (HandlerLoadError, SignatureError) as exc:
-        channel.send(Frame(Kind.LOAD_FAILED, {"error": str(exc), "traceback": ""}))
-        return None
-    except BaseException as exc:  # the user's module raised while importing or initialising
-        text = traceback.format_exc()
-        print(text, file=sys.stderr)
-        channel.send(Frame(Kind.LOAD_FAILED, {"error": _error_text(exc), "traceback": text}))
-        return None
-    # the installed packages the handler pulled in: what this environment's template preloads
-    imports = loaded_packages([model_dir, os.path.dirname(os.path.abspath(__file__))], before)
-    channel.send(
-        Frame(
-            Kind.READY,
-            {
-                "load_s": round(time.monotonic() - started, 4),
-                "style": handler.style,
-                "imports": imports,
-            },
-        )
-    )
-    return handler, context
+    ready = {"load_s": service.load_s, "style": service.style, "imports": service.imports}
+    channel.send(Frame(Kind.READY, ready))
+    return service
 
 
 def _server_gone(server_pid: int | None) -> bool:
@@ -535,14 +228,11 @@ def _serve(channel: Channel, fd: int) -> int:
         name="server-watch",
         daemon=True,
     ).start()
-    loaded: Any = _load(init.meta, channel)
-    if loaded is None:
+    service = _load(init.meta, channel)
+    if service is None:
         return 1
-    handler, context = loaded
-    streaming.install(streaming.Stream(channel.send, channel.gone), context)
-    max_response = init.meta.get("max_response_bytes")
-    if type(max_response) is not int:
-        max_response = None
+    streaming.install(streaming.Stream(channel.send, channel.gone), service.context)
+    serve = service.serve
     try:
         while True:
             frame = channel.receive()
@@ -550,9 +240,23 @@ def _serve(channel: Channel, fd: int) -> int:
                 return 0  # the server closed the channel: we must not outlive it
             if frame.kind != Kind.BATCH:
                 raise ProtocolError(f"unexpected {frame.kind.name} frame after INIT")
-            channel.send(_serve_batch(frame, handler, context, channel, max_response))
+            batch_id, items = parse_batch(frame)
+            if channel.buffered and time.monotonic() - channel.read_at > _CANCEL_POLL_AFTER_S:
+                channel.poll()  # it waited here behind another batch: its callers may have left
+            try:
+                responses, handler_ms, metrics = serve(batch_id, items, channel.cancelled(batch_id))
+                reply = result_frame(batch_id, responses, handler_ms=handler_ms, metrics=metrics)
+            except BatchFailed as exc:
+                meta = {"error": exc.error, "traceback": exc.traceback, "batch_id": batch_id}
+                reply = Frame(Kind.BATCH_FAILED, meta)
+            except ProtocolError as exc:  # e.g. a status outside 100-599 set by the handler
+                print(f"cannot send the handler's results: {exc}", file=sys.stderr)
+                error = f"invalid handler result: {exc}"
+                meta = {"batch_id": batch_id, "error": error, "traceback": ""}
+                reply = Frame(Kind.BATCH_FAILED, meta)
+            channel.send(reply)
     finally:
-        handler.shutdown()
+        service.shutdown()
 
 
 def _show_model(meta: dict) -> None:

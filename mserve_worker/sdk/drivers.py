@@ -25,7 +25,7 @@ import zipfile
 from dataclasses import dataclass
 from typing import Any
 
-from ..loader import HandlerLoadError, create_instance
+from ..contract import HandlerLoadError, create_instance
 
 
 class NullDriver:

@@ -47,7 +47,7 @@ import json
 import traceback
 from typing import Any
 
-from ..loader import HandlerLoadError, LoadedHandler, accepted_keywords
+from ..contract import HOOKS, HandlerLoadError, LoadedHandler, accepted_keywords
 from ..payload import with_body
 from .drivers import StageConfig, driver_class, stage_configs
 
@@ -273,7 +273,7 @@ def load(target: Any, module: Any, context: Any) -> LoadedHandler:
         stages.append(Stage(config.label, driver, pre[i], post[i]))
     pipeline = HooksPipeline(stages, numpy)
     return LoadedHandler(
-        "hooks", pipeline.handle, instance=pipeline, module=module, on_shutdown=pipeline.close
+        HOOKS, pipeline.handle, instance=pipeline, module=module, on_shutdown=pipeline.close
     )
 
 

@@ -39,9 +39,10 @@ import time
 import uuid
 from typing import Any
 
+from ..contract import KERNEL, HandlerLoadError, LoadedHandler, create_instance
 from ..payload import with_body
 
-STYLE = "kernel"
+STYLE = KERNEL
 SCHEMA_VERSION = "1"
 _CONFIG_KEY = "kernel"
 _JSON_TYPES = ("application/json",)
@@ -310,8 +311,6 @@ def claims(target: Any) -> bool:
 
 def load(target: Any, module: Any, context: Any) -> Any:
     """Create the kernel, run ``on_kernel_start``, and wrap ``on_task_invoke`` per batch."""
-    from ..loader import HandlerLoadError, LoadedHandler, create_instance
-
     label = f"{getattr(module, '__name__', '?')}:{target.__name__}"
     if getattr(target, "on_task_invoke", None) is Kernel.on_task_invoke:
         raise HandlerLoadError(
@@ -337,8 +336,6 @@ def _nothing() -> None:
 
 def _method(kernel: Any, name: str, argument: str, label: str, optional: bool = False) -> Any:
     """The kernel's bound method ``name``, checked to accept ``argument`` (or no argument)."""
-    from ..loader import HandlerLoadError
-
     method = getattr(kernel, name, None)
     if method is None and optional:
         return None

@@ -15,6 +15,7 @@ import sys
 import traceback
 from typing import Any
 
+from ..contract import V2_MODEL, HandlerLoadError, LoadedHandler, accepted_keywords
 from ..payload import with_body
 from .v2_model import PARAMS_KEY, Event, Response, ServerContext, V2ModelServer, check_v2
 
@@ -23,8 +24,6 @@ __all__ = ["V2ModelServer", "load"]
 
 def load(target: Any, module: Any, context: Any) -> Any:
     """Create the model object, run its ``load()`` and return the loader's per-batch entry."""
-    from ..loader import V2_MODEL, HandlerLoadError, LoadedHandler
-
     label = f"{module.__name__}:{target.__name__}"
     _check_methods(target, label, HandlerLoadError)
     params = context.model_yaml_config.get(PARAMS_KEY) or {}
@@ -99,8 +98,6 @@ def _check_methods(target: type, label: str, error: type) -> None:
 
 def _create(target: type, label: str, kwargs: dict[str, Any], error: type) -> Any:
     """``target(**kwargs)`` with the keyword arguments its ``__init__`` accepts."""
-    from ..loader import accepted_keywords
-
     try:
         kwargs = accepted_keywords(target, kwargs)
     except TypeError as exc:

@@ -1,6 +1,7 @@
 """A Serve replica of one model version: the handler runs in the replica's own process, loaded
-and called by mserve's worker runtime, so every handler style, the ``context`` contract,
-per-request errors and the Open Inference Protocol codec work as they do under ``mserve``.
+and called by the worker's service (mserve_worker/service.py) as in a worker, only without the
+socket, so every handler style, the ``context`` contract, per-request errors and the Open
+Inference Protocol codec work as they do under ``mserve``.
 
 The replica stands where an mserve worker stands; Ray is its supervisor (restarts, placement,
 GPU assignment) and ``serve.batch`` its batcher, with the model's ``batchSize`` and
@@ -20,8 +21,8 @@ from typing import Any
 
 from ray import serve
 
-from mserve_worker import runtime
-from mserve_worker.protocol import Frame, Kind, RequestItem, ResponseItem, batch_frame, parse_result
+from mserve_worker.protocol import ProtocolError, RequestItem, ResponseItem, checked_response
+from mserve_worker.service import BatchFailed, HandlerService, LoadFailed
 from server.store import unpack
 
 # What a replica answers for a request whose batch failed as a whole: the handler raised or
@@ -31,17 +32,6 @@ BATCH_FAILED = "batch-failed"
 
 class ReplicaLoadError(RuntimeError):
     """The handler did not load; Serve reports the deployment as failed with this message."""
-
-
-class _LoadReport:
-    """Stands in for the worker's channel while the handler loads: the runtime reports READY
-    or LOAD_FAILED through ``send``."""
-
-    def __init__(self) -> None:
-        self.frames: list[Frame] = []
-
-    def send(self, frame: Frame) -> None:
-        self.frames.append(frame)
 
 
 class ModelReplica:
@@ -66,17 +56,14 @@ class ModelReplica:
             "worker_id": context.replica_tag if context is not None else str(os.getpid()),
             "server_name": "mserve",
         }
-        report = _LoadReport()
-        loaded = runtime._load(init, report)  # the worker runtime's own load step
-        if loaded is None:
-            meta = report.frames[-1].meta if report.frames else {}
+        try:
+            self.service = HandlerService.load(init)  # as a worker loads it
+        except LoadFailed as exc:
             raise ReplicaLoadError(
-                f"model {self.label}: the handler failed to load: {meta.get('error', '?')}"
-            )
-        self.handler, self.context = loaded
-        self.style = report.frames[-1].meta.get("style", "")
+                f"model {self.label}: the handler failed to load: {exc.error}"
+            ) from None
+        self.style = self.service.style
         self.load_s = round(time.monotonic() - started, 3)
-        self.max_response_bytes = spec.get("max_response_bytes")
         self.batch_ids = itertools.count(1)
         self.infer_batch.set_max_batch_size(spec["batch_size"])
         self.infer_batch.set_batch_wait_timeout_s(spec["max_batch_delay_ms"] / 1000.0)
@@ -104,17 +91,20 @@ class ModelReplica:
         return await asyncio.to_thread(self._run, items)
 
     def _run(self, items: list[RequestItem]) -> list[ResponseItem | tuple[str, str]]:
-        frame = batch_frame(next(self.batch_ids), items)
-        result = runtime._serve_batch(frame, self.handler, self.context, None,
-                                      self.max_response_bytes)  # fmt: skip
-        if result.kind == Kind.BATCH_FAILED:
-            error = f"handler of {self.label} failed: {result.meta.get('error')}"
+        try:
+            responses, _handler_ms, _metrics = self.service.serve(next(self.batch_ids), items)
+            answers = []
+            for i, r in enumerate(responses):
+                # the wire's rules hold here too; a body goes to the ingress as bytes (pickled)
+                _entry, body = checked_response(r, f"responses[{i}]")
+                plain = r.body if type(r.body) is bytes else bytes(body)
+                answers.append(ResponseItem(r.status, plain, r.content_type, r.headers))
+        except BatchFailed as exc:
+            return [(BATCH_FAILED, f"handler of {self.label} failed: {exc.error}")] * len(items)
+        except ProtocolError as exc:
+            error = f"handler of {self.label} failed: invalid handler result: {exc}"
             return [(BATCH_FAILED, error)] * len(items)
-        _batch_id, responses = parse_result(result)
-        return [
-            ResponseItem(r.status, bytes(r.body), r.content_type, [list(h) for h in r.headers])
-            for r in responses
-        ]
+        return answers
 
     def info(self) -> dict[str, Any]:
         """Which process answers, and how its handler loaded (tests, ``status``)."""
@@ -125,6 +115,6 @@ class ModelReplica:
         return True
 
     def __del__(self) -> None:
-        handler = getattr(self, "handler", None)
-        if handler is not None:
-            handler.shutdown()
+        service = getattr(self, "service", None)
+        if service is not None:
+            service.shutdown()

@@ -435,7 +435,7 @@ def test_handler_style_is_recorded_only_when_named(
 def test_archiver_and_worker_agree_on_builtins_and_styles() -> None:
     """The archiver cannot import the server, so both keep a list; they must stay equal."""
     from archiver.handler_spec import BUILTIN_HANDLERS, HANDLER_STYLES
-    from mserve_worker import loader, sdk
+    from mserve_worker import contract, sdk
 
     assert set(BUILTIN_HANDLERS) == set(sdk.BUILTIN_HANDLERS)
-    assert tuple(HANDLER_STYLES) == tuple(loader.STYLES)
+    assert tuple(HANDLER_STYLES) == tuple(contract.STYLES)

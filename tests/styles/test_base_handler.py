@@ -20,7 +20,8 @@ import torch
 from PIL import Image
 
 from mserve_worker.context import Context
-from mserve_worker.loader import LoadedHandler, load_handler
+from mserve_worker.contract import LoadedHandler
+from mserve_worker.loader import load_handler
 from mserve_worker.sdk import vision
 from mserve_worker.sdk.base_handler import BadInput, ModelLoadError, load_label_mapping
 from mserve_worker.sdk.text_classifier import load_vocab

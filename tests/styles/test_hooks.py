@@ -24,7 +24,8 @@ import torch
 import yaml
 
 from mserve_worker.context import Context
-from mserve_worker.loader import HandlerLoadError, LoadedHandler, load_handler
+from mserve_worker.contract import HandlerLoadError, LoadedHandler
+from mserve_worker.loader import load_handler
 from tests.conftest import ARCHIVER_SCRIPT, REPO
 from tests.server import conftest as serving
 from tests.server.conftest import HANDLERS, concurrently, http

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from mserve_worker.context import Context
-from mserve_worker.loader import HandlerLoadError, LoadedHandler, load_handler
+from mserve_worker.contract import HandlerLoadError, LoadedHandler
+from mserve_worker.loader import load_handler
 from mserve_worker.sdk.v2_model import V2ModelServer
 from server.model_envs import copy_runtime
 from tests.conftest import ARCHIVER_SCRIPT, REPO

@@ -9,12 +9,11 @@ import json
 import sys
 from typing import Any
 
-from mserve_worker import protocol
 from mserve_worker.context import Context
 from mserve_worker.loader import load_handler
 from mserve_worker.oip import serving
-from mserve_worker.protocol import Kind, RequestItem
-from mserve_worker.runtime import _serve_batch
+from mserve_worker.protocol import RequestItem
+from mserve_worker.service import HandlerService
 from tests.server.conftest import HANDLERS
 
 FOLDER = HANDLERS / "envelope"
@@ -24,17 +23,17 @@ def _item(rid: str, doc: Any, api: str = "v1", op: str = "") -> RequestItem:
     return RequestItem(rid, "application/json", [], json.dumps(doc).encode(), op=op, api=api)
 
 
-def _loaded(monkeypatch, envelope: str, entry: str = "rows:handle") -> tuple[Any, Context]:
+def _loaded(monkeypatch, envelope: str, entry: str = "rows:handle") -> HandlerService:
     monkeypatch.syspath_prepend(str(FOLDER))
     context = Context("rows", str(FOLDER), {}, 8, None, "mserve", "0")
     handler = load_handler(entry, str(FOLDER), context, None)
     sys.modules.pop("rows", None)
     serving.for_context(context, handler.style, envelope)  # as the worker does when it loads
-    return handler, context
+    return HandlerService(handler, context)
 
 
 def test_batched_requests_share_one_call_and_get_their_own_slices(monkeypatch) -> None:
-    handler, context = _loaded(monkeypatch, "kserve")
+    service = _loaded(monkeypatch, "kserve")
     items = [
         _item("a", {"instances": [1, 2]}),
         _item("b", {"instances": ["x", "bad", "y"]}),
@@ -42,9 +41,7 @@ def test_batched_requests_share_one_call_and_get_their_own_slices(monkeypatch) -
         _item("d", {"plain": True}, api=""),  # /predictions, another body: no envelope
         _item("e", {"instances": []}),
     ]
-    result = _serve_batch(protocol.batch_frame(1, items), handler, context)  # type: ignore[arg-type]
-    assert result.kind == Kind.RESULT
-    _, responses = protocol.parse_result(result)
+    responses, _handler_ms, _metrics = service.serve(1, items)
     answers = [(r.status, json.loads(bytes(r.body))) for r in responses]
     # one call for the enveloped requests (e's empty instances never reach it), one for d
     rows = 2 + 3 + 1
@@ -60,10 +57,9 @@ def test_batched_requests_share_one_call_and_get_their_own_slices(monkeypatch) -
 
 def test_body_envelope_hands_over_the_bodies_themselves(monkeypatch) -> None:
     """TorchServe's body envelope: a row is the body (its "data" or "body"), not {"body": ...}."""
-    handler, context = _loaded(monkeypatch, "body", "rows:as_given")
+    service = _loaded(monkeypatch, "body", "rows:as_given")
     items = [_item("a", [1, 2], api=""), _item("b", {"instances": [5]})]
-    result = _serve_batch(protocol.batch_frame(1, items), handler, context)  # type: ignore[arg-type]
-    _, responses = protocol.parse_result(result)
+    responses, _handler_ms, _metrics = service.serve(1, items)
     assert [json.loads(bytes(r.body)) for r in responses] == [
         [1, 2],
         {"predictions": {"instances": [5]}},

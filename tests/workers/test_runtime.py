@@ -244,9 +244,9 @@ def test_channel_send_is_one_sendmsg_and_finishes_a_short_one(frame: Frame) -> N
 def test_a_result_carries_the_handler_time_and_what_it_recorded(monkeypatch) -> None:
     from mserve_worker.context import Context
     from mserve_worker.loader import load_handler
-    from mserve_worker.runtime import _serve_batch
+    from mserve_worker.service import HandlerService
 
-    def loaded(folder: str, entry: str) -> tuple[object, Context]:
+    def loaded(folder: str, entry: str) -> tuple[HandlerService, Context]:
         model = HANDLERS / folder
         monkeypatch.syspath_prepend(str(model))
         context = Context(folder, str(model), {}, 2, None, "mserve", "0")
@@ -254,15 +254,18 @@ def test_a_result_carries_the_handler_time_and_what_it_recorded(monkeypatch) -> 
         for name, module in list(sys.modules.items()):  # other tests load their own `echo`
             if str(getattr(module, "__file__", "")).startswith(str(HANDLERS)):
                 del sys.modules[name]
-        return handler, context
+        return HandlerService(handler, context), context
 
-    handler, context = loaded("custom_metrics", "metrics_handler:handle")
+    def result(service: HandlerService, batch_id: int, item: RequestItem) -> Frame:
+        responses, handler_ms, metrics = service.serve(batch_id, [item])
+        return protocol.result_frame(batch_id, responses, handler_ms=handler_ms, metrics=metrics)
+
+    service, context = loaded("custom_metrics", "metrics_handler:handle")
     context.metrics.add_time("NotANumber", float("nan"))  # not JSON: dropped, batch unharmed
     body = b'{"color": "blue"}'
-    frame = protocol.batch_frame(1, [RequestItem("r1", "application/json", [], body)])
-    result = _serve_batch(frame, handler, context)  # type: ignore[arg-type]
-    assert result.kind == Kind.RESULT
-    handler_ms, entries = protocol.parse_result_metrics(result)
+    handler_ms, entries = protocol.parse_result_metrics(
+        result(service, 1, RequestItem("r1", "application/json", [], body))
+    )
     assert handler_ms is not None and handler_ms >= 0
     by_name = {e.name: e for e in entries}
     assert "NotANumber" not in by_name
@@ -272,8 +275,6 @@ def test_a_result_carries_the_handler_time_and_what_it_recorded(monkeypatch) -> 
     assert seen.dimensions == [["Color", "blue"]]
     assert len(context.metrics) == 0  # drained: the next batch does not send them again
 
-    handler, context = loaded("echo_fn", "echo:handle")
-    result = _serve_batch(
-        protocol.batch_frame(2, [RequestItem("r2", "", [], b"x")]), handler, context
-    )  # type: ignore[arg-type]
-    assert "metrics" not in result.meta and "handler_ms" in result.meta
+    service, context = loaded("echo_fn", "echo:handle")
+    frame = result(service, 2, RequestItem("r2", "", [], b"x"))
+    assert "metrics" not in frame.meta and "handler_ms" in frame.meta

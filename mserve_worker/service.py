@@ -1,0 +1,368 @@
+"""The loaded handler as a service: the handler, its context and its limits behind one call
+that turns request items into response items.
+
+The worker splits as TorchServe's does: the socket loop (:mod:`.runtime`: hello, frames in and
+out, cancellations), this service (load the handler once, serve batches) and the sans-IO codec
+(:mod:`.protocol`). A Ray Serve replica (server/rayserve/replica.py) uses the service without a
+socket or a frame. Runs inside the model's own environment: standard library only, Python 3.8+,
+nothing done at import time. A handler exception fails its batch (traceback to stderr) and never
+the service.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Collection
+from typing import Any
+
+from . import compat, stand_ins, streaming
+from .context import Context, Metrics
+from .contract import HandlerLoadError, LoadedHandler
+from .imports import loaded_packages
+from .loader import load_handler
+from .oip import serving as oip_serving
+from .oip.signature import SignatureError
+from .oip.tensors import OIPError
+from .payload import PayloadError, decode_request, encode_output
+from .protocol import STREAM_FAILED_HEADER, TOO_LARGE_HEADER, RequestItem, ResponseItem
+from .sdk.errors import PredictionException
+
+CLIENT_GONE = 499  # the answer to a cancelled request, which nobody reads
+_NOTHING_CANCELLED: frozenset[str] = frozenset()
+
+
+class ServiceError(Exception):
+    """Why the handler did not load or a batch failed as a whole: ``error`` (one line for the
+    server's log and the client) and ``traceback`` (the user's, or "" when ours)."""
+
+    def __init__(self, error: str, details: str = "") -> None:
+        super().__init__(error)
+        self.error = error
+        self.traceback = details
+
+
+class LoadFailed(ServiceError):
+    """The handler could not be imported or initialised."""
+
+
+class BatchFailed(ServiceError):
+    """The handler raised, or returned the wrong number of results, for a whole batch."""
+
+
+class HandlerService:
+    """One loaded handler: ``serve`` answers a batch of request items with response items."""
+
+    def __init__(
+        self, handler: LoadedHandler, context: Context, max_response_bytes: int | None = None
+    ) -> None:
+        self.handler = handler
+        self.context = context
+        self.max_response_bytes = max_response_bytes  # a larger answer is a 413
+        self.load_s = 0.0
+        # installed packages the handler pulled in: what this environment's template preloads
+        self.imports: list[str] = []
+
+    @property
+    def style(self) -> str:
+        return self.handler.style
+
+    @classmethod
+    def load(cls, init: dict[str, Any]) -> HandlerService:
+        """Load the handler INIT's meta names (docs/protocol.md) in this process, which it
+        makes the model's: the model folder becomes the working directory and comes first on
+        ``sys.path``. Raises :class:`LoadFailed`."""
+        started = time.monotonic()
+        before = set(sys.modules)  # forked from a template: what it preloaded is not news
+        model_dir = init["model_dir"]
+        sys.path.insert(0, model_dir)  # under -I nothing else puts the model on the path
+        compat.install(after=model_dir)  # `import ts...` finds ours, before an installed one
+        stand_ins.install()  # `import mlrun` / `redhareapi` find ours only where missing
+        _log_shadowing()
+        os.chdir(model_dir)
+        context = Context(
+            model_name=init["model_name"],
+            model_dir=model_dir,
+            manifest=init["manifest"],
+            batch_size=init["batch_size"],
+            gpu_id=init.get("gpu_id"),
+            server_name=init.get("server_name", "mserve"),
+            server_version=init.get("server_version", ""),
+            limit_max_image_pixels=init.get("limit_max_image_pixels", True),
+            model_yaml_config=init.get("model_yaml_config"),
+            model_version=init.get("model_version", ""),
+            worker_id=init.get("worker_id", ""),
+        )
+        try:
+            handler = load_handler(init["handler"], model_dir, context, init.get("handler_style"))
+            # the model config's signature, and the server's envelope
+            oip_serving.for_context(context, handler.style, init.get("service_envelope") or "")
+        except (HandlerLoadError, SignatureError) as exc:
+            raise LoadFailed(str(exc)) from None
+        except BaseException as exc:  # the user's module raised while importing or initialising
+            text = traceback.format_exc()
+            print(text, file=sys.stderr)
+            raise LoadFailed(_error_text(exc), text) from None
+        max_response = init.get("max_response_bytes")
+        service = cls(handler, context, max_response if type(max_response) is int else None)
+        service.imports = loaded_packages(
+            [model_dir, os.path.dirname(os.path.abspath(__file__))], before
+        )
+        service.load_s = round(time.monotonic() - started, 4)
+        return service
+
+    def serve(
+        self,
+        batch_id: int,
+        items: list[RequestItem],
+        cancelled: Collection[str] = _NOTHING_CANCELLED,
+    ) -> tuple[list[ResponseItem], float | None, list[dict[str, Any]] | None]:
+        """The batch's answers, one per item in order, the handler's time on it in ms (None
+        when it was not called) and the metrics it recorded; the requests in ``cancelled``
+        (their callers left) are answered 499 without running. Raises :class:`BatchFailed`
+        when the batch fails as a whole."""
+        handler, context = self.handler, self.context
+        stream = getattr(context, "_mserve_stream", None)
+        if stream is not None:
+            stream.reset(batch_id)
+        responses: list[ResponseItem | None] = [None] * len(items)
+        decoded: dict[int, Any] = {}
+        prepared: dict[int, oip_serving.Prepared] = {}  # v1/v2 requests
+        # one handler call per operation and API, in arrival order
+        groups: dict[tuple[str, str], list[int]] = {}
+        oip = oip_serving.for_context(context, handler.style)  # made when the handler loaded
+        for i, item in enumerate(items):
+            if item.request_id in cancelled:  # its caller is gone: the answer would reach nobody
+                responses[i] = ResponseItem(CLIENT_GONE, b"", "")
+                continue
+            api = ""
+            try:
+                if item.api:
+                    prepared[i] = oip.prepare(item)
+                    decoded[i], api = prepared[i].row, prepared[i].api
+                elif item.op in ("", "explain") and oip.enveloped:
+                    # the server's service_envelope reads TorchServe's paths too
+                    prepared[i] = oip.prepare_enveloped(item)
+                    decoded[i], api = prepared[i].row, prepared[i].api
+                else:
+                    decoded[i] = decode_request(
+                        item.content_type, item.headers, item.body, item.params
+                    )
+                if oip.bare and api != "v2" and item.op in ("", "explain"):
+                    decoded[i] = oip_serving.bare_row(decoded[i])
+            except OIPError as exc:
+                responses[i] = ResponseItem(exc.status, exc.message.encode(), "")
+                continue
+            except PayloadError as exc:
+                responses[i] = ResponseItem(400, str(exc).encode(), "text/plain; charset=utf-8")
+                continue
+            groups.setdefault((item.op, api), []).append(i)
+        started = time.perf_counter()
+        for (op, api), indexes in groups.items():
+            failure = _serve_group(
+                op, indexes, items, decoded, handler, context, responses,
+                self.max_response_bytes, api, prepared,
+            )  # fmt: skip
+            if failure is None:
+                continue
+            if len(groups) == 1:
+                raise BatchFailed(failure["error"], failure["traceback"])
+            # A batch mixing operations: only the requests of the failed one share its fate.
+            for i in indexes:
+                responses[i] = _failed(failure["error"], i, stream)
+        for i, item in enumerate(items):  # v1/v2 errors in OIP's shape, {"error": "..."}
+            response = responses[i]
+            if item.api and response is not None and response.status >= 400 and (
+                response.status != CLIENT_GONE and not _streamed(stream, i)
+            ):  # fmt: skip
+                responses[i] = oip_serving.error_response(response)
+        handler_ms = round((time.perf_counter() - started) * 1000, 3) if groups else None
+        metrics = context.metrics
+        recorded = None
+        if isinstance(metrics, Metrics) and len(metrics):  # NaN and infinities are not JSON
+            recorded = [m for m in metrics.drain() if math.isfinite(m["value"])]
+        return [r for r in responses if r is not None], handler_ms, recorded
+
+    def shutdown(self) -> None:
+        """Run the handler's stop hook (its ``shutdown()``, a kernel's ``on_kernel_shutdown``)."""
+        self.handler.shutdown()
+
+
+def _log_shadowing() -> None:
+    """Say where an installed package wins over mserve's own ``ts`` or stand-ins, or loses."""
+    log = logging.getLogger("mserve_worker")
+    shadowed = compat.shadowed_torchserve()
+    if shadowed is not None:
+        log.info(
+            "torchserve %s is installed in this environment; handlers importing ts.* get "
+            "mserve's ts (docs/handlers.md)",
+            shadowed,
+        )
+    for name, where in stand_ins.real_packages():
+        log.info(
+            "%s is installed (%s); handlers importing %s get that package, not mserve's "
+            "stand-in, which is used only where %s is missing (docs/handlers.md)",
+            name, where, name, name,
+        )  # fmt: skip
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _serve_group(
+    op: str,
+    indexes: list[int],
+    items: list[Any],
+    decoded: dict[int, Any],
+    handler: LoadedHandler,
+    context: Context,
+    responses: list[ResponseItem | None],
+    max_response_bytes: int | None = None,
+    api: str = "",
+    prepared: dict[int, oip_serving.Prepared] | None = None,
+) -> dict[str, str] | None:
+    """Call the handler for the requests at ``indexes`` (all asking for ``op`` through ``api``)
+    and fill in their responses; returns the failure (``error``, ``traceback``) when the call
+    failed."""
+    # A request the kserve/json envelope split is several rows of the batch, each with the
+    # request's headers; rows[k] is the request of row k.
+    rows: list[int] = []
+    data: list[Any] = []
+    for i in indexes:
+        split = prepared.get(i) if prepared else None
+        if split is not None and split.rows is not None:
+            rows.extend([i] * split.rows)
+            data.extend(decoded[i])
+        else:
+            rows.append(i)
+            data.append(decoded[i])
+    context.start_batch([items[i] for i in rows], op)
+    context.protocol = api
+    stream = getattr(context, "_mserve_stream", None)
+    if stream is not None:
+        stream.begin(rows, context)
+    try:
+        outputs = handler.handle(data, context)
+    except PredictionException as exc:  # the handler chose the batch's answer
+        traceback.print_exc()
+        for i in indexes:
+            responses[i] = _prediction_error(exc, i, stream)
+        return None
+    except Exception as exc:  # the per-batch boundary: the worker keeps serving
+        traceback.print_exc()
+        return {"error": _error_text(exc), "traceback": traceback.format_exc()}
+    finally:
+        if stream is not None:
+            stream.end()  # send_intermediate_predict_response is refused from here on
+    if not isinstance(outputs, list) or len(outputs) != len(data):
+        if isinstance(outputs, list):
+            found = f"{len(outputs)} results"
+        else:
+            found = "None" if outputs is None else type(outputs).__name__
+        message = (
+            "handler must return a list with one result per request:"
+            f" got {found} for a batch of {len(data)}"
+        )
+        if len(rows) != len(indexes):
+            message += " (each instance of an enveloped request is one)"
+        print(message, file=sys.stderr)
+        return {"error": message, "traceback": ""}
+    broken: dict[int, str] | None = None
+    if stream is not None:
+        iterators = streaming.iterators_in(outputs)
+        if iterators:  # mserve's own streaming: each item of a returned iterator is a chunk
+            broken = stream.drain(iterators)
+            for j in iterators:
+                outputs[j] = b""  # every item went out as a chunk; the RESULT closes the stream
+    j = 0  # the request's first row
+    for i in indexes:
+        split = prepared.get(i) if prepared else None
+        n = split.rows if split is not None and split.rows is not None else 1
+        first, j = j, j + n
+        if broken and any(k in broken for k in range(first, j)):
+            error = next(broken[k] for k in range(first, j) if k in broken)
+            responses[i] = _failed(error, i, stream)
+            continue
+        request = context._request(first)  # the checked lookup, once per request
+        if api and prepared and not _streamed(stream, i):
+            if split is None or split.rows is None:
+                output = outputs[first]
+            else:  # a split request: it fails as its first failed instance does
+                failed = next(
+                    (k for k in range(first, j)
+                     if context._request(k).get_response_status_code() >= 400), None,
+                )  # fmt: skip
+                if failed is None:
+                    output = outputs[first:j]
+                else:
+                    request, output = context._request(failed), outputs[failed]
+            responses[i] = _oip_answer(
+                context, prepared[i], output, request, op, items[i].request_id
+            )
+            if max_response_bytes is not None and len(responses[i].body) > max_response_bytes:
+                size = str(len(responses[i].body))
+                responses[i] = ResponseItem(413, b"", "", [[TOO_LARGE_HEADER, size]])
+            continue
+        try:
+            body, content_type = encode_output(
+                outputs[first], request.get_response_content_type() or ""
+            )
+        except PayloadError as exc:
+            print(f"request {items[i].request_id}: {exc}", file=sys.stderr)
+            responses[i] = _failed(str(exc), i, stream)
+            continue
+        if max_response_bytes is not None and len(body) > max_response_bytes:
+            responses[i] = ResponseItem(413, b"", "", [[TOO_LARGE_HEADER, str(len(body))]])
+            continue
+        headers = [[k, v] for k, v in request.get_response_headers().items()]
+        responses[i] = ResponseItem(request.get_response_status_code(), body, content_type, headers)
+    return None
+
+
+def _streamed(stream: streaming.Stream | None, i: int) -> bool:
+    return stream is not None and i in stream.started
+
+
+def _oip_answer(
+    context: Context, prepared: oip_serving.Prepared, output: Any, request: Any, op: str,
+    request_id: str,
+) -> ResponseItem:  # fmt: skip
+    """A v1/v2 request's answer; an output that cannot be sent fails that request alone."""
+    oip = oip_serving.for_context(context, "")  # made when the batch was read
+    headers = [[k, v] for k, v in request.get_response_headers().items()]
+    try:
+        return oip.answer(prepared, output, request.get_response_status_code(), headers, op)
+    except OIPError as exc:
+        print(f"request {request_id}: {exc.message}", file=sys.stderr)
+        return ResponseItem(exc.status, exc.message.encode(), "")
+
+
+def _prediction_error(
+    exc: PredictionException, i: int, stream: streaming.Stream | None
+) -> ResponseItem:
+    """Each request of the batch gets the exception's status and message, in TorchServe's body;
+    a status HTTP cannot carry becomes a 500 that names it. A request that already streamed a
+    chunk cannot change its status any more: its stream ends broken, as any failure's does."""
+    code, message = exc.error_code, str(exc.message)
+    if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
+        message = f"{message} (PredictionException code {code!r} is not an HTTP status)"
+        code = 500
+    if stream is not None and i in stream.started:
+        return _failed(f"PredictionException {code}: {message}", i, stream)
+    body = {"code": code, "type": "InternalServerException", "message": message}
+    return ResponseItem(code, json.dumps(body).encode(), "application/json")
+
+
+def _failed(error: str, i: int, stream: streaming.Stream | None) -> ResponseItem:
+    """The 500 answer of request ``i``; one that already streamed a chunk says so in a header,
+    so that the server ends the response where the client can see it broke."""
+    headers = []
+    if stream is not None and i in stream.started:
+        headers = [[STREAM_FAILED_HEADER, error]]
+    return ResponseItem(500, error.encode(), "text/plain; charset=utf-8", headers)
