@@ -106,6 +106,8 @@ def checked_element(value: Any, datatype: str, name: str) -> Any:
     elif datatype == "BYTES":
         if isinstance(value, str):
             return value.encode("utf-8")
+        if isinstance(value, (bytes, bytearray)):  # a handler's output, without numpy
+            return bytes(value)
     elif datatype.startswith(("INT", "UINT")):
         low, high = INT_RANGES[datatype]
         if type(value) is int and low <= value <= high:

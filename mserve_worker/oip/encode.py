@@ -34,7 +34,7 @@ def output_tensor(name: str, value: Any, datatype: str | None, np: Any) -> Tenso
     if datatype is None:
         datatype = _infer(flat, name)
     try:
-        flat = [checked_element(_text_bytes(v), datatype, name) for v in flat]
+        flat = [checked_element(v, datatype, name) for v in flat]
     except OIPError as exc:
         raise OIPError(exc.message.replace("input", "output", 1), 500) from None
     return Tensor(name, datatype, shape, flat)

@@ -40,6 +40,11 @@ def test_values_without_numpy_are_nested_lists() -> None:
     assert (out.datatype, out.shape, out.data) == ("FP32", (2, 2), [1.0, 2.0, 3.0, 4.0])
     parts, length = encode_response({"model_name": "m"}, [out], [True])
     assert parts[1] == struct.pack("<4f", 1, 2, 3, 4) and length == len(parts[0])
+    # text outputs (str or bytes) are BYTES, in a model environment without numpy too
+    text = output_tensor("version", "1.0", None, None)
+    assert (text.datatype, text.shape, text.data) == ("BYTES", (), [b"1.0"])
+    named = output_tensor("names", ["a", b"b"], "BYTES", None)
+    assert (named.datatype, named.shape, named.data) == ("BYTES", (2,), [b"a", b"b"])
 
 
 def test_binary_input_is_a_view_of_the_body() -> None:
