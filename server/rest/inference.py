@@ -1,10 +1,10 @@
 """The inference API (8080): TorchServe's, the Open Inference Protocol's (KServe v2) and KServe
-v1's paths, routed on our HTTP server (server/http.py).
+v1's paths, routed on our HTTP server (server/http/).
 
 v1 and v2 requests go to the worker with their body as it arrived, marked with their API; the
 worker reads tensors and answers in the protocol's shape (mserve_worker/oip/serving.py), so this
 process, shared by every model, never parses a tensor. Errors on those paths are ``{"error":
-"..."}`` (server/http.py).
+"..."}`` (server/http/answer.py).
 
 A prediction runs no coroutine: the parsed request goes on the model's queue with the body as
 it arrived, and the answer is written from the queue future's callback.
