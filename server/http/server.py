@@ -18,7 +18,6 @@ from server.errors import InternalError, MserveError, ServiceUnavailable
 from server.http.answer import Answer
 from server.http.connection import Connection
 from server.http.request import Request
-from server.rest.description import describe
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +25,8 @@ SWEEP_S = 5.0  # how often connections are checked against the timeouts, at most
 
 
 class Router(Protocol):
-    # "inference" or "management": answers ``OPTIONS /`` and ``/api-description``; "" none
-    api_name: str
+    """A port's API: what its paths mean is the router's alone (server/rest/, server/metrics.py),
+    the API description included; this layer only connects, guards and answers."""
 
     def route(self, conn: Connection, req: Request) -> None:
         """Answer ``req`` through ``conn``, now or later; raise MserveError to refuse it."""
@@ -140,13 +139,7 @@ class HttpServer:
                         h for h in req.headers
                         if len(h[0]) != 13 or h[0].lower() != "authorization"
                     ]  # fmt: skip
-            api = self.router.api_name
-            if api and (req.parts == ["api-description"] or (
-                    req.method == "OPTIONS" and req.parts == [""])):  # fmt: skip
-                req.allow("GET", "OPTIONS")
-                conn.answer_json(req, 200, describe(api))
-                return
-            if "" in req.parts:
+            if "" in req.parts and len(req.parts) > 1:  # an empty segment; "/" is the root
                 raise req.not_found()
             self.router.route(conn, req)
         except MserveError as exc:

@@ -30,6 +30,7 @@ from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion
 from server.operations import models_page
+from server.rest.description import answer_description
 from server.streaming import ChunkStream
 
 log = logging.getLogger(__name__)
@@ -44,14 +45,14 @@ _SERVER_HEADERS = frozenset(
 class InferenceAPI:
     """The router of the inference port."""
 
-    api_name = "inference"
-
     def __init__(self, registry: Registry, metrics: Metrics, max_response_bytes: int) -> None:
         self.registry = registry
         self.metrics = metrics
         self.max_response_bytes = max_response_bytes
 
     def route(self, conn: Connection, req: Request) -> None:
+        if answer_description("inference", conn, req):
+            return
         parts = req.parts
         n = len(parts)
         head = parts[0] if parts else ""
