@@ -14,7 +14,9 @@ per request.
 
 One module per piece, as uvicorn lays out its protocols: the request and its limits
 (request.py), answers as bytes (answer.py), the connection and its flow control
-(connection.py), streamed answers (chunked.py), the listener (server.py).
+(connection.py) with its lingering close after a refusal (linger.py), streamed answers
+(chunked.py), the listener (server.py). What a port's paths mean is its router's alone: this
+package imports nothing from server/rest/ or above.
 """
 
 from server.http.answer import JSON, Answer, error_body, header_ok, json_answer

@@ -26,6 +26,7 @@ from server.errors import (
     ServiceUnavailable,
 )
 from server.http.answer import JSON, LARGE_BODY, REASONS, Answer, error_body, http_date, json_answer
+from server.http.linger import LINGER_BYTES, Linger
 from server.http.request import (
     KNOWN_HEADERS,
     MAX_HEAD_BYTES,
@@ -40,13 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 32  # requests of one connection being served; reading pauses beyond it
-# After refusing a request (413, 400, 431) the connection stays open a little while the client
-# finishes sending, and what it sends is read and dropped: closing a socket with unread input
-# makes the kernel send RST, and a client still sending its body (Python's http.client, urllib,
-# requests) then loses the answer it had not read yet. Bounded in bytes and in time; a body
-# declared larger than LINGER_BYTES is not waited for.
-LINGER_BYTES = 8 * 1024 * 1024
-LINGER_S = 5.0
 
 
 class Connection(asyncio.Protocol):
@@ -71,9 +65,7 @@ class Connection(asyncio.Protocol):
         self._body_bytes = 0
         self._read_paused = False
         self._write_paused = False
-        self._lingering = False  # refused: reading and dropping the rest before closing
-        self._linger_left = 0  # bytes still allowed in
-        self._linger_timer: asyncio.TimerHandle | None = None
+        self._linger: Linger | None = None  # refused: reading and dropping the rest, then close
         self._parser_ok = True  # httptools has not failed on this connection
 
     # asyncio.Protocol ------------------------------------------------------------------
@@ -91,7 +83,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
-            if self._lingering:
+            if self._linger is not None:
                 self._drop(data)
             return
         self.last_active = time.monotonic()
@@ -110,9 +102,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        self._lingering = False
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         self.api.connections.discard(self)
         for ex in self.pending:  # queued requests of a gone client cost no worker time
             if ex.future is not None and not ex.future.done():
@@ -206,7 +198,7 @@ class Connection(asyncio.Protocol):
         self._receiving = False
         ex = self._current
         self._current = None
-        if self._lingering:  # the refused request's body has all arrived (and was dropped)
+        if self._linger is not None:  # the refused request's body has all come (and was dropped)
             self._stop_lingering()
             return
         if self.closing or ex is None:
@@ -290,7 +282,7 @@ class Connection(asyncio.Protocol):
     def check_timeouts(self, now: float) -> None:
         """Close a connection idle past its timeout, or one trickling its headers in (a client
         sending a byte a minute would otherwise hold it for ever)."""
-        if self.transport is None:
+        if self.transport is None or self._linger is not None:  # lingering has bounds of its own
             return
         api = self.api
         if self._receiving and self._current is None and now - self._began > api.read_timeout_s:
@@ -316,9 +308,9 @@ class Connection(asyncio.Protocol):
         """Answer a request we will not read to the end, after those before it, and close.
 
         With ``linger``, what the client still sends is read and dropped until its request ends
-        (when the parser can still tell), it half-closes, LINGER_BYTES have come or LINGER_S
-        have passed; the answer goes out meanwhile, followed by our half-close (FIN), so a
-        client that reads only once it has sent everything still gets it."""
+        (when the parser can still tell), it closes, or a bound of server/http/linger.py is
+        reached; the answer goes out meanwhile, followed by our half-close (FIN), so a client
+        that reads only once it has sent everything still gets it."""
         if self.closing:
             return
         if ex is None:
@@ -327,22 +319,18 @@ class Connection(asyncio.Protocol):
         self.pending.append(ex)
         self.closing = True
         if linger and self.transport is not None:
-            self._lingering = True
-            self._linger_left = LINGER_BYTES
-            self._linger_timer = asyncio.get_running_loop().call_later(
-                LINGER_S, self._stop_lingering
-            )
+            self._linger = Linger(self._stop_lingering)
             if self._read_paused:
                 self.transport.resume_reading()
                 self._read_paused = False
         self.answer_error(ex, error)
 
     def _drop(self, data: bytes) -> None:
-        """Lingering after a refusal: count ``data`` against the budget and drop it; the parser
+        """Lingering after a refusal: count ``data`` against the bounds and drop it; the parser
         (while it still can) says when the refused request ends."""
-        self._linger_left -= len(data)
-        if self._linger_left < 0:
-            self._stop_lingering()
+        assert self._linger is not None
+        if not self._linger.dropped(len(data)):
+            self._stop_lingering(f"more than {LINGER_BYTES} bytes sent")
             return
         if self._parser_ok:
             try:
@@ -350,14 +338,17 @@ class Connection(asyncio.Protocol):
             except (httptools.HttpParserError, httptools.HttpParserUpgrade):
                 self._parser_ok = False  # the rest is dropped raw, until EOF or the bounds
 
-    def _stop_lingering(self) -> None:
-        """Close now, or once the answers still owed are written."""
-        if not self._lingering:
+    def _stop_lingering(self, cut: str = "") -> None:
+        """Close now, or once the answers still owed are written. ``cut``: the bound reached,
+        when the client was not done (it may then see a reset)."""
+        linger = self._linger
+        if linger is None:
             return
-        self._lingering = False
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
-            self._linger_timer = None
+        self._linger = None
+        linger.cancel()
+        if cut:
+            log.debug("stopped reading a refused request from %s after %d bytes: %s",
+                      self.remote, linger.dropped_bytes, cut)  # fmt: skip
         if not self.pending and self.transport is not None:
             self.transport.close()
 
@@ -384,12 +375,12 @@ class Connection(asyncio.Protocol):
                 pending.clear()
                 if transport is None:
                     return
-                if not self._lingering:
+                if self._linger is None:
                     transport.close()
                 elif transport.can_write_eof():
                     transport.write_eof()  # the answer is complete; the client's rest is read
                 return
-        if self.closing and not pending and transport is not None and not self._lingering:
+        if self.closing and not pending and transport is not None and self._linger is None:
             transport.close()
             return
         self._update_reading()
