@@ -23,7 +23,7 @@ each row's median over the rounds.
 
 ``--ceiling``: only the echo model (1 worker, 16 connections) next to bare HTTP echo servers
 started in the same run, round by round: a bare protocol over httptools and uvloop (what
-server/http.py is built on, doing nothing else) and a raw ASGI app on uvicorn (when installed:
+server/http/ is built on, doing nothing else) and a raw ASGI app on uvicorn (when installed:
 ``pip install uvicorn``). CPU per request is the serving process's alone (for mserve the
 frontend, as the worker's is not HTTP's), then the medians and the ratios to each bare server.
 ``--callgrind N`` adds a figure that does not move with the machine's load: the user-space
@@ -348,7 +348,7 @@ def lean_rows(work: Path, bodies: dict[str, bytes], rounds: int) -> None:
 
 # --- the HTTP ceiling: the echo path next to bare HTTP servers, same run --------------------
 
-# The least an HTTP server over httptools and uvloop (what server/http.py is built on) can do
+# The least an HTTP server over httptools and uvloop (what server/http/ is built on) can do
 # per request: parse, answer the body back, keep the connection. No routing, auth, hop, log.
 BARE_HTTPTOOLS = """
 import asyncio, httptools, uvloop

@@ -578,8 +578,6 @@ class Metrics:
 class MetricsAPI:
     """The router of the metrics port: ``GET /metrics`` in Prometheus's text format."""
 
-    api_name = ""
-
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 

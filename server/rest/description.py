@@ -10,9 +10,12 @@ it can answer, and its parameters say what the server accepts.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from archiver import __version__
+
+if TYPE_CHECKING:
+    from server.http import Connection, Request
 
 # The most workers one model may be asked for through the API (min_worker, max_worker,
 # initial_workers); more is refused with 400 rather than started.
@@ -447,3 +450,14 @@ def describe(api: str) -> dict[str, Any]:
         },
         "security": [{"bearerAuth": []}],
     }  # fmt: skip
+
+
+def answer_description(api: str, conn: Connection, req: Request) -> bool:
+    """Answer ``OPTIONS /`` or ``GET /api-description`` with ``api``'s document, as TorchServe
+    does on both ports; False for any other request, for the router to route. The routers ask
+    first, so that these two paths mean the same on both ports."""
+    if req.parts == ["api-description"] or (req.method == "OPTIONS" and req.parts == [""]):
+        req.allow("GET", "OPTIONS")
+        conn.answer_json(req, 200, describe(api))
+        return True
+    return False

@@ -1,10 +1,10 @@
 """The inference API (8080): TorchServe's, the Open Inference Protocol's (KServe v2) and KServe
-v1's paths, routed on our HTTP server (server/http.py).
+v1's paths, routed on our HTTP server (server/http/).
 
 v1 and v2 requests go to the worker with their body as it arrived, marked with their API; the
 worker reads tensors and answers in the protocol's shape (mserve_worker/oip/serving.py), so this
 process, shared by every model, never parses a tensor. Errors on those paths are ``{"error":
-"..."}`` (server/http.py).
+"..."}`` (server/http/answer.py).
 
 A prediction runs no coroutine: the parsed request goes on the model's queue with the body as
 it arrived, and the answer is written from the queue future's callback.
@@ -30,6 +30,7 @@ from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion
 from server.operations import models_page
+from server.rest.description import answer_description
 from server.rest.routes import (
     INFER,
     MODELS,
@@ -56,14 +57,14 @@ SERVER_HEADERS = frozenset(
 class InferenceAPI:
     """The router of the inference port."""
 
-    api_name = "inference"
-
     def __init__(self, registry: Registry, metrics: Metrics, max_response_bytes: int) -> None:
         self.registry = registry
         self.metrics = metrics
         self.max_response_bytes = max_response_bytes
 
     def route(self, conn: Connection, req: Request) -> None:
+        if answer_description("inference", conn, req):
+            return
         route = match(req.parts, req.method)
         if route is None:
             raise req.not_found()

@@ -1,6 +1,6 @@
 """The management API (8081), with TorchServe's paths and parameters. The inference port (8080)
 is server/rest/inference.py, the metrics port (8082) server/metrics.py; all three run on
-server/http.py.
+server/http/.
 
 Errors keep TorchServe's JSON shape ``{"code", "type", "message"}``.
 """
@@ -26,6 +26,7 @@ from server.operations import (
     set_default,
     unregister_model,
 )
+from server.rest.description import answer_description
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,6 @@ async def _answer(outcome: Coroutine[Any, Any, Outcome]) -> Answer:
 class ManagementAPI:
     """The router of the management port; calls that wait on workers are answered from tasks."""
 
-    api_name = "management"
-
     def __init__(self, registry: Registry, keys: Keys | None, model_api: bool) -> None:
         """``keys``: token authorization's keys (None: off), rotated by ``GET /token``.
         ``model_api``: whether registering and unregistering through the API is allowed
@@ -53,6 +52,8 @@ class ManagementAPI:
         self.model_api = model_api
 
     def route(self, conn: Connection, req: Request) -> None:
+        if answer_description("management", conn, req):
+            return
         parts, registry = req.parts, self.registry
         if parts == ["models"]:
             if req.allow("GET", "POST") == "GET":

@@ -36,6 +36,20 @@ def test_options_and_get_answer_the_openapi_document(server, api: str) -> None:
     assert "/predictions/{model_name}" in document["paths"] or api == "management"
 
 
+def test_the_root_is_only_the_description(server) -> None:
+    """``/`` answers ``OPTIONS`` alone, and only where there is a description; the metrics port
+    has none."""
+    for api in ("inference", "management"):
+        reply = http("GET", server.url(api, "/"))
+        assert reply.status == 404
+        assert reply.json()["message"] == "no such path: GET /"
+        reply = http("POST", server.url(api, "/api-description"), b"{}")
+        assert reply.status == 405 and reply.headers["Allow"] == "GET, OPTIONS"
+    reply = http("OPTIONS", server.url("metrics", "/"))
+    assert reply.status == 404
+    assert reply.json()["message"] == "no such path: OPTIONS /"
+
+
 def test_every_described_route_is_served(server) -> None:
     """Each path and method listed is routed (any answer but "no such path" or 405). An unknown
     model is used, so the mutating ones change nothing."""

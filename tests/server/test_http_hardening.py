@@ -16,7 +16,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import requests
 
+from server.http.linger import LINGER_BYTES, LINGER_IDLE_S, LINGER_S
 from tests.server.conftest import Server
 from tests.server.conftest import http as http_call
 
@@ -128,38 +130,18 @@ def _rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def test_a_client_sending_far_beyond_the_drain_cap_is_cut_off(server: Server) -> None:
-    """The refused body is dropped as it comes, up to 8 MiB: a client sending on and on is cut
-    off there, and the server holds none of it."""
-    before = _rss_bytes(server.pid)
+def test_a_declared_body_over_the_byte_bound_is_not_waited_for(server: Server) -> None:
+    """Dropping it would be cut off at LINGER_BYTES anyway: the 413 goes out and the
+    connection closes at once (a client that reads while it sends, as curl does, gets it)."""
+    length = LINGER_BYTES + 1
     with _connect(server) as sock:
         sock.sendall(b"POST /predictions/probe HTTP/1.1\r\nHost: t\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
-        chunk = b"10000\r\n" + b"z" * 65536 + b"\r\n"
-        sent, cut = 0, False
-        started = time.monotonic()
-        while sent < 256 * MIB and time.monotonic() - started < 30:
-            try:
-                sock.sendall(chunk)
-            except (BrokenPipeError, ConnectionResetError):
-                cut = True
-                break
-            sent += len(chunk)
-        assert cut, f"sent {sent} bytes and the server still read them"
-        assert sent < 32 * MIB, sent  # the cap (8 MiB) plus what socket buffers hold
-    assert _rss_bytes(server.pid) - before < 16 * MIB
-    _still_serving(server)
-
-
-def test_a_declared_body_over_the_drain_cap_is_not_waited_for(server: Server) -> None:
-    with _connect(server) as sock:
-        sock.sendall(b"POST /predictions/probe HTTP/1.1\r\nHost: t\r\n"
-                     b"Content-Length: 1073741824\r\n\r\n")  # fmt: skip
+                     + f"Content-Length: {length}\r\n\r\n".encode())  # fmt: skip
         started = time.monotonic()
         data, ended = _read_all(sock, 5)
         assert ended in ("eof", "reset") and time.monotonic() - started < 2
         [(status, body)] = _answers(data)
-        assert status == 413 and b"1073741824 bytes" in body
+        assert status == 413 and json.loads(body) == _too_large(length, MIB)
     _still_serving(server)
 
 
@@ -178,6 +160,109 @@ def test_the_413_goes_out_with_a_half_close_and_the_rest_of_the_body_is_read(
         sock.sendall(b"w" * (2 * MIB))  # the server still reads: no EPIPE, no reset
         sock.shutdown(socket.SHUT_WR)
         assert _read_all(sock, 5) == (b"", "eof")
+    _still_serving(server)
+
+
+# --- lingering close: every client reads its 413, within bounds ---------------------------------
+
+
+def _too_large(length: int, limit: int) -> dict[str, object]:
+    """TorchServe's error body for a declared body over the limit."""
+    return {
+        "code": 413,
+        "type": "RequestTooLargeException",
+        "message": f"request body is {length} bytes, more than max_request_size_bytes={limit}",
+    }
+
+
+def test_urllib_and_requests_read_the_413_of_a_64_mib_body(make_archive, start_server) -> None:
+    """Far over the default limit (6.5 MB): both clients send the whole body before they read,
+    so the server reads and drops all of it before it closes; neither sees a reset. A few
+    rounds each, since a reset depends on timing."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar", config=OPEN)
+    url = server.url("inference", "/predictions/probe")
+    body = b"x" * (64 * MIB)
+    expected = _too_large(len(body), 6_553_500)
+    headers = {"Content-Type": "application/octet-stream"}
+    for _ in range(3):
+        request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=60)
+        assert caught.value.code == 413
+        assert json.loads(caught.value.read()) == expected
+        reply = requests.post(url, data=body, headers=headers, timeout=60)
+        assert reply.status_code == 413
+        assert reply.headers["Connection"] == "close"
+        assert reply.json() == expected
+    _still_serving(server)
+
+
+def test_a_client_sending_on_and_on_is_cut_off_at_the_byte_bound(server: Server) -> None:
+    """A refused chunked body sent as fast as it goes: dropped as it comes, and cut off at
+    LINGER_BYTES (or LINGER_S, on a machine too busy to send that much in time); the server
+    holds none of it."""
+    before = _rss_bytes(server.pid)
+    with _connect(server) as sock:
+        sock.sendall(b"POST /predictions/probe HTTP/1.1\r\nHost: t\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+        chunk = b"100000\r\n" + b"z" * MIB + b"\r\n"
+        sent, cut = 0, False
+        started = time.monotonic()
+        while sent < 3 * LINGER_BYTES and time.monotonic() - started < LINGER_S + 20:
+            try:
+                sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                cut = True
+                break
+            sent += len(chunk)
+        took = time.monotonic() - started
+    assert cut, f"sent {sent} bytes in {took:.1f} s and the server still read them"
+    assert sent < LINGER_BYTES + 64 * MIB, sent  # the bound plus what socket buffers hold
+    assert took < LINGER_S + 3, took
+    assert _rss_bytes(server.pid) - before < 16 * MIB
+    _still_serving(server)
+
+
+def test_a_slow_sender_is_cut_off_at_the_time_bound(server: Server) -> None:
+    """A client that keeps sending a little at a time (never idle for LINGER_IDLE_S) gets its
+    413 at once and is cut off LINGER_S later, not held for as long as it likes (nor cut
+    at read_timeout_s, 2 s here: lingering has bounds of its own)."""
+    with _connect(server) as sock:
+        sock.sendall(b"POST /predictions/probe HTTP/1.1\r\nHost: t\r\n"
+                     + f"Content-Length: {100 * MIB}\r\n\r\n".encode())  # fmt: skip
+        data, ended = _read_all(sock, 5)
+        started = time.monotonic()
+        assert ended == "eof"
+        [(status, body)] = _answers(data)
+        assert status == 413 and json.loads(body) == _too_large(100 * MIB, MIB)
+        cut = False
+        while time.monotonic() - started < LINGER_S + 10:
+            try:
+                sock.sendall(b"s" * 16384)
+            except (BrokenPipeError, ConnectionResetError):
+                cut = True
+                break
+            time.sleep(0.25)
+        took = time.monotonic() - started
+    assert cut, "a slow sender was never cut off"
+    assert LINGER_S - 0.5 < took < LINGER_S + 3, took
+    _still_serving(server)
+
+
+def test_a_client_that_stops_sending_is_closed_after_the_idle_bound(server: Server) -> None:
+    with _connect(server) as sock:
+        sock.sendall(b"POST /predictions/probe HTTP/1.1\r\nHost: t\r\n"
+                     + f"Content-Length: {4 * MIB}\r\n\r\n".encode() + b"v" * MIB)  # fmt: skip
+        data, ended = _read_all(sock, 5)
+        assert ended == "eof"
+        [(status, _)] = _answers(data)
+        assert status == 413
+        time.sleep(LINGER_IDLE_S + 1)
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            for _ in range(40):  # the closed socket answers what comes next with a reset
+                sock.sendall(b"v" * 65536)
+                time.sleep(0.05)
     _still_serving(server)
 
 

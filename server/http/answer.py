@@ -1,0 +1,65 @@
+"""Answers as bytes: the ``(status, headers, body)`` a router's task returns, TorchServe's JSON
+error body, the checks a header passes before it is written, and the ``Date`` every answer
+carries.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+
+from server.errors import MserveError
+
+LARGE_BODY = 64 * 1024  # bodies from here on are written next to the head, not copied into it
+
+REASONS = {s.value: s.phrase for s in HTTPStatus}
+JSON = "application/json"
+# (status, headers, body): what a router's task returns to be answered
+Answer = tuple[int, list[list[str]], bytes]
+
+
+def json_answer(status: int, payload: Any) -> Answer:
+    return status, [["Content-Type", JSON]], json.dumps(payload).encode()
+
+
+def error_body(parts: list[str], error: MserveError, message: str) -> dict[str, object]:
+    """TorchServe's ``{code, type, message}``; on KServe's paths (``/v1/...``, ``/v2/...``) the
+    Open Inference Protocol's ``{"error": message}``, which its clients read. ``message``: the
+    error's, as it may be told to this client (server/redaction.py)."""
+    if parts and parts[0] in ("v1", "v2"):
+        return {"error": message}
+    return {**error.body(), "message": message}
+
+
+def header_ok(name: str, value: str) -> bool:
+    """Whether a header can be written as it is: a name, no line breaks, and text the answer's
+    encoding (UTF-8, surrogateescape for the bytes a client sent) can carry: a lone surrogate
+    from a handler cannot be, and failing to encode it would leave the caller without answer."""
+    if (
+        not name or "\r" in name or "\n" in name or ":" in name or "\r" in value or "\n" in value
+    ):  # fmt: skip
+        return False
+    if name.isascii() and value.isascii():
+        return True
+    try:
+        name.encode("utf-8", "surrogateescape")
+        value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_date_second = -1
+_date = ""
+
+
+def http_date() -> str:
+    """RFC 9110 ``Date``, formatted once a second rather than once a response."""
+    global _date_second, _date
+    now = int(time.time())
+    if now != _date_second:
+        _date_second, _date = now, formatdate(now, usegmt=True)
+    return _date
