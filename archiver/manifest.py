@@ -61,7 +61,7 @@ def schema_digest() -> str:
 
 @cache
 def _validator() -> jsonschema.protocols.Validator:
-    # here, not at module level: jsonschema takes ~50 ms to import, and every server module
+    # here, not at module level: jsonschema is slow to import, and every server module
     # imports this package (for its version) while only reading an archive validates
     import jsonschema
 

@@ -96,7 +96,7 @@ def validate_model_config(data: Any, source: str) -> dict[str, Any]:
         typo = _typo_of(key)
         if typo:
             raise InvalidModelConfig(source, f"unknown key '{key}'", hint=f"did you mean '{typo}'?")
-    import jsonschema  # here: ~50 ms to import, paid only by a model that has a config file
+    import jsonschema  # here: slow to import, paid only by a model that has a config file
 
     errors = list(jsonschema.Draft202012Validator(_SCHEMA).iter_errors(data))
     if errors:
@@ -113,7 +113,7 @@ def load_model_config(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidModelConfig(str(path), "not UTF-8 text") from exc
-    import yaml  # here: ~14 ms to import, paid only by a model that has a config file
+    import yaml  # here: slow to import, paid only by a model that has a config file
 
     try:
         data = yaml.safe_load(text)

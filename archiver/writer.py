@@ -112,8 +112,8 @@ _STORE_ABOVE_RATIO = 0.9
 def _worth_deflating(src: BinaryIO, size: int) -> bool:
     """Deflate only what it shrinks by 10% or more, judged on three samples of the file.
 
-    Float weights barely compress (about 7%) and deflate crawls through them (about 20 MB/s
-    here), so ``default`` stores them and stays fast; text, code and sparse data still shrink.
+    Float weights barely compress and deflate crawls through them (docs/archiver.md has the
+    figures), so ``default`` stores them and stays fast; text, code and sparse data still shrink.
     The choice depends on content alone, so it keeps archives reproducible.
     """
     if size < _SAMPLE_MIN_BYTES:

@@ -165,7 +165,7 @@ def _decode_urlencoded(raw: bytes, charset: str | None, content_type: str) -> di
 
 # multipart/form-data. The stdlib ``email`` package reads each part's headers (quoting, RFC 2231
 # filenames, charsets); the part boundaries are found with bytes.find, since the email feed parser
-# goes line by line in Python and spends about a second per 10 MB of upload.
+# goes line by line in Python, far too slowly for large uploads.
 
 
 def _decode_multipart(

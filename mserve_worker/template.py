@@ -56,7 +56,7 @@ def _preload(names: list) -> list:
 
 def _warm_runtime() -> None:
     """Import what every forked worker imports first (the runtime, the handler SDK), so each
-    child starts without it: 40-120 ms less per worker on the 2-core VM."""
+    child starts without it (docs/server.md, Workers, has what it saves)."""
     from . import runtime, sdk  # noqa: F401
 
 
@@ -75,8 +75,8 @@ def _warm_spawn() -> None:
 def _fork() -> int:
     """Fork with every object so far moved out of the collector's reach (``gc.freeze``, the
     recipe in the gc module's docs): a collection in the child would otherwise touch each
-    inherited object, copying its pages (measured after importing torch: a full collection
-    took 0.35-0.6 s and left 44 MiB private in the child, 8.5 MiB with the freeze)."""
+    inherited object, copying its pages: after importing torch, a full collection takes a
+    noticeable time and leaves most of them private to the child (docs/server.md)."""
     if hasattr(gc, "freeze"):
         gc.freeze()
     return os.fork()

@@ -182,7 +182,7 @@ def batching_rows(server: Server, load, body: bytes, duration: int, rounds: int)
     print(f"median steal over {len(steals)} load rows: {statistics.median(steals):.0f}%"
           f" (max {max(steals):.0f}%)")  # fmt: skip
 
-# --- lean workers, cold start, first scale (issue 17) ---------------------------------------
+# --- lean workers, cold start, first scale ---------------------------------------------------
 
 SETTLE_S = 30.0  # the longest to wait for the server's processes to go quiet after a start
 
@@ -375,7 +375,7 @@ async def main():
 
 uvloop.run(main())
 """
-# A raw ASGI echo app on uvicorn (uvloop, httptools, no access log): the figure issue 17 quotes.
+# A raw ASGI echo app on uvicorn (uvloop, httptools, no access log): the frontend ceiling.
 BARE_UVICORN = """
 import socket, uvicorn
 

@@ -450,7 +450,7 @@ def main(
         )
     except DaemonStarted:
         # ``mserve --start`` is done and the daemon runs on its own: nothing in this process
-        # needs cleaning up, and Python's teardown of what it imported would add ~10 ms
+        # needs cleaning up, and Python's teardown of what it imported would only add time
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -294,7 +294,7 @@ GRPC_ADDRESS_KEYS = ("grpc_inference_address", "grpc_management_address")
 
 @functools.cache
 def _types() -> dict[str, Any]:
-    """The settings' types, evaluated once: ~1.5 ms per call, and each setting given asks."""
+    """The settings' types, evaluated once: the evaluation is slow, and each setting asks."""
     return get_type_hints(ServerConfig)
 
 
@@ -525,7 +525,7 @@ def read_yaml_mapping(
 ) -> dict[str, Any]:
     """A YAML file that must hold a mapping (an empty file reads as ``{}``); each failure a
     ConfigError in the caller's words, as each file names itself its own way."""
-    import yaml  # here: ~14 ms to import, paid only when there is a YAML file to read
+    import yaml  # here: slow to import, paid only when there is a YAML file to read
 
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))

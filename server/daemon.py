@@ -1,10 +1,11 @@
 """The daemon's side of ``mserve --start``: forked first thing, then handed the start.
 
 A daemon start forks the server-to-be before anything else (:class:`Prefork`): the child imports
-the server's modules (~0.1 s) while this process imports the CLI and reads the config (~0.07 s),
-on two cores at once, instead of one after the other. The child is handed the parsed start over
-a pipe and becomes the daemon; when the command turns out to be something else, or fails (a bad
-flag, a server already running), the pipe closes unused and the child exits without a word.
+the server's modules while this process imports the CLI and reads the config, on two cores at
+once, instead of one after the other (docs/server.md, cold start). The child is handed the
+parsed start over a pipe and becomes the daemon; when the command turns out to be something
+else, or fails (a bad flag, a server already running), the pipe closes unused and the child
+exits without a word.
 
 Imports the standard library only, so that the fork comes first thing.
 """

@@ -69,9 +69,9 @@ STATUS_REFRESH_S = 1.0  # the longest the status file lags a model's state
 
 # Young objects the garbage collector lets pile up before a pass, up from CPython's 700. Each
 # request allocates a few dozen containers, nearly all freed at once by reference counting; a
-# pass every 700 allocations walked the objects of every request in flight each time (~5% of
-# the frontend's CPU under load, py-spy). Cyclic garbage now waits a little longer: ~10,000
-# objects, a few hundred requests' worth.
+# pass every 700 allocations walked the objects of every request in flight each time (a
+# visible share of the frontend's CPU under load; docs/server.md). Cyclic garbage now waits a
+# little longer: a few hundred requests' worth of objects.
 GC_YOUNG_THRESHOLD = 10_000
 
 
@@ -197,7 +197,7 @@ class Server:
 
     async def _listen_grpc(self) -> None:
         """The gRPC frontend (server/rpc/frontend.py)."""
-        # grpc takes ~0.1 s to import: only a server that serves gRPC pays for it, and in a
+        # grpc is slow to import: only a server that serves gRPC pays for it, and in a
         # thread, as this runs while the startup models' workers load: the loop stays free to
         # answer their handshakes (grpc's import releases the GIL often enough for that)
         frontend = await asyncio.to_thread(importlib.import_module, "server.rpc.frontend")

@@ -217,7 +217,7 @@ class EnvCache:
         key = self.key(request)
         if self.ready(key):
             return self.env_python(key)
-        import filelock  # here: ~8 ms to import, paid only when an environment is built
+        import filelock  # here: paid only when an environment is built
 
         with filelock.FileLock(str(self.root / f".{key}.lock")):
             if self.ready(key):  # another process built it while we waited

@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 
 MEASURE_EVERY_S = 5.0  # the memory gauge, when nothing else measured it meanwhile
 # A worker's PSS is read again only when older than this: reading it walks the process's page
-# tables (1-3 ms for a worker that imported torch), so re-reading 30 workers at every admission
-# would add ~0.1 s to each load on demand. A new worker is read at once.
+# tables (milliseconds for a worker that imported torch), so re-reading every worker at each
+# admission would slow each load on demand down. A new worker is read at once.
 REREAD_AFTER_S = MEASURE_EVERY_S
 MIB = 2**20
 

@@ -8,7 +8,7 @@ same decoding into arrays. ``raw_input_contents`` already are that binary form a
 into the body as they are, never re-encoded. Typed ``contents`` are packed into it, once, after
 their count and range are checked here (the worker cannot tell them from raw data): FP32 and
 FP64 at the speed of a copy, since protobuf's own encoding of those fields is the binary form
-(reading them one by one costs ~60 ns each: 16 ms for 1 MiB), the other types value by value.
+(reading them one by one is slow in Python), the other types value by value.
 
 Every output is asked for as binary data, and the worker's answer is cut back into
 ``raw_output_contents``, as Triton answers.
