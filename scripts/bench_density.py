@@ -162,6 +162,7 @@ class Mserve(Server):
         log = (self.run_dir / "logs" / "mserve.log").read_text(errors="replace")
         return "worker template for" in log and "ready (pid" in log
 
+
 # --- memory --------------------------------------------------------------------------------
 
 
@@ -460,6 +461,7 @@ def compare_torchserve(args: argparse.Namespace, work: Path) -> None:
     management = Client(f"127.0.0.1:{ports['management']}", {})
     inference = Client(f"127.0.0.1:{ports['inference']}", {"Content-Type": "application/json"})
     try:
+
         def pinged() -> bool:
             try:
                 return inference.request("GET", "/ping")[0] == 200
@@ -515,8 +517,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="warm comparison rounds")
     parser.add_argument("--warm-requests", type=int, default=300)
     parser.add_argument("--cold-requests", type=int, default=40)
-    parser.add_argument("--torchserve", type=int, default=0, metavar="N",
-                        help="also compare N archives x 1 worker with TorchServe")
+    parser.add_argument(
+        "--torchserve",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also compare N archives x 1 worker with TorchServe",
+    )
     parser.add_argument("--torchserve-venv", default=str(REPO / ".cache" / "torchserve"))
     parser.add_argument("--work", help="folder for archives and run dirs (default: a temp dir)")
     parser.add_argument("--skip-density", action="store_true")

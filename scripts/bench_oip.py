@@ -86,7 +86,9 @@ def grpc_requests(x: np.ndarray) -> dict[str, oip_pb2.ModelInferRequest]:
 
 
 def load_grpc(
-    stub: oip_pb2_grpc.GRPCInferenceServiceStub, key: str, request: oip_pb2.ModelInferRequest,
+    stub: oip_pb2_grpc.GRPCInferenceServiceStub,
+    key: str,
+    request: oip_pb2.ModelInferRequest,
     duration: float,
 ) -> tuple[float, float]:
     metadata = [("authorization", f"Bearer {key}")]

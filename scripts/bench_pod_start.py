@@ -83,8 +83,10 @@ def one_round(work: Path, mount: Path, container: dict, key_file: Path, n: int) 
         body = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
         code = _get(f"{url}/predictions/mlp", body)
         if code != 200:
-            sys.exit(f"the first prediction answered {code}; see {out.name}:\n"
-                     + Path(out.name).read_text()[-2000:])
+            sys.exit(
+                f"the first prediction answered {code}; see {out.name}:\n"
+                + Path(out.name).read_text()[-2000:]
+            )
         first = time.monotonic() - start
         stop = time.monotonic()
         proc.send_signal(signal.SIGTERM)

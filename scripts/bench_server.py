@@ -182,6 +182,7 @@ def batching_rows(server: Server, load, body: bytes, duration: int, rounds: int)
     print(f"median steal over {len(steals)} load rows: {statistics.median(steals):.0f}%"
           f" (max {max(steals):.0f}%)")  # fmt: skip
 
+
 # --- lean workers, cold start, first scale ---------------------------------------------------
 
 SETTLE_S = 30.0  # the longest to wait for the server's processes to go quiet after a start
@@ -612,10 +613,14 @@ def main() -> None:
                         help="only echo CPU per request beside bare HTTP echo servers")  # fmt: skip
     parser.add_argument("--callgrind", type=int, default=0, metavar="N",
                         help="with --ceiling: instructions per request, N requests")  # fmt: skip
-    parser.add_argument("--lean", action="store_true",
-                        help="only cold start, memory (PSS) and first scale rows")
-    parser.add_argument("--profile-start", action="store_true",
-                        help="only the steps from mserve --start to the first answer")
+    parser.add_argument(
+        "--lean", action="store_true", help="only cold start, memory (PSS) and first scale rows"
+    )
+    parser.add_argument(
+        "--profile-start",
+        action="store_true",
+        help="only the steps from mserve --start to the first answer",
+    )
     args = parser.parse_args()
     duration = 3 if args.quick else args.duration
     conn_levels = [16] if args.quick else [1, 16, 64]

@@ -28,5 +28,6 @@ echo "==> helm for the deploy tests"
 python tests/deploy/k8s_tools.py
 echo "==> ruff"
 ruff check .
+ruff format --check .
 echo "==> pytest"
 pytest "$@"

@@ -357,9 +357,7 @@ def _fail(jobs: list[Job], error: BaseException) -> None:
         if not job.future.done():
             job.future.set_exception(error)
         elif job.stream is not None:  # a stream already under way breaks off
-            job.stream.fail(
-                error if isinstance(error, MserveError) else InternalError(str(error))
-            )
+            job.stream.fail(error if isinstance(error, MserveError) else InternalError(str(error)))
 
 
 def _end_stream(stream: ChunkStream, result: Any, label: str) -> None:

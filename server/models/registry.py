@@ -38,6 +38,7 @@ from server.workers.process import default_python
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class RegisterRequest:
     url: str

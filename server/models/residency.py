@@ -147,8 +147,10 @@ class Residency:
             self._lock.release()
 
     def _refusal(self, model: Resident, count: int, why: str) -> str:
-        what = f"load model {model.label}" if count == 1 else (
-            f"start {count} workers of model {model.label}"
+        what = (
+            f"load model {model.label}"
+            if count == 1
+            else (f"start {count} workers of model {model.label}")
         )
         return (
             f"cannot {what}: {why}, and no idle model could be unloaded"
@@ -167,8 +169,10 @@ class Residency:
         each = self._estimate(model)
         if used + count * each <= self.budget_bytes:
             return None
-        takes = f"a worker of {model.label} takes" if count == 1 else (
-            f"{count} workers of {model.label} take"
+        takes = (
+            f"a worker of {model.label} takes"
+            if count == 1
+            else (f"{count} workers of {model.label} take")
         )
         return (
             f"worker_memory_budget_mb={self.budget_bytes // MIB}: workers use"

@@ -339,9 +339,7 @@ class ModelVersion:
         so concurrent first requests find this slot and start no other."""
         slot = self._add_slot(wait=False, on_demand=True)
         assert slot.first_start is not None
-        slot.first_start.add_done_callback(
-            functools.partial(self._loaded, slot, time.monotonic())
-        )
+        slot.first_start.add_done_callback(functools.partial(self._loaded, slot, time.monotonic()))
         log.info("model %s: a request found no worker; loading on demand", self.label)
 
     async def _run_on_demand(self, slot: _Slot) -> None:

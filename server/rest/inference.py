@@ -163,7 +163,8 @@ class InferenceAPI:
         in the metrics once, when its answer ends."""
         try:
             headers = self._headers(
-                model, ResponseItem(stream.status, b"", stream.content_type, stream.headers),
+                model,
+                ResponseItem(stream.status, b"", stream.content_type, stream.headers),
                 request_id,
             )
         except MserveError:

@@ -31,7 +31,10 @@ _SELECTOR = {
     "properties": {"matchLabels": _LABELS, "matchExpressions": {"type": "array"}},
     "additionalProperties": False,
 }
-_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
 _ENDPOINT = {
     "type": "object",
     "properties": {

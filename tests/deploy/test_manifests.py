@@ -224,8 +224,10 @@ def test_cli_flags_named_by_the_manifests_exist(
     """The image's command with each runtime's arguments parses with mserve's own CLI; and a
     flag we do not have fails the same check."""
     docker = Dockerfile.read(DOCKERFILE)
-    runtimes = [*of_kind(rendered["kserve runtime alone"], "ServingRuntime"),
-                *of_kind(rendered["kserve cluster runtime, gpu"], "ClusterServingRuntime")]
+    runtimes = [
+        *of_kind(rendered["kserve runtime alone"], "ServingRuntime"),
+        *of_kind(rendered["kserve cluster runtime, gpu"], "ClusterServingRuntime"),
+    ]
     for runtime in runtimes:
         command, _env = server_command(docker, _container(runtime).get("args", []), {})
         assert command[:3] == ["mserve", "--start", "--foreground"]

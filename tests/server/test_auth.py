@@ -32,9 +32,7 @@ def _bearer(key: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def secure_server(
-    make_archive: Callable[..., Path], start_server: Callable[..., Server]
-) -> Server:
+def secure_server(make_archive: Callable[..., Path], start_server: Callable[..., Server]) -> Server:
     make_archive("echo_fn", "echo", "echo")
     return start_server("echo=echo.mar", config=SECURE)
 
@@ -170,8 +168,7 @@ def test_expired_keys_are_refused_until_rotated(
     message = expired[-1].json()["message"]
     assert message.startswith("the inference key expired at ")
     assert message.endswith(
-        "; get a new one with GET /token?type=inference on the management port, sending the"
-        " API key"
+        "; get a new one with GET /token?type=inference on the management port, sending the API key"
     )
     assert s.manage("GET", "/models").status == 200
     assert http("GET", s.url("management", "/token?type=inference"), None,
@@ -224,8 +221,12 @@ def test_disable_token_auth_serves_without_keys(
     assert not (s.run_dir / "key_file.json").exists()
     assert http("POST", s.url("inference", "/predictions/echo"), b"hi").status == 200
     # with keys off, an Authorization header is the client's own, for the handler to read
-    mine = http("POST", s.url("inference", "/predictions/probe"), b"{}",
-                {"Authorization": "Bearer the-clients-own", "Content-Type": "application/json"})
+    mine = http(
+        "POST",
+        s.url("inference", "/predictions/probe"),
+        b"{}",
+        {"Authorization": "Bearer the-clients-own", "Content-Type": "application/json"},
+    )
     assert mine.json()["authorization"] == "Bearer the-clients-own"
     token = http("GET", s.url("management", "/token?type=inference"))
     assert token.status == 404 and "token authorization is off" in token.json()["message"]

@@ -40,9 +40,13 @@ TIMEOUT_S = 60
 def channels() -> Iterator[Callable[..., grpc.Channel]]:
     opened: list[grpc.Channel] = []
 
-    def open_channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    def open_channel(
+        target: str, credentials: grpc.ChannelCredentials | None = None
+    ) -> grpc.Channel:
         channel = (
-            grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
+            grpc.secure_channel(target, credentials)
+            if credentials
+            else grpc.insecure_channel(target)
         )
         opened.append(channel)
         return channel
@@ -213,9 +217,10 @@ def test_management_calls_as_rest_answers_them(make_archive, start_server, chann
     assert _error(management.RegisterModel, mpb.RegisterModelRequest(url="")) == (
         Code.INVALID_ARGUMENT, "Parameter url is required."
     )  # fmt: skip
-    assert _error(management.RegisterModel, mpb.RegisterModelRequest(url="io.mar", runtime="LSP"))[
-        0
-    ] == Code.INVALID_ARGUMENT
+    assert (
+        _error(management.RegisterModel, mpb.RegisterModelRequest(url="io.mar", runtime="LSP"))[0]
+        == Code.INVALID_ARGUMENT
+    )
     listed = json.loads(call("ListModels", limit=1))
     assert listed == {"models": [{"modelName": "io", "modelUrl": "io.mar", "loadState": "loaded"}]}
 
@@ -300,9 +305,10 @@ def test_token_authorization_and_model_api_control(make_archive, start_server, c
     assert _error(inference.Predictions, _predict("io", b"x"), metadata=wrong) == (
         Code.UNAUTHENTICATED, "the key sent is not the inference key"
     )  # fmt: skip
-    assert _error(
-        inference.StreamPredictions, _predict("io", b"stream:1"), metadata=wrong
-    ) == (Code.UNAUTHENTICATED, "the key sent is not the inference key")
+    assert _error(inference.StreamPredictions, _predict("io", b"stream:1"), metadata=wrong) == (
+        Code.UNAUTHENTICATED,
+        "the key sent is not the inference key",
+    )
     answer = inference.Predictions(
         _predict("io", b"ok"), metadata=_key(server, "inference"), timeout=TIMEOUT_S
     )

@@ -28,7 +28,9 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 Code = grpc.StatusCode
 TIMEOUT_S = 60
-WRONG_SHAPE = "input 'input__0' must have shape [-1, 256] (-1: any size), the request sends [2, 255]"
+WRONG_SHAPE = (
+    "input 'input__0' must have shape [-1, 256] (-1: any size), the request sends [2, 255]"
+)
 
 
 @pytest.fixture
@@ -112,9 +114,7 @@ def test_health_and_metadata(serve) -> None:
     assert list(server_metadata.extensions) == ["binary_tensor_data"]
 
 
-def test_infer_with_raw_and_typed_contents_equals_the_model_run_here(
-    serve, mlp, channels
-) -> None:
+def test_infer_with_raw_and_typed_contents_equals_the_model_run_here(serve, mlp, channels) -> None:
     server = serve()
     client = _client(server)
     x = np.random.default_rng(7).standard_normal((3, 256), dtype=np.float32)
@@ -289,7 +289,9 @@ DATATYPES = {
 }
 
 
-def test_every_datatype_and_parameters_through_an_echo_model(make_archive, start_server, channels) -> None:
+def test_every_datatype_and_parameters_through_an_echo_model(
+    make_archive, start_server, channels
+) -> None:
     """Typed contents of every datatype, BYTES, and FP16 in raw contents come back as raw
     output contents, unchanged; the request's parameters reach the handler."""
     for name, config in (("echo", ["--config-file", str(FOLDER / "echo_config.yaml")]),

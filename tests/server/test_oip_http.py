@@ -207,8 +207,10 @@ def test_errors_on_kserve_paths_are_error_objects(server) -> None:
             "parameters": {"fail": True}}  # fmt: skip
     assert "RuntimeError: asked to fail" in _error(_infer(server, "echo", fail), 500)
     rename = {**fail, "parameters": {"rename": "label"}}
-    rename["inputs"] = [{"name": "x", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]},
-                        {"name": "label", "datatype": "BYTES", "shape": [1], "data": ["a"]}]
+    rename["inputs"] = [
+        {"name": "x", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]},
+        {"name": "label", "datatype": "BYTES", "shape": [1], "data": ["a"]},
+    ]
     rename["parameters"] = {"rename": "other"}
     assert _error(_infer(server, "typed", rename), 500) == (
         "model typed returned output 'other', which its signature does not declare"
@@ -229,7 +231,10 @@ def test_metadata_with_and_without_a_signature(server) -> None:
     ]
     echo = http("GET", server.url("inference", "/v2/models/echo/versions/1.0")).json()
     assert (echo["name"], echo["versions"], echo["inputs"], echo["outputs"]) == (
-        "echo", ["1.0"], [], []
+        "echo",
+        ["1.0"],
+        [],
+        [],
     )
 
 
@@ -240,8 +245,12 @@ def test_a_torchserve_handler_gets_its_usual_body(server) -> None:
     got = _infer(server, "plain", doc).json()
     assert got == {"protocol": "", "operation": "", "type": "dict", "body": doc}
     body, length = encode_request([Tensor("x", "FP32", (1,), b"\0\0\0\0")], [True])
-    got = _infer(server, "plain", body,
-                 {HEADER_LENGTH: str(length), "Content-Type": "application/octet-stream"}).json()
+    got = _infer(
+        server,
+        "plain",
+        body,
+        {HEADER_LENGTH: str(length), "Content-Type": "application/octet-stream"},
+    ).json()
     assert got["type"] == "bytes" and got["body"] == f"{len(body)} bytes"
     v1 = {"instances": [[1, 2], [3, 4]]}
     url = server.url("inference", "/v1/models/plain:predict")

@@ -98,4 +98,3 @@ def test_a_wrong_shape_is_refused_naming_the_input(client) -> None:
     unknown = tritonclient_http.InferRequestedOutput("probs")
     with pytest.raises(InferenceServerException, match="model mlp has no output 'probs'"):
         client.infer("mlp", [_input(np.zeros((1, 256), np.float32), False)], outputs=[unknown])
-

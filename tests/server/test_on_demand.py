@@ -87,7 +87,11 @@ def test_scaled_to_zero_with_max_workers_zero_keeps_torchserves_503(
     server = start_server("probe=probe.mar")
     assert server.manage("PUT", "/models/probe?min_worker=0&synchronous=true").status == 200
     reply = server.predict("probe", {})
-    assert reply.status == 503 and "has no worker to serve inference request. Please use scale workers API" in reply.json()["message"]
+    assert (
+        reply.status == 503
+        and "has no worker to serve inference request. Please use scale workers API"
+        in reply.json()["message"]
+    )
     scaled = server.manage("PUT", "/models/probe?min_worker=0&max_worker=1&synchronous=true")
     assert scaled.status == 200
     assert server.predict("probe", {}).status == 200  # max_worker 1: loads on demand

@@ -115,9 +115,7 @@ def test_request_bodies_reach_the_handler_as_torchserve_gives_them(make_archive,
     assert bad.status == 400
 
 
-def test_form_fields_reach_the_handler_as_torchserve_gives_them(
-    make_archive, start_server
-) -> None:
+def test_form_fields_reach_the_handler_as_torchserve_gives_them(make_archive, start_server) -> None:
     """``curl -F data=@x.jpg -F other=value``: each field one input under its name, no ``body``;
     plain fields are bytes, files typed by their content type as TorchServe's worker types
     them (JSON parsed, text as str, bytes otherwise or when that fails)."""
@@ -522,8 +520,11 @@ def test_models_list_pages_as_torchserve_does(make_archive, start_server) -> Non
         assert [m["modelName"] for m in page["models"]] == names[:100], query
         assert page["nextPageToken"] == "100"
     rest = server.manage("GET", "/models?limit=100&next_page_token=100").json()
-    assert rest == {"models": [{"modelName": n, "modelUrl": "echo.mar", "loadState": "unloaded"}
-                               for n in names[100:]]}
+    assert rest == {
+        "models": [
+            {"modelName": n, "modelUrl": "echo.mar", "loadState": "unloaded"} for n in names[100:]
+        ]
+    }
     empty = server.manage("GET", "/models?limit=0&next_page_token=7")
     assert empty.status == 200 and empty.json() == {"models": [], "nextPageToken": "7"}
     first = server.manage("GET", "/models?limit=1&next_page_token=-3").json()

@@ -79,7 +79,9 @@ def test_sigterm_drains_running_and_queued_requests(make_archive, start_server) 
     wait_until(
         # all three arrived (one runs, two wait): a SIGTERM before the last one arrives would
         # rightly refuse it with 503, which is not what this test is about
-        lambda: server.manage("GET", "/models/probe").json()[0]["queueDepth"] >= 2, 10, "a queue"
+        lambda: server.manage("GET", "/models/probe").json()[0]["queueDepth"] >= 2,
+        10,
+        "a queue",
     )
     os.kill(server.pid, signal.SIGTERM)
     for c in clients:

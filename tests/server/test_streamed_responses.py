@@ -214,8 +214,9 @@ def test_each_request_of_a_batch_gets_its_own_stream(model, make_archive, start_
     make_archive("streaming", handler, model)
     server = start_server()
     registered = server.manage(
-        "POST", f"/models?url={model}.mar&batch_size=4&max_batch_delay=2000&batch_wait=fill"
-        "&initial_workers=1"
+        "POST",
+        f"/models?url={model}.mar&batch_size=4&max_batch_delay=2000&batch_wait=fill"
+        "&initial_workers=1",
     )
     assert registered.status == 200, registered.body
     names = ["a", "b", "c", "d"]
@@ -374,7 +375,9 @@ def test_a_stream_counts_once_in_the_access_log_and_metrics(ts_server) -> None:
         metrics = resp.read().decode()
     assert 'mserve_requests_total{code="200",model="ts",version="1.0"} 1.0' in metrics
     # TorchServe's names count it once too
-    assert re.search(r'^ts_inference_requests_total\{[^}]*model_name="ts"[^}]*\} 1\.0$', metrics, re.M)
+    assert re.search(
+        r'^ts_inference_requests_total\{[^}]*model_name="ts"[^}]*\} 1\.0$', metrics, re.M
+    )
 
 
 # -- ChunkStream as another frontend (gRPC server streaming) would read it ----------------------

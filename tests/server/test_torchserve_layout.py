@@ -103,7 +103,9 @@ class TorchServeDir:
         headers = {"Authorization": f"Bearer {self.key(kind)}"}
         if body:  # a body without a type is a form to TorchServe (urllib's default type)
             json_body = body.startswith(b"{")
-            headers["Content-Type"] = "application/json" if json_body else "application/octet-stream"
+            headers["Content-Type"] = (
+                "application/json" if json_body else "application/octet-stream"
+            )
         if body is None and method in ("POST", "PUT", "DELETE"):
             body = b""
         return http(method, f"{self.status['urls'][api]}{path}", body, headers)

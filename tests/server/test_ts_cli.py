@@ -67,7 +67,8 @@ def free_ports(tmp_path: Path) -> tuple[str, str]:
     path = tmp_path / "ports.yaml"
     path.write_text(
         "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
-        "metrics_address: 127.0.0.1:0\n" + "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n"
+        "metrics_address: 127.0.0.1:0\n"
+        + "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n"
     )
     return ("--config", str(path))
 

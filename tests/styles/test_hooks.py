@@ -206,7 +206,9 @@ def test_pytorch_driver_over_http(make_archive, start_server, tmp_path, torch_mo
 
 
 def test_batch_of_four_answers_each_request(make_archive, start_server, tmp_path) -> None:
-    config = _config(tmp_path, "batch", {"batchSize": 4, "maxBatchDelay": 1000, "batchWait": "fill"})
+    config = _config(
+        tmp_path, "batch", {"batchSize": 4, "maxBatchDelay": 1000, "batchWait": "fill"}
+    )
     make_archive("hooks_batch", "hooks", "batch", "-c", config)
     server = start_server("batch=batch.mar")
     bodies = [{"x": [1, 2]}, {"fail": [7]}, "not json at all", {"inputs": {"x": [[3]]}}]

@@ -159,7 +159,13 @@ def test_request_errors_answer_their_caller(make_archive, start_server, linear, 
 
 
 def test_batch_answers_each_request_on_its_own(make_archive, start_server, linear, tmp_path):
-    archive(make_archive, linear, tmp_path, "batched", "batchSize: 4\nmaxBatchDelay: 500\nbatchWait: fill\n")
+    archive(
+        make_archive,
+        linear,
+        tmp_path,
+        "batched",
+        "batchSize: 4\nmaxBatchDelay: 500\nbatchWait: fill\n",
+    )
     server = start_server("batched=batched.mar")
     rng = random.Random(99)
     bodies: list[Any] = [

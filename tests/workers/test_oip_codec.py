@@ -119,6 +119,7 @@ def test_signature_messages(config: dict, message: str) -> None:
 def test_signature_metadata_and_absence() -> None:
     sig = parse_signature({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}]})
     assert sig.metadata() == {
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}], "outputs": []
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
+        "outputs": [],
     }
     assert not parse_signature({"minWorkers": 1}).declared

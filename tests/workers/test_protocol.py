@@ -815,7 +815,10 @@ def test_result_with_metrics_bytes_are_exact() -> None:
         b'"handler_ms":1.5,"metrics":[{"name":"ItemsSeen","value":1,"unit":"count",'
         b'"kind":"counter","request_id":"a1","dimensions":[["Color","red"]]}]}'
     )
-    assert encode_bytes(frame) == HEADER.pack(b"MS", PROTOCOL_VERSION, Kind.RESULT, 0, len(meta), 2) + meta + b"ok"
+    assert (
+        encode_bytes(frame)
+        == HEADER.pack(b"MS", PROTOCOL_VERSION, Kind.RESULT, 0, len(meta), 2) + meta + b"ok"
+    )
 
 
 def test_result_metrics_round_trip() -> None:
@@ -847,6 +850,8 @@ def test_result_metrics_errors_name_the_field(meta: dict, message: str) -> None:
     with pytest.raises(ProtocolError) as info:
         parse_result_metrics(frame)
     assert str(info.value).startswith(message)
+
+
 # -- CHUNK: pieces of streamed responses ---------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ def preprocess(inputs):
     :type inputs: dict
     :return: processed inputs dict
     """
-    LOG.info('Running preprocess...')
+    LOG.info("Running preprocess...")
     return inputs
 
 
@@ -33,5 +33,5 @@ def postprocess(outputs):
     :type outputs: dict
     :return: processed outputs dict
     """
-    LOG.info('Running postprocess...')
+    LOG.info("Running postprocess...")
     return outputs

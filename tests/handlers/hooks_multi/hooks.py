@@ -8,8 +8,9 @@ LOG = logging.getLogger(__name__)
 
 def log(func):
     def decorator(*args):
-        LOG.info('Running %s...' % func.__name__)
+        LOG.info("Running %s..." % func.__name__)
         return func(*args)
+
     return decorator
 
 

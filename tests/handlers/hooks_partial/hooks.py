@@ -8,8 +8,9 @@ LOG = logging.getLogger(__name__)
 
 def log(func):
     def decorator(*args):
-        LOG.info('Running %s...' % func.__name__)
+        LOG.info("Running %s..." % func.__name__)
         return func(*args)
+
     return decorator
 
 
@@ -21,6 +22,7 @@ def init_hook(**params):
 @log
 def preprocess1(inputs):
     return inputs
+
 
 @log
 def postprocess2(outputs):

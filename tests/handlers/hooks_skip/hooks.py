@@ -3,17 +3,20 @@
 def preprocess1(inputs):
     return inputs
 
+
 def postprocess1(outputs, ctx):
     # if length of face boxes is 0 -> skip_next is True else False
-    ctx.skip_next = len(outputs.get('face-boxes', [])) == 0
+    ctx.skip_next = len(outputs.get("face-boxes", [])) == 0
 
     return outputs
 
+
 def preprocess2(inputs, ctx):
     if ctx.skip_next:
-        inputs['ml-serving-ignore'] = True
+        inputs["ml-serving-ignore"] = True
 
     return inputs
+
 
 def postprocess2(outputs, ctx):
     # Was skipped?

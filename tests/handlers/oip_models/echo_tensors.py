@@ -19,6 +19,12 @@ def handle(data, context):
             out.append(body)
             continue
         shown = body if isinstance(body, (dict, list, str)) else f"{len(body)} bytes"
-        out.append({"protocol": context.protocol, "operation": context.operation,
-                    "type": type(body).__name__, "body": shown})
+        out.append(
+            {
+                "protocol": context.protocol,
+                "operation": context.operation,
+                "type": type(body).__name__,
+                "body": shown,
+            }
+        )
     return out
