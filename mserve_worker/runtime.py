@@ -125,14 +125,17 @@ class Channel:
                 self.pending.append(frame)
 
 
-def _load(init: dict, channel: Channel) -> HandlerService | None:
-    """The service, READY sent; None when the handler failed to load (LOAD_FAILED sent)."""
+def _load(init: dict, channel: Channel, sandbox: dict | None = None) -> HandlerService | None:
+    """The service, READY sent (with how the worker was confined, ``sandbox``); None when the
+    handler failed to load (LOAD_FAILED sent)."""
     try:
         service = HandlerService.load(init)
     except LoadFailed as exc:
         channel.send(Frame(Kind.LOAD_FAILED, {"error": exc.error, "traceback": exc.traceback}))
         return None
     ready = {"load_s": service.load_s, "style": service.style, "imports": service.imports}
+    if sandbox is not None:
+        ready["sandbox"] = sandbox
     channel.send(Frame(Kind.READY, ready))
     return service
 
@@ -221,6 +224,16 @@ def _serve(channel: Channel, fd: int) -> int:
         raise ProtocolError(f"expected an INIT frame first, got {init.kind.name}")
     _check_init(init.meta)
     _show_model(init.meta)  # before any thread starts: threads take the command name with them
+    sandbox = None
+    if isinstance(init.meta.get("sandbox"), dict):  # before any thread: Landlock binds a thread
+        from . import confine
+
+        try:
+            sandbox = confine.apply(init.meta["sandbox"])
+        except OSError as exc:  # never run a model meant to be confined unconfined
+            error = f"cannot confine the worker: {exc}"
+            channel.send(Frame(Kind.LOAD_FAILED, {"error": error, "traceback": ""}))
+            return 1
     server_pid = init.meta.get("server_pid")
     threading.Thread(
         target=_exit_with_server,
@@ -228,7 +241,7 @@ def _serve(channel: Channel, fd: int) -> int:
         name="server-watch",
         daemon=True,
     ).start()
-    service = _load(init.meta, channel)
+    service = _load(init.meta, channel, sandbox)
     if service is None:
         return 1
     streaming.install(streaming.Stream(channel.send, channel.gone), service.context)

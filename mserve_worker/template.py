@@ -57,7 +57,7 @@ def _preload(names: list) -> list:
 def _warm_runtime() -> None:
     """Import what every forked worker imports first (the runtime, the handler SDK), so each
     child starts without it (docs/server.md, Workers, has what it saves)."""
-    from . import runtime, sdk  # noqa: F401
+    from . import confine, runtime, sdk  # noqa: F401
 
 
 def _warm_spawn() -> None:

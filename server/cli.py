@@ -78,6 +78,11 @@ def _print_status(status: dict[str, Any], env_sizes: bool = True) -> None:
         click.echo(f"  keys       {status['key_file']} (send 'Authorization: Bearer <key>')")
     for name, state in sorted(status.get("models", {}).items()):
         click.echo(f"  model {name}: {state}")
+    sandbox = status.get("sandbox") or {}
+    if sandbox.get("setting"):
+        click.echo(f"  sandbox    {sandbox['setting']}")
+    for worker, confinement in sorted((sandbox.get("workers") or {}).items()):
+        click.echo(f"  worker {worker}: {confinement}")
     click.echo(f"  logs       {status.get('log_dir')}")
     if status.get("env_dir") and env_sizes:
         click.echo(f"  envs       {status['env_dir']} ({_env_summary(Path(status['env_dir']))})")

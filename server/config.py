@@ -161,6 +161,9 @@ class ServerConfig:
     env_dir: str | None = None
     protected_packages: tuple[str, ...] = ("torch",)
     fork_workers: bool = True
+    # Confine every worker to its own model (server/workers/sandbox.py): on where the kernel
+    # offers Landlock, with one warning at start where it does not; false turns it off.
+    sandbox: bool = True
     worker_preload: tuple[str, ...] = ()  # besides what the models' workers were seen to import
     # Registration by URL (TorchServe's allowed_urls: regular expressions a URL must match in
     # full); empty: the model store and allowed_paths only.

@@ -51,7 +51,7 @@ from server.rundir import (
     StartupModel,
     write_json_atomic,
 )
-from server.status import models_status
+from server.status import models_status, sandbox_status
 from server.workers.env_vars import WorkerEnvironment, hide_own_environ
 from server.workers.launch import Launcher
 from server.workers.preload import PreloadMemory
@@ -126,8 +126,12 @@ class Server:
         self.addresses: dict[str, str] = {}
         self.urls: dict[str, str] = {}  # each API's base URL, http:// or https://
         self.warnings: list[str] = []  # said at start and by mserve --status
+        if self.registry.sandbox.warning:
+            self.warnings.append(self.registry.sandbox.warning)
+            log.warning("%s", self.registry.sandbox.warning)
         self.load_failures: dict[str, str] = {}  # startup or snapshot models that failed
         self._written_models: dict[str, str] | None = None
+        self._written_sandbox: dict[str, Any] | None = None
         self.state = "starting"
         self.stop_event = asyncio.Event()
         self.access_log: AccessLogFile | None = None
@@ -160,6 +164,7 @@ class Server:
                 "token_authorization": self.keys is not None,
                 "key_file": str(self.keys.path) if self.keys is not None else None,
                 "warnings": self.warnings,
+                "sandbox": sandbox_status(self.registry),
                 "gpus": self.gpus.count,
                 "models": models,
                 "log_dir": str(self.config.log_path),
@@ -167,12 +172,16 @@ class Server:
             },
         )
         self._written_models = models
+        self._written_sandbox = sandbox_status(self.registry)
 
     async def refresh_status(self) -> None:
         """Rewrite the status file when a model's state changed on its own."""
         while True:
             await asyncio.sleep(STATUS_REFRESH_S)
-            if self.models_status() != self._written_models:
+            if (
+                self.models_status() != self._written_models
+                or sandbox_status(self.registry) != self._written_sandbox
+            ):
                 try:
                     self.write_status()
                 except OSError as exc:

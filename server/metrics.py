@@ -87,6 +87,10 @@ class ObservedModel(Protocol):
         """(worker id, its load time) of each worker that has loaded."""
         ...
 
+    def worker_sandboxes(self) -> list[tuple[str, dict[str, Any] | None]]:
+        """(worker id, how it confined itself) of each ready worker."""
+        ...
+
 
 class ObservedResidency(Protocol):
     """The server's residency keeper (server/models/residency.py), for its gauges."""
@@ -457,7 +461,7 @@ class Metrics:
         names to this collector, so TorchServe's ``?name[]=`` filter finds them too."""
         gauges = ("mserve_queue_depth", "mserve_workers_ready", "mserve_requests_pending",
                   "mserve_worker_memory_bytes", "mserve_worker_memory_budget_bytes",
-                  "mserve_models_loaded")  # fmt: skip
+                  "mserve_models_loaded", "mserve_worker_confined")  # fmt: skip
         return [*(GaugeMetricFamily(n, "") for n in gauges), self._latency_family()]
 
     def collect(self) -> Any:
@@ -471,13 +475,23 @@ class Metrics:
             "mserve_requests_pending", "Requests queued, plus workers busy with a batch",
             labels=["model", "version"],
         )  # fmt: skip
+        # 1: the worker applied the sandbox's Landlock rules; 0: it runs unconfined (the
+        # sandbox is off, or the kernel has no Landlock): describe says why
+        confined = GaugeMetricFamily(
+            "mserve_worker_confined", "Workers confined by the sandbox (1) or not (0)",
+            labels=["model", "version", "worker"],
+        )  # fmt: skip
         for mv in self._models():
             queue.add_metric([mv.name, mv.version], mv.queued())
             workers.add_metric([mv.name, mv.version], mv.ready_workers())
             pending.add_metric([mv.name, mv.version], mv.pending())
+            for worker_id, report in mv.worker_sandboxes():
+                applied = bool(report and "landlock-files" in (report.get("applied") or ()))
+                confined.add_metric([mv.name, mv.version, worker_id], float(applied))
         yield queue
         yield workers
         yield pending
+        yield confined
         yield self._latency_family()
         residency = self._residency
         if residency is None:

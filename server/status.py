@@ -3,7 +3,7 @@ per version when its versions differ; models that failed to register at start ar
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from server.models.registry import Registry
@@ -36,3 +36,23 @@ def model_state(mv: ModelVersion) -> str:
     if state == "loaded" and mv.healthy():
         return "ready"
     return "loading"
+
+
+def confinement_text(report: dict[str, Any] | None) -> str:
+    """One worker's confinement in words: what it applied, or why nothing was."""
+    if report is None:
+        return "not confined (sandbox off)"
+    applied = ", ".join(report.get("applied") or ()) or "nothing"
+    if report.get("reason"):
+        return f"not confined: {report['reason']} (applied: {applied})"
+    return f"confined: {applied}"
+
+
+def sandbox_status(registry: Registry) -> dict[str, Any]:
+    """The sandbox setting, and each ready worker's confinement (:func:`confinement_text`)."""
+    workers = {
+        f"{mv.label} W-{worker_id}": confinement_text(report)
+        for mv in registry.all()
+        for worker_id, report in mv.worker_sandboxes()
+    }
+    return {"setting": registry.sandbox.summary(), "workers": workers}

@@ -35,6 +35,7 @@ from server.redaction import PathRedactor
 from server.store import UnpackedModel, resolve_url, unpack
 from server.workers.launch import Launcher
 from server.workers.process import default_python
+from server.workers.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class Registry:
         self._listeners: list[tuple[str, Callable[[], None]]] = []  # see on_change
         # snapshot entries that failed to restore at start: written back into every snapshot
         self.unrestored: list[dict[str, Any]] = []
+        self.sandbox = Sandbox(config)  # what each model's workers may reach
         self.envs = EnvCache(config.env_path, protected=config.protected_packages)
         self.downloader = Downloader(config)
         # which models keep workers: idle unload, the memory budget (server/models/residency.py)
@@ -177,6 +179,7 @@ class Registry:
         )
         # checks deviceIds and deviceType before any worker starts; draws no GPU
         gpus = self.gpus.plan(f"{name}:{version}", settings.device_ids, settings.device_type)
+        sandbox = self.sandbox.model(name, version, unpacked.model_dir, unpacked.model_config)
         async with self._lock:
             if version in self.models.get(name, {}):
                 raise ModelAlreadyExists(f"Model version {version} for model {name} already exists")
@@ -205,6 +208,7 @@ class Registry:
                 max_response_bytes=cfg.max_response_size_bytes,
                 metrics=self.metrics,
                 service_envelope=cfg.service_envelope,
+                sandbox=sandbox,
             )
             model.trusted = request.trusted
             model.residency = self.residency

@@ -35,6 +35,7 @@ from server.models.residency import Residency
 from server.models.settings import ModelSettings, shown, with_changes
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
+from server.workers.sandbox import ModelSandbox
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class ModelVersion:
         max_response_bytes: int | None = None,
         metrics: Metrics | None = None,
         service_envelope: str = "",
+        sandbox: ModelSandbox | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -102,6 +104,7 @@ class ModelVersion:
         self.max_payload_bytes = max_payload_bytes
         self.max_response_bytes = max_response_bytes
         self.service_envelope = service_envelope
+        self.sandbox = sandbox  # what its workers may reach; None: unconfined (sandbox: false)
         self.loaded_at_startup = loaded_at_startup
         self.queue = JobQueue(settings.job_queue_size)
         self.slots: list[_Slot] = []
@@ -145,6 +148,14 @@ class ModelVersion:
             (s.worker.id, s.worker.load_ms)
             for s in self.slots
             if s.worker is not None and s.worker.load_ms is not None
+        ]
+
+    def worker_sandboxes(self) -> list[tuple[str, dict[str, Any] | None]]:
+        """(worker id, how it confined itself) of each ready worker (None: not confined)."""
+        return [
+            (s.worker.id, s.worker.sandbox)
+            for s in self.slots
+            if s.worker is not None and s.worker.state in _SERVING
         ]
 
     def queued(self) -> int:
@@ -243,11 +254,15 @@ class ModelVersion:
             "max_response_bytes": self.max_response_bytes,  # checked before the answer is sent
             "service_envelope": self.service_envelope,
         }
+        env = {**self.worker_env, **worker_env_for(gpu)}
+        if self.sandbox is not None:
+            init["sandbox"] = self.sandbox.policy(gpu)
+            env.update(self.sandbox.env())
         return WorkerSpec(
             python=self.python,
             model_dir=self.model_dir,
             init=init,
-            env={**self.worker_env, **worker_env_for(gpu)},
+            env=env,
             max_payload_bytes=self.max_payload_bytes,
         )
 
@@ -479,6 +494,8 @@ class ModelVersion:
                 if slot.worker is not None:
                     await slot.worker.kill()
         self.queue.fail_all(ServiceUnavailable(f"model {self.label} was unregistered"))
+        if self.sandbox is not None:
+            await asyncio.to_thread(self.sandbox.remove_scratch)
 
     def describe(self) -> dict[str, Any]:
         """TorchServe's describe fields with its types and values, then ours."""
@@ -501,6 +518,7 @@ class ModelVersion:
                     "gpu": w.gpu is not None,
                     "gpuId": shown_gpu_id(w.gpu),
                     "gpuUsage": "N/A",
+                    "sandbox": w.sandbox,
                 }
             )
         queued = self.queued()
@@ -529,6 +547,7 @@ class ModelVersion:
             "lastOutput": self.last_output.splitlines() if self.failed else None,
             "python": self.python,
             "environment": self.env_key,
+            "sandbox": self.sandbox.shown() if self.sandbox is not None else None,
             "workers": workers,
         }
 

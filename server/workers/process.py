@@ -81,6 +81,9 @@ class Worker:
         self.load_s: float | None = None
         self.load_ms: float | None = None  # spawn to READY (TorchServe's WorkerLoadTime)
         self.style: str | None = None
+        # how the worker confined itself (mserve_worker/confine.py): what was applied, or why
+        # nothing was; None until it is ready, or when the sandbox is off
+        self.sandbox: dict[str, Any] | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._proc: Process | None = None
         self._channel: Channel | None = None
@@ -253,6 +256,8 @@ class Worker:
         self.load_s = reply.meta.get("load_s")
         self.load_ms = (time.time() - self.started_at) * 1000
         self.style = reply.meta.get("style")
+        confined = reply.meta.get("sandbox")
+        self.sandbox = confined if isinstance(confined, dict) else None
         self.state = WorkerState.READY
         log.info(
             "worker %s of %s ready in %.2f s (handler style %s)",

@@ -1,0 +1,220 @@
+"""Confine this worker before its handler is imported: Landlock rules for files and TCP ports,
+``no_new_privs``, resource limits and, when the server asks, an unprivileged user.
+
+An archive is code: without this, a worker reaches everything the server can (its key file,
+other models' folders, the management port). The server decides what a model may reach (its
+folder, its scratch folder, what its model config grants: ``server/workers/sandbox.py``) and
+sends it in INIT's ``sandbox``; this module adds what the interpreter itself needs (its prefix,
+``sys.path``, system libraries) and applies the lot. Landlock applies to the calling thread and
+the threads and processes it starts afterwards, so :func:`apply` runs before the worker starts
+any thread. Stdlib only; Linux only (elsewhere it reports why nothing was applied).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import sys
+
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446  # same on every arch
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
+_PR_SET_NO_NEW_PRIVS = 38
+
+# filesystem rights (include/uapi/linux/landlock.h)
+_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_ABI1_FS = (1 << 13) - 1  # execute .. make_sym
+_REFER, _TRUNCATE, _IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+_FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV
+_READ = _EXECUTE | _READ_FILE | _READ_DIR
+_DEVICE = _READ_FILE | _WRITE_FILE | _IOCTL_DEV
+_NET_BIND, _NET_CONNECT = 1 << 0, 1 << 1
+_SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+# What any Python with its C libraries reads: system libraries, locale, time zones, CA
+# certificates, /sys (CPU and GPU topology), besides its own prefix and sys.path.
+SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/opt/conda",
+               "/dev/shm")  # fmt: skip
+# Of /proc, the worker's own process (``self`` is resolved when the rule is made) and the
+# system-wide files libraries read (CPU counts, memory, the NVIDIA driver's version); never
+# other processes' folders, whose ``environ`` Landlock's ptrace rules do not cover.
+PROC_READ = ("/proc/self", "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/loadavg",
+             "/proc/uptime", "/proc/version", "/proc/sys", "/proc/driver", "/proc/devices",
+             "/proc/filesystems", "/proc/pressure", "/proc/swaps", "/proc/cgroups")  # fmt: skip
+# Character devices every process may use; GPU device files come from the server.
+SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
+                  "/dev/tty")  # fmt: skip
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class _NetPort(ctypes.Structure):
+    _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 when there is none (not Linux, too old, or off)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        abi = _libc().syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0),
+                              ctypes.c_uint32(_CREATE_RULESET_VERSION))  # fmt: skip
+    except (OSError, AttributeError):
+        return 0
+    return max(int(abi), 0)
+
+
+def _handled_fs(abi: int) -> int:
+    rights = _ABI1_FS
+    if abi >= 2:
+        rights |= _REFER
+    if abi >= 3:
+        rights |= _TRUNCATE
+    if abi >= 5:
+        rights |= _IOCTL_DEV
+    return rights
+
+
+def interpreter_paths() -> list:
+    """What this interpreter reads its modules from: its prefixes and every sys.path entry
+    (a .pth file may add folders outside the environment)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable))}  # fmt: skip
+    paths.update(p for p in sys.path if p and os.path.isabs(p))
+    paths.add(os.path.dirname(os.path.abspath(__file__)))  # this package, wherever it lies
+    return sorted(paths)
+
+
+def _fail(what: str) -> OSError:
+    errno = ctypes.get_errno()
+    return OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _add_path(libc: ctypes.CDLL, ruleset: int, path: str, rights: int) -> bool:
+    """One path-beneath rule; False when ``path`` does not exist (nothing to allow)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not os.path.isdir(path):
+            rights &= _FILE_RIGHTS  # a rule on a file may hold only rights files have
+        rule = _PathBeneath(rights, fd)
+        if libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0) < 0:
+            raise _fail(f"landlock rule for {path}")
+    finally:
+        os.close(fd)
+    return True
+
+
+def _add_port(libc: ctypes.CDLL, ruleset: int, port: int, rights: int) -> None:
+    rule = _NetPort(rights, port)
+    if libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_NET_PORT, ctypes.byref(rule), 0) < 0:
+        raise _fail(f"landlock rule for TCP port {port}")
+
+
+def _set_limits(limits: dict) -> list:
+    """Lower the soft and hard limits named (``nofile``, ``nproc``, ``core``); never raise one."""
+    applied = []
+    for name, value in sorted(limits.items()):
+        which = getattr(resource, "RLIMIT_" + name.upper(), None)
+        if which is None or type(value) is not int:
+            continue
+        soft, hard = resource.getrlimit(which)
+        new_hard = value if hard == resource.RLIM_INFINITY else min(hard, value)
+        resource.setrlimit(which, (min(new_hard, soft) if soft != resource.RLIM_INFINITY
+                                   else new_hard, new_hard))  # fmt: skip
+        applied.append(f"{name}={new_hard}")
+    return applied
+
+
+def _become(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
+def _landlock(libc: ctypes.CDLL, abi: int, policy: dict) -> dict:
+    handled_fs = _handled_fs(abi)
+    attr = _RulesetAttr(handled_fs, 0, 0)
+    if abi >= 4:
+        attr.net = _NET_BIND | _NET_CONNECT
+    if abi >= 6:
+        attr.scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL
+    size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else (16 if abi >= 4 else 8)
+    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
+    if ruleset < 0:
+        raise _fail("landlock_create_ruleset")
+    granted: dict = {"read": [], "write": []}
+    try:
+        for path in [*SYSTEM_READ, *PROC_READ, *interpreter_paths(), *policy.get("read", [])]:
+            if _add_path(libc, ruleset, path, _READ):
+                granted["read"].append(path)
+        for path in policy.get("write", []):
+            if _add_path(libc, ruleset, path, handled_fs):
+                granted["write"].append(path)
+        _add_path(libc, ruleset, "/dev/shm", handled_fs)  # torch shares tensors through it
+        for path in [*SYSTEM_DEVICES, *policy.get("devices", [])]:
+            _add_path(libc, ruleset, path, _DEVICE)
+        if abi >= 4:
+            for port in policy.get("connect", []):
+                _add_port(libc, ruleset, port, _NET_CONNECT)
+            for port in policy.get("bind", []):
+                _add_port(libc, ruleset, port, _NET_BIND)
+        if libc.syscall(_SYS_RESTRICT_SELF, ruleset, 0) < 0:
+            raise _fail("landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+    return granted
+
+
+def apply(policy: dict) -> dict:
+    """Confine this process as ``policy`` (INIT's ``sandbox``) says; what was applied, for the
+    server to show: ``{"applied": [...], "landlock_abi": n}`` or ``{"applied": [], "reason": ...}``.
+    A step that fails stops the worker (``OSError``): a model meant to be confined must not run
+    unconfined because one step went wrong; what cannot be applied at all is a ``reason``."""
+    if not sys.platform.startswith("linux"):
+        return {"applied": [], "reason": f"no confinement on {sys.platform}"}
+    applied = _set_limits(policy.get("limits", {}))
+    tmp = policy.get("tmpdir")
+    if tmp:
+        for name in ("TMPDIR", "TEMP", "TMP"):
+            os.environ[name] = tmp
+        if "tempfile" in sys.modules:  # the template may have asked it already
+            sys.modules["tempfile"].tempdir = None
+    libc = _libc()
+    uid = policy.get("uid")
+    if type(uid) is int and os.getuid() == 0:
+        _become(uid, policy.get("gid", uid))
+        applied.append(f"uid={uid}")
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
+    applied.append("no_new_privs")
+    report: dict = {"applied": applied}
+    abi = landlock_abi()
+    if abi <= 0:
+        report["reason"] = "the kernel offers no Landlock (too old, or not enabled)"
+        return report
+    report.update(_landlock(libc, abi, policy), landlock_abi=abi)
+    applied.append("landlock-files")
+    if abi >= 4:
+        applied.append("landlock-tcp")
+        report["connect"] = list(policy.get("connect", []))
+        report["bind"] = list(policy.get("bind", []))
+    if abi >= 6:
+        applied.append("landlock-scope")
+    return report
