@@ -15,6 +15,7 @@ import json.encoder
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 PROTOCOL_VERSION = 3  # 2: CANCEL, for batches pipelined behind a running one; 3: CHUNK
@@ -207,7 +208,7 @@ class Decoder:
         while True:
             if self._kind is None and not self._head and end - pos >= HEADER.size:
                 pos = self._take_whole(view, pos, end, frames)
-                if pos < 0:
+                if pos < 0 or pos == end:  # the input ended with that frame, or inside it
                     return
                 continue
             if self._meta is None:
@@ -368,7 +369,9 @@ def parse_batch(frame: Frame) -> tuple[int, list[RequestItem]]:
                 or type(api) is not str
                 or not _pairs_ok(headers)
                 or type(params) is not dict
-                or not all(type(k) is str and type(v) is str for k, v in params.items())
+                or (
+                    params and not all(type(k) is str and type(v) is str for k, v in params.items())
+                )
             ):
                 return _parse_batch_checked(frame)
             items.append(RequestItem(request_id, content_type, headers, body, params, op, api))
@@ -658,23 +661,31 @@ _META_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _META_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def _meta_encoder() -> Callable[[object], str]:
-    """``_META_ENCODER.encode``, less what it redoes per call: JSONEncoder builds CPython's C
-    encoder (and a closure) on every call, about a third of encoding a BATCH meta (~14,000 of
-    ~45,000 instructions, callgrind). The C encoder is built once here, with the arguments
-    JSONEncoder passes it (no circular check: a cycle ends in RecursionError, which
-    _encode_meta reports like the rest); without it (other Pythons) the plain call."""
+def json_encoder(encoder: json.JSONEncoder, check_circular: bool = True) -> Callable[[object], str]:
+    """``encoder.encode``, less what it redoes per call: JSONEncoder builds CPython's C encoder
+    (and a closure) in Python on every call, about a third of encoding a BATCH meta (~14,000 of
+    ~45,000 instructions, callgrind) and more of a handler's small answer. Here the C encoder is
+    made with the arguments JSONEncoder passes it: once, when ``check_circular`` is off (a cycle
+    then ends in RecursionError), else with a fresh ``markers`` dict per call, as JSONEncoder
+    does, so a cycle still fails as "Circular reference detected". Without the C encoder
+    (other Pythons) or with ``indent``: the plain call."""
     make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return _META_ENCODER.encode
-    encoder = make(
-        None, _META_ENCODER.default, json.encoder.encode_basestring, None, ":", ",",
-        False, False, False,
-    )  # fmt: skip
-    return lambda meta: "".join(encoder(meta, 0))
+    if make is None or encoder.indent is not None:
+        return encoder.encode
+    quote = (
+        json.encoder.encode_basestring_ascii
+        if encoder.ensure_ascii
+        else json.encoder.encode_basestring
+    )
+    args = (encoder.default, quote, None, encoder.key_separator, encoder.item_separator,
+            encoder.sort_keys, encoder.skipkeys, encoder.allow_nan)  # fmt: skip
+    if not check_circular:
+        once = make(None, *args)
+        return lambda value: "".join(once(value, 0))
+    return lambda value: "".join(make({}, *args)(value, 0))
 
 
-_encode_json = _meta_encoder()
+_encode_json = json_encoder(_META_ENCODER, check_circular=False)
 
 
 def _decode_meta(kind: Kind, buf: bytearray | memoryview, start: int, stop: int) -> dict[str, Any]:
@@ -719,9 +730,21 @@ def _byte_view(obj: object, what: str) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
+_ONLY_LIST = {list}
+_ONLY_TWO = {2}
+_ONLY_STR = {str}
+
+
 def _pairs_ok(value: object) -> bool:
-    return type(value) is list and all(
-        type(p) is list and len(p) == 2 and type(p[0]) is str and type(p[1]) is str for p in value
+    """Whether ``value`` is a list of [str, str] lists, the wire shape of headers. Three passes
+    in C (``map``, ``set``): a generator over the pairs ran ~5 lines of Python per header, for
+    every request's headers."""
+    if type(value) is not list:
+        return False
+    return not value or (
+        set(map(type, value)) == _ONLY_LIST
+        and set(map(len, value)) == _ONLY_TWO
+        and set(map(type, chain.from_iterable(value))) == _ONLY_STR
     )
 
 
@@ -821,10 +844,8 @@ def _check_str(value: object, where: str) -> str:
 
 
 def _check_pairs(value: object, where: str) -> list[list[str]]:
-    if type(value) is list and all(
-        type(p) is list and len(p) == 2 and type(p[0]) is str and type(p[1]) is str for p in value
-    ):
-        return value  # already exactly the wire shape
+    if _pairs_ok(value):
+        return value  # type: ignore[return-value]  # already exactly the wire shape
     if not isinstance(value, (list, tuple)):
         raise ProtocolError(f"{where} must be a list of [name, value] pairs")
     pairs = []
