@@ -183,7 +183,8 @@ class HandlerService:
                 response.status != CLIENT_GONE and not _streamed(stream, i)
             ):  # fmt: skip
                 responses[i] = oip_serving.error_response(response)
-        handler_ms = round((time.perf_counter() - started) * 1000, 3) if groups else None
+        # to the microsecond; round(x, 3) formats the float through snprintf, the dearer way
+        handler_ms = int((time.perf_counter() - started) * 1e6 + 0.5) / 1000 if groups else None
         metrics = context.metrics
         recorded = None
         if isinstance(metrics, Metrics) and len(metrics):  # NaN and infinities are not JSON
