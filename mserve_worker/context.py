@@ -48,31 +48,43 @@ class RequestProcessor:
     ) -> None:
         self.request_id = request_id
         self.body = body  # as the client sent it; valid while its batch runs
-        self._headers: dict[str, str] = {}  # original spelling of the first occurrence -> value
-        self._names: dict[str, str] = {}  # lower-case -> original spelling
-        for pair in headers or ():
-            name, value = pair[0], pair[1]
-            if type(name) is not str or type(value) is not str:  # the protocol sends str
-                name, value = _text(name), _text(value)
-            key = name.lower()
-            if key in self._names:
-                first = self._names[key]
-                self._headers[first] = self._headers[first] + ", " + value
-            else:
-                self._names[key] = name
-                self._headers[name] = value
+        # The header lookup is built at the first question: most handlers never ask, and every
+        # request of every batch gets one of these.
+        self._raw_headers = headers
+        self._indexed: tuple[dict[str, str], dict[str, str]] | None = None
         self._status_code = 200
         self._reason_phrase = ""
         self._content_type: str | None = None
         self._response_headers: dict[str, str] = {}
 
+    def _index(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(original spelling of the first occurrence -> value, lower-case -> that spelling)."""
+        if self._indexed is not None:
+            return self._indexed
+        headers: dict[str, str] = {}
+        names: dict[str, str] = {}
+        for pair in self._raw_headers or ():
+            name, value = pair[0], pair[1]
+            if type(name) is not str or type(value) is not str:  # the protocol sends str
+                name, value = _text(name), _text(value)
+            key = name.lower()
+            if key in names:
+                first = names[key]
+                headers[first] = headers[first] + ", " + value
+            else:
+                names[key] = name
+                headers[name] = value
+        self._indexed = headers, names
+        return self._indexed
+
     # Request side.
     def get_request_property(self, key: str) -> str | None:
-        name = self._names.get(key.lower())
-        return None if name is None else self._headers[name]
+        headers, names = self._index()
+        name = names.get(key.lower())
+        return None if name is None else headers[name]
 
     def get_request_properties(self) -> dict[str, str]:
-        return dict(self._headers)
+        return dict(self._index()[0])
 
     # Response side.
     def report_status(self, code: int, reason_phrase: str | None = "") -> None:
@@ -101,6 +113,12 @@ class RequestProcessor:
     def get_response_headers(self) -> dict[str, str]:
         """Response headers the handler set, without ``Content-Type`` (see content type)."""
         return dict(self._response_headers)
+
+    def response_header_pairs(self) -> list[list[str]]:
+        """The headers the handler set as the wire's ``[name, value]`` pairs (no content type)."""
+        if not self._response_headers:
+            return []
+        return [[k, v] for k, v in self._response_headers.items()]
 
     def get_response_header(self, key: str) -> str | None:
         if key.lower() == _CONTENT_TYPE:

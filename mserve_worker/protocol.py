@@ -22,6 +22,7 @@ MAGIC = b"MS"
 # magic, version, kind, flags, meta_len, payload_len, then 2 reserved zero bytes ("2x" packs zeros
 # and unpacks to nothing) so the header is 16 bytes and meta starts aligned.
 HEADER = struct.Struct(">2sBBHII2x")
+_HEADER_ALL = struct.Struct(">2sBBHIIH")  # the same, reserved bytes read as one number
 RESERVED = slice(14, 16)
 
 # Meta is control data; 16 MiB is far beyond any real batch description, yet small enough that a
@@ -71,6 +72,9 @@ class Frame:
     # Decoded frames carry a bytearray (filled in place, never copied again); callers may pass any
     # contiguous bytes-like object so that large bodies need not be copied to be sent.
     payload: bytes | bytearray | memoryview = b""
+    # ``meta`` as the JSON text _encode_meta would make of it, where the frame's maker had it
+    # for less (result_frame: the C encoder takes ~1.5 us for one small dict). Not compared.
+    meta_text: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -143,7 +147,9 @@ def encode_for_send(frame: Frame) -> list[bytes | bytearray | memoryview]:
 def _parts(frame: Frame) -> tuple[bytes, bytes, bytes | bytearray | memoryview, int]:
     """Header, meta and payload (as given when it is bytes or a bytearray) and its size."""
     kind = frame.kind if type(frame.kind) is Kind else _kind(frame.kind)
-    meta = _encode_meta(kind, frame.meta)
+    meta = _known_meta(frame.meta_text) if frame.meta_text is not None else None
+    if meta is None:
+        meta = _encode_meta(kind, frame.meta)
     payload = frame.payload
     if type(payload) is not bytes and type(payload) is not bytearray:
         payload = _byte_view(payload, f"{kind.name} frame payload")
@@ -207,7 +213,7 @@ class Decoder:
         while True:
             if self._kind is None and not self._head and end - pos >= HEADER.size:
                 pos = self._take_whole(view, pos, end, frames)
-                if pos < 0:
+                if pos < 0 or pos == end:  # the input ended with that frame, or inside it
                     return
                 continue
             if self._meta is None:
@@ -238,13 +244,14 @@ class Decoder:
         ``view`` (the common case, a frame that arrived in one piece, copies nothing into
         ``_head``). Returns where the next frame starts, or -1 when the rest of ``view`` is held
         as the start of an unfinished frame."""
-        magic, version, kind, flags, meta_len, payload_len = HEADER.unpack_from(view, pos)
+        magic, version, kind, flags, meta_len, payload_len, reserved = _HEADER_ALL.unpack_from(
+            view, pos
+        )
         if (  # one test for the usual header; anything else gets its precise error below
             magic != MAGIC
             or version != PROTOCOL_VERSION
             or flags
-            or view[pos + RESERVED.start]
-            or view[pos + RESERVED.start + 1]
+            or reserved
             or kind not in _KINDS
             or meta_len > MAX_META_BYTES
             or payload_len > self.max_payload_bytes
@@ -368,7 +375,9 @@ def parse_batch(frame: Frame) -> tuple[int, list[RequestItem]]:
                 or type(api) is not str
                 or not _pairs_ok(headers)
                 or type(params) is not dict
-                or not all(type(k) is str and type(v) is str for k, v in params.items())
+                or (
+                    params and not all(type(k) is str and type(v) is str for k, v in params.items())
+                )
             ):
                 return _parse_batch_checked(frame)
             items.append(RequestItem(request_id, content_type, headers, body, params, op, api))
@@ -427,35 +436,47 @@ def result_frame(
     through ``context.metrics`` (the key is left out when there is nothing)."""
     _check_uint(batch_id, "RESULT batch_id")
     entries = []
+    # each entry's JSON, while every entry is the usual one
+    texts: list[str] | None = [] if type(batch_id) is int else None
     bodies: list[bytes | memoryview] = []
     for i, item in enumerate(items):
         status, body = item.status, item.body
+        content_type, headers = item.content_type, item.headers
         if (  # the usual item: exactly the wire types, nothing to convert or to explain
             type(status) is int
             and MIN_STATUS <= status <= MAX_STATUS
-            and type(item.content_type) is str
+            and type(content_type) is str
             and type(body) is bytes
-            and _pairs_ok(item.headers)
+            and (headers == [] or _pairs_ok(headers))
         ):
+            size = len(body)
             entries.append(
-                {
-                    "status": status,
-                    "content_type": item.content_type,
-                    "headers": item.headers,
-                    "size": len(body),
-                }
+                {"status": status, "content_type": content_type, "headers": headers, "size": size}
             )
+            if texts is not None:
+                texts.append(
+                    f'{{"status":{status},"content_type":{_quote(content_type)},'
+                    f'"headers":{_encode_json(headers) if headers else "[]"},"size":{size}}}'
+                )
             bodies.append(body)  # a lone bytes body becomes the payload as it is, by b"".join
             continue
         entry, body = checked_response(item, f"RESULT responses[{i}]")
         entries.append(entry)
         bodies.append(body)
+        texts = None
     meta: dict[str, Any] = {"batch_id": batch_id, "responses": entries}
     if handler_ms is not None:
         meta["handler_ms"] = handler_ms
     if metrics:
         meta["metrics"] = list(metrics)
-    return Frame(Kind.RESULT, meta, b"".join(bodies))
+        texts = None
+    text = None
+    if texts is not None and (
+        handler_ms is None or (type(handler_ms) is float and handler_ms - handler_ms == 0.0)
+    ):  # float('inf') - itself is NaN: the checked path refuses what is not JSON
+        timing = "" if handler_ms is None else f',"handler_ms":{handler_ms!r}'
+        text = f'{{"batch_id":{batch_id},"responses":[{",".join(texts)}]{timing}}}'
+    return Frame(Kind.RESULT, meta, b"".join(bodies), text)
 
 
 def checked_response(item: ResponseItem, where: str) -> tuple[dict[str, Any], memoryview]:
@@ -628,6 +649,16 @@ def _too_big(name: str, value: int, limit: int) -> str:
     return f"frame {name} {value} bytes exceeds the limit of {limit} bytes"
 
 
+def _known_meta(text: str) -> bytes | None:
+    """A frame's ready meta text as bytes; None (encode its meta instead) where it holds what
+    UTF-8 cannot carry (lone surrogates: _encode_meta escapes them) or is too large."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return data if len(data) <= MAX_META_BYTES else None
+
+
 def _encode_meta(kind: Kind, meta: object) -> bytes:
     if not isinstance(meta, dict):
         raise ProtocolError(
@@ -656,25 +687,35 @@ def _reject_constant(name: str) -> None:
 # which costs more than encoding a small meta.
 _META_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _META_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_META_SCAN = _META_DECODER.scan_once
+_quote = json.encoder.encode_basestring  # a JSON string, as _META_ENCODER writes one
 
 
-def _meta_encoder() -> Callable[[object], str]:
-    """``_META_ENCODER.encode``, less what it redoes per call: JSONEncoder builds CPython's C
-    encoder (and a closure) on every call, about a third of encoding a BATCH meta (~14,000 of
-    ~45,000 instructions, callgrind). The C encoder is built once here, with the arguments
-    JSONEncoder passes it (no circular check: a cycle ends in RecursionError, which
-    _encode_meta reports like the rest); without it (other Pythons) the plain call."""
+def json_encoder(encoder: json.JSONEncoder, check_circular: bool = True) -> Callable[[object], str]:
+    """``encoder.encode``, less what it redoes per call: JSONEncoder builds CPython's C encoder
+    (and a closure) in Python on every call, about a third of encoding a BATCH meta (~14,000 of
+    ~45,000 instructions, callgrind) and more of a handler's small answer. Here the C encoder is
+    made with the arguments JSONEncoder passes it: once, when ``check_circular`` is off (a cycle
+    then ends in RecursionError), else with a fresh ``markers`` dict per call, as JSONEncoder
+    does, so a cycle still fails as "Circular reference detected". Without the C encoder
+    (other Pythons) or with ``indent``: the plain call."""
     make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return _META_ENCODER.encode
-    encoder = make(
-        None, _META_ENCODER.default, json.encoder.encode_basestring, None, ":", ",",
-        False, False, False,
-    )  # fmt: skip
-    return lambda meta: "".join(encoder(meta, 0))
+    if make is None or encoder.indent is not None:
+        return encoder.encode
+    quote = (
+        json.encoder.encode_basestring_ascii
+        if encoder.ensure_ascii
+        else json.encoder.encode_basestring
+    )
+    args = (encoder.default, quote, None, encoder.key_separator, encoder.item_separator,
+            encoder.sort_keys, encoder.skipkeys, encoder.allow_nan)  # fmt: skip
+    if not check_circular:
+        once = make(None, *args)
+        return lambda value: "".join(once(value, 0))
+    return lambda value: "".join(make({}, *args)(value, 0))
 
 
-_encode_json = _meta_encoder()
+_encode_json = json_encoder(_META_ENCODER, check_circular=False)
 
 
 def _decode_meta(kind: Kind, buf: bytearray | memoryview, start: int, stop: int) -> dict[str, Any]:
@@ -685,9 +726,9 @@ def _decode_meta(kind: Kind, buf: bytearray | memoryview, start: int, stop: int)
     try:
         if text.startswith("\ufeff"):  # json.loads refuses a BOM too; the decoder alone would not
             raise ValueError("Unexpected UTF-8 BOM (decode using utf-8-sig)")
-        try:  # a meta with no space around it, as ours are: decode() skips it with two regexes
-            meta, end = _META_DECODER.raw_decode(text)
-        except ValueError:
+        try:  # a meta with no space around it, as ours are: decode() skips it with two regexes,
+            meta, end = _META_SCAN(text, 0)  # and raw_decode() wraps this call in Python
+        except (ValueError, StopIteration):
             end = -1
         if end != len(text):
             meta = _META_DECODER.decode(text)  # what surrounds it, or the precise error
@@ -720,9 +761,14 @@ def _byte_view(obj: object, what: str) -> memoryview:
 
 
 def _pairs_ok(value: object) -> bool:
-    return type(value) is list and all(
-        type(p) is list and len(p) == 2 and type(p[0]) is str and type(p[1]) is str for p in value
-    )
+    """Whether ``value`` is a list of [str, str] lists, the wire shape of headers. A plain
+    loop: a generator under ``all()`` cost twice as much per request (timeit, 4 headers)."""
+    if type(value) is not list:
+        return False
+    for p in value:
+        if type(p) is not list or len(p) != 2 or type(p[0]) is not str or type(p[1]) is not str:
+            return False
+    return True
 
 
 def _fast_split(
@@ -821,10 +867,8 @@ def _check_str(value: object, where: str) -> str:
 
 
 def _check_pairs(value: object, where: str) -> list[list[str]]:
-    if type(value) is list and all(
-        type(p) is list and len(p) == 2 and type(p[0]) is str and type(p[1]) is str for p in value
-    ):
-        return value  # already exactly the wire shape
+    if _pairs_ok(value):
+        return value  # type: ignore[return-value]  # already exactly the wire shape
     if not isinstance(value, (list, tuple)):
         raise ProtocolError(f"{where} must be a list of [name, value] pairs")
     pairs = []

@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 from . import proctitle, streaming
@@ -44,6 +45,7 @@ _GRACE_AFTER_CLOSE_S = 5.0
 _CANCEL_POLL_AFTER_S = 0.001
 # How often a streaming handler's sends look for CANCELs of its own batch (clients that left).
 _STREAM_POLL_S = 0.01
+_NONE_CANCELLED: frozenset[str] = frozenset()
 # The exit status of a worker that got a frame it cannot trust (1: its handler failed to load).
 EXIT_PROTOCOL_ERROR = 3
 
@@ -101,10 +103,10 @@ class Channel:
                 return
             self._take(self.decoder.feed(self._view[:n]))
 
-    def cancelled(self, batch_id: int) -> set[str]:
+    def cancelled(self, batch_id: int) -> Collection[str]:
         """Request ids of ``batch_id`` the server cancelled; forgets older batches' leftovers."""
         if not self._cancelled:
-            return set()
+            return _NONE_CANCELLED
         for stale in [b for b in self._cancelled if b < batch_id]:
             del self._cancelled[stale]
         return self._cancelled.pop(batch_id, set())

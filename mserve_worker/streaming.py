@@ -93,7 +93,7 @@ class Stream:
         body, content_type = encode_output(value, request.get_response_content_type() or "")
         if position in self.started:
             return ChunkItem(position, body)
-        headers = [[k, v] for k, v in request.get_response_headers().items()]
+        headers = request.response_header_pairs()
         return ChunkItem(position, body, request.get_response_status_code(), content_type, headers)
 
     def drain(self, iterators: Mapping[int, Iterator[Any]]) -> dict[int, str]:

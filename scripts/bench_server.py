@@ -65,19 +65,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 from harness import (
+    CALLGRIND,
     REPO,
     Server,
     build_archives,
+    callgrind_per_call,
     cpu_seconds,
     cpu_split,
     load_generator,
     medians,
-    run,
 )
 
 
@@ -527,24 +527,6 @@ def _drive(host: str, port: int, headers: dict[str, str], body: bytes, n: int,
         raise SystemExit(f"callgrind run: {len(failed)} answer(s) not 200: {failed[:5]}")
 
 
-def _instructions(pid: int, out: Path, drive: Callable[[int], None], n: int) -> float:
-    """Instructions the process ``pid`` (running under callgrind) executes per request: warm
-    up, zero its counters, send ``n`` requests, dump, read the total."""
-    drive(300)
-    run(["callgrind_control", "-z", str(pid)])
-    drive(n)
-    run(["callgrind_control", "-d", str(pid)])
-    time.sleep(1)
-    dumps = sorted(out.parent.glob(f"{out.name}.{pid}.*"), key=lambda p: p.stat().st_mtime)
-    for line in dumps[-1].read_text().splitlines():
-        if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1]) / n
-    raise SystemExit(f"no totals in {dumps[-1]}")
-
-
-CALLGRIND = ("valgrind", "--tool=callgrind", "--trace-children=no")
-
-
 def callgrind_rows(work: Path, body: bytes, n: int) -> None:
     """Instructions per request of the frontend alone (callgrind: user-space instructions,
     the same from run to run whatever the machine's load or steal), N echo requests over 16
@@ -584,7 +566,7 @@ def callgrind_rows(work: Path, body: bytes, n: int) -> None:
         key = json.loads((run_dir / "key_file.json").read_text())["inference"]["key"]
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
         host, port = str(status["inference"]).rsplit(":", 1)
-        mserve = _instructions(
+        mserve = callgrind_per_call(
             proc.pid, out, lambda k: _drive(host, int(port), headers, body, k), n
         )
     finally:
@@ -593,7 +575,7 @@ def callgrind_rows(work: Path, body: bytes, n: int) -> None:
     bare = BareEcho(BARE_HTTPTOOLS, {}, tuple(grind))
     try:
         headers["Authorization"] = "Bearer " + "x" * len(key)
-        plain = _instructions(bare.pid, out, lambda k: _drive(bare.host, bare.port, headers,
+        plain = callgrind_per_call(bare.pid, out, lambda k: _drive(bare.host, bare.port, headers,
                                                              body, k), n)  # fmt: skip
     finally:
         bare.stop()

@@ -342,6 +342,32 @@ class Machine:
         )
 
 
+# --- instruction counts ------------------------------------------------------------------
+
+
+# valgrind's callgrind: user-space instructions, the same from run to run whatever the machine's
+# load or steal; Python runs ~50x slower under it. Add --callgrind-out-file=<prefix>.%p.
+CALLGRIND = ("valgrind", "--tool=callgrind", "--trace-children=no")
+
+
+def callgrind_per_call(
+    pid: int, out: Path, drive: Callable[[int], None], n: int, warmup: int = 300
+) -> float:
+    """Instructions the process ``pid`` (running under callgrind, writing ``<out>.<pid>.*``)
+    executes per call of ``drive``'s unit: ``drive(warmup)``, zero its counters, ``drive(n)``,
+    dump, read the total."""
+    drive(warmup)
+    run(["callgrind_control", "-z", str(pid)])
+    drive(n)
+    run(["callgrind_control", "-d", str(pid)])
+    time.sleep(1)
+    dumps = sorted(out.parent.glob(f"{out.name}.{pid}.*"), key=lambda p: p.stat().st_mtime)
+    for line in dumps[-1].read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1]) / n
+    raise SystemExit(f"no totals in {dumps[-1]}")
+
+
 def medians(runs: list[dict[str, float]]) -> dict[str, float]:
     """Each figure's median over the rounds' runs."""
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}

@@ -932,3 +932,41 @@ def test_chunk_build_error_names_the_field() -> None:
         chunk_frame(1, [ChunkItem(0, "text")])  # type: ignore[arg-type]
     with pytest.raises(ProtocolError, match=r"CHUNK chunks\[1\].status must be an HTTP status"):
         chunk_frame(1, [ChunkItem(0, b""), ChunkItem(1, b"", 1000)])
+
+
+@pytest.mark.parametrize(
+    ("batch_id", "items", "handler_ms"),
+    [
+        (1, [ResponseItem(200, b"x", "application/json", [])], 1.234),
+        (
+            7,
+            [
+                ResponseItem(
+                    404, b"", 'text/plain; charset="utf-8"', [["X-A", 'é"\\\n'], ["b", "c"]]
+                ),
+                ResponseItem(200, b"yy"),
+            ],
+            None,
+        ),
+        (0, [], 0.0),
+        (3, [ResponseItem(200, b"x", "a\ud800b", [])], 2.5),  # a lone surrogate: escaped
+        (3, [ResponseItem(200, b"x", "ok", [["k", "\u2028\x00"]])], 1e-7),
+        (2**32, [ResponseItem(599, b"x" * 3, "", [])], 123456789.123),
+    ],
+)
+def test_result_meta_written_directly_is_the_encoders_bytes(
+    batch_id: int, items: list[ResponseItem], handler_ms: float | None
+) -> None:
+    # result_frame writes the usual RESULT meta itself (the JSON encoder is slow on small
+    # dicts): the bytes on the wire must be exactly those of encoding frame.meta.
+    frame = result_frame(batch_id, items, handler_ms=handler_ms)
+    assert frame.meta_text is not None
+    assert encode_bytes(frame) == encode_bytes(replace(frame, meta_text=None))
+    (decoded,) = decode_all(encode_bytes(frame))
+    assert decoded.meta == frame.meta
+
+
+def test_result_meta_not_json_is_refused_as_before() -> None:
+    frame = result_frame(1, [ResponseItem(200, b"")], handler_ms=float("inf"))
+    with pytest.raises(ProtocolError, match="RESULT frame meta is not JSON-serialisable"):
+        encode_bytes(frame)
