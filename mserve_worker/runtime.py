@@ -38,6 +38,7 @@ _RECV_BYTES = 1 << 18
 # After the server closes the channel, how long a worker still busy in its handler may run on
 # (the server's own stop waits 5 s before SIGTERM); none if the server process is gone.
 _GRACE_AFTER_CLOSE_S = 5.0
+_PF_EXITING = 0x4  # /proc/<pid>/stat flags: the process is being torn down (linux/sched.h)
 # A batch that waited behind others for longer than this gets a look at the socket for CANCELs
 # first; one that waited less is run at once. With eight requests in flight, polling before every
 # batch was one failing recv() per request for a window of a few hundred microseconds.
@@ -141,12 +142,15 @@ def _load(init: dict, channel: Channel, sandbox: dict | None = None) -> HandlerS
 
 
 def _server_gone(server_pid: int | None) -> bool:
-    """Whether the server process has ended (a zombie counts: it has, only nobody reaped it)."""
+    """Whether the server process has ended or is ending: a zombie counts (nobody reaped it
+    yet), and so does a process the kernel is tearing down (PF_EXITING), which is what a kill -9
+    looks like at the moment its sockets close: the EOF can come before the zombie."""
     if server_pid is None:
         return False
     try:
         with open(f"/proc/{server_pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] == "Z"
+            fields = f.read().rpartition(")")[2].split()
+        return fields[0] in ("Z", "X") or bool(int(fields[6]) & _PF_EXITING)
     except FileNotFoundError:
         return True
     except OSError:  # no /proc: ask the kernel
@@ -180,9 +184,15 @@ def _exit_with_server(fd: int, server_pid: int | None) -> None:
         sys.stderr.flush()
     except Exception:  # stderr is a pipe to the server, which may be gone with it
         pass
+    _kill_own_group()
+    os._exit(1)
+
+
+def _kill_own_group() -> None:
+    """SIGKILL this worker's process group: the worker and anything its handler started (a
+    forked child, a multiprocessing pool), which would otherwise live on, reparented to init."""
     if os.getpgid(0) == os.getpid():  # the server made this process its group's leader
         os.killpg(0, signal.SIGKILL)
-    os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,9 +245,11 @@ def _serve(channel: Channel, fd: int) -> int:
             channel.send(Frame(Kind.LOAD_FAILED, {"error": error, "traceback": ""}))
             return 1
     server_pid = init.meta.get("server_pid")
+    if type(server_pid) is not int:
+        server_pid = None
     threading.Thread(
         target=_exit_with_server,
-        args=(fd, server_pid if type(server_pid) is int else None),
+        args=(fd, server_pid),
         name="server-watch",
         daemon=True,
     ).start()
@@ -250,7 +262,7 @@ def _serve(channel: Channel, fd: int) -> int:
         while True:
             frame = channel.receive()
             if frame is None:
-                return 0  # the server closed the channel: we must not outlive it
+                break  # the server closed the channel: we must not outlive it
             if frame.kind != Kind.BATCH:
                 raise ProtocolError(f"unexpected {frame.kind.name} frame after INIT")
             batch_id, items = parse_batch(frame)
@@ -270,6 +282,11 @@ def _serve(channel: Channel, fd: int) -> int:
             channel.send(reply)
     finally:
         service.shutdown()
+    # A server that stops waits for us, then kills what is left of our group; a killed one
+    # cannot, and the server-watch thread may lose the race to this exit: take the group now.
+    if _server_gone(server_pid):
+        _kill_own_group()
+    return 0
 
 
 def _show_model(meta: dict) -> None:

@@ -73,6 +73,8 @@ def handle(data, context):
             out.append(b"x" * int(body["n"]))
             continue
         if cmd == "sleep":
+            if body.get("path"):  # says it has begun: the worker is inside its handler now
+                open(body["path"], "w").close()
             time.sleep(float(body.get("s", 1)))
         if cmd == "touch":  # leaves a trace, so a test can tell whether a request ran
             with open(body["path"], "w") as f:
