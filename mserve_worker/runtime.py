@@ -141,17 +141,32 @@ def _load(init: dict, channel: Channel, sandbox: dict | None = None) -> HandlerS
     return service
 
 
-def _server_gone(server_pid: int | None) -> bool:
+def _open_server_stat(server_pid: int | None) -> int | None:
+    """The server's ``/proc`` stat, opened before the sandbox closes other processes' folders
+    to the worker: Landlock checks a file when it is opened, not when it is read."""
+    if server_pid is None:
+        return None
+    try:
+        return os.open(f"/proc/{server_pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _server_gone(server_pid: int | None, stat_fd: int | None = None) -> bool:
     """Whether the server process has ended or is ending: a zombie counts (nobody reaped it
     yet), and so does a process the kernel is tearing down (PF_EXITING), which is what a kill -9
     looks like at the moment its sockets close: the EOF can come before the zombie."""
     if server_pid is None:
         return False
     try:
-        with open(f"/proc/{server_pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
+        if stat_fd is not None:
+            text = os.pread(stat_fd, 4096, 0).decode("ascii", "replace")
+        else:
+            with open(f"/proc/{server_pid}/stat") as f:
+                text = f.read()
+        fields = text.rpartition(")")[2].split()
         return fields[0] in ("Z", "X") or bool(int(fields[6]) & _PF_EXITING)
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped (a held stat file says ESRCH)
         return True
     except OSError:  # no /proc: ask the kernel
         try:
@@ -163,7 +178,7 @@ def _server_gone(server_pid: int | None) -> bool:
         return False
 
 
-def _exit_with_server(fd: int, server_pid: int | None) -> None:
+def _exit_with_server(fd: int, server_pid: int | None, stat_fd: int | None) -> None:
     """Die with the server, even in the middle of a batch.
 
     An idle worker reads the channel's EOF and exits; a busy one reads its socket only after
@@ -177,7 +192,7 @@ def _exit_with_server(fd: int, server_pid: int | None) -> None:
     while not poller.poll():
         pass
     deadline = time.monotonic() + _GRACE_AFTER_CLOSE_S
-    while time.monotonic() < deadline and not _server_gone(server_pid):
+    while time.monotonic() < deadline and not _server_gone(server_pid, stat_fd):
         time.sleep(0.1)
     try:
         print("mserve-worker: the server closed the channel and is gone; exiting", file=sys.stderr)
@@ -234,6 +249,10 @@ def _serve(channel: Channel, fd: int) -> int:
         raise ProtocolError(f"expected an INIT frame first, got {init.kind.name}")
     _check_init(init.meta)
     _show_model(init.meta)  # before any thread starts: threads take the command name with them
+    server_pid = init.meta.get("server_pid")
+    if type(server_pid) is not int:
+        server_pid = None
+    stat_fd = _open_server_stat(server_pid)  # before the sandbox
     sandbox = None
     if isinstance(init.meta.get("sandbox"), dict):  # before any thread: Landlock binds a thread
         from . import confine
@@ -244,12 +263,9 @@ def _serve(channel: Channel, fd: int) -> int:
             error = f"cannot confine the worker: {exc}"
             channel.send(Frame(Kind.LOAD_FAILED, {"error": error, "traceback": ""}))
             return 1
-    server_pid = init.meta.get("server_pid")
-    if type(server_pid) is not int:
-        server_pid = None
     threading.Thread(
         target=_exit_with_server,
-        args=(fd, server_pid),
+        args=(fd, server_pid, stat_fd),
         name="server-watch",
         daemon=True,
     ).start()
@@ -284,7 +300,7 @@ def _serve(channel: Channel, fd: int) -> int:
         service.shutdown()
     # A server that stops waits for us, then kills what is left of our group; a killed one
     # cannot, and the server-watch thread may lose the race to this exit: take the group now.
-    if _server_gone(server_pid):
+    if _server_gone(server_pid, stat_fd):
         _kill_own_group()
     return 0
 

@@ -8,10 +8,13 @@ import json
 import os
 import signal
 import socket
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -190,9 +193,7 @@ def test_callers_that_left_do_not_fill_the_queue(make_archive, start_server) -> 
 
 
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "exec"])
-def test_busy_workers_exit_when_the_server_is_killed(
-    make_archive, start_server, fork, tmp_path
-) -> None:
+def test_busy_workers_exit_when_the_server_is_killed(make_archive, start_server, fork) -> None:
     """A worker in a long handler call does not read its socket, so the EOF alone would let it
     run on after kill -9 of the server; it must notice the server is gone. Both kinds: workers
     forked from the template, and workers started as fresh interpreters."""
@@ -203,14 +204,18 @@ def test_busy_workers_exit_when_the_server_is_killed(
     workers = server.worker_pids("probe")
     parents = {psutil.Process(w).ppid() for w in workers}
     assert len(parents) == 1 and (server.pid in parents) is not fork
-    begun = [tmp_path / f"begun{i}" for i in range(len(workers))]
+    marks = [f"begun-{uuid.uuid4().hex}" for _ in workers]
     clients = [
-        _later(0, partial(server.predict, "probe", {"cmd": "sleep", "s": 600, "path": str(p)}))[0]
-        for p in begun
+        _later(0, partial(server.predict, "probe", {"cmd": "sleep", "s": 600, "mark": m}))[0]
+        for m in marks
     ]
     # inside their handlers, not only BUSY: the server says BUSY as it queues a batch, one loop
     # turn before the batch is written, and a worker that never got it exits as an idle one
-    wait_until(lambda: all(p.exists() for p in begun), 10, "both workers to be in the handler")
+    tmp_dirs = [server.run_dir / "scratch" / "probe-1.0", Path(tempfile.gettempdir())]
+    wait_until(
+        lambda: all(any((d / m).exists() for d in tmp_dirs) for m in marks),
+        10, "both workers to be in the handler",
+    )  # fmt: skip
     os.kill(server.pid, signal.SIGKILL)
     wait_until(lambda: not any(pid_alive(w) for w in workers), 10, "the busy workers to exit")
     wait_until(lambda: not pid_alive(child), 10, "the first one's child to exit")
