@@ -39,6 +39,7 @@ _RECV_BYTES = 1 << 18
 # After the server closes the channel, how long a worker still busy in its handler may run on
 # (the server's own stop waits 5 s before SIGTERM); none if the server process is gone.
 _GRACE_AFTER_CLOSE_S = 5.0
+_PF_EXITING = 0x4  # /proc/<pid>/stat flags: the process is being torn down (linux/sched.h)
 # A batch that waited behind others for longer than this gets a look at the socket for CANCELs
 # first; one that waited less is run at once. With eight requests in flight, polling before every
 # batch was one failing recv() per request for a window of a few hundred microseconds.
@@ -142,14 +143,32 @@ def _load(init: dict, channel: Channel, sandbox: dict | None = None) -> HandlerS
     return service
 
 
-def _server_gone(server_pid: int | None) -> bool:
-    """Whether the server process has ended (a zombie counts: it has, only nobody reaped it)."""
+def _open_server_stat(server_pid: int | None) -> int | None:
+    """The server's ``/proc`` stat, opened before the sandbox closes other processes' folders
+    to the worker: Landlock checks a file when it is opened, not when it is read."""
+    if server_pid is None:
+        return None
+    try:
+        return os.open(f"/proc/{server_pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _server_gone(server_pid: int | None, stat_fd: int | None = None) -> bool:
+    """Whether the server process has ended or is ending: a zombie counts (nobody reaped it
+    yet), and so does a process the kernel is tearing down (PF_EXITING), which is what a kill -9
+    looks like at the moment its sockets close: the EOF can come before the zombie."""
     if server_pid is None:
         return False
     try:
-        with open(f"/proc/{server_pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] == "Z"
-    except FileNotFoundError:
+        if stat_fd is not None:
+            text = os.pread(stat_fd, 4096, 0).decode("ascii", "replace")
+        else:
+            with open(f"/proc/{server_pid}/stat") as f:
+                text = f.read()
+        fields = text.rpartition(")")[2].split()
+        return fields[0] in ("Z", "X") or bool(int(fields[6]) & _PF_EXITING)
+    except (FileNotFoundError, ProcessLookupError):  # reaped (a held stat file says ESRCH)
         return True
     except OSError:  # no /proc: ask the kernel
         try:
@@ -161,7 +180,7 @@ def _server_gone(server_pid: int | None) -> bool:
         return False
 
 
-def _exit_with_server(fd: int, server_pid: int | None) -> None:
+def _exit_with_server(fd: int, server_pid: int | None, stat_fd: int | None) -> None:
     """Die with the server, even in the middle of a batch.
 
     An idle worker reads the channel's EOF and exits; a busy one reads its socket only after
@@ -175,16 +194,22 @@ def _exit_with_server(fd: int, server_pid: int | None) -> None:
     while not poller.poll():
         pass
     deadline = time.monotonic() + _GRACE_AFTER_CLOSE_S
-    while time.monotonic() < deadline and not _server_gone(server_pid):
+    while time.monotonic() < deadline and not _server_gone(server_pid, stat_fd):
         time.sleep(0.1)
     try:
         print("mserve-worker: the server closed the channel and is gone; exiting", file=sys.stderr)
         sys.stderr.flush()
     except Exception:  # stderr is a pipe to the server, which may be gone with it
         pass
+    _kill_own_group()
+    os._exit(1)
+
+
+def _kill_own_group() -> None:
+    """SIGKILL this worker's process group: the worker and anything its handler started (a
+    forked child, a multiprocessing pool), which would otherwise live on, reparented to init."""
     if os.getpgid(0) == os.getpid():  # the server made this process its group's leader
         os.killpg(0, signal.SIGKILL)
-    os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,6 +251,10 @@ def _serve(channel: Channel, fd: int) -> int:
         raise ProtocolError(f"expected an INIT frame first, got {init.kind.name}")
     _check_init(init.meta)
     _show_model(init.meta)  # before any thread starts: threads take the command name with them
+    server_pid = init.meta.get("server_pid")
+    if type(server_pid) is not int:
+        server_pid = None
+    stat_fd = _open_server_stat(server_pid)  # before the sandbox
     sandbox = None
     if isinstance(init.meta.get("sandbox"), dict):  # before any thread: Landlock binds a thread
         from . import confine
@@ -236,10 +265,9 @@ def _serve(channel: Channel, fd: int) -> int:
             error = f"cannot confine the worker: {exc}"
             channel.send(Frame(Kind.LOAD_FAILED, {"error": error, "traceback": ""}))
             return 1
-    server_pid = init.meta.get("server_pid")
     threading.Thread(
         target=_exit_with_server,
-        args=(fd, server_pid if type(server_pid) is int else None),
+        args=(fd, server_pid, stat_fd),
         name="server-watch",
         daemon=True,
     ).start()
@@ -252,7 +280,7 @@ def _serve(channel: Channel, fd: int) -> int:
         while True:
             frame = channel.receive()
             if frame is None:
-                return 0  # the server closed the channel: we must not outlive it
+                break  # the server closed the channel: we must not outlive it
             if frame.kind != Kind.BATCH:
                 raise ProtocolError(f"unexpected {frame.kind.name} frame after INIT")
             batch_id, items = parse_batch(frame)
@@ -272,6 +300,11 @@ def _serve(channel: Channel, fd: int) -> int:
             channel.send(reply)
     finally:
         service.shutdown()
+    # A server that stops waits for us, then kills what is left of our group; a killed one
+    # cannot, and the server-watch thread may lose the race to this exit: take the group now.
+    if _server_gone(server_pid, stat_fd):
+        _kill_own_group()
+    return 0
 
 
 def _show_model(meta: dict) -> None:

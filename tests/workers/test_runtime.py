@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,19 @@ def test_a_result_carries_the_handler_time_and_what_it_recorded(monkeypatch) -> 
     service, context = loaded("echo_fn", "echo:handle")
     frame = result(service, 2, RequestItem("r2", "", [], b"x"))
     assert "metrics" not in frame.meta and "handler_ms" in frame.meta
+
+
+def test_the_server_counts_as_gone_once_it_is_a_zombie_or_reaped() -> None:
+    """What a worker asks before killing its process group on EOF: a live server is not gone (it
+    stops its workers and kills their groups itself); an unreaped zombie and a reaped pid are."""
+    from mserve_worker.runtime import _server_gone
+
+    assert not _server_gone(os.getpid())
+    assert not _server_gone(None)  # an older server that sent no pid
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not _server_gone(proc.pid):  # a zombie, unreaped
+        time.sleep(0.01)
+    assert _server_gone(proc.pid)
+    proc.wait()
+    assert _server_gone(proc.pid)

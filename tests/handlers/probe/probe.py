@@ -8,6 +8,7 @@ report of its environment and context.
 
 import json
 import os
+import tempfile
 import time
 
 INIT_CALLS = []
@@ -73,6 +74,8 @@ def handle(data, context):
             out.append(b"x" * int(body["n"]))
             continue
         if cmd == "sleep":
+            if body.get("mark"):  # says it has begun, in TMPDIR (the sandbox's scratch folder)
+                open(os.path.join(tempfile.gettempdir(), body["mark"]), "w").close()
             time.sleep(float(body.get("s", 1)))
         if cmd == "touch":  # leaves a trace, so a test can tell whether a request ran
             with open(body["path"], "w") as f:
