@@ -184,8 +184,13 @@ def test_model_description_and_instance_id(make_archive, start_server, tmp_path)
 def test_kernel_shutdown_runs_on_scale_down_unregister_and_server_stop(
     make_archive, start_server, tmp_path
 ) -> None:
-    marker = tmp_path / "shutdown.txt"
-    settings = {"kernel": {"attributes": [{"key": "shutdown_marker", "value": str(marker)}]}}
+    out = tmp_path / "out"  # the kernel writes here: outside its scratch, so granted
+    out.mkdir()
+    marker = out / "shutdown.txt"
+    settings = {
+        "kernel": {"attributes": [{"key": "shutdown_marker", "value": str(marker)}]},
+        "sandbox": {"writePaths": [str(out)]},
+    }
     make_archive("kernel_probe", "probe_kernel", "probe", "-c", _config(tmp_path, "s", settings))
     server = start_server("probe=probe.mar")
     first = server.predict("probe", {}).json()["instance_id"]
