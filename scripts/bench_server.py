@@ -23,7 +23,9 @@ each row's median over the rounds.
 
 ``--ceiling``: only the echo model (1 worker, 16 connections) next to bare HTTP echo servers
 started in the same run, round by round: a bare protocol over httptools and uvloop (what
-server/http/ is built on, doing nothing else) and a raw ASGI app on uvicorn (when installed:
+server/http/ is built on, doing nothing else), the same plus a hop to a forked worker process
+and back (the fair ceiling for a server whose handler runs elsewhere: against it mserve's
+frontend and worker CPU count), and a raw ASGI app on uvicorn (when installed:
 ``pip install uvicorn``). CPU per request is the serving process's alone (for mserve the
 frontend, as the worker's is not HTTP's), then the medians and the ratios to each bare server.
 ``--callgrind N`` adds a figure that does not move with the machine's load: the user-space
@@ -376,6 +378,65 @@ async def main():
 
 uvloop.run(main())
 """
+# The fair ceiling for a server whose handler runs in another process: the bare httptools
+# server above, plus the hop mserve makes: each body goes to a forked worker process over a
+# socketpair (4-byte length, the bytes) and comes back before the answer. No batching, routing,
+# auth, log or codec: what any such server pays at least. Prints its port and the worker's pid.
+BARE_HOP = """
+import asyncio, collections, os, socket, struct, httptools, uvloop
+
+parent, child = socket.socketpair()
+worker_pid = os.fork()
+if worker_pid == 0:
+    parent.close()
+    while True:
+        head = child.recv(4, socket.MSG_WAITALL)
+        if len(head) < 4:
+            os._exit(0)
+        (n,) = struct.unpack("<I", head)
+        child.sendall(head + (child.recv(n, socket.MSG_WAITALL) if n else b""))
+child.close()
+waiting = collections.deque()  # the HTTP transports whose bodies are at the worker, in order
+
+class Worker(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.buf = b""
+
+    def data_received(self, data):
+        self.buf += data
+        while len(self.buf) >= 4:
+            (n,) = struct.unpack_from("<I", self.buf)
+            if len(self.buf) < 4 + n:
+                return
+            body, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
+            waiting.popleft().write(b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\n"
+                                    b"Content-Length: %d\\r\\n\\r\\n%b" % (len(body), body))
+
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.parser, self.body = transport, httptools.HttpRequestParser(self), []
+
+    def data_received(self, data):
+        self.parser.feed_data(data)
+
+    def on_body(self, body):
+        self.body.append(body)
+
+    def on_message_complete(self):
+        body, self.body = b"".join(self.body), []
+        waiting.append(self.transport)
+        worker.write(struct.pack("<I", len(body)) + body)
+
+async def main():
+    global worker
+    loop = asyncio.get_running_loop()
+    worker, _ = await loop.create_connection(Worker, sock=parent)
+    server = await loop.create_server(Echo, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], worker_pid, flush=True)
+    await asyncio.Event().wait()
+
+uvloop.run(main())
+"""
 # A raw ASGI echo app on uvicorn (uvloop, httptools, no access log): the frontend ceiling.
 BARE_UVICORN = """
 import socket, uvicorn
@@ -410,9 +471,11 @@ class BareEcho:
                                      stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL if prefix else None)  # fmt: skip
         assert self.proc.stdout is not None
-        self.port = int(self.proc.stdout.readline())
+        port, *others = self.proc.stdout.readline().split()  # a bare hop: the worker's pid
+        self.port = int(port)
         self.host = "127.0.0.1"
         self.pid = self.proc.pid
+        self.pids = [self.pid, *map(int, others)]
         self.headers = headers
         deadline = time.monotonic() + 600  # uvicorn binds first, listens later; valgrind is slow
         while True:
@@ -440,11 +503,13 @@ def _dummy_headers(server: Server) -> dict[str, dict[str, str]]:
 
 
 def _bare_run(bare: BareEcho, load, body: bytes, duration: int) -> dict[str, float]:
-    before = cpu_seconds([bare.pid])
+    """``frontend_us``: CPU per request of every process of the bare server (a bare hop's
+    worker included, as mserve's rows add theirs in ``total_us``)."""
+    before = cpu_seconds(bare.pids)
     machine = psutil.cpu_times()
     r = load(bare, "/predictions/echo", body, 16, duration)
     r.update(cpu_split(machine, psutil.cpu_times()))
-    r["frontend_us"] = (cpu_seconds([bare.pid]) - before) / max(r["rps"] * duration, 1.0) * 1e6
+    r["frontend_us"] = (cpu_seconds(bare.pids) - before) / max(r["rps"] * duration, 1.0) * 1e6
     r["worker_us"] = 0.0
     return r
 
@@ -456,9 +521,9 @@ def ceiling_rows(server: Server, load, body: bytes, duration: int, rounds: int) 
     try:
         import uvicorn  # noqa: F401
 
-        bares = {"httptools": BARE_HTTPTOOLS, "uvicorn": BARE_UVICORN}
+        bares = {"httptools": BARE_HTTPTOOLS, "uvicorn": BARE_UVICORN, "hop": BARE_HOP}
     except ImportError:
-        bares = {"httptools": BARE_HTTPTOOLS}
+        bares = {"httptools": BARE_HTTPTOOLS, "hop": BARE_HOP}
         print("uvicorn is not installed: its row is skipped (pip install uvicorn)")
     scale(server, "echo", 1)
     server.request("POST", "/predictions/echo", body)
@@ -490,16 +555,21 @@ def ceiling_rows(server: Server, load, body: bytes, duration: int, rounds: int) 
             print(row(f"bare {name}", r))
     print(f"medians over {rounds} round(s):")
     med_rows = {label: medians(runs) for label, runs in results.items()}
+    ours = med_rows["mserve echo"]
     for label, med in med_rows.items():
         if label != "mserve echo":
-            med_rows["mserve echo"][f"x {label}"] = (
-                med_rows["mserve echo"]["frontend_us"] / med["frontend_us"]
-            )
+            # a bare hop has a worker process too: compare frontend + worker with it
+            mine = ours["frontend_us"] + (ours["worker_us"] if label == "bare hop" else 0.0)
+            ours[f"x {label}"] = mine / med["frontend_us"]
     for label, med in med_rows.items():
         print(row(label, med))
     ratios = ", ".join(f"{k[2:]} {v:.2f}x" for k, v in med_rows["mserve echo"].items()
                        if k.startswith("x bare "))  # fmt: skip
-    print(f"mserve echo CPU per request over the bare servers': {ratios}")
+    print(
+        f"mserve echo CPU per request over the bare servers': {ratios}"
+        f" (against the bare hop: frontend + worker,"
+        f" {ours['frontend_us'] + ours['worker_us']:.0f} us)"
+    )
 
 
 def _drive(host: str, port: int, headers: dict[str, str], body: bytes, n: int,
