@@ -349,6 +349,51 @@ def lean_rows(work: Path, bodies: dict[str, bytes], rounds: int) -> None:
               f" steal median {statistics.median(runs[(model, 'steal')]):.0f}%")  # fmt: skip
 
 
+def drop_page_cache() -> str | None:
+    """Empty the kernel's page cache, as a new machine or pod starts (root only): None when
+    done, else why not."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3")
+    except OSError as exc:
+        return f"cannot drop the page cache ({exc.strerror}): run as root for the cold rows"
+    return None
+
+
+def first_start_rows(work: Path, bodies: dict[str, bytes], rounds: int) -> None:
+    """The very first start of each model: a fresh run dir (nothing unpacked, no template
+    preload learned), with a warm and with a dropped page cache, each beside its floor (a bare
+    interpreter; ``import torch`` for the MLP) taken in the same cache state."""
+    runs: dict[tuple[str, str, str], list[float]] = {}
+    caches = ["warm", "cold"]
+    why = drop_page_cache()
+    if why:
+        print(why)
+        caches = ["warm"]
+    for n in range(rounds):
+        for cache in caches:
+            for model, body in bodies.items():
+                what, code = FLOORS.get(model, FLOORS["echo"])
+                if cache == "cold":
+                    drop_page_cache()
+                floor = interpreter_s(code, runs=1)
+                shutil.rmtree(work / "run", ignore_errors=True)
+                if cache == "cold":
+                    drop_page_cache()
+                cold = one_start(work, model, body, "pss")["cold"]
+                runs.setdefault((model, cache, "floor"), []).append(floor)
+                runs.setdefault((model, cache, "start"), []).append(cold)
+                print(f"round {n + 1}, {model}, {cache} page cache: first start {cold:.2f} s,"
+                      f" floor ({what}) {floor:.2f} s ({load_average()})")  # fmt: skip
+    print(f"medians over {rounds} round(s):")
+    for model in bodies:
+        for cache in caches:
+            start_s = statistics.median(runs[(model, cache, "start")])
+            floor_s = statistics.median(runs[(model, cache, "floor")])
+            print(f"{model:<5} {cache} page cache: first start to first answer {start_s:.2f} s,"
+                  f" floor {floor_s:.2f} s, +{start_s - floor_s:.2f} s over it")  # fmt: skip
+
+
 # --- the HTTP ceiling: the echo path next to bare HTTP servers, same run --------------------
 
 # The least an HTTP server over httptools and uvloop (what server/http/ is built on) can do
@@ -669,6 +714,11 @@ def main() -> None:
         "--lean", action="store_true", help="only cold start, memory (PSS) and first scale rows"
     )
     parser.add_argument(
+        "--first-start",
+        action="store_true",
+        help="only the very first start (fresh run dir), warm and dropped page cache (root)",
+    )
+    parser.add_argument(
         "--profile-start",
         action="store_true",
         help="only the steps from mserve --start to the first answer",
@@ -690,7 +740,7 @@ def main() -> None:
     try:
         byte_compile()
         build_archives(work, with_mlp and not args.ceiling)
-        if args.lean or args.profile_start:
+        if args.lean or args.profile_start or args.first_start:
             bodies = {"echo": b'{"x": 1}'}
             if with_mlp:
                 bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
@@ -699,6 +749,8 @@ def main() -> None:
                     profile_start(work, model, body)
             if args.lean:
                 lean_rows(work, bodies, args.rounds)
+            if args.first_start:
+                first_start_rows(work, bodies, args.rounds)
             return
         # cold start: start command to the first successful prediction
         t0 = time.perf_counter()
