@@ -32,7 +32,7 @@ python tests/deploy/k8s_tools.py
 missing=()
 command -v prometheus >/dev/null || missing+=(prometheus)
 command -v tmux >/dev/null || missing+=(tmux)
-if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null; then
+if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "==> apt-get install ${missing[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
