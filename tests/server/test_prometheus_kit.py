@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 
 from tests.server.conftest import Server, http, wait_until
 from tests.server.test_auth import _self_signed
@@ -199,11 +200,18 @@ def test_every_panel_has_data_and_the_fault_fires_its_alerts(
     def dead() -> list[tuple[str, str]]:
         return [(title, expr) for title, expr in exprs if not prom.query(expr)]
 
-    wait_until(lambda: not dead(), 20, "every dashboard expression to return data")
+    try:
+        wait_until(lambda: not dead(), 20, "every dashboard expression to return data")
+    except AssertionError:
+        raise AssertionError(f"dashboard expressions without data: {dead()}") from None
     # every series the rules read is there
     names = set(SERIES.findall(RULES.read_text()))
     assert names >= {"mserve_workers_ready", "mserve_tls_certificate_expiry_timestamp_seconds"}
     assert [n for n in sorted(names) if not prom.query(f"count({n})")] == []
+    # the certificate's notAfter, as the certificate says it
+    [expiry] = prom.query("mserve_tls_certificate_expiry_timestamp_seconds")
+    not_after = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+    assert float(expiry["value"][1]) == not_after.timestamp()
     # the fault: the failed model has no ready worker and its requests all fail; the
     # certificate (a day left) is about to expire. The healthy model raises nothing.
     expected = {
