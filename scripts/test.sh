@@ -27,7 +27,7 @@ fi
 echo "==> helm for the deploy tests"
 python tests/deploy/k8s_tools.py
 # tests/server/test_prometheus_kit.py runs Debian's prometheus (and promtool); the mserve top
-# test drives a real terminal in tmux. Installed with apt when missing (prometheus: ~30 s);
+# test drives a real terminal in tmux. Installed with apt when missing (once per machine);
 # without apt those tests skip and say why.
 missing=()
 command -v prometheus >/dev/null || missing+=(prometheus)
