@@ -52,6 +52,7 @@ from server.rundir import (
     write_json_atomic,
 )
 from server.status import models_status, sandbox_status
+from server.tls import certificate_not_after
 from server.workers.env_vars import WorkerEnvironment, hide_own_environ
 from server.workers.launch import Launcher
 from server.workers.preload import PreloadMemory
@@ -120,6 +121,10 @@ class Server:
         )
         self.registry = Registry(config, self.gpus, __version__, self.launcher, self.metrics)
         self.metrics.watch(self.registry.all, self.registry.residency)
+        if config.certificate_file:
+            not_after = certificate_not_after(config.certificate_file)
+            if not_after is not None:
+                self.metrics.watch_certificate(config.certificate_file, not_after)
         self.keys = None if config.disable_token_authorization else _keys(config)
         self.listeners: list[HttpServer] = []
         self.grpc_listeners: list[GrpcListener] = []

@@ -142,6 +142,10 @@ class ModelVersion:
             if s.worker is not None and s.worker.state in (WorkerState.READY, WorkerState.BUSY)
         )
 
+    def worker_states(self) -> list[str]:
+        """Each worker's state, for ``mserve_workers{state}`` (server/metrics.py)."""
+        return [s.worker.state.value for s in self.slots if s.worker is not None]
+
     def worker_load_ms(self) -> list[tuple[str, float]]:
         """(worker id, how long it took to load) of each worker that has loaded."""
         return [
