@@ -470,6 +470,20 @@ class Context:
         """The value of request header ``key`` (any case), or None when it was not sent."""
         return self._request(idx).get_request_property(key)
 
+    def trace_context(self, idx: int = 0) -> dict[str, str]:
+        """Request ``idx``'s W3C trace context, ``{"traceparent": ..., "tracestate": ...}``
+        (only the headers it has; empty when untraced): with the server tracing, the parent
+        is the server's span of the request, else what the client sent. Pass it to
+        OpenTelemetry's ``TraceContextTextMapPropagator().extract()`` or on to another
+        service."""
+        request = self._request(idx)
+        found = {}
+        for name in ("traceparent", "tracestate"):
+            value = request.get_request_property(name)
+            if value is not None:
+                found[name] = value
+        return found
+
     def get_all_request_header(self, idx: int) -> dict[str, str]:
         return self._request(idx).get_request_properties()
 

@@ -431,9 +431,12 @@ def result_frame(
     *,
     handler_ms: float | None = None,
     metrics: Sequence[dict[str, Any]] | None = None,
+    phases: Sequence[Sequence[Any]] | None = None,
 ) -> Frame:
     """``handler_ms``: how long the handler took on the batch; ``metrics``: what it recorded
-    through ``context.metrics`` (the key is left out when there is nothing)."""
+    through ``context.metrics`` (the key is left out when there is nothing); ``phases``: a
+    traced batch's handler phases, ``[name, start_ms, duration_ms]`` from the handler call's
+    start (the server makes spans of them)."""
     _check_uint(batch_id, "RESULT batch_id")
     entries = []
     # each entry's JSON, while every entry is the usual one
@@ -469,6 +472,9 @@ def result_frame(
         meta["handler_ms"] = handler_ms
     if metrics:
         meta["metrics"] = list(metrics)
+        texts = None
+    if phases:
+        meta["phases"] = [list(p) for p in phases]
         texts = None
     text = None
     if texts is not None and (

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Collection
 from typing import Any
 
-from . import compat, stand_ins, streaming
+from . import compat, stand_ins, streaming, tracing
 from .context import Context, Metrics
 from .contract import HandlerLoadError, LoadedHandler
 from .imports import loaded_packages
@@ -67,6 +67,10 @@ class HandlerService:
         self.load_s = 0.0
         # installed packages the handler pulled in: what this environment's template preloads
         self.imports: list[str] = []
+        # the last batch's handler phases, [name, start_ms, duration_ms] (traced batches of
+        # handlers that have phases; else None): the RESULT carries them to the server
+        self.phases: list[list[Any]] | None = None
+        self._otel = tracing.Bridge()
 
     @property
     def style(self) -> str:
@@ -164,19 +168,20 @@ class HandlerService:
                 responses[i] = ResponseItem(400, str(exc).encode(), "text/plain; charset=utf-8")
                 continue
             groups.setdefault((item.op, api), []).append(i)
+        traced = tracing.traced_by_server(items)
+        phases: list[tracing.Phase] | None = [] if traced else None
+        context._mserve_phases = phases  # type: ignore[attr-defined]  # BaseHandler's record
+        restore = self._otel.enter(items[0]) if items and (traced or self._otel_wanted) else None
         started = time.perf_counter()
-        for (op, api), indexes in groups.items():
-            failure = _serve_group(
-                op, indexes, items, decoded, handler, context, responses,
-                self.max_response_bytes, api, prepared,
-            )  # fmt: skip
-            if failure is None:
-                continue
-            if len(groups) == 1:
-                raise BatchFailed(failure["error"], failure["traceback"])
-            # A batch mixing operations: only the requests of the failed one share its fate.
-            for i in indexes:
-                responses[i] = _failed(failure["error"], i, stream)
+        try:
+            failure = self._serve_groups(groups, items, decoded, prepared, responses, stream)
+        finally:
+            if restore is not None:
+                restore()
+            context._mserve_phases = None  # type: ignore[attr-defined]
+        self.phases = tracing.phase_offsets(phases, started) if phases else None
+        if failure is not None:
+            raise failure
         for i, item in enumerate(items) if with_api else ():  # v1/v2 errors in OIP's shape
             response = responses[i]
             if item.api and response is not None and response.status >= 400 and (
@@ -190,6 +195,33 @@ class HandlerService:
         if isinstance(metrics, Metrics) and len(metrics):  # NaN and infinities are not JSON
             recorded = [m for m in metrics.drain() if math.isfinite(m["value"])]
         return [r for r in responses if r is not None], handler_ms, recorded
+
+    @property
+    def _otel_wanted(self) -> bool:
+        """Without the server tracing, a client's traceparent still parents the handler's
+        spans where opentelemetry is installed (looked for once)."""
+        return self._otel.available()
+
+    def _serve_groups(
+        self, groups: dict[tuple[str, str], list[int]], items: list[RequestItem],
+        decoded: dict[int, Any], prepared: dict[int, oip_serving.Prepared],
+        responses: list[ResponseItem | None], stream: streaming.Stream | None,
+    ) -> BatchFailed | None:  # fmt: skip
+        """One handler call per group; the batch's failure when it failed as a whole."""
+        handler, context = self.handler, self.context
+        for (op, api), indexes in groups.items():
+            failure = _serve_group(
+                op, indexes, items, decoded, handler, context, responses,
+                self.max_response_bytes, api, prepared,
+            )  # fmt: skip
+            if failure is None:
+                continue
+            if len(groups) == 1:
+                return BatchFailed(failure["error"], failure["traceback"])
+            # A batch mixing operations: only the requests of the failed one share its fate.
+            for i in indexes:
+                responses[i] = _failed(failure["error"], i, stream)
+        return None
 
     def shutdown(self) -> None:
         """Run the handler's stop hook (its ``shutdown()``, a kernel's ``on_kernel_shutdown``)."""

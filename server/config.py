@@ -174,6 +174,15 @@ class ServerConfig:
     # "torchserve": TorchServe's log files (ts_log.log, access_log.log, model_log.log) in place
     # of ours (mserve.log, access.log), in TorchServe's line formats.
     log_layout: str = "mserve"
+    # "json": one JSON object per line in mserve.log and access.log, for log shippers (the
+    # TorchServe layout's files keep TorchServe's line formats); "text": our lines.
+    log_format: str = "text"
+    # OpenTelemetry traces (server/tracing.py): exported over OTLP to otel_endpoint (unset:
+    # the standard OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else tracing is off), with
+    # otel_protocol "http/protobuf" or "grpc", sampling otel_sampling_ratio of new traces.
+    otel_endpoint: str | None = None
+    otel_protocol: str | None = None
+    otel_sampling_ratio: float | None = None
     # "torchserve" (what the ``torchserve`` command runs; server/torchserve.py): every file where
     # TorchServe writes it, relative to start_dir (the folder the server was started from):
     # key_file.json there, the logs in log_dir (TorchServe's LOG_LOCATION, default logs/), the
@@ -361,6 +370,7 @@ _AT_LEAST_ONE = frozenset(
 _CHOICES = {
     "metrics_mode": ("prometheus", "log", "legacy"),
     "log_layout": ("mserve", "torchserve"),
+    "log_format": ("text", "json"),
     "layout": ("mserve", "torchserve"),
     "batch_wait": BATCH_WAITS,
     "service_envelope": ("", "kserve", "kservev2", "json", "body"),
@@ -572,6 +582,9 @@ def load_config(
     config = _merge(layers)
     if config.torchserve:  # TorchServe's own defaults, below everything the user said
         config = _merge([("TorchServe's defaults", TORCHSERVE_DEFAULTS), *layers])
+    from server.tracing import trace_settings  # here: tracing imports this module
+
+    trace_settings(config, env)  # bad tracing settings fail here, before the server starts
     return config
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import uvloop
 
 from archiver import __version__
-from server import snapshot, ts_snapshot
+from server import snapshot, tracing, ts_snapshot
 from server.accesslog import AccessLogFile
 from server.auth import Keys, open_warning, read_key_file
 from server.config import ServerConfig
@@ -198,7 +198,10 @@ class Server:
         if config.access_log:
             torchserve = config.log_layout == "torchserve"
             name = "access_log.log" if torchserve else "access.log"
-            self.access_log = AccessLogFile(config.log_path / name, torchserve=torchserve)
+            self.access_log = AccessLogFile(
+                config.log_path / name, torchserve=torchserve,
+                json_lines=config.log_format == "json",
+            )  # fmt: skip
         if self.keys is not None:
             self.keys.write()
             log.info("token authorization is on: keys in %s", self.keys.path)
@@ -413,6 +416,8 @@ class Server:
         await asyncio.gather(*grpc_stops)
         if self.keys is not None:
             self.keys.remove()
+        if tracing.current is not None:  # what is still buffered goes out (bounded)
+            await asyncio.to_thread(tracing.current.shutdown)
         log.info("mserve stopped")
 
 
@@ -455,6 +460,7 @@ def run_server(
     if early is None:
         early = start_early(config, models)
     console = setup_logging(config, foreground)
+    tracing.setup(config)  # before hide_own_environ: the OTEL_* variables are read here
     if config.torchserve:
         answer_as_torchserve()
     for warning in warnings or ():

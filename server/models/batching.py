@@ -19,6 +19,7 @@ from mserve_worker.protocol import RequestItem, ResponseItem
 
 if TYPE_CHECKING:
     from server.streaming import ChunkStream
+    from server.tracing import RequestTrace
     from server.workers.channel import Batch
     from server.workers.process import Worker
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 class Job:
     """One request on a model's queue (a plain class with slots: one is made per request)."""
 
-    __slots__ = ("enqueued_at", "future", "item", "retried", "sent", "sent_at", "stream")
+    __slots__ = ("enqueued_at", "future", "item", "retried", "sent", "sent_at", "stream", "trace")
 
     def __init__(self, item: RequestItem, future: asyncio.Future[ResponseItem]) -> None:
         self.item = item
@@ -37,6 +38,7 @@ class Job:
         self.sent_at = 0.0  # monotonic time its batch was sent (TorchServe's queue latency ends)
         # its streamed response, once the worker sent a first chunk (the future holds it too)
         self.stream: ChunkStream | None = None
+        self.trace: RequestTrace | None = None  # its server span, while tracing is on
 
 
 class Flag(Protocol):
@@ -95,6 +97,8 @@ class JobQueue:
         while self._jobs:
             job = self._jobs.popleft()
             if not job.future.done():  # the client went away: costs no worker time
+                if job.trace is not None:
+                    job.trace.popped = time.monotonic()  # its queue wait ends
                 return job
         return None
 

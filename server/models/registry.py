@@ -16,6 +16,7 @@ from typing import Any
 
 from archiver import Manifest
 from mserve_worker.protocol import MAX_U32
+from server import tracing
 from server.config import ModelEntry, ServerConfig
 from server.devices import GpuAllocator
 from server.download import Downloader, Progress, is_remote
@@ -281,15 +282,22 @@ class Registry:
 
     async def _prepare(self, model: ModelVersion, env: EnvRequest | None, wait: bool) -> None:
         """Build (or reuse) the model's environment, then start its workers."""
-        if env is not None:
-            model.stage = "building environment"
-            # the key walks installed distributions (tens of ms): off the loop, like the build
-            model.env_key = await asyncio.to_thread(self.envs.key, env)
-            model.python = await asyncio.to_thread(self.envs.ensure, env)
-        model.stage = "starting workers" if wait else None
-        model.prepared = True  # from now on a request finding no worker starts one
-        await model.scale(model.settings.min_workers, model.settings.max_workers, wait, source=None)
-        model.stage = None
+        with tracing.span("mserve.model.load", **{
+            "mserve.model": model.name, "mserve.model_version": model.version
+        }):  # fmt: skip
+            if env is not None:
+                model.stage = "building environment"
+                with tracing.span("mserve.environment.build", **{"mserve.model": model.label}):
+                    # the key walks installed distributions (tens of ms): off the loop, like
+                    # the build
+                    model.env_key = await asyncio.to_thread(self.envs.key, env)
+                    model.python = await asyncio.to_thread(self.envs.ensure, env)
+            model.stage = "starting workers" if wait else None
+            model.prepared = True  # from now on a request finding no worker starts one
+            await model.scale(
+                model.settings.min_workers, model.settings.max_workers, wait, source=None
+            )
+            model.stage = None
 
     async def _prepare_in_background(self, model: ModelVersion, env: EnvRequest | None) -> None:
         try:

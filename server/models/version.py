@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mserve_worker.protocol import RequestItem
 from server.devices import GpuPlan, shown_gpu_id, worker_env_for
@@ -36,6 +36,9 @@ from server.models.settings import ModelSettings, shown, with_changes
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
 from server.workers.sandbox import ModelSandbox
+
+if TYPE_CHECKING:
+    from server.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -206,11 +209,11 @@ class ModelVersion:
         """A request finding no worker starts one: max_workers 0 keeps TorchServe's 503."""
         return self.settings.max_workers >= 1 and self.prepared
 
-    def enqueue(self, item: RequestItem) -> Job:
+    def enqueue(self, item: RequestItem, trace: RequestTrace | None = None) -> Job:
         """Queue a request; the job's future gets its answer. A caller that goes away cancels
         the future and calls :meth:`withdraw`: the request is dropped if no worker has started
         it. Raises at once when the request cannot be queued (429 queue full, 503 no worker or
-        failed model)."""
+        failed model). ``trace``: the request's server span (server/tracing.py)."""
         if self.failed is not None:
             raise ServiceUnavailable(f"model {self.label} has failed: {self.failed}")
         if not self.slots:
@@ -222,6 +225,7 @@ class ModelVersion:
             self._load_on_demand()
         self.last_used = time.monotonic()
         job = Job(item, self.queue.new_future())
+        job.trace = trace
         try:
             self.queue.put(job, self._waiting_in_workers())
         except QueueFull:
