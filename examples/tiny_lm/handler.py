@@ -10,19 +10,23 @@ result, whether it is finished (and then drops its state). Each call's result is
 each request's streamed answer.
 
 Without continuous batching, ``handle`` returns one generator per request: the whole answer,
-streamed a token at a time, each request decoding alone.
+streamed a token at a time, the requests of one call decoded together until the last one ends
+(static batching).
 
 A request's body: the OpenAI API's JSON (``prompt``, ``max_tokens``, ``temperature``,
 ``top_p``, ``seed``; docs/generative.md), TorchServe's LLM examples' ``{"prompt",
-"max_new_tokens"}``, or the prompt as plain text. Each piece is ``{"text", "tokens", "ids"}``,
+"max_new_tokens"}``, or the prompt as plain text; ``ignore_eos`` makes every answer
+``max_tokens`` long (benchmarks). Each piece is ``{"text", "tokens", "ids"}``,
 the first with ``prompt_tokens``, the last with ``finish_reason``.
 """
 
 from __future__ import annotations
 
 import codecs
+import collections
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,6 +39,7 @@ DEFAULT_MAX_TOKENS = 64
 ALLOWED = torch.full((258,), float("-inf"))
 ALLOWED[32:127] = 0.0
 ALLOWED[10] = 0.0
+NO_EOS = ALLOWED.clone()
 ALLOWED[EOS] = 0.0
 
 
@@ -65,6 +70,7 @@ class _State:
             self.generator.seed()
         else:
             self.generator.manual_seed(int(seed))
+        self.ignore_eos = bool(body.get("ignore_eos"))  # fixed lengths, for benchmarks
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.cache: Any = None
         self.next_token = -1
@@ -73,7 +79,8 @@ class _State:
     def take(self, logits: torch.Tensor, cache: Any) -> dict[str, Any]:
         """Sample the next token from ``logits``; the piece it makes."""
         self.cache = cache
-        token = sample(logits + ALLOWED, self.temperature, self.top_p, self.generator)
+        allowed = NO_EOS if self.ignore_eos else ALLOWED
+        token = sample(logits + allowed, self.temperature, self.top_p, self.generator)
         self.next_token = token
         self.made += 1
         piece: dict[str, Any] = {"ids": [token], "tokens": 1}
@@ -88,6 +95,51 @@ class _State:
                 piece["text"] += self.decoder.decode(b"", final=True)
                 piece["finish_reason"] = "length"
         return piece
+
+
+class _Lockstep:
+    """Static batching: the requests of one call decoded together, a step for all the
+    unfinished ones whenever one of them needs its next piece (the server reads the streams
+    round by round); a request that finished early waits for no one, one whose client left
+    is dropped from the steps."""
+
+    def __init__(self, model: Any, states: list[_State]) -> None:
+        self.model = model
+        self.states = states
+        self.ready: list[collections.deque[dict[str, Any]]] = [collections.deque() for _ in states]
+        self.live = set(range(len(states)))
+        self.prefilled = False
+
+    def pieces(self, i: int) -> Iterator[dict[str, Any]]:
+        try:
+            while True:
+                if not self.ready[i]:
+                    self._step()
+                piece = self.ready[i].popleft()
+                yield piece
+                if "finish_reason" in piece:
+                    return
+        finally:
+            self.live.discard(i)
+
+    def _step(self) -> None:
+        if not self.prefilled:
+            self.prefilled = True
+            for i, state in enumerate(self.states):
+                self._took(i, state.take(*self.model.prefill(state.ids)))
+            return
+        live = sorted(self.live)
+        states = [self.states[i] for i in live]
+        logits, caches = self.model.decode(
+            [s.next_token for s in states], [s.cache for s in states]
+        )
+        for j, i in enumerate(live):
+            self._took(i, self.states[i].take(logits[j], caches[j]))
+
+    def _took(self, i: int, piece: dict[str, Any]) -> None:
+        self.ready[i].append(piece)
+        if "finish_reason" in piece:
+            self.live.discard(i)
 
 
 class _Stop:
@@ -123,16 +175,19 @@ class TinyLMHandler(BaseHandler):
         self.context = context
         if self.continuous:
             return self.postprocess(self.inference(self.preprocess(data)))
-        out = []
+        out: list[Any] = []
+        states = []
         for idx, row in enumerate(data):
             try:
-                state = self._start(row)
+                states.append(self._start(row))
             except ValueError as exc:
                 context.set_response_status(400, str(exc), idx)
                 out.append(str(exc))
                 continue
-            out.append(self._alone(state))
-        return out
+            out.append(None)
+        lockstep = _Lockstep(self.model, states)
+        streams = iter(lockstep.pieces(i) for i in range(len(states)))
+        return [next(streams) if o is None else o for o in out]
 
     # TorchServe's continuous batching ------------------------------------------------------
 
@@ -198,13 +253,3 @@ class TinyLMHandler(BaseHandler):
                 " to answer"
             )
         return state
-
-    def _alone(self, state: _State) -> Any:
-        logits, kv = self.model.prefill(state.ids)
-        while True:
-            piece = state.take(logits, kv)
-            yield piece
-            if "finish_reason" in piece:
-                return
-            logits, kvs = self.model.decode([state.next_token], [state.cache])
-            logits, kv = logits[0], kvs[0]

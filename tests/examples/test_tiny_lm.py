@@ -140,6 +140,29 @@ def test_continuous_batching_contract(model_dir: Path) -> None:
     assert pieces["b"][-1]["finish_reason"] == "length" and len(pieces["b"]) == 5
 
 
+def test_static_batching_decodes_a_call_together(model_dir: Path) -> None:
+    """Without continuous batching, one call's requests advance in lockstep (read round by
+    round, as the worker reads them), each getting its answer alone; a prompt too long is a
+    400 in its place, the others go on."""
+    bodies = [{"prompt": f"request {i}", "max_tokens": 3 + 4 * i, "seed": i} for i in range(3)]
+    handler, context = _handler(model_dir, False)
+    _start(context, ["a", "b", "long", "c"])
+    data = [{"body": b} for b in bodies]
+    data.insert(2, {"body": {"prompt": "z" * 400}})
+    outputs = handler.handle(data, context)
+    assert outputs[2].startswith("the prompt is 401 tokens")
+    streams = [o for o in outputs if o is not outputs[2]]
+    got: list[list[dict[str, Any]]] = [[] for _ in streams]
+    live = set(range(len(streams)))
+    while live:
+        for i in sorted(live):
+            try:
+                got[i].append(next(streams[i]))
+            except StopIteration:
+                live.discard(i)
+    assert got == [_alone(model_dir, b) for b in bodies]
+
+
 def test_a_prompt_over_the_context_is_refused(model_dir: Path) -> None:
     handler, context = _handler(model_dir, False)
     _start(context, ["x"])
