@@ -26,6 +26,15 @@ MAX_N = 16  # choices per request: each one is a job on the model's queue
 MAX_STOP = 4  # OpenAI's bound
 
 
+# Asked for, they would change the answer's meaning: refused rather than ignored.
+_UNSUPPORTED = (
+    ("tools", "tools (function calling) are"),
+    ("functions", "functions are"),
+    ("logprobs", "log probabilities are"),
+    ("response_format", "structured output is"),
+)
+
+
 class OpenAIError(MserveError):
     """A refusal in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``
     (server/http/answer.py writes it for every error on ``/openai/`` paths)."""
@@ -225,6 +234,11 @@ def read_body(kind: str, raw: bytes) -> dict[str, Any]:
 
 def completion(kind: str, body: dict[str, Any], declared: Generative) -> Completion:
     """A checked chat or completion request (``body`` passed :func:`read_body`)."""
+    for param, what in _UNSUPPORTED:
+        value = body.get(param)
+        if value and not (param == "response_format" and value == {"type": "text"}):
+            raise OpenAIError(400, f"{param}: {what} not supported by mserve's OpenAI API",
+                              param, "unsupported_parameter")  # fmt: skip
     given = body.get("max_completion_tokens") or body.get("max_tokens")
     param = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
     limit = declared.context_length

@@ -258,6 +258,18 @@ def test_bad_parameters_name_the_parameter(
     }  # fmt: skip
 
 
+def test_what_would_change_the_answer_is_refused_not_ignored(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="gen", messages=_say("x"), logprobs=True)
+    assert caught.value.body == {
+        "message": "logprobs: log probabilities are not supported by mserve's OpenAI API",
+        "type": "invalid_request_error", "param": "logprobs", "code": "unsupported_parameter",
+    }  # fmt: skip
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    with pytest.raises(openai.BadRequestError, match="function calling"):
+        client.chat.completions.create(model="gen", messages=_say("x"), tools=[tool])
+
+
 def test_max_tokens_over_the_context(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="gen", messages=_say("x"), max_tokens=500)
