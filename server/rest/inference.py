@@ -30,11 +30,13 @@ from server.metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion
+from server.openai.api import OpenAIAPI
 from server.operations import models_page
 from server.rest.description import answer_description
 from server.rest.routes import (
     INFER,
     MODELS,
+    OPENAI,
     PING,
     V1_MODELS,
     V1_READY,
@@ -63,6 +65,7 @@ class InferenceAPI:
         self.registry = registry
         self.metrics = metrics
         self.max_response_bytes = max_response_bytes
+        self.openai = OpenAIAPI(registry, metrics, request_id, max_response_bytes)
 
     def route(self, conn: Connection, req: Request) -> None:
         if answer_description("inference", conn, req):
@@ -78,6 +81,8 @@ class InferenceAPI:
             if route.explain:  # TorchServe adds this header; handlers written for it look at it
                 req.headers.append(["explain", "True"])
             self._infer(conn, req, route.model, route.version, route.op, route.api)
+        elif kind == OPENAI:
+            self.openai.route(conn, req, route.op, route.model)
         elif kind == PING:
             healthy = self.registry.healthy()
             status = {"status": "Healthy" if healthy else "Unhealthy"}
