@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import collections
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from .protocol import METRIC_TYPES
@@ -43,13 +44,14 @@ class RequestProcessor:
     def __init__(
         self,
         request_id: str,
-        headers: Iterable[Sequence[Any]] | None = (),
+        headers: Iterable[Sequence[Any]] | Callable[[], Iterable[Sequence[Any]]] | None = (),
         body: bytes | bytearray | memoryview = b"",
     ) -> None:
         self.request_id = request_id
         self.body = body  # as the client sent it; valid while its batch runs
         # The header lookup is built at the first question: most handlers never ask, and every
-        # request of every batch gets one of these.
+        # request of every batch gets one of these. ``headers`` may be a callable returning the
+        # pairs (start_batch: a packed BATCH entry's are split only when read; protocol.py).
         self._raw_headers = headers
         self._indexed: tuple[dict[str, str], dict[str, str]] | None = None
         self._status_code = 200
@@ -63,7 +65,8 @@ class RequestProcessor:
             return self._indexed
         headers: dict[str, str] = {}
         names: dict[str, str] = {}
-        for pair in self._raw_headers or ():
+        raw = self._raw_headers
+        for pair in (raw() if callable(raw) else raw) or ():
             name, value = pair[0], pair[1]
             if type(name) is not str or type(value) is not str:  # the protocol sends str
                 name, value = _text(name), _text(value)
@@ -445,7 +448,8 @@ class Context:
         """
         self.operation = operation
         self.request_processor = [
-            RequestProcessor(r.request_id, r.headers, getattr(r, "body", b"")) for r in requests
+            RequestProcessor(r.request_id, partial(getattr, r, "headers"), getattr(r, "body", b""))
+            for r in requests
         ]
         self.request_ids = {i: r.request_id for i, r in enumerate(self.request_processor)}
         if isinstance(self.metrics, Metrics):

@@ -156,8 +156,11 @@ class HandlerService:
                     prepared[i] = oip.prepare_enveloped(item)
                     decoded[i], api = prepared[i].row, prepared[i].api
                 else:
-                    decoded[i] = decode_request(
-                        item.content_type, item.headers, item.body, item.params
+                    decoded[i] = decode_request(  # headers only for a missing content type: read,
+                        item.content_type,  # a packed BATCH entry's are split (protocol.py)
+                        () if item.content_type else item.headers,
+                        item.body,
+                        item.params,
                     )
                 if oip.bare and api != "v2" and item.op in ("", "explain"):
                     decoded[i] = oip_serving.bare_row(decoded[i])

@@ -246,6 +246,10 @@ class BatchPump:
                     _end_stream(job.stream, result, self.label)
             handler_ms, entries = worker.result_metrics(batch)
             self.stats.batch_done(handler_ms, entries, live, time.perf_counter() - started)
+            # answered: nothing reads its jobs any more (CHUNKs came before the RESULT), and
+            # job.sent -> batch -> jobs -> job was a cycle per batch, ~20 objects a request left
+            # for the garbage collector to find (~4% of the frontend's instructions, callgrind)
+            batch.jobs = None
         except Exception as exc:  # the supervisor's guard: never strand a caller
             log.exception("model %s: unexpected error settling a batch", self.label)
             _fail(live, InternalError(f"internal error answering the batch: {exc!r}"))
