@@ -156,6 +156,12 @@ class V2ModelServer:
         """Change the response (``{"id", "model_name", "outputs", ...}``) before it is sent."""
         return response
 
+    def logged_results(self, request: dict[str, Any], response: Any, op: str) -> Any:
+        """What model monitoring records of a request, when the server logs this model
+        (docs/server.md, Inference logging): ``(inputs, outputs)`` lists to record instead
+        of the request and response, or ``(None, None)`` to record them as they are."""
+        return None, None
+
 
 class DataItem(str):
     """A file of the model folder: a ``str`` path, with mlrun's DataItem reading helpers."""
