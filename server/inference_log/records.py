@@ -146,8 +146,7 @@ class Encoder:
         request's, then the response's (only for a 200, as KServe does), paired by id."""
         out = []
         logged = record.logged
-        # KServe sends the response under the request's content type too
-        content_type = record.request_type or record.response_type or "application/json"
+        content_type = record.request_type or "application/octet-stream"
         if requests:
             if logged is not None:
                 data = _json_bytes(self.redacted(logged.get("request")))
@@ -160,6 +159,9 @@ class Encoder:
                 data = _json_bytes(self.redacted(logged["resp"]))
                 content_type = "application/json"
             else:
+                # KServe labels it with the request's content type; the answer's own is right
+                # where they differ (a gRPC form in, JSON out)
+                content_type = record.response_type or content_type
                 data = self._event_body(record.response_type, record.response_body)
             out.append(self._message(RESPONSE_EVENT, record, content_type, data, logged))
         return out
