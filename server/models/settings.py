@@ -67,6 +67,7 @@ SETTINGS = (
             request="inference_log_redact"),
 )  # fmt: skip
 ENTRY_SETTINGS = tuple(s for s in SETTINGS if s.entry)
+INFERENCE_LOG_SETTINGS = tuple(s for s in SETTINGS if s.attr.startswith("inference_log"))
 
 
 @dataclass(frozen=True)

@@ -239,6 +239,13 @@ def test_sampling_batching_and_registration_parameters(
     assert not (server.run_dir / "inference_log" / "echo").exists()
     assert not (server.run_dir / "inference_log" / "sampled").exists()  # files turned off
 
+    # the snapshot keeps what the registration set
+    assert server.cli("--stop").returncode == 0
+    server = start_server(config={"inference_log_flush_s": 60}, run_dir=server.run_dir)
+    described = server.manage("GET", "/models/sampled").json()[0]
+    assert (described["inferenceLog"], described["inferenceLogSample"]) == ("all", 3)
+    assert described["settingSources"]["inference_log_sample"] == "api"
+
     bad = server.manage("POST", "/models?url=echo.mar&model_name=bad&inference_log=everything")
     assert bad.status == 400
     assert bad.json()["message"] == (
