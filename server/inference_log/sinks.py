@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from server.inference_log.post import Poster
 from server.inference_log.records import Encoder, Record
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class FileSink:
 
 class CloudEventsSink:
     """POSTs each record's CloudEvents (binary content mode) to ``url``; a batch's events go
-    out concurrently on one client's kept-alive connections."""
+    out together, pipelined on kept-alive connections (server/inference_log/post.py)."""
 
     name = "cloudevents"
 
@@ -92,41 +93,32 @@ class CloudEventsSink:
         self, url: str, encoder: Encoder, requests: bool, responses: bool, timeout_s: float,
         connections: int,
     ) -> None:  # fmt: skip
-        import httpx  # only a server that sends CloudEvents pays for the import
-
-        self._errors = httpx.HTTPError
         self.url = url
         self.encoder = encoder
         self.requests = requests
         self.responses = responses
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=connections),
-            follow_redirects=False,
-            trust_env=False,  # a receiver beside the server: no proxy from the environment
-        )
+        self._poster = Poster(url, timeout_s, connections)
         self.last_error = ""
 
     async def send(self, records: list[Record]) -> list[Record]:
-        outcomes = await asyncio.gather(*(self._post(r) for r in records))
-        return [r for r, ok in zip(records, outcomes, strict=True) if not ok]
-
-    async def _post(self, record: Record) -> bool:
-        for message in self.encoder.events(record, self.requests, self.responses):
-            try:
-                reply = await self._client.post(
-                    self.url, content=message.body, headers=message.headers
-                )
-            except self._errors as exc:
-                self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else repr(exc)
-                return False
-            if not 200 <= reply.status_code < 300:
-                self.last_error = f"the receiver answered {reply.status_code}"
-                return False
-        return True
+        messages, owners = [], []
+        for i, record in enumerate(records):
+            for message in self.encoder.events(record, self.requests, self.responses):
+                messages.append((message.headers, message.body))
+                owners.append(i)
+        statuses, why = await self._poster.post_all(messages)
+        undelivered = set()
+        for owner, status in zip(owners, statuses, strict=True):
+            if status is None or not 200 <= status < 300:
+                undelivered.add(owner)
+                if status is not None:
+                    why = why or f"the receiver answered {status}"
+        if undelivered:
+            self.last_error = why
+        return [r for i, r in enumerate(records) if i in undelivered]
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._poster.close()
 
 
 Sink = Any  # FileSink | CloudEventsSink: ``name``, ``send(records)``, ``close()``
