@@ -262,12 +262,18 @@ def test_sampling_batching_and_registration_parameters(
     )
 
 
-def test_files_rotate_by_size_and_keep_a_bounded_count(make_archive, start_server) -> None:
-    make_archive("echo_fn", "echo:handle", "echo")
+def test_files_rotate_by_size_and_keep_a_bounded_count(
+    make_archive, start_server, tmp_path
+) -> None:
+    config = tmp_path / "model-config.yaml"  # the archive's model config turns it on
+    config.write_text("inferenceLog: request\ninferenceLogBatch: 2\n")
+    make_archive("echo_fn", "echo:handle", "echo", "--config-file", str(config))
     server = start_server("echo=echo.mar", config={
-        "inference_log": "request", "inference_log_flush_s": 0.05,
-        "inference_log_file_max_bytes": 400, "inference_log_file_count": 2,
+        "inference_log_flush_s": 30, "inference_log_file_max_bytes": 800,
+        "inference_log_file_count": 2,
     })  # fmt: skip
+    described = server.manage("GET", "/models/echo").json()[0]
+    assert described["settingSources"]["inference_log"] == "archive"
     for n in range(12):
         assert server.predict("echo", {"n": n, "pad": "x" * 100}).status == 200
     folder = server.run_dir / "inference_log" / "echo"
@@ -277,7 +283,7 @@ def test_files_rotate_by_size_and_keep_a_bounded_count(make_archive, start_serve
     assert names == ["1.0.jsonl", "1.0.jsonl.1", "1.0.jsonl.2"]
     for path in folder.iterdir():
         lines = _lines(path)
-        assert lines and path.stat().st_size <= 400
+        assert len(lines) == 2 and path.stat().st_size <= 800  # one batch each
         assert all("resp" not in line for line in lines)  # mode request: no responses
     newest = [line["request"]["n"] for line in _lines(folder / "1.0.jsonl")]
     older = [line["request"]["n"] for line in _lines(folder / "1.0.jsonl.1")]
