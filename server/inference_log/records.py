@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from mserve_worker.payload import _is_json  # what the worker parses as JSON
+
 if TYPE_CHECKING:
     from cloudevents.core.bindings.http import HTTPMessage
 
@@ -86,6 +88,24 @@ class Encoder:
         except UnicodeDecodeError:
             return {"base64": base64.b64encode(data).decode("ascii")}
 
+    def value_text(self, content_type: str, body: bytes, parsed: bool = False) -> str:
+        """:meth:`value` as JSON text. A JSON body with nothing to redact goes in as it came,
+        its line breaks made spaces (in valid JSON a raw line break is whitespace between
+        tokens): encoding a parsed body again cost ~100 us per record for 256 floats, more
+        than the request itself. ``parsed``: the worker parsed it (a JSON request it did not
+        refuse), so it is not checked again."""
+        if body and not (self._keys or self._pointers) and "json" in content_type:
+            data = bytes(body)
+            try:
+                if not (parsed and _is_json(content_type.split(";")[0].strip().lower())):
+                    json.loads(data)
+                text = data.decode("utf-8")
+            except ValueError:  # UnicodeDecodeError included
+                pass
+            else:
+                return text.replace("\n", " ").replace("\r", " ")
+        return json.dumps(self.value(content_type, body), separators=(",", ":"))
+
     def redacted(self, value: Any) -> Any:
         """``value`` with the configured keys (at any depth) and JSON pointers replaced."""
         if self._keys:
@@ -128,16 +148,22 @@ class Encoder:
             for key in ("op", "class", "worker", "metrics", "error"):
                 if logged.get(key) not in (None, {}, ""):
                     out[key] = logged[key]
-        else:
-            out["request"] = self.value(record.request_type, record.request_body)
-            out["resp"] = self.value(record.response_type, record.response_body)
         if record.error is not None and "error" not in out:
             out["error"] = record.error
         if not requests:
             out.pop("request", None)
         if not responses:
             out.pop("resp", None)
-        return json.dumps(out, separators=(",", ":"), default=str)
+        text = json.dumps(out, separators=(",", ":"), default=str)
+        if logged is not None:
+            return text
+        bodies = []  # spliced in as JSON text (see value_text)
+        if requests:
+            body = self.value_text(record.request_type, record.request_body, record.status < 400)
+            bodies.append(f'"request":{body}')
+        if responses:
+            bodies.append(f'"resp":{self.value_text(record.response_type, record.response_body)}')
+        return f"{text[:-1]},{','.join(bodies)}}}" if bodies else text
 
     # --- CloudEvents ----------------------------------------------------------------------
 
