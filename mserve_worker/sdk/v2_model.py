@@ -35,6 +35,11 @@ becomes True. Each request of a batch is then served on its own:
 - any other operation ``POST /v2/models/{m}/{op}`` calls ``op_<op>(event)`` with a
   :class:`Event`; its return value is the response body.
 
+When the server logs the model for monitoring (docs/server.md, Inference logging), each
+predict/explain is recorded as mlrun's model monitoring stream has it: what
+``logged_results(request, response, op)`` returns (``(inputs, outputs)``), else the request and
+response; the values ``set_metric`` recorded ride along; a failure is recorded with its message.
+
 Errors answer only their own request, with TorchServe's ``{"code", "type", "message"}`` body:
 400 for a request ``preprocess`` or ``validate`` rejects, 404 for an unknown operation, 501 for
 an ``explain`` the class does not implement, 500 when ``predict``/``explain``/``op_*`` raise.

@@ -343,3 +343,32 @@ def test_v2_model_base_class_logs_everything_by_default() -> None:
         None,
     )
     assert (HANDLERS / "v2_logged" / "scorer.py").exists()
+
+
+def test_a_file_is_rotated_once_it_is_old(tmp_path) -> None:
+    """The age limit, on the file sink itself (a server would need minutes of traffic)."""
+    import asyncio
+
+    from server.inference_log.records import Encoder, Record
+    from server.inference_log.sinks import FileSink
+
+    path = tmp_path / "m" / "1.jsonl"
+    sink = FileSink(path, Encoder("m", "1", (), "http://localhost/", ""), 10**6, 0.2, 1)
+
+    def record(n: int) -> Record:
+        body = json.dumps({"n": n}).encode()
+        return Record(f"r{n}", f"r{n}", "", "", time.time(), 1, "application/json", body,
+                      200, "application/json", body, None, None)  # fmt: skip
+
+    async def write() -> None:
+        assert await sink.send([record(1)]) == []
+        assert await sink.send([record(2)]) == []  # young: the same file
+        await asyncio.sleep(0.3)
+        assert await sink.send([record(3)]) == []  # old: rotated first
+        await asyncio.sleep(0.3)
+        assert await sink.send([record(4)]) == []  # again; only one rotated file is kept
+
+    asyncio.run(write())
+    assert [line["request"]["n"] for line in _lines(path)] == [4]
+    assert [line["request"]["n"] for line in _lines(path.with_name("1.jsonl.1"))] == [3]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["1.jsonl", "1.jsonl.1"]
