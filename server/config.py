@@ -260,7 +260,7 @@ class ServerConfig:
     # KServe's event attributes (source, namespace).
     inference_log: str = "off"
     inference_log_sample: int = 1
-    inference_log_batch: int = 1
+    inference_log_batch: int = 32
     inference_log_url: str | None = None
     inference_log_file: bool = True
     inference_log_redact: tuple[str, ...] = ()
