@@ -437,7 +437,7 @@ def result_frame(
     """``handler_ms``: how long the handler took on the batch; ``metrics``: what it recorded
     through ``context.metrics`` (the key is left out when there is nothing); ``phases``: a
     traced batch's handler phases, ``[name, start_ms, duration_ms]`` from the handler call's
-    start (the server makes spans of them); ``inference_log``: ``[index, record]`` pairs a v2
+    start (the server makes spans of them); ``inference_log``: ``[request id, record]`` pairs a v2
     model class chose to log (left out when there is nothing)."""
     _check_uint(batch_id, "RESULT batch_id")
     entries = []

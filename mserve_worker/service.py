@@ -226,8 +226,10 @@ class HandlerService:
         return None
 
     def take_inference_log(self) -> list[list[Any]] | None:
-        """What the last batch's requests chose to log, as ``[index, record]`` pairs (v2 model
-        classes' ``logged_results``); None when the server does not log the model or none did."""
+        """What the last batch's requests chose to log, as ``[request id, record]`` pairs (v2
+        model classes' ``logged_results``); None when the server does not log the model or
+        none did. By id, not index: the handler sees each (operation, API) group of a batch
+        as a batch of its own."""
         records = getattr(self.context, "_mserve_inference_log", None)
         if not records:
             return None

@@ -250,7 +250,7 @@ def _log_result(
     else:
         record = {"request": {"id": event_id, "inputs": inputs or []},
                   "resp": {"outputs": outputs or []}}  # fmt: skip
-    records[idx] = _plain({**record, **_base(context, model, op)})
+    records[context.get_request_id(idx)] = _plain({**record, **_base(context, model, op)})
 
 
 def _log_error(context: Any, idx: int, model: Any, request: Any, op: str, exc: Exception) -> None:
@@ -258,7 +258,7 @@ def _log_error(context: Any, idx: int, model: Any, request: Any, op: str, exc: E
     records = getattr(context, "_mserve_inference_log", None)
     if records is not None:
         record = {"request": request, "error": str(exc), **_base(context, model, op)}
-        records[idx] = _plain(record)
+        records[context.get_request_id(idx)] = _plain(record)
 
 
 def _base(context: Any, model: Any, op: str) -> dict[str, Any]:

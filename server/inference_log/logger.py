@@ -87,15 +87,15 @@ class InferenceLogger:
         self, items: Sequence[RequestItem], results: Sequence[ResponseItem],
         enqueued_at: Sequence[float], logged: Any = None,
     ) -> None:  # fmt: skip
-        """A batch was answered; ``logged``: the worker's records by index (v2 model classes'
-        logged_results, a RESULT frame's ``inference_log``)."""
-        by_index = dict(logged) if logged else None
+        """A batch was answered; ``logged``: the worker's ``[request id, record]`` pairs (v2
+        model classes' logged_results, a RESULT frame's ``inference_log``)."""
+        by_id = _by_id(logged) if logged else None
         for i, (item, result) in enumerate(zip(items, results, strict=False)):
             if self._sampled():
                 error = None
                 if result.status >= 400 and "json" in (result.content_type or ""):
                     error = _error_message(result.body)
-                extra = by_index.get(i) if by_index is not None else None
+                extra = by_id.get(item.request_id) if by_id is not None else None
                 self._offer(item, result.status, result.content_type, result.body, error,
                             enqueued_at[i], extra if isinstance(extra, dict) else None)  # fmt: skip
 
@@ -217,6 +217,13 @@ class InferenceLogger:
             queue.records.clear()
             self._count(queue, "dropped", dropped)
             await queue.sink.close()
+
+
+def _by_id(logged: Any) -> dict[Any, Any]:
+    """A RESULT's ``inference_log`` pairs by request id; malformed ones ignored."""
+    if not isinstance(logged, list):
+        return {}
+    return {p[0]: p[1] for p in logged if isinstance(p, list) and len(p) == 2}
 
 
 def _event_id(item: RequestItem) -> str:

@@ -314,7 +314,7 @@ class BatchPump:
         jobs = [(j, r) for j, r in zip(live, results, strict=True) if j.stream is None]
         self.inference_log.settled(
             [j.item for j, _ in jobs], [r for _, r in jobs], [j.enqueued_at for j, _ in jobs],
-            reply.meta.get("inference_log") if len(jobs) == len(live) else None,
+            reply.meta.get("inference_log"),
         )  # fmt: skip
 
     def _chunk(self, worker: Worker, batch: Batch, frame: Frame) -> None:
