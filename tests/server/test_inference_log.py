@@ -308,7 +308,7 @@ def test_a_receiver_that_is_down_failing_or_slow_never_holds_requests(
             assert server.predict("echo", {"i": i}, headers={"ce-id": f"{tag}-{i}"}).status == 200
         return time.monotonic() - started
 
-    assert answered_in(40, "refused") < 10
+    assert answered_in(60, "refused") < 15  # while every send fails: answered at once
     wait_until(lambda: _counts(server).get(("echo", "cloudevents", "failed"), 0) > 0, 15,
                "failed records")  # fmt: skip
     counts = _counts(server)
