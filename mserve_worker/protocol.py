@@ -547,11 +547,13 @@ def result_frame(
     handler_ms: float | None = None,
     metrics: Sequence[dict[str, Any]] | None = None,
     phases: Sequence[Sequence[Any]] | None = None,
+    inference_log: Sequence[Sequence[Any]] | None = None,
 ) -> Frame:
     """``handler_ms``: how long the handler took on the batch; ``metrics``: what it recorded
     through ``context.metrics`` (the key is left out when there is nothing); ``phases``: a
     traced batch's handler phases, ``[name, start_ms, duration_ms]`` from the handler call's
-    start (the server makes spans of them)."""
+    start (the server makes spans of them); ``inference_log``: ``[request id, record]`` pairs a v2
+    model class chose to log (left out when there is nothing)."""
     _check_uint(batch_id, "RESULT batch_id")
     entries = []
     # each entry's JSON, while every entry is the usual one
@@ -590,6 +592,8 @@ def result_frame(
         texts = None
     if phases:
         meta["phases"] = [list(p) for p in phases]
+    if inference_log:
+        meta["inference_log"] = list(inference_log)
         texts = None
     text = None
     if texts is not None and (

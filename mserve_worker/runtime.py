@@ -291,6 +291,7 @@ def _serve(channel: Channel, fd: int) -> int:
                 reply = result_frame(
                     batch_id, responses, handler_ms=handler_ms, metrics=metrics,
                     phases=service.phases,
+                    inference_log=service.take_inference_log(),
                 )  # fmt: skip
             except BatchFailed as exc:
                 meta = {"error": exc.error, "traceback": exc.traceback, "batch_id": batch_id}

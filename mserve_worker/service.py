@@ -102,6 +102,8 @@ class HandlerService:
             model_version=init.get("model_version", ""),
             worker_id=init.get("worker_id", ""),
         )
+        if init.get("inference_log"):  # the server logs this model: v2 model classes fill it
+            context._mserve_inference_log = {}  # type: ignore[attr-defined]
         try:
             handler = load_handler(init["handler"], model_dir, context, init.get("handler_style"))
             # the model config's signature, and the server's envelope
@@ -225,6 +227,18 @@ class HandlerService:
             for i in indexes:
                 responses[i] = _failed(failure["error"], i, stream)
         return None
+
+    def take_inference_log(self) -> list[list[Any]] | None:
+        """What the last batch's requests chose to log, as ``[request id, record]`` pairs (v2
+        model classes' ``logged_results``); None when the server does not log the model or
+        none did. By id, not index: the handler sees each (operation, API) group of a batch
+        as a batch of its own."""
+        records = getattr(self.context, "_mserve_inference_log", None)
+        if not records:
+            return None
+        out = [[i, r] for i, r in records.items()]
+        records.clear()
+        return out
 
     def shutdown(self) -> None:
         """Run the handler's stop hook (its ``shutdown()``, a kernel's ``on_kernel_shutdown``)."""

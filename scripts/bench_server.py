@@ -3,6 +3,7 @@
 Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--rounds 3]]
        python scripts/bench_server.py --ceiling [--rounds 3] [--callgrind 2000]
        python scripts/bench_server.py --lean [--rounds 3] | --profile-start
+       python scripts/bench_server.py --inference-log [--rounds 3]
 
 Measures requests/s, p50/p99 latency and CPU per request (frontend, workers: steadier than
 req/s on a shared VM) at 1, 16 and 64 connections with 1 and 2 workers (wrk when installed, else
@@ -48,6 +49,9 @@ Every cold start figure (these and the default run's) is taken with ``server``, 
 install without ``PYTHONDONTWRITEBYTECODE`` has them: without ``.pyc`` files (this VM sets that
 variable) each start recompiles our modules, ~0.09 s more that no user pays.
 
+``--inference-log``: echo and the MLP with the inference log on for every request (both sinks)
+against the same models without it, in one run (scripts/bench_inflog.py says how).
+
 ``busy/steal/idle`` (every load row): the whole machine's CPU split during that run, from
 /proc/stat (psutil) before and after. The hypervisor steals CPU from this VM (up to 32% seen
 under load): a run taken while it steals X% is slower by about that much, so compare only rows
@@ -72,6 +76,7 @@ import time
 from pathlib import Path
 
 import psutil
+from bench_inflog import inference_log_rows
 from harness import (
     CALLGRIND,
     REPO,
@@ -733,6 +738,11 @@ def main() -> None:
         help="only the very first start (fresh run dir), warm and dropped page cache (root)",
     )
     parser.add_argument(
+        "--inference-log",
+        action="store_true",
+        help="only echo and MLP throughput with the inference log on (both sinks) vs off",
+    )
+    parser.add_argument(
         "--profile-start",
         action="store_true",
         help="only the steps from mserve --start to the first answer",
@@ -777,6 +787,12 @@ def main() -> None:
             f" (start returned after {server.ready_s:.2f} s)"
         )
         bodies = {"echo": json.dumps({"data": [0.5] * 256}).encode()}
+        if args.inference_log:
+            server.stop()
+            if with_mlp:
+                bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
+            inference_log_rows(work, load, bodies, duration, args.rounds, measured)
+            return
         if args.ceiling:
             ceiling_rows(server, load, bodies["echo"], duration, args.rounds)
             server.stop()

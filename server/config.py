@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from server.errors import ConfigError
-from server.models.settings import BATCH_WAITS, ENTRY_SETTINGS, Setting
+from server.models.settings import BATCH_WAITS, ENTRY_SETTINGS, INFERENCE_LOG_MODES, Setting
 from server.rundir import KEY_FILE
 from server.workers.env_vars import DEFAULT_DENY
 
@@ -251,6 +251,28 @@ class ServerConfig:
     # expression the whole name must match, on top.
     worker_env_deny: tuple[str, ...] = DEFAULT_DENY
     worker_env_deny_regex: str | None = None
+    # Inference logging (server/inference_log/, docs/server.md): every model's defaults, which
+    # its config (inferenceLog, ...) and registration (inference_log, ...) override: off,
+    # request, response or all; every Nth request; records per send; a CloudEvents receiver;
+    # JSON-lines files under <run_dir>/inference_log/; keys or JSON pointers redacted. Then how
+    # every sink delivers: records waiting per sink (more are dropped), the wait before a batch
+    # that is not full goes out, retries, the receiver's timeout, the files' rotation, and
+    # KServe's event attributes (source, namespace).
+    inference_log: str = "off"
+    inference_log_sample: int = 1
+    inference_log_batch: int = 32
+    inference_log_url: str | None = None
+    inference_log_file: bool = True
+    inference_log_redact: tuple[str, ...] = ()
+    inference_log_queue_size: int = 10_000
+    inference_log_flush_s: float = 1.0
+    inference_log_retries: int = 3
+    inference_log_timeout_s: float = 5.0
+    inference_log_file_max_bytes: int = 64 * 1024**2
+    inference_log_file_max_age_s: float = 86_400.0
+    inference_log_file_count: int = 5
+    inference_log_source: str | None = None
+    inference_log_namespace: str = ""
 
     @property
     def run_path(self) -> Path:
@@ -361,7 +383,9 @@ _EXPECTED = {
 # (worker counts, GPU count, batch delay) may be 0. Float keys (timeouts) must be > 0 and finite.
 _AT_LEAST_ONE = frozenset(
     ("batch_size", "job_queue_size", "max_request_size_bytes", "max_response_size_bytes",
-     "max_connections", "download_max_bytes", "worker_memory_budget_mb", "max_loaded_models")
+     "max_connections", "download_max_bytes", "worker_memory_budget_mb", "max_loaded_models",
+     "inference_log_sample", "inference_log_batch", "inference_log_queue_size",
+     "inference_log_file_max_bytes")
 )  # fmt: skip
 
 
@@ -373,6 +397,7 @@ _CHOICES = {
     "log_format": ("text", "json"),
     "layout": ("mserve", "torchserve"),
     "batch_wait": BATCH_WAITS,
+    "inference_log": INFERENCE_LOG_MODES,
     "service_envelope": ("", "kserve", "kservev2", "json", "body"),
 }
 

@@ -245,6 +245,12 @@ class Metrics:
             buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0),
             registry=self.prom,
         )  # fmt: skip
+        # inference logging (server/inference_log/): records sent, dropped (a sink's queue was
+        # full) or failed (not delivered after its retries), per model version and sink
+        self.inference_log_records = Counter(
+            "mserve_inference_log_records", "Inference log records by sink and outcome",
+            ["model", "version", "sink", "outcome"], registry=self.prom,
+        )  # fmt: skip
         self._models: Callable[[], Iterable[ObservedModel]] = tuple
         self._residency: ObservedResidency | None = None
         # (certificate file, its notAfter in epoch seconds) of the TLS listeners

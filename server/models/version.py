@@ -28,6 +28,7 @@ from server.errors import (
     ServiceUnavailable,
     TooManyRequests,
 )
+from server.inference_log import InferenceLogger
 from server.metrics import Metrics, ModelStats
 from server.models.batching import Job, JobQueue, QueueFull
 from server.models.pump import BatchPump
@@ -131,6 +132,8 @@ class ModelVersion:
         self.residency: Residency | None = None
         self.prepared = False
         self.last_used = time.monotonic()
+        # records each sampled request for monitoring (server/inference_log/); None: off
+        self.inference_log: InferenceLogger | None = None
 
     @property
     def label(self) -> str:
@@ -262,6 +265,8 @@ class ModelVersion:
             "max_response_bytes": self.max_response_bytes,  # checked before the answer is sent
             "service_envelope": self.service_envelope,
         }
+        if self.inference_log is not None:  # v2 model classes then say what they log
+            init["inference_log"] = True
         env = {**self.worker_env, **worker_env_for(gpu)}
         if self.sandbox is not None:
             init["sandbox"] = self.sandbox.policy(gpu)
@@ -317,7 +322,12 @@ class ModelVersion:
                 self.stats.metrics.worker_loaded(self.name, self.version, worker.id, worker.load_ms)
             serving_since = time.monotonic()
             pump = BatchPump(
-                self.label, self.queue, self.settings, self.stats, lambda: bool(self.slots)
+                self.label,
+                self.queue,
+                self.settings,
+                self.stats,
+                lambda: bool(self.slots),
+                self.inference_log,
             )
             ended = await pump.serve(worker, slot.retire)
             if ended is None:
@@ -502,6 +512,8 @@ class ModelVersion:
                 if slot.worker is not None:
                     await slot.worker.kill()
         self.queue.fail_all(ServiceUnavailable(f"model {self.label} was unregistered"))
+        if self.inference_log is not None:
+            await self.inference_log.close(deadline_s)
         if self.sandbox is not None:
             await asyncio.to_thread(self.sandbox.remove_scratch)
 
