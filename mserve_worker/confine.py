@@ -142,10 +142,17 @@ def _set_limits(limits: dict) -> list:
     return applied
 
 
-def _become(uid: int, gid: int) -> None:
-    os.setgroups([])
-    os.setgid(gid)
+def become(user: dict) -> bool:
+    """Switch to the model's own user (``{"uid", "gid", "groups"}``, the server's choice) when
+    running as root; False when there is nothing to switch (not root, or no user given). Groups
+    first, the uid last: once it is dropped, nothing else can be changed."""
+    uid = user.get("uid") if isinstance(user, dict) else None
+    if type(uid) is not int or os.getuid() != 0:
+        return False
+    os.setgroups([g for g in user.get("groups", []) if type(g) is int])
+    os.setgid(user.get("gid", uid))
     os.setuid(uid)
+    return True
 
 
 def _landlock(libc: ctypes.CDLL, abi: int, policy: dict) -> dict:
@@ -197,10 +204,12 @@ def apply(policy: dict) -> dict:
         if "tempfile" in sys.modules:  # the template may have asked it already
             sys.modules["tempfile"].tempdir = None
     libc = _libc()
-    uid = policy.get("uid")
-    if type(uid) is int and os.getuid() == 0:
-        _become(uid, policy.get("gid", uid))
-        applied.append(f"uid={uid}")
+    user = policy.get("user")
+    if isinstance(user, dict) and type(user.get("uid")) is int:
+        become(user)  # an exec'd or forked worker normally starts as the user already
+        if os.getuid() != user["uid"]:
+            raise OSError(1, f"cannot run as uid {user['uid']}: running as uid {os.getuid()}")
+        applied.append(f"uid={user['uid']}")
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
     applied.append("no_new_privs")

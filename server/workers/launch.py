@@ -60,11 +60,21 @@ def worker_command(python: str, fd: int) -> list[str]:
 
 
 async def exec_worker(
-    python: str, cwd: str, env: dict[str, str], fd: int, base_env: Mapping[str, str]
+    python: str,
+    cwd: str,
+    env: dict[str, str],
+    fd: int,
+    base_env: Mapping[str, str],
+    user: dict[str, Any] | None = None,
 ) -> Process:
     """``base_env``: what every worker gets of the server's environment
     (server/workers/env_vars.py); ``env``: this worker's own (its GPU, the variables its model
-    is allowed)."""
+    is allowed); ``user``: the model's own uid, gid and groups (the sandbox's), taken before
+    the interpreter starts, so no code of its environment runs as the server's user."""
+    credentials: dict[str, Any] = {}
+    if user is not None:
+        credentials = {"user": user["uid"], "group": user["gid"],
+                       "extra_groups": list(user.get("groups", []))}  # fmt: skip
     return await asyncio.create_subprocess_exec(
         *worker_command(python, fd),
         cwd=cwd,
@@ -74,6 +84,7 @@ async def exec_worker(
         stderr=asyncio.subprocess.PIPE,
         pass_fds=(fd,),
         start_new_session=True,  # its own process group: we kill the whole tree
+        **credentials,
     )
 
 
@@ -236,7 +247,9 @@ class Template:
             if not future.done():
                 future.set_result(-signal.SIGKILL)
 
-    async def spawn(self, cwd: str, env: dict[str, str], fd: int) -> ForkedProcess:
+    async def spawn(
+        self, cwd: str, env: dict[str, str], fd: int, user: dict[str, Any] | None = None
+    ) -> ForkedProcess:
         assert self._sock is not None
         loop = asyncio.get_running_loop()
         out_r, out_w = os.pipe()
@@ -244,7 +257,8 @@ class Template:
         self._ids += 1
         spawned = loop.create_future()
         self._spawned[self._ids] = spawned
-        message = json.dumps({"op": "spawn", "id": self._ids, "cwd": cwd, "env": env}).encode()
+        request = {"op": "spawn", "id": self._ids, "cwd": cwd, "env": env, "user": user}
+        message = json.dumps(request).encode()
         try:
             self._sock.sendmsg(
                 [message + b"\n"],
@@ -383,7 +397,13 @@ class Launcher:
         self._template_task(new)  # the old one stays: the workers forked from it report to it
 
     async def launch(
-        self, python: str, cwd: str, env: dict[str, str], fd: int, model: str = ""
+        self,
+        python: str,
+        cwd: str,
+        env: dict[str, str],
+        fd: int,
+        model: str = "",
+        user: dict[str, Any] | None = None,
     ) -> Process:
         if self.use_templates:
             key = self._uses.get((python, model))
@@ -400,12 +420,12 @@ class Launcher:
             template = await asyncio.shield(task)
             if template is not None and template.alive:
                 try:
-                    forked = await template.spawn(cwd, env, fd)
+                    forked = await template.spawn(cwd, env, fd, user)
                     self.underway.set()
                     return forked
                 except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
                     log.warning("fork from the worker template failed (%s); using exec", exc)
-        started = await exec_worker(python, cwd, env, fd, self.environment.base)
+        started = await exec_worker(python, cwd, env, fd, self.environment.base, user)
         self.underway.set()
         return started
 
