@@ -21,6 +21,7 @@ _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446  # same o
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_DUMPABLE = 4
 
 # filesystem rights (include/uapi/linux/landlock.h)
 _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -152,6 +153,10 @@ def become(user: dict) -> bool:
     os.setgroups([g for g in user.get("groups", []) if type(g) is int])
     os.setgid(user.get("gid", uid))
     os.setuid(uid)
+    # Leaving root made the process undumpable, which gives its /proc files to root: the
+    # worker could not name itself for ps (/proc/self/comm). Its own uid is its model's alone,
+    # so only the model's own processes (and root) gain access; core dumps stay off (limits).
+    _libc().prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
     return True
 
 
@@ -206,7 +211,7 @@ def apply(policy: dict) -> dict:
     libc = _libc()
     user = policy.get("user")
     if isinstance(user, dict) and type(user.get("uid")) is int:
-        become(user)  # an exec'd or forked worker normally starts as the user already
+        become(user)  # a forked worker switched right after the fork; an exec'd one does now
         if os.getuid() != user["uid"]:
             raise OSError(1, f"cannot run as uid {user['uid']}: running as uid {os.getuid()}")
         applied.append(f"uid={user['uid']}")

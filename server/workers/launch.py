@@ -60,21 +60,12 @@ def worker_command(python: str, fd: int) -> list[str]:
 
 
 async def exec_worker(
-    python: str,
-    cwd: str,
-    env: dict[str, str],
-    fd: int,
-    base_env: Mapping[str, str],
-    user: dict[str, Any] | None = None,
+    python: str, cwd: str, env: dict[str, str], fd: int, base_env: Mapping[str, str]
 ) -> Process:
     """``base_env``: what every worker gets of the server's environment
     (server/workers/env_vars.py); ``env``: this worker's own (its GPU, the variables its model
-    is allowed); ``user``: the model's own uid, gid and groups (the sandbox's), taken before
-    the interpreter starts, so no code of its environment runs as the server's user."""
-    credentials: dict[str, Any] = {}
-    if user is not None:
-        credentials = {"user": user["uid"], "group": user["gid"],
-                       "extra_groups": list(user.get("groups", []))}  # fmt: skip
+    is allowed). Under a uid per model, the worker switches to its user itself, first thing
+    after INIT (mserve_worker/confine.py): uvloop's subprocesses take no ``user``."""
     return await asyncio.create_subprocess_exec(
         *worker_command(python, fd),
         cwd=cwd,
@@ -84,7 +75,6 @@ async def exec_worker(
         stderr=asyncio.subprocess.PIPE,
         pass_fds=(fd,),
         start_new_session=True,  # its own process group: we kill the whole tree
-        **credentials,
     )
 
 
@@ -425,7 +415,7 @@ class Launcher:
                     return forked
                 except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
                     log.warning("fork from the worker template failed (%s); using exec", exc)
-        started = await exec_worker(python, cwd, env, fd, self.environment.base, user)
+        started = await exec_worker(python, cwd, env, fd, self.environment.base)
         self.underway.set()
         return started
 

@@ -88,7 +88,15 @@ class ModelSandbox:
         }
 
     def env(self) -> dict[str, str]:
-        return {"TMPDIR": self.scratch, "TEMP": self.scratch, "TMP": self.scratch}
+        """Temporary files, ``HOME`` and caches in the scratch folder: the server's home is out
+        of a confined worker's reach, and libraries that write ``~/.cache`` (Hugging Face,
+        torch hub) then work unedited. An operator's own ``XDG_CACHE_HOME`` is kept (a shared
+        cache the model config grants)."""
+        env = {"TMPDIR": self.scratch, "TEMP": self.scratch, "TMP": self.scratch,
+               "HOME": self.scratch}  # fmt: skip
+        if "XDG_CACHE_HOME" not in os.environ:
+            env["XDG_CACHE_HOME"] = os.path.join(self.scratch, ".cache")
+        return env
 
     def shown(self) -> dict[str, Any]:
         """What describe says the model was granted beyond the defaults."""

@@ -75,7 +75,10 @@ def test_hostile_handlers_are_refused_and_everyone_keeps_serving(
     assert reply.status == 200, reply.body
     done = json.loads(reply.body)
     assert done["no_new_privs"] is True
-    assert done["tmp"].startswith(str(server.run_dir / "scratch" / "scratch-1.0"))
+    own_scratch = server.run_dir / "scratch" / "scratch-1.0"
+    assert done["tmp"].startswith(str(own_scratch))
+    # HOME and XDG_CACHE_HOME: a library caching in ~/.cache works unedited
+    assert done["home"] == str(own_scratch) and (own_scratch / ".cache" / "hub").is_dir()
     # the server and the other models keep serving, with the same workers
     assert server.predict("victim", "still here").body == b"still here"
     assert server.worker_pids("victim") == [victim_pid]
@@ -259,19 +262,24 @@ def test_each_model_runs_as_its_own_uid(make_archive, start_server, tmp_path: Pa
 
 
 @needs_landlock
-def test_a_worker_that_cannot_be_confined_does_not_load(make_archive, start_server, tmp_path):
+def test_a_worker_that_cannot_be_confined_does_not_load(
+    make_archive, start_server, tmp_path: Path
+) -> None:
     config = tmp_path / "tight.yaml"
     config.write_text("sandbox:\n  maxOpenFiles: 3\n")  # too few for Landlock's own ruleset
     make_archive("hostile", "hostile:whoami", "tight", "--config-file", str(config))
-    make_archive("echo_fn", "echo", "victim")
-    server = start_server("victim=victim.mar")
+    make_archive("hostile", "hostile:whoami", "who")
+    # every worker a fresh interpreter: under a root server, it starts as the model's uid
+    server = start_server("who=who.mar", config={"fork_workers": False})
     failed = server.manage("POST", "/models?url=tight.mar&initial_workers=1&synchronous=true")
     assert failed.status >= 400
     assert (
         "cannot confine the worker: [Errno 24] landlock_create_ruleset: Too many open files"
         in failed.json()["message"]
     )
-    assert server.predict("victim", "fine").body == b"fine"
+    who = json.loads(server.predict("who", {}).body)
+    uid = server.manage("GET", "/models/who").json()[0]["sandbox"].get("uid")
+    assert who["uid"] == who["euid"] == (os.getuid() if uid is None else uid)
 
 
 def test_the_uid_range_setting_is_checked(tmp_path: Path) -> None:

@@ -61,9 +61,12 @@ def scratch(data, context):
         return None
     with tempfile.NamedTemporaryFile("w", delete=False) as f:
         f.write("fine")
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "hub")
+    os.makedirs(os.path.expanduser(cache), exist_ok=True)  # as a model hub's client does
     with open("/proc/self/status") as status:
         nnp = [line.split()[1] for line in status if line.startswith("NoNewPrivs")]
-    return [json.dumps({"tmp": f.name, "no_new_privs": nnp == ["1"]})]
+    return [json.dumps({"tmp": f.name, "no_new_privs": nnp == ["1"], "cache": cache,
+                        "home": os.path.expanduser("~")})]  # fmt: skip
 
 
 def spawn(data, context):
