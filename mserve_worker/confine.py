@@ -21,6 +21,7 @@ _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446  # same o
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_DUMPABLE = 4
 
 # filesystem rights (include/uapi/linux/landlock.h)
 _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -142,10 +143,21 @@ def _set_limits(limits: dict) -> list:
     return applied
 
 
-def _become(uid: int, gid: int) -> None:
-    os.setgroups([])
-    os.setgid(gid)
+def become(user: dict) -> bool:
+    """Switch to the model's own user (``{"uid", "gid", "groups"}``, the server's choice) when
+    running as root; False when there is nothing to switch (not root, or no user given). Groups
+    first, the uid last: once it is dropped, nothing else can be changed."""
+    uid = user.get("uid") if isinstance(user, dict) else None
+    if type(uid) is not int or os.getuid() != 0:
+        return False
+    os.setgroups([g for g in user.get("groups", []) if type(g) is int])
+    os.setgid(user.get("gid", uid))
     os.setuid(uid)
+    # Leaving root made the process undumpable, which gives its /proc files to root: the
+    # worker could not name itself for ps (/proc/self/comm). Its own uid is its model's alone,
+    # so only the model's own processes (and root) gain access; core dumps stay off (limits).
+    _libc().prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+    return True
 
 
 def _landlock(libc: ctypes.CDLL, abi: int, policy: dict) -> dict:
@@ -197,10 +209,12 @@ def apply(policy: dict) -> dict:
         if "tempfile" in sys.modules:  # the template may have asked it already
             sys.modules["tempfile"].tempdir = None
     libc = _libc()
-    uid = policy.get("uid")
-    if type(uid) is int and os.getuid() == 0:
-        _become(uid, policy.get("gid", uid))
-        applied.append(f"uid={uid}")
+    user = policy.get("user")
+    if isinstance(user, dict) and type(user.get("uid")) is int:
+        become(user)  # a forked worker switched right after the fork; an exec'd one does now
+        if os.getuid() != user["uid"]:
+            raise OSError(1, f"cannot run as uid {user['uid']}: running as uid {os.getuid()}")
+        applied.append(f"uid={user['uid']}")
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
     applied.append("no_new_privs")

@@ -8,7 +8,8 @@ included, before it imports or loads anything (CUDA reads it when it initialises
 torch is imported). Runs inside the model's environment: stdlib only.
 
 Control channel (JSON lines over an inherited Unix socket):
-  server -> template  {"op": "spawn", "id": n, "cwd": dir, "env": {...}}  + 3 fds (SCM_RIGHTS):
+  server -> template  {"op": "spawn", "id": n, "cwd": dir, "env": {...}, "user": {...} or null}
+                      + 3 fds (SCM_RIGHTS):
                       the worker's channel socket, its stdout pipe, its stderr pipe
   template -> server  {"ready": true, "preloaded": [...], "modules": [...], "pid": n}
                       once, after imports: the names it imported, and all the installed
@@ -101,6 +102,10 @@ def _child(control: socket.socket, request: dict, fds: list) -> None:
         control.close()
         channel, out, err = fds
         os.setsid()  # its own process group, so the server can kill the whole tree
+        if request.get("user"):  # the model's own uid, before anything of the model runs
+            from .confine import become
+
+            become(request["user"])
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.dup2(out, 1)
         os.dup2(err, 2)

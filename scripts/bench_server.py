@@ -4,6 +4,7 @@ Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--r
        python scripts/bench_server.py --ceiling [--rounds 3] [--callgrind 2000]
        python scripts/bench_server.py --lean [--rounds 3] | --profile-start
        python scripts/bench_server.py --inference-log [--rounds 3]
+       python scripts/bench_server.py --sandbox [--rounds 3] [--quick]
 
 Measures requests/s, p50/p99 latency and CPU per request (frontend, workers: steadier than
 req/s on a shared VM) at 1, 16 and 64 connections with 1 and 2 workers (wrk when installed, else
@@ -43,6 +44,12 @@ cold start cannot beat, in the same run: a bare interpreter start (``python -I -
 for the MLP, ``import torch`` in a fresh interpreter (what its worker template must do); the
 medians come with each cold start's ratio to its floor. ``--profile-start``: the steps of one
 start, from the server log's time stamps (docs/server.md, Measuring cold start).
+
+``--sandbox``: what confining the workers costs: each round, one fresh server per variant
+(sandbox off; Landlock, no_new_privs and limits with workers under the server's user; the same
+with a uid per model, when run as root), in turn: cold start to the first echo answer, a new
+worker's start (scale 1 -> 2, synchronous) and req/s at 16 connections, for echo and the MLP;
+then the medians and each variant's difference to the sandbox off.
 
 Every cold start figure (these and the default run's) is taken with ``server``, ``archiver`` and
 ``mserve_worker`` byte-compiled first (``compileall``), as an installed wheel or an editable
@@ -354,6 +361,73 @@ def lean_rows(work: Path, bodies: dict[str, bytes], rounds: int) -> None:
               f" PSS 1 worker {statistics.median(pss):.0f} MiB,"
               f" first scale 1 -> 4 {statistics.median(first):.2f} s (max {max(first):.2f});"
               f" steal median {statistics.median(runs[(model, 'steal')]):.0f}%")  # fmt: skip
+
+
+SANDBOX_VARIANTS = {  # what --sandbox compares, in this order each round
+    "off": {"sandbox": False},
+    "landlock": {"sandbox": True, "sandbox_uid_range": "off"},
+    "landlock+uid": {"sandbox": True},  # a uid per model: only a root server switches users
+}
+
+
+def sandbox_round(work: Path, settings: dict[str, object], bodies: dict[str, bytes], load,
+                  duration: int) -> dict[str, float]:  # fmt: skip
+    """One fresh server: cold start to the first echo answer, a new echo worker's start
+    (scale 1 -> 2, synchronous), echo req/s at 16 connections; with torch the same for the
+    MLP (registered on the same server)."""
+    r: dict[str, float] = {}
+    t0 = time.perf_counter()
+    server = start(work, ["echo=echo.mar"], snapshot=False, **settings)
+    try:
+        status, answer = server.request("POST", "/predictions/echo", bodies["echo"])
+        assert status == 200, answer
+        r["cold"] = time.perf_counter() - t0
+        for model in bodies:
+            if model != "echo":
+                path = f"/models?url={model}.mar&initial_workers=1&synchronous=true"
+                s, b = server.request("POST", path, api="management")
+                assert s == 200, b
+            server.request("POST", f"/predictions/{model}", bodies[model])
+            r[f"{model} worker"] = scale(server, model, 2)
+            scale(server, model, 1)
+            m = measured(server, model, load, f"/predictions/{model}", bodies[model], 16,
+                         duration)  # fmt: skip
+            r[f"{model} rps"], r["steal"] = m["rps"], max(r.get("steal", 0.0), m["steal"])
+    finally:
+        server.stop()
+    return r
+
+
+def sandbox_rows(work: Path, bodies: dict[str, bytes], load, duration: int, rounds: int) -> None:
+    """The sandbox's cost: each round starts one server per variant (off, Landlock alone,
+    Landlock with a uid per model when root), in turn; then the medians and the differences
+    to ``off``. Each figure comes from its own fresh server, so the whole cost shows: the
+    rules each worker applies, the uid switch, the folders made reachable."""
+    variants = [v for v in SANDBOX_VARIANTS if v != "landlock+uid" or os.geteuid() == 0]
+    runs: dict[tuple[str, str], list[float]] = {}
+    for n in range(rounds):
+        for variant in variants:
+            r = sandbox_round(work, SANDBOX_VARIANTS[variant], bodies, load, duration)
+            for key, value in r.items():
+                runs.setdefault((variant, key), []).append(value)
+            shown = ", ".join(
+                f"{k} {v:.0f}/s" if k.endswith("rps") else f"{k} {v * 1e3:.0f} ms"
+                for k, v in r.items() if k != "steal"
+            )  # fmt: skip
+            print(f"round {n + 1}, sandbox {variant}: {shown} (steal {r['steal']:.0f}%,"
+                  f" {load_average()})")  # fmt: skip
+    print(f"medians over {rounds} round(s), the difference to sandbox off ({load_average()}):")
+    keys = [k for (v, k) in runs if v == "off" and k != "steal"]
+    for variant in variants:
+        cells = []
+        for key in keys:
+            value = statistics.median(runs[(variant, key)])
+            base = statistics.median(runs[("off", key)])
+            if key.endswith("rps"):
+                cells.append(f"{key} {value:.0f}/s ({(value / base - 1) * 100:+.1f}%)")
+            else:
+                cells.append(f"{key} {value * 1e3:.0f} ms ({(value - base) * 1e3:+.0f} ms)")
+        print(f"  {variant:<13} " + ", ".join(cells))
 
 
 def drop_page_cache() -> str | None:
@@ -743,6 +817,11 @@ def main() -> None:
         help="only echo and MLP throughput with the inference log on (both sinks) vs off",
     )
     parser.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="only cold start, a new worker's start and req/s with the sandbox off and on",
+    )
+    parser.add_argument(
         "--profile-start",
         action="store_true",
         help="only the steps from mserve --start to the first answer",
@@ -764,6 +843,12 @@ def main() -> None:
     try:
         byte_compile()
         build_archives(work, with_mlp and not args.ceiling)
+        if args.sandbox:
+            bodies = {"echo": b'{"x": 1}'}
+            if with_mlp:
+                bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
+            sandbox_rows(work, bodies, load, duration, args.rounds)
+            return
         if args.lean or args.profile_start or args.first_start:
             bodies = {"echo": b'{"x": 1}'}
             if with_mlp:

@@ -10,7 +10,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,11 +166,12 @@ def unpack(
                     log.info("unpacking %s into %s", path, model_dir)
                     try:
                         archive.extract(model_dir)
-                    except FileExistsError:
-                        pass  # a concurrent registration of the same bytes won
-                    except ArchiverError:
-                        shutil.rmtree(model_dir, ignore_errors=True)
-                        raise
+                    except (ArchiverError, OSError):
+                        # extract renames a finished folder into place, so a folder there
+                        # now is a concurrent registration's of the same bytes, complete:
+                        # use it (never remove it: that registration is using it)
+                        if not model_dir.is_dir():
+                            raise
                 marker = cache / f"{digest}{CHECKED_SUFFIX}"
                 try:
                     write_json_atomic(marker, {"schema": archiver.schema_digest()})

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,27 @@ from tests.compat_tools import CompatTool, build_compat_tool
 REPO = Path(__file__).resolve().parent.parent
 # The installed console script, from the environment running the tests (PATH may not have it).
 ARCHIVER_SCRIPT = str(Path(sys.executable).parent / "model-archiver")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, each session's temporary folders lie in a folder of its own: pytest makes its
+    shared ``/tmp/pytest-of-root`` 0700 whenever a session starts, and a root server's
+    workers run as their own uid (server/workers/sandbox_users.py), which must reach their run
+    dir and what a test grants them through it, while other sessions start beside this one."""
+    if config.option.basetemp is None and os.geteuid() == 0:
+        config.option.basetemp = tempfile.mkdtemp(prefix="mserve-pytest-")
+        config.stash[_OWN_BASETEMP] = config.option.basetemp
+
+
+_OWN_BASETEMP = pytest.StashKey[str]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A passing session's folder goes; a failing one's stays for a look (its path is in the
+    failures)."""
+    own = session.config.stash.get(_OWN_BASETEMP, None)
+    if own is not None and exitstatus == 0:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

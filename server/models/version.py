@@ -269,7 +269,7 @@ class ModelVersion:
             init["inference_log"] = True
         env = {**self.worker_env, **worker_env_for(gpu)}
         if self.sandbox is not None:
-            init["sandbox"] = self.sandbox.policy(gpu)
+            init["sandbox"] = self.sandbox.policy(gpu, self.python)
             env.update(self.sandbox.env())
         return WorkerSpec(
             python=self.python,

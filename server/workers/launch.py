@@ -64,7 +64,8 @@ async def exec_worker(
 ) -> Process:
     """``base_env``: what every worker gets of the server's environment
     (server/workers/env_vars.py); ``env``: this worker's own (its GPU, the variables its model
-    is allowed)."""
+    is allowed). Under a uid per model, the worker switches to its user itself, first thing
+    after INIT (mserve_worker/confine.py): uvloop's subprocesses take no ``user``."""
     return await asyncio.create_subprocess_exec(
         *worker_command(python, fd),
         cwd=cwd,
@@ -236,7 +237,9 @@ class Template:
             if not future.done():
                 future.set_result(-signal.SIGKILL)
 
-    async def spawn(self, cwd: str, env: dict[str, str], fd: int) -> ForkedProcess:
+    async def spawn(
+        self, cwd: str, env: dict[str, str], fd: int, user: dict[str, Any] | None = None
+    ) -> ForkedProcess:
         assert self._sock is not None
         loop = asyncio.get_running_loop()
         out_r, out_w = os.pipe()
@@ -244,7 +247,8 @@ class Template:
         self._ids += 1
         spawned = loop.create_future()
         self._spawned[self._ids] = spawned
-        message = json.dumps({"op": "spawn", "id": self._ids, "cwd": cwd, "env": env}).encode()
+        request = {"op": "spawn", "id": self._ids, "cwd": cwd, "env": env, "user": user}
+        message = json.dumps(request).encode()
         try:
             self._sock.sendmsg(
                 [message + b"\n"],
@@ -383,7 +387,13 @@ class Launcher:
         self._template_task(new)  # the old one stays: the workers forked from it report to it
 
     async def launch(
-        self, python: str, cwd: str, env: dict[str, str], fd: int, model: str = ""
+        self,
+        python: str,
+        cwd: str,
+        env: dict[str, str],
+        fd: int,
+        model: str = "",
+        user: dict[str, Any] | None = None,
     ) -> Process:
         if self.use_templates:
             key = self._uses.get((python, model))
@@ -400,7 +410,7 @@ class Launcher:
             template = await asyncio.shield(task)
             if template is not None and template.alive:
                 try:
-                    forked = await template.spawn(cwd, env, fd)
+                    forked = await template.spawn(cwd, env, fd, user)
                     self.underway.set()
                     return forked
                 except (OSError, ConnectionError, asyncio.TimeoutError) as exc:

@@ -207,6 +207,7 @@ class Worker:
             self._proc = await launcher.launch(
                 self.spec.python, str(self.spec.model_dir), self.spec.env, child.fileno(),
                 self.spec.init.get("model_name", ""),
+                user=(self.spec.init.get("sandbox") or {}).get("user"),  # its own uid
             )  # fmt: skip
         finally:
             child.close()

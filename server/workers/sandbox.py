@@ -20,9 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import mserve_worker
 from mserve_worker.confine import landlock_abi
 from server.config import ServerConfig, split_address
 from server.errors import InvalidModel
+from server.workers.sandbox_users import (
+    Reach,
+    UidMap,
+    WorkerUser,
+    own_scratch,
+    parse_uid_range,
+    share_model_folder,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +62,18 @@ class ModelSandbox:
     model_dir: str
     scratch: str
     grants: dict[str, list[Any]] = field(default_factory=dict)
+    user: WorkerUser | None = None  # its own uid, when the server runs as root
+    reach: Reach | None = field(default=None, compare=False, repr=False)
 
-    def policy(self, gpu: str | None) -> dict[str, Any]:
-        """INIT's ``sandbox``: what ``mserve_worker.confine.apply`` gets."""
+    def policy(self, gpu: str | None, python: str | None = None) -> dict[str, Any]:
+        """INIT's ``sandbox``: what ``mserve_worker.confine.apply`` gets. Under its own uid,
+        the worker must reach ``python`` (its environment's, known once that is built)."""
         os.makedirs(self.scratch, mode=0o700, exist_ok=True)
+        if self.user is not None:
+            own_scratch(Path(self.scratch), self.user)
+            if python and self.reach is not None:
+                self.reach.path(Path(python).parent / ".")
+                self.reach.path(python)
         limits = {"nproc": DEFAULT_MAX_PROCESSES, "nofile": DEFAULT_MAX_OPEN_FILES, "core": 0}
         limits.update(self.grants.get("limits", {}))  # type: ignore[arg-type]
         return {
@@ -67,14 +84,26 @@ class ModelSandbox:
             "bind": list(self.grants.get("bind", [])),
             "limits": limits,
             "tmpdir": self.scratch,
+            "user": self.user.as_policy() if self.user is not None else None,
         }
 
     def env(self) -> dict[str, str]:
-        return {"TMPDIR": self.scratch, "TEMP": self.scratch, "TMP": self.scratch}
+        """Temporary files, ``HOME`` and caches in the scratch folder: the server's home is out
+        of a confined worker's reach, and libraries that write ``~/.cache`` (Hugging Face,
+        torch hub) then work unedited. An operator's own ``XDG_CACHE_HOME`` is kept (a shared
+        cache the model config grants)."""
+        env = {"TMPDIR": self.scratch, "TEMP": self.scratch, "TMP": self.scratch,
+               "HOME": self.scratch}  # fmt: skip
+        if "XDG_CACHE_HOME" not in os.environ:
+            env["XDG_CACHE_HOME"] = os.path.join(self.scratch, ".cache")
+        return env
 
     def shown(self) -> dict[str, Any]:
         """What describe says the model was granted beyond the defaults."""
-        return {"scratch": self.scratch, **{k: v for k, v in self.grants.items() if v}}
+        shown: dict[str, Any] = {"scratch": self.scratch}
+        if self.user is not None:
+            shown.update(uid=self.user.uid, gid=self.user.gid)
+        return {**shown, **{k: v for k, v in self.grants.items() if v}}
 
     def remove_scratch(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -104,6 +133,16 @@ class Sandbox:
             if port:
                 self.server_ports.add(port)
         self.warning = self._warning()
+        # each model's own uid (server/workers/sandbox_users.py): only a root server can
+        # switch users, and only where the workers are confined at all
+        uid_range = parse_uid_range(config.sandbox_uid_range)
+        self.uid_range = (
+            uid_range if self.enabled and sys.platform.startswith("linux") and os.geteuid() == 0
+            else None
+        )  # fmt: skip
+        self.uids = UidMap(config.run_path, uid_range) if self.uid_range else None
+        self.reach = Reach([config.run_path, config.run_path / "unpacked", self.scratch_root])
+        self._reached = False
 
     def _warning(self) -> str | None:
         if not self.enabled:
@@ -127,7 +166,10 @@ class Sandbox:
         if self.warning:
             return "not applied: " + self.warning.split(": ", 2)[2].split(";")[0]
         network = "files and TCP ports" if self.abi >= 4 else "files (no TCP rules before ABI 4)"
-        return f"on: Landlock ABI {self.abi} ({network}), no_new_privs, limits"
+        users = ""
+        if self.uid_range is not None:
+            users = f", a uid per model ({self.uid_range[0]}-{self.uid_range[1]})"
+        return f"on: Landlock ABI {self.abi} ({network}), no_new_privs, limits{users}"
 
     def model(self, name: str, version: str, model_dir: Path, model_config: dict[str, Any],
               ) -> ModelSandbox | None:  # fmt: skip
@@ -138,7 +180,31 @@ class Sandbox:
         label = f"{name}:{version}"
         scratch = self.scratch_root / f"{name}-{version}"
         grants = self._grants(model_config.get("sandbox"), label)
-        return ModelSandbox(label, str(model_dir), str(scratch), grants)
+        user = self._user(name, model_dir, grants)
+        return ModelSandbox(label, str(model_dir), str(scratch), grants, user, self.reach)
+
+    def _user(self, name: str, model_dir: Path, grants: dict[str, Any]) -> WorkerUser | None:
+        """The model's own uid, and what it must reach made reachable; None: the workers keep
+        the server's user (not root, or ``sandbox_uid_range: off``)."""
+        if self.uids is None or self.uid_range is None:
+            return None
+        uid = self.uids.uid(name)
+        if not self._reached:
+            for folder in self.reach.own:
+                self.reach.own_folder(folder)
+            self.reach.path(Path(mserve_worker.__file__).parent / ".")
+            self._reached = True
+        groups: tuple[int, ...] = ()
+        unpacked = self.reach.own[1]
+        if Path(os.path.realpath(model_dir)).parent == unpacked:  # ours: its group reads it
+            folder_gid = share_model_folder(model_dir, uid, self.uid_range)
+            groups = (folder_gid,) if folder_gid != uid else ()
+        else:  # the operator's folder (an archive folder in the store): as it is
+            self.reach.path(Path(model_dir) / ".")
+        # granted paths stay as they are: the model config is the archive's own file, and an
+        # archive must not make the server open folders of the machine; the operator gives
+        # the model's uid (describe shows it) what it should reach
+        return WorkerUser(uid, uid, groups)
 
     def _grants(self, section: Any, label: str) -> dict[str, Any]:
         if section is None:

@@ -4,17 +4,22 @@ hostile handlers, each in its own archive, against real kernel rules (Landlock).
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from mserve_worker.confine import landlock_abi
 from server.config import ServerConfig
-from server.errors import InvalidModel
+from server.errors import ConfigError, InvalidModel
 from server.workers.sandbox import Sandbox
+from server.workers.sandbox_users import UidMap
 from tests.server.conftest import Server, http
 
 needs_landlock = pytest.mark.skipif(landlock_abi() < 4, reason="needs Landlock ABI 4+ (Linux)")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a uid per model needs a root server")
 DENIED = ("[Errno 13] Permission denied", "[Errno 1] Operation not permitted")
 
 ATTACKS = {  # archive name -> entry point of tests/handlers/hostile/hostile.py
@@ -70,7 +75,10 @@ def test_hostile_handlers_are_refused_and_everyone_keeps_serving(
     assert reply.status == 200, reply.body
     done = json.loads(reply.body)
     assert done["no_new_privs"] is True
-    assert done["tmp"].startswith(str(server.run_dir / "scratch" / "scratch-1.0"))
+    own_scratch = server.run_dir / "scratch" / "scratch-1.0"
+    assert done["tmp"].startswith(str(own_scratch))
+    # HOME and XDG_CACHE_HOME: a library caching in ~/.cache works unedited
+    assert done["home"] == str(own_scratch) and (own_scratch / ".cache" / "hub").is_dir()
     # the server and the other models keep serving, with the same workers
     assert server.predict("victim", "still here").body == b"still here"
     assert server.worker_pids("victim") == [victim_pid]
@@ -110,6 +118,9 @@ def test_a_model_config_grants_paths_and_ports(make_archive, start_server, tmp_p
     for name, entry in (("reader", "read_file"), ("writer", "write_file"), ("caller", "connect")):
         make_archive("hostile", f"hostile:{entry}", name, "--config-file", str(config))
     server = start_server("reader=reader.mar", "writer=writer.mar", "caller=caller.mar")
+    uid = server.manage("GET", "/models/writer").json()[0]["sandbox"].get("uid")
+    if uid is not None:  # a root server runs it as its own uid: the operator lets it write
+        os.chown(tmp_path / "out", uid, uid)
     with listener:
         assert server.predict("reader", {"path": str(shared / "vocab.txt")}).body == b"words"
         assert server.predict("writer", {"path": str(tmp_path / "out" / "f")}).status == 200
@@ -181,3 +192,114 @@ def test_where_landlock_is_missing_one_loud_warning(tmp_path: Path) -> None:
     assert "set sandbox: false to silence this warning" in sandbox.warning
     assert sandbox.summary().startswith("not applied: this kernel offers no Landlock")
     assert Sandbox(ServerConfig(run_dir=str(tmp_path), sandbox=False), abi=0).warning is None
+
+
+def _uid_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(line for line in status if line.startswith("Uid:")).split()[1])
+
+
+@needs_landlock
+@needs_root
+def test_each_model_runs_as_its_own_uid(make_archive, start_server, tmp_path: Path) -> None:
+    make_archive("echo_fn", "echo", "victim")
+    config = tmp_path / "m.yaml"
+    programs = tmp_path / "programs"
+    programs.mkdir()
+    setuid_id = programs / "id"  # a setuid-root copy of id(1): it prints euid=0 when it works
+    shutil.copy("/usr/bin/id", setuid_id)
+    os.chmod(setuid_id, 0o4755)
+    grants = {"bomb": "maxProcesses: 40", "setuid": f"readPaths: [{programs}]",
+              "peek": "readPaths: [/proc]", "who": "maxOpenFiles: 1000"}  # fmt: skip
+    entries = {"bomb": "spawn", "setuid": "run", "peek": "read_file", "who": "whoami"}
+    for name, entry in entries.items():
+        config.write_text(f"sandbox:\n  {grants[name]}\n")
+        make_archive("hostile", f"hostile:{entry}", name, "--config-file", str(config))
+    models = ["victim=victim.mar", *(f"{n}={n}.mar" for n in entries), "twin"]
+    server = start_server(*models[:-1], config={"disable_token_authorization": False})
+    # twin: the same archive bytes as victim, so the same unpacked folder, under another name
+    twin = "/models?url=victim.mar&model_name=twin&initial_workers=1&synchronous=true"
+    assert server.manage("POST", twin).status == 200
+    described = {m.split("=")[0]: server.manage("GET", f"/models/{m.split('=')[0]}").json()[0]
+                 for m in models}  # fmt: skip
+    uids = {name: d["sandbox"]["uid"] for name, d in described.items()}
+    assert len(set(uids.values())) == len(uids), uids  # one uid per model
+    assert all(200000 <= uid <= 299999 for uid in uids.values())
+    for name, d in described.items():
+        worker = d["workers"][0]
+        assert _uid_of(worker["pid"]) == uids[name], name
+        assert f"uid={uids[name]}" in worker["sandbox"]["applied"]
+    who = json.loads(server.predict("who", {}).body)
+    assert who == {"uid": uids["who"], "euid": uids["who"], "gid": uids["who"], "groups": []}
+    assert server.predict("twin", "same files").body == b"same files"  # reads victim's folder
+    assert f"uid={uids['who']}" in server.cli("--status").stdout
+
+    # RLIMIT_NPROC binds per uid: the fork bomb stops at its model's maxProcesses
+    message = _failed(server, "bomb", {"count": 10_000})
+    assert "[Errno 11] Resource temporarily unavailable" in message
+    assert server.predict("bomb", {"count": 5}).body == b"spawned 5"
+
+    # no_new_privs: the setuid binary, which makes anyone else root, gives the worker nothing
+    nobody = {"user": 65534, "group": 65534, "extra_groups": []}
+    as_nobody = subprocess.run([setuid_id], capture_output=True, text=True, **nobody)
+    assert "euid=0(root)" in as_nobody.stdout, as_nobody
+    ran = server.predict("setuid", {"argv": [str(setuid_id)]})
+    assert ran.status == 200, ran.body
+    assert ran.body.decode().startswith(f"uid={uids['setuid']} ") and b"euid" not in ran.body
+
+    # granted all of /proc, a worker still cannot read another worker's or the server's secrets
+    victim_pid = described["victim"]["workers"][0]["pid"]
+    for pid in (victim_pid, server.pid):
+        assert "Permission denied" in _failed(server, "peek", {"path": f"/proc/{pid}/environ"})
+    # and the server and the other models keep serving, with the same workers
+    assert server.predict("victim", "still here").body == b"still here"
+    assert server.worker_pids("victim") == [victim_pid]
+    # what the server keeps to itself stays its own
+    assert (server.run_dir / "key_file.json").stat().st_mode & 0o077 == 0
+    assert oct(server.run_dir.stat().st_mode & 0o777) == "0o711"  # searchable, not listable
+    scratch = server.run_dir / "scratch" / "who-1.0"
+    assert (scratch.stat().st_uid, scratch.stat().st_mode & 0o777) == (uids["who"], 0o700)
+
+
+@needs_landlock
+def test_a_worker_that_cannot_be_confined_does_not_load(
+    make_archive, start_server, tmp_path: Path
+) -> None:
+    config = tmp_path / "tight.yaml"
+    config.write_text("sandbox:\n  maxOpenFiles: 3\n")  # too few for Landlock's own ruleset
+    make_archive("hostile", "hostile:whoami", "tight", "--config-file", str(config))
+    make_archive("hostile", "hostile:whoami", "who")
+    # every worker a fresh interpreter: under a root server, it starts as the model's uid
+    server = start_server("who=who.mar", config={"fork_workers": False})
+    failed = server.manage("POST", "/models?url=tight.mar&initial_workers=1&synchronous=true")
+    assert failed.status >= 400
+    assert (
+        "cannot confine the worker: [Errno 24] landlock_create_ruleset: Too many open files"
+        in failed.json()["message"]
+    )
+    who = json.loads(server.predict("who", {}).body)
+    uid = server.manage("GET", "/models/who").json()[0]["sandbox"].get("uid")
+    assert who["uid"] == who["euid"] == (os.getuid() if uid is None else uid)
+
+
+def test_the_uid_range_setting_is_checked(tmp_path: Path) -> None:
+    for value in ("200000", "9-3", "a-b", "0-10"):
+        with pytest.raises(ConfigError) as err:
+            _sandbox(tmp_path, sandbox_uid_range=value)
+        assert (
+            "sandbox_uid_range should be FIRST-LAST (uids, 1 to 4294967294, FIRST <= LAST)"
+            f" or off, found {value!r}" in str(err.value)
+        )
+    assert _sandbox(tmp_path, sandbox_uid_range="off").uid_range is None
+
+
+def test_uids_are_recorded_and_a_full_range_is_named(tmp_path: Path) -> None:
+    uids = UidMap(tmp_path, (300000, 300001))
+    assert [uids.uid("a"), uids.uid("b"), uids.uid("a")] == [300000, 300001, 300000]
+    assert UidMap(tmp_path, (300000, 300001)).uid("b") == 300001  # kept across restarts
+    assert (tmp_path / "sandbox_uids.json").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(InvalidModel) as err:
+        uids.uid("c")
+    assert "sandbox_uid_range 300000-300001 has no uid left for model c (2 models hold" in (
+        err.value.message
+    )

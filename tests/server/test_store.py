@@ -4,6 +4,7 @@ the manifest schema is the same (a restart's startup models skip importing the v
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,17 @@ def test_a_pinned_digest_is_checked_before_the_cache_is_used(
     first = unpack(mar, "m.mar", cache)
     with pytest.raises(DigestMismatch, match=f"its sha256 is {first.sha256}, the sha256 param"):
         unpack(mar, "m.mar", cache, pin="0" * 64)
+
+
+def test_concurrent_unpacks_of_one_archive_all_get_the_folder(
+    archiver: ArchiverRunner, tmp_path: Path
+) -> None:
+    """Two models registered at once from the same bytes (startup models, or one archive under
+    two names): the one that loses the race uses the winner's folder, and never removes it."""
+    mar = _archive(archiver, tmp_path)
+    for attempt in range(5):
+        cache = tmp_path / f"unpacked{attempt}"
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(unpack, [mar] * 8, ["m.mar"] * 8, [cache] * 8))
+        assert {r.model_dir for r in results} == {results[0].model_dir}
+        assert (results[0].model_dir / MANIFEST_PATH).is_file()

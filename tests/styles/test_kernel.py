@@ -193,6 +193,9 @@ def test_kernel_shutdown_runs_on_scale_down_unregister_and_server_stop(
     }
     make_archive("kernel_probe", "probe_kernel", "probe", "-c", _config(tmp_path, "s", settings))
     server = start_server("probe=probe.mar")
+    uid = server.manage("GET", "/models/probe").json()[0]["sandbox"].get("uid")
+    if uid is not None:  # a root server runs the model as its own uid: let it write there
+        os.chown(out, uid, uid)
     first = server.predict("probe", {}).json()["instance_id"]
     assert not marker.exists()
     assert server.manage("PUT", "/models/probe?min_worker=0&synchronous=true").status == 200

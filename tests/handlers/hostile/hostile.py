@@ -61,6 +61,50 @@ def scratch(data, context):
         return None
     with tempfile.NamedTemporaryFile("w", delete=False) as f:
         f.write("fine")
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "hub")
+    os.makedirs(os.path.expanduser(cache), exist_ok=True)  # as a model hub's client does
     with open("/proc/self/status") as status:
         nnp = [line.split()[1] for line in status if line.startswith("NoNewPrivs")]
-    return [json.dumps({"tmp": f.name, "no_new_privs": nnp == ["1"]})]
+    return [json.dumps({"tmp": f.name, "no_new_privs": nnp == ["1"], "cache": cache,
+                        "home": os.path.expanduser("~")})]  # fmt: skip
+
+
+def spawn(data, context):
+    """Starts ``count`` processes that wait (a fork bomb with a bound of its own), then ends
+    them: the fork that fails is the request's error."""
+    if data is None:
+        return None
+    read_end, write_end = os.pipe()
+    children = []
+    try:
+        while len(children) < _target(data)["count"]:
+            pid = os.fork()
+            if pid == 0:  # waits until the parent closes the pipe, then leaves
+                os.close(write_end)
+                os.read(read_end, 1)
+                os._exit(0)
+            children.append(pid)
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+        for pid in children:
+            os.waitpid(pid, 0)
+    return [f"spawned {len(children)}"]
+
+
+def run(data, context):
+    """Runs the program ``argv`` (a setuid binary) and returns what it printed."""
+    if data is None:
+        return None
+    import subprocess
+
+    done = subprocess.run(_target(data)["argv"], capture_output=True, text=True, timeout=30)
+    return [done.stdout + done.stderr]
+
+
+def whoami(data, context):
+    """The worker's real and effective uid and gid."""
+    if data is None:
+        return None
+    return [json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
+                        "groups": os.getgroups()})]  # fmt: skip
