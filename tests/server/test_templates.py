@@ -155,9 +155,12 @@ def test_a_template_that_cannot_import_a_remembered_module_still_forks(
     make_archive("echo_fn", "echo:handle", "echo")
     run_dir = tmp_path / "run"
     (run_dir / "envs").mkdir(parents=True)
-    (run_dir / "envs" / PRELOAD_FILE).write_text(json.dumps({"schema": 1, "pythons": {
-        sys.executable: {"echo": {"modules": ["no_such_package_here"], "seen": 1}},
-    }}))  # fmt: skip
+    # the server remembers by the interpreter path it runs under: the console script's shebang
+    # may name python or python3 of the same venv
+    bin_dir = Path(sys.executable).parent
+    remembered = {"echo": {"modules": ["no_such_package_here"], "seen": 1}}
+    pythons = {str(bin_dir / name): remembered for name in ("python", "python3")}
+    (run_dir / "envs" / PRELOAD_FILE).write_text(json.dumps({"schema": 1, "pythons": pythons}))
     server = start_server("echo=echo.mar", run_dir=run_dir)
     assert server.predict("echo", "hi").body == b"hi"
     assert "no_such_package_here" in _template_of(server.worker_pids("echo")[0])
