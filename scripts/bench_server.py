@@ -4,6 +4,7 @@ Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--r
        python scripts/bench_server.py --ceiling [--rounds 3] [--callgrind 2000]
        python scripts/bench_server.py --lean [--rounds 3] | --profile-start
        python scripts/bench_server.py --inference-log [--rounds 3]
+       python scripts/bench_server.py --otel [--rounds 3] [--callgrind 2000]
        python scripts/bench_server.py --sandbox [--rounds 3] [--quick]
 
 Measures requests/s, p50/p99 latency and CPU per request (frontend, workers: steadier than
@@ -58,6 +59,7 @@ variable) each start recompiles our modules, ~0.09 s more that no user pays.
 
 ``--inference-log``: echo and the MLP with the inference log on for every request (both sinks)
 against the same models without it, in one run (scripts/bench_inflog.py says how).
+``--otel``: the same for tracing, off and on at sampling 1 (scripts/bench_otel.py).
 
 ``busy/steal/idle`` (every load row): the whole machine's CPU split during that run, from
 /proc/stat (psutil) before and after. The hypervisor steals CPU from this VM (up to 32% seen
@@ -84,6 +86,7 @@ from pathlib import Path
 
 import psutil
 from bench_inflog import inference_log_rows
+from bench_otel import otel_rows
 from harness import (
     CALLGRIND,
     REPO,
@@ -735,22 +738,24 @@ def _drive(host: str, port: int, headers: dict[str, str], body: bytes, n: int,
         raise SystemExit(f"callgrind run: {len(failed)} answer(s) not 200: {failed[:5]}")
 
 
-def callgrind_rows(work: Path, body: bytes, n: int) -> None:
+def callgrind_rows(work: Path, body: bytes, n: int, extra: str = "", label: str = "",
+                   bare: bool = True) -> float:  # fmt: skip
     """Instructions per request of the frontend alone (callgrind: user-space instructions,
     the same from run to run whatever the machine's load or steal), N echo requests over 16
     connections after 300 to warm up, and of the bare httptools echo the same way. The worker
-    runs natively (valgrind follows no child)."""
+    runs natively (valgrind follows no child). ``extra``: more config lines (YAML);
+    returns the frontend's count."""
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         print("valgrind is not installed: no instruction counts (apt-get install valgrind)")
-        return
+        return 0.0
     out = work / "callgrind.out"
     grind = (*CALLGRIND, f"--callgrind-out-file={out}.%p")
-    run_dir = work / "run-callgrind"
-    config = work / "mserve-callgrind.yaml"
+    run_dir = Path(tempfile.mkdtemp(dir=work, prefix="run-callgrind-"))  # one per run
+    config = run_dir.with_suffix(".yaml")
     config.write_text(
         "inference_address: 127.0.0.1:0\nmanagement_address: 127.0.0.1:0\n"
         f"metrics_address: 127.0.0.1:0\nmodel_store: {work / 'store'}\n"
-        "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n"
+        "grpc_inference_address: 127.0.0.1:0\ngrpc_management_address: 127.0.0.1:0\n" + extra
     )
     proc = subprocess.Popen([*grind, sys.executable, "-m", "server.cli", "--start", "--foreground",
                              "--config", str(config), "--run-dir", str(run_dir), "--models",
@@ -780,6 +785,10 @@ def callgrind_rows(work: Path, body: bytes, n: int) -> None:
     finally:
         proc.terminate()
         proc.wait(120)
+    if not bare:
+        print(f"instructions per request (callgrind, {n} requests, 16 connections, user space):"
+              f" mserve frontend, {label}: {mserve:,.0f}")  # fmt: skip
+        return mserve
     bare = BareEcho(BARE_HTTPTOOLS, {}, tuple(grind))
     try:
         headers["Authorization"] = "Bearer " + "x" * len(key)
@@ -790,6 +799,7 @@ def callgrind_rows(work: Path, body: bytes, n: int) -> None:
     print(f"instructions per request (callgrind, {n} requests, 16 connections, user space):"
           f" mserve frontend {mserve:,.0f}; bare httptools echo {plain:,.0f};"
           f" ratio {mserve / plain:.2f}")  # fmt: skip
+    return mserve
 
 
 def main() -> None:
@@ -802,7 +812,7 @@ def main() -> None:
     parser.add_argument("--ceiling", action="store_true",
                         help="only echo CPU per request beside bare HTTP echo servers")  # fmt: skip
     parser.add_argument("--callgrind", type=int, default=0, metavar="N",
-                        help="with --ceiling: instructions per request, N requests")  # fmt: skip
+                        help="--ceiling/--otel: instructions per request, N requests")  # fmt: skip
     parser.add_argument(
         "--lean", action="store_true", help="only cold start, memory (PSS) and first scale rows"
     )
@@ -815,6 +825,9 @@ def main() -> None:
         "--inference-log",
         action="store_true",
         help="only echo and MLP throughput with the inference log on (both sinks) vs off",
+    )
+    parser.add_argument(
+        "--otel", action="store_true", help="only echo and MLP throughput with tracing on vs off"
     )
     parser.add_argument(
         "--sandbox",
@@ -877,6 +890,18 @@ def main() -> None:
             if with_mlp:
                 bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
             inference_log_rows(work, load, bodies, duration, args.rounds, measured)
+            return
+        if args.otel:
+            server.stop()
+            if with_mlp:
+                bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
+            grind = None
+            if args.callgrind:
+
+                def grind(w: Path, body: bytes, extra: str, label: str) -> float:
+                    return callgrind_rows(w, body, args.callgrind, extra, label, bare=False)
+
+            otel_rows(work, load, bodies, duration, args.rounds, measured, grind)
             return
         if args.ceiling:
             ceiling_rows(server, load, bodies["echo"], duration, args.rounds)

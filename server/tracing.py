@@ -21,12 +21,14 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from random import getrandbits
 from typing import TYPE_CHECKING, Any
 
 from server.errors import ConfigError
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.trace import Tracer
 
     from server.config import ServerConfig
     from server.models.batching import Job
@@ -38,7 +40,6 @@ PROTOCOLS = ("http/protobuf", "grpc")
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 # X-Request-ID: what we take from a client, else we make our own (server/rest/inference.py)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
-_PHASES = ("preprocess", "inference", "postprocess")
 CLIENT_GONE = 499  # a request whose client left first (nginx's code), as its span ends
 
 
@@ -121,10 +122,16 @@ def trace_settings(config: ServerConfig, environ: Mapping[str, str]) -> TraceSet
 class Tracing:
     """The server's tracer and exporter, while tracing is on."""
 
-    def __init__(self, settings: TraceSettings, tracer: Tracer, shutdown: Callable[[], None]):
+    def __init__(
+        self, settings: TraceSettings, tracer: Tracer, processor: SpanProcessor,
+        shutdown: Callable[[], None],
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.tracer = tracer
+        self.processor = processor
         self._shutdown = shutdown
+        # new traces whose id's low 64 bits fall under this are sampled (TraceIdRatioBased's rule)
+        self.bound = round(settings.sampling_ratio * (1 << 64))
         # perf_counter and monotonic seconds to the epoch's nanoseconds, for spans made later
         now = time.time_ns()
         self._perf_ns = now - int(time.perf_counter() * 1e9)
@@ -141,27 +148,28 @@ class Tracing:
         version: str, started: float, attributes: Mapping[str, Any] | None = None,
     ) -> RequestTrace:  # fmt: skip
         """The server span of one request, a child of the client's ``traceparent`` (in
-        ``carrier``, lower-case names) when it sent one; ``started``: perf_counter time."""
-        from opentelemetry.trace import SpanKind, set_span_in_context
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        ``carrier``, lower-case names) when it sent a valid one, sampled as the SDK's
+        ``ParentBased(TraceIdRatioBased)`` would; ``started``: perf_counter time. Only ids
+        and times are kept: the span objects are made on the export thread (the SDK's cost
+        ~150 us of frontend CPU per request with its children)."""
+        parent = _parent(carrier.get("traceparent"))
+        if parent is not None:
+            trace_id, parent_id, sampled = parent
+            tracestate = carrier.get("tracestate")
+            if tracestate is not None:  # the SDK's propagator keeps only its valid members
+                from opentelemetry.trace.span import TraceState
 
-        parent = TraceContextTextMapPropagator().extract(carrier)
-        span = self.tracer.start_span(
-            name,
-            context=parent,
-            kind=SpanKind.SERVER,
-            start_time=self.perf_ns(started),
-            attributes={
-                "mserve.model": model,
-                "mserve.model_version": version,
-                "mserve.request_id": request_id,
-                **(attributes or {}),
-            },
-        )
-        out: dict[str, str] = {}
-        context = set_span_in_context(span)
-        TraceContextTextMapPropagator().inject(out, context)
-        return RequestTrace(self, span, context, out.get("traceparent", ""), out.get("tracestate"))
+                tracestate = TraceState.from_header([tracestate]).to_header() or None
+        else:
+            trace_id = getrandbits(128) or 1
+            parent_id, tracestate = 0, None
+            sampled = (trace_id & 0xFFFFFFFFFFFFFFFF) < self.bound
+        return RequestTrace(
+            self, name, trace_id, getrandbits(64) or 1, parent_id, sampled, tracestate,
+            self.perf_ns(started),
+            {"mserve.model": model, "mserve.model_version": version,
+             "mserve.request_id": request_id, **(attributes or {})},
+        )  # fmt: skip
 
     @contextlib.contextmanager
     def span(self, name: str, attributes: Mapping[str, Any]) -> Iterator[None]:
@@ -175,25 +183,48 @@ class Tracing:
         self._shutdown()
 
 
-class RequestTrace:
-    """One request's server span, and the times its children are made from."""
+def _parent(traceparent: str | None) -> tuple[int, int, bool] | None:
+    """(trace id, parent span id, sampled) of a valid W3C ``traceparent``, else None."""
+    if traceparent is None or len(traceparent) != 55 or not _TRACEPARENT.match(traceparent):
+        return None
+    trace_id, parent_id = int(traceparent[3:35], 16), int(traceparent[36:52], 16)
+    if traceparent[:2] == "ff" or not trace_id or not parent_id:
+        return None
+    return trace_id, parent_id, bool(int(traceparent[53:55], 16) & 1)
 
-    __slots__ = ("context", "popped", "span", "traceparent", "tracestate", "tracing")
+
+class RequestTrace:
+    """One request's server span while it runs: its ids, and at the end the times its
+    children are made from. Handed whole to the SDK's batch span processor when sampled (its
+    ``context`` says so); :class:`_Expand` makes the spans on the export thread."""
+
+    __slots__ = (
+        "attributes", "children", "end", "error", "name", "parent_id", "popped", "sampled",
+        "span_id", "start", "status", "trace_id", "traceparent", "tracestate", "tracing",
+    )  # fmt: skip
+
+    context: Any = None  # set by setup(): a sampled SpanContext, all the processor looks at
 
     def __init__(
-        self, tracing: Tracing, span: Span, context: Any, traceparent: str,
-        tracestate: str | None,
+        self, tracing: Tracing, name: str, trace_id: int, span_id: int, parent_id: int,
+        sampled: bool, tracestate: str | None, start: int, attributes: dict[str, Any],
     ) -> None:  # fmt: skip
         self.tracing = tracing
-        self.span = span
-        self.context = context
-        self.traceparent = traceparent
+        self.name = name
+        self.trace_id = f"{trace_id:032x}"
+        self.span_id = span_id
+        self.parent_id = parent_id
+        self.sampled = sampled
         self.tracestate = tracestate
+        self.traceparent = f"00-{self.trace_id}-{span_id:016x}-{'01' if sampled else '00'}"
+        self.start = start
+        self.attributes = attributes
         self.popped = 0.0  # monotonic: taken off the queue into a batch (0: sent at once)
-
-    @property
-    def trace_id(self) -> str:
-        return self.traceparent[3:35]
+        self.end = 0
+        self.status = 0
+        self.error: str | None = None
+        # (enqueued, popped, sent, answered ns, worker id, batch size, result meta, stream)
+        self.children: tuple[Any, ...] | None = None
 
     def pass_on(self, headers: list[list[str]]) -> None:
         """The handler's view: the request's ``traceparent`` becomes this span's (appended
@@ -208,70 +239,31 @@ class RequestTrace:
         self, job: Job | None, status: int, error: str | None = None,
         stream: tuple[float, int] | None = None,
     ) -> None:  # fmt: skip
-        """End the request: its children from ``job``'s times, then the server span with
-        ``status``; ``error`` marks it failed; ``stream``: (perf_counter time of the first
-        chunk, chunks) for a streamed answer."""
-        from opentelemetry.trace import Status, StatusCode
-
-        tracing, span = self.tracing, self.span
-        end = time.time_ns()
-        if job is not None:
-            self._children(job, end if stream is None else tracing.perf_ns(stream[0]))
-        if stream is not None:
-            child = tracing.tracer.start_span(
-                "mserve.stream", self.context, start_time=tracing.perf_ns(stream[0]),
-                attributes={"mserve.chunks": stream[1]},
-            )  # fmt: skip
-            child.end(end)
-        span.set_attribute("http.response.status_code", status)
-        if error is not None or status >= 500:
-            span.set_status(Status(StatusCode.ERROR, error))
-            if error is not None:
-                span.add_event("exception", {"exception.message": error})
-        span.end(end)
-
-    def _children(self, job: Job, answered: int) -> None:
-        tracing, tracer, parent = self.tracing, self.tracing.tracer, self.context
-        enqueued = tracing.mono_ns(job.enqueued_at)
-        if not job.sent_at:  # never reached a worker
-            tracer.start_span("mserve.queue", parent, start_time=enqueued).end(answered)
+        """End the request (nothing at all when it is not sampled): the times of ``job`` its
+        children are made from, ``status``; ``error`` marks it failed; ``stream``:
+        (perf_counter time of the first chunk, chunks) for a streamed answer."""
+        if not self.sampled:
             return
-        sent = tracing.mono_ns(job.sent_at)
-        popped = tracing.mono_ns(self.popped) if self.popped else sent
-        tracer.start_span("mserve.queue", parent, start_time=enqueued).end(popped)
-        worker, batch = job.sent  # type: ignore[misc]
-        size = len(batch.jobs) if batch.jobs is not None else 1
-        tracer.start_span(
-            "mserve.batch", parent, start_time=popped, attributes={"mserve.batch_size": size}
-        ).end(sent)
-        self.span.set_attribute("mserve.worker_id", str(worker.id))
-        self.span.set_attribute("mserve.batch_size", size)
-        call = tracer.start_span(
-            "mserve.worker", parent, start_time=sent,
-            attributes={"mserve.worker_id": str(worker.id), "mserve.batch_size": size},
-        )  # fmt: skip
-        meta = _result_meta(batch)
-        handler_ms = meta.get("handler_ms")
-        if type(handler_ms) in (int, float) and handler_ms >= 0:
-            from opentelemetry.trace import set_span_in_context
-
-            start = max(sent, answered - int(handler_ms * 1e6))
-            inner = set_span_in_context(call, parent)
-            handler = tracer.start_span("mserve.handler", inner, start_time=start)
-            phases = meta.get("phases")
-            if type(phases) is list:
-                in_handler = set_span_in_context(handler, parent)
-                for phase in phases:
-                    if (
-                        type(phase) is list and len(phase) == 3 and phase[0] in _PHASES
-                        and all(type(x) in (int, float) and x >= 0 for x in phase[1:])
-                    ):  # fmt: skip
-                        begin = start + int(phase[1] * 1e6)
-                        tracer.start_span(f"mserve.{phase[0]}", in_handler, start_time=begin).end(
-                            min(answered, begin + int(phase[2] * 1e6))
-                        )
-            handler.end(answered)
-        call.end(answered)
+        tracing = self.tracing
+        self.end = end = time.time_ns()
+        self.status, self.error = status, error
+        answered = end if stream is None else tracing.perf_ns(stream[0])
+        streamed = None if stream is None else (answered, stream[1])
+        if job is None:
+            self.children = (None, 0, 0, answered, "", 0, None, streamed)
+        elif not job.sent_at:  # never reached a worker
+            enqueued = tracing.mono_ns(job.enqueued_at)
+            self.children = (enqueued, 0, 0, answered, "", 0, None, streamed)
+        else:
+            worker, batch = job.sent  # type: ignore[misc]
+            sent = tracing.mono_ns(job.sent_at)
+            self.children = (
+                tracing.mono_ns(job.enqueued_at),
+                tracing.mono_ns(self.popped) if self.popped else sent, sent, answered,
+                str(worker.id), len(batch.jobs) if batch.jobs is not None else 1,
+                _result_meta(batch), streamed,
+            )  # fmt: skip
+        tracing.processor.on_end(self)  # type: ignore[arg-type]
 
 
 def _result_meta(batch: Any) -> dict[str, Any]:
@@ -297,6 +289,10 @@ def setup(config: ServerConfig, environ: Mapping[str, str] | None = None) -> Tra
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from server.tracing_export import Expand
 
     if settings.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -313,8 +309,10 @@ def setup(config: ServerConfig, environ: Mapping[str, str] | None = None) -> Tra
         resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sampling_ratio))
     )
     exporter = OTLPSpanExporter(endpoint=settings.endpoint, headers=settings.headers or None)
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    current = Tracing(settings, provider.get_tracer("mserve"), provider.shutdown)
+    processor = BatchSpanProcessor(Expand(exporter, resource, InstrumentationScope("mserve")))
+    provider.add_span_processor(processor)
+    RequestTrace.context = SpanContext(1, 1, False, TraceFlags(TraceFlags.SAMPLED))
+    current = Tracing(settings, provider.get_tracer("mserve"), processor, provider.shutdown)
     log.info(
         "tracing: OTLP %s to %s, sampling %g of new traces",
         settings.protocol, settings.endpoint, settings.sampling_ratio,

@@ -10,15 +10,14 @@ logger's, attribute for attribute (docs/server.md, Inference logging).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Iterable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
+from urllib.parse import quote
 
 from mserve_worker.payload import _is_json  # what the worker parses as JSON
-
-if TYPE_CHECKING:
-    from cloudevents.core.bindings.http import HTTPMessage
 
 # KServe's event types (pkg/logger: CEInferenceRequest, CEInferenceResponse)
 REQUEST_EVENT = "org.kubeflow.serving.inference.request"
@@ -167,7 +166,7 @@ class Encoder:
 
     # --- CloudEvents ----------------------------------------------------------------------
 
-    def events(self, record: Record, requests: bool, responses: bool) -> list[HTTPMessage]:
+    def events(self, record: Record, requests: bool, responses: bool) -> list[_Message]:
         """The record's CloudEvents in binary content mode, as KServe's logger sends them: the
         request's, then the response's (only for a 200, as KServe does), paired by id."""
         out = []
@@ -195,27 +194,56 @@ class Encoder:
     def _message(
         self, kind: str, record: Record, content_type: str, data: bytes,
         logged: dict[str, Any] | None,
-    ) -> HTTPMessage:  # fmt: skip
-        # imported here: only a server that sends CloudEvents pays for it
-        from cloudevents.core.bindings.http import to_binary_event
-        from cloudevents.core.v1.event import CloudEvent
-
-        attributes: dict[str, Any] = {
-            "id": record.id,
-            "type": kind,
-            "source": self.source,
-            "datacontenttype": content_type,
-            "time": datetime.now(timezone.utc),
+    ) -> _Message:  # fmt: skip
+        """The event in binary content mode, header for header what the ``cloudevents``
+        SDK's ``to_binary_event`` makes of the same attributes (tests/server/
+        test_inference_log.py compares them), without its event object's validation: ~30 us
+        of the frontend's CPU per event less."""
+        now = datetime.now(timezone.utc).isoformat()
+        headers = {
+            "ce-id": _ce(record.id),
+            "ce-type": kind,
+            "ce-source": self._ce_source,
+            "content-type": content_type,
+            "ce-time": _ce(now[:-6] + "Z" if now.endswith("+00:00") else now),
             # KServe's extension attributes (pkg/logger/worker.go)
-            "inferenceservicename": self.model,
-            "namespace": self.namespace,
-            "component": self.component,
-            "endpoint": self.version,
-            "metadata": "{}",
+            **self._ce_extensions,
         }
         if logged is not None and logged.get("metrics"):
-            attributes["metrics"] = json.dumps(logged["metrics"], default=str)
-        return to_binary_event(CloudEvent(attributes, data))
+            headers["ce-metrics"] = _ce(json.dumps(logged["metrics"], default=str))
+        headers["ce-specversion"] = "1.0"
+        return _Message(headers, data)
+
+    @functools.cached_property
+    def _ce_source(self) -> str:
+        return _ce(self.source)
+
+    @functools.cached_property
+    def _ce_extensions(self) -> dict[str, str]:
+        return {
+            "ce-inferenceservicename": _ce(self.model),
+            "ce-namespace": _ce(self.namespace),
+            "ce-component": _ce(self.component),
+            "ce-endpoint": _ce(self.version),
+            "ce-metadata": _ce("{}"),
+        }
+
+
+class _Message(NamedTuple):
+    """An event in binary content mode: what ``to_binary_event``'s HTTPMessage holds."""
+
+    headers: dict[str, str]
+    body: bytes
+
+
+# what the CloudEvents HTTP binding leaves unencoded in a header value (printable ASCII but
+# space, double quote and percent: its section 3.1.3.2)
+_CE_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"%')
+
+
+def _ce(value: str) -> str:
+    """A ce- header's value, percent-encoded as the binding says."""
+    return quote(value, safe=_CE_SAFE)
 
 
 def _iso(seconds: float) -> str:

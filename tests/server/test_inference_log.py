@@ -373,3 +373,43 @@ def test_a_file_is_rotated_once_it_is_old(tmp_path) -> None:
     assert [line["request"]["n"] for line in _lines(path)] == [4]
     assert [line["request"]["n"] for line in _lines(path.with_name("1.jsonl.1"))] == [3]
     assert sorted(p.name for p in path.parent.iterdir()) == ["1.jsonl", "1.jsonl.1"]
+
+
+@pytest.mark.parametrize(
+    ("request_id", "metrics", "namespace"),
+    [
+        ("abc-123", None, "default"),
+        ('id with space/%"é', {"accuracy": 0.5, "note": "a b"}, "team ns"),
+    ],
+)
+def test_events_match_the_cloudevents_sdk_byte_for_byte(request_id, metrics, namespace) -> None:
+    """The events are built without the SDK on the request path: each must be what the SDK's
+    ``to_binary_event`` makes of the same attributes, header for header, in the same order."""
+    from datetime import datetime
+
+    from cloudevents.core.bindings.http import to_binary_event
+    from cloudevents.core.v1.event import CloudEvent
+
+    from server.inference_log.records import RESPONSE_EVENT, Encoder, Record
+
+    encoder = Encoder("my model", "2.0", [], "http://localhost:8080/", namespace)
+    body = b'{"data": [1, 2]}'
+    logged = {"metrics": metrics} if metrics else None
+    record = Record(request_id, request_id, "", "", time.time(), 10, "application/json", body,
+                    200, "application/json", body, None, logged)  # fmt: skip
+    ours = encoder.events(record, True, True)
+    assert len(ours) == 2
+    for message in ours:
+        when = datetime.fromisoformat(message.headers["ce-time"].replace("Z", "+00:00"))
+        attributes = {
+            "id": request_id, "type": message.headers["ce-type"],
+            "source": "http://localhost:8080/", "datacontenttype": "application/json",
+            "time": when, "inferenceservicename": "my model", "namespace": namespace,
+            "component": "predictor", "endpoint": "2.0", "metadata": "{}",
+        }  # fmt: skip
+        if metrics:
+            attributes["metrics"] = json.dumps(metrics)
+        theirs = to_binary_event(CloudEvent(attributes, message.body))
+        assert list(message.headers.items()) == list(theirs.headers.items())
+        assert message.body == theirs.body
+    assert ours[1].headers["ce-type"] == RESPONSE_EVENT

@@ -222,3 +222,34 @@ def test_standard_otel_variables_turn_tracing_on_and_off() -> None:
     assert trace_settings(load_config(environ={}), {}) is None  # off by default
     off = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}
     assert trace_settings(load_config(environ={}), off) is None
+
+
+def test_sampling_follows_the_clients_flag_else_the_ratio() -> None:
+    """Request spans are sampled as the SDK's ParentBased(TraceIdRatioBased) would: a valid
+    client traceparent's flag decides, else the ratio; an unsampled request is never handed
+    to the exporter."""
+    from server.tracing import TraceSettings, Tracing
+
+    handed: list[Any] = []
+    processor = type("P", (), {"on_end": lambda self, span: handed.append(span)})()
+
+    def tracing(ratio: float) -> Tracing:
+        settings = TraceSettings("http://127.0.0.1:9/", "http/protobuf", ratio, {})
+        return Tracing(settings, None, processor, lambda: None)  # type: ignore[arg-type]
+
+    never, always = tracing(0.0), tracing(1.0)
+    sampled_out = f"00-{TRACE_ID}-{CLIENT_SPAN}-00"
+    cases = [
+        (never, {}, False), (always, {}, True), (never, {"traceparent": TRACEPARENT}, True),
+        (always, {"traceparent": sampled_out}, False),
+        (never, {"traceparent": "00-" + "0" * 32 + f"-{CLIENT_SPAN}-01"}, False),  # invalid
+    ]  # fmt: skip
+    for tracer, carrier, sampled in cases:
+        trace = tracer.begin("POST /predictions/{model}", carrier, "rid", "m", "1", 0.0)
+        assert trace.sampled is sampled, carrier
+        assert trace.traceparent.endswith("-01" if sampled else "-00")
+        if carrier and carrier["traceparent"][3:35] == TRACE_ID:
+            assert trace.trace_id == TRACE_ID and trace.parent_id == int(CLIENT_SPAN, 16)
+        handed.clear()
+        trace.finish(None, 200)
+        assert len(handed) == int(sampled)
