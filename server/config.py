@@ -390,6 +390,9 @@ _AT_LEAST_ONE = frozenset(
      "inference_log_sample", "inference_log_batch", "inference_log_queue_size",
      "inference_log_file_max_bytes")
 )  # fmt: skip
+# Float keys for which 0 is meaningful: a sampling ratio of 0 traces only what a client's
+# sampled traceparent asks for.
+_ZERO_ALLOWED = frozenset(("otel_sampling_ratio",))
 
 
 # Keys that take one of a few words; TorchServe reads metrics_mode without regard to case or
@@ -451,7 +454,11 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             number = float(value)
-            if not math.isfinite(number) or number <= 0:
+            if (
+                not math.isfinite(number)
+                or number < 0
+                or (number == 0 and key not in _ZERO_ALLOWED)
+            ):
                 raise ValueError
             return number
         if get_origin(kind) is tuple:

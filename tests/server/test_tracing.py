@@ -220,6 +220,13 @@ def test_standard_otel_variables_turn_tracing_on_and_off() -> None:
     assert on is not None and on.endpoint == "http://c:4318/v1/traces"
     assert on.protocol == "http/protobuf" and on.sampling_ratio == 1.0
     assert trace_settings(load_config(environ={}), {}) is None  # off by default
+    # 0: only what a client's sampled traceparent asks for is traced
+    zero = load_config(
+        flags={"otel_endpoint": "http://c:4318", "otel_sampling_ratio": 0}, environ={}
+    )
+    assert trace_settings(zero, {}).sampling_ratio == 0.0
+    with pytest.raises(ConfigError, match="otel_sampling_ratio"):
+        load_config(flags={"otel_sampling_ratio": -0.5}, environ={})
     off = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}
     assert trace_settings(load_config(environ={}), off) is None
 
