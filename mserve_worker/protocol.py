@@ -89,6 +89,9 @@ class RequestItem:
     # The API the request came in through: "" (TorchServe's /predictions and friends), "v2" (the
     # Open Inference Protocol) or "v1" (KServe v1). The worker reads such bodies as that protocol.
     api: str = ""
+    # Continuous batching: a request still generating, sent again for its next step with no
+    # body; the handler has its state (TorchServe's request "cached in the backend").
+    cached: bool = False
 
 
 # A streamed request whose stream broke after its first chunk (the handler raised, an output could
@@ -333,6 +336,7 @@ def batch_frame(batch_id: int, items: Sequence[RequestItem], *, check: bool = Tr
             params=_check_params(item.params, f"{where}.params"),
             op=_check_str(item.op, f"{where}.op"),
             api=_check_str(item.api, f"{where}.api"),
+            cached=_check_bool(item.cached, f"{where}.cached"),
         )
         entries.append(_entry(checked, len(body)))
         bodies.append(body)
@@ -351,6 +355,8 @@ def _entry(item: RequestItem, size: int) -> dict[str, Any]:
         entry["op"] = item.op
     if item.api:
         entry["api"] = item.api
+    if item.cached:  # absent means a new request
+        entry["cached"] = True
     return entry
 
 
@@ -368,8 +374,10 @@ def parse_batch(frame: Frame) -> tuple[int, list[RequestItem]]:
             params = entry.get("params", {})
             op = entry.get("op", "")
             api = entry.get("api", "")
+            cached = entry.get("cached", False)
             if (
                 type(request_id) is not str
+                or type(cached) is not bool
                 or type(content_type) is not str
                 or type(op) is not str
                 or type(api) is not str
@@ -380,7 +388,9 @@ def parse_batch(frame: Frame) -> tuple[int, list[RequestItem]]:
                 )
             ):
                 return _parse_batch_checked(frame)
-            items.append(RequestItem(request_id, content_type, headers, body, params, op, api))
+            items.append(
+                RequestItem(request_id, content_type, headers, body, params, op, api, cached)
+            )
         return batch_id, items
     return _parse_batch_checked(frame)
 
@@ -400,6 +410,7 @@ def _parse_batch_checked(frame: Frame) -> tuple[int, list[RequestItem]]:
                 params=_check_params(entry.get("params", {}), f"{where}.params"),
                 op=_check_str(entry.get("op", ""), f"{where}.op"),
                 api=_check_str(entry.get("api", ""), f"{where}.api"),
+                cached=_check_bool(entry.get("cached", False), f"{where}.cached"),
             )
         )
     return batch_id, items
@@ -845,6 +856,12 @@ def _required(obj: dict[str, Any], key: str, where: str) -> Any:
 def _check_uint(value: object, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ProtocolError(f"{where} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _check_bool(value: object, where: str) -> bool:
+    if type(value) is not bool:
+        raise ProtocolError(f"{where} must be true or false, got {value!r}")
     return value
 
 

@@ -25,14 +25,16 @@ from server.errors import (
     InvalidModel,
     LoadFailed,
     MserveError,
+    RequestExpired,
     ServiceUnavailable,
     TooManyRequests,
 )
 from server.metrics import Metrics, ModelStats
 from server.models.batching import Job, JobQueue, QueueFull
+from server.models.continuous import ContinuousPump
 from server.models.pump import BatchPump
 from server.models.residency import Residency
-from server.models.settings import ModelSettings, shown, with_changes
+from server.models.settings import SEQUENCE_HEADERS, ModelSettings, shown, with_changes
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
 from server.workers.sandbox import ModelSandbox
@@ -88,6 +90,7 @@ class ModelVersion:
         metrics: Metrics | None = None,
         service_envelope: str = "",
         sandbox: ModelSandbox | None = None,
+        sequence_headers: tuple[str, str, str] = SEQUENCE_HEADERS,
     ) -> None:
         self.name = name
         self.version = version
@@ -104,6 +107,7 @@ class ModelVersion:
         self.max_payload_bytes = max_payload_bytes
         self.max_response_bytes = max_response_bytes
         self.service_envelope = service_envelope
+        self.sequence_headers = sequence_headers  # (id, start, end): ts_header_key_sequence_*
         self.sandbox = sandbox  # what its workers may reach; None: unconfined (sandbox: false)
         self.loaded_at_startup = loaded_at_startup
         self.queue = JobQueue(settings.job_queue_size)
@@ -224,14 +228,28 @@ class ModelVersion:
             raise TooManyRequests(
                 f"model {self.label} queue is full (job_queue_size={self.queue.maxsize})"
             ) from None
+        timeout_ms = self.settings.client_timeout_ms
+        if timeout_ms:
+            loop = asyncio.get_running_loop()
+            loop.call_later(timeout_ms / 1000, self._expire, job, timeout_ms)
         return job
 
     def withdraw(self, job: Job) -> None:
         """The caller of ``job`` went away (its future is cancelled). Still queued, it is skipped
-        when popped; already sent, the worker skips it if it has not started its batch."""
-        if job.sent is not None:
-            worker, batch = job.sent
-            worker.withdraw(batch, job.item.request_id)
+        when popped; already sent, the worker skips it if it has not started its batch;
+        generating (continuous batching), it leaves the next step."""
+        if job.cancel("client"):
+            self.stats.cancelled("client")
+
+    def _expire(self, job: Job, timeout_ms: int) -> None:
+        """``job``'s deadline passed (clientTimeoutInMills): unless it was answered, it stops
+        and its caller gets a 504."""
+        error = RequestExpired(
+            f"request {job.item.request_id} to model {self.label} did not complete within"
+            f" clientTimeoutInMills={timeout_ms} (queue time included); it was dropped"
+        )
+        if job.cancel("deadline", error):
+            self.stats.cancelled("deadline")
 
     # --- workers ----------------------------------------------------------------------------
 
@@ -253,6 +271,10 @@ class ModelVersion:
             "server_pid": os.getpid(),  # a busy worker exits when the server is gone
             "max_response_bytes": self.max_response_bytes,  # checked before the answer is sent
             "service_envelope": self.service_envelope,
+            "continuous_batching": self.settings.continuous_batching,
+            "sequence_headers": dict(
+                zip(("id", "start", "end"), self.sequence_headers, strict=True)
+            ),
         }
         env = {**self.worker_env, **worker_env_for(gpu)}
         if self.sandbox is not None:
@@ -308,7 +330,7 @@ class ModelVersion:
             if self.stats.metrics is not None and worker.load_ms is not None:
                 self.stats.metrics.worker_loaded(self.name, self.version, worker.id, worker.load_ms)
             serving_since = time.monotonic()
-            pump = BatchPump(
+            pump = (ContinuousPump if self.settings.continuous_batching else BatchPump)(
                 self.label, self.queue, self.settings, self.stats, lambda: bool(self.slots)
             )
             ended = await pump.serve(worker, slot.retire)
