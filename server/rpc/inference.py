@@ -36,8 +36,6 @@ from server.streaming import ChunkStream
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 PING = f"/{SERVICE}/Ping"  # a probe: needs no key
-# TorchServe's request header for a sequence id (its ts_header_key_sequence_id default)
-SEQUENCE_HEADER = "ts_request_sequence_id"
 
 
 class HandlerStatus(Exception):
@@ -152,7 +150,8 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         counts = model.stats.arrived(version is not None)
         started = time.perf_counter()
         content_type, body = form(request.input)
-        headers = [[SEQUENCE_HEADER, request.sequenceId]] if request.sequenceId else []
+        # the sequence id under the server's ts_header_key_sequence_id
+        headers = [[model.sequence_headers[0], request.sequenceId]] if request.sequenceId else []
         item = RequestItem(
             request_id=request_id(), content_type=content_type, headers=headers, body=body
         )
