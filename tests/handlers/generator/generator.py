@@ -25,7 +25,9 @@ class Generator(BaseHandler):
         for idx, row in enumerate(data):
             req_id = self.context.get_request_id(idx)
             if req_id not in self.context.cache:  # a new request: its prompt is here
-                body = row.get("body") or {}
+                body = row.get("body") or row.get("data") or {}
+                if isinstance(body, (bytes, bytearray)):  # gRPC's input map
+                    body = json.loads(body)
                 self.context.cache[req_id] = {
                     "name": body.get("name", req_id),
                     "left": int(body.get("tokens", 3)),
