@@ -4,6 +4,7 @@ sequence id in its worker; REST and gRPC clients."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -116,3 +117,35 @@ def test_grpc_sequence_ids_reach_the_handler(seq) -> None:
         channel.close()
     assert [a.sequenceId for a in answers] == ["g1"] * 3
     assert [json.loads(a.prediction)["sum"] for a in answers] == [1, 3, 6]
+
+
+@pytest.fixture
+def seq_gen(make_archive, start_server) -> Server:
+    config = str(HANDLERS / "generator" / "sequence-config.yaml")
+    make_archive("generator", "generator:Generator", "sgen", "--config-file", config)
+    return start_server("sgen=sgen.mar")
+
+
+def open_stream(server: Server, body: dict[str, Any], sequence: str) -> Any:
+    host, port = server.status["inference"].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request(
+        "POST", "/predictions/sgen", json.dumps(body),
+        {"Content-Type": "application/json", SEQ: sequence},
+    )  # fmt: skip
+    return conn.getresponse()
+
+
+def test_with_continuous_batching_a_sequence_goes_on_while_its_last_answer_streams(
+    seq_gen,
+) -> None:
+    first = open_stream(seq_gen, {"name": "first", "tokens": 30}, "s")
+    assert first.getheader(SEQ) == "s"
+    assert json.loads(first.readline())["token"] == "first:0"
+    second = open_stream(seq_gen, {"name": "second", "tokens": 2}, "s")
+    assert second.getheader(SEQ) == "s"
+    lines = [json.loads(line) for line in second.read().splitlines()]
+    assert [t["token"] for t in lines] == ["second:0", "second:1"]
+    assert lines[0]["batch"] == ["first", "second"]  # the same worker, the same call
+    rest = [json.loads(line) for line in first.read().splitlines()]
+    assert len(rest) == 29
