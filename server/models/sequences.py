@@ -61,11 +61,13 @@ class Sequences:
         settings: Callable[[], ModelSettings],
         headers: tuple[str, str, str],
         lanes: Callable[[], list[JobQueue]],
+        cancelled: Callable[[str], None] | None = None,
     ) -> None:
         self.label = label
         self._settings = settings  # the model's current ones (scaling changes them)
         self.id_header, self.start_header, self.end_header = headers
         self._lanes = lanes
+        self._cancelled = cancelled  # counts a request stopped by expiry (ModelStats.cancelled)
         self.open: dict[str, Sequence] = {}
         self.waiting: collections.deque[Sequence] = collections.deque()  # past maxNumSequence
 
@@ -119,6 +121,17 @@ class Sequences:
                 sequence.running = None
                 self._bind(sequence)
                 self._release(sequence)
+
+    def waiting_requests(self) -> int:
+        """Requests accepted that no worker has yet: held by their sequence, or in a lane."""
+        n = 0
+        for sequence in self.open.values():
+            for job in sequence.pending:
+                n += not job.future.done()
+            running = sequence.running
+            if running is not None and running.sent is None and not running.future.done():
+                n += 1
+        return n
 
     def slot_added(self) -> None:
         """A worker slot started: sequences that waited for one open now."""
@@ -215,7 +228,8 @@ class Sequences:
         why = f"sequenceTimeoutMSec={total_ms}" if too_old else f"sequenceMaxIdleMSec={idle_ms}"
         error = RequestExpired(f"sequence {sequence.id} of model {self.label} expired ({why})")
         for job in sequence.pending:
-            job.cancel("deadline", error)
+            if job.cancel("deadline", error) and self._cancelled is not None:
+                self._cancelled("deadline")
         self._close(sequence)
 
     def _close(self, sequence: Sequence) -> None:

@@ -36,6 +36,7 @@ from server.models.pump import BatchPump
 from server.models.residency import Residency
 from server.models.sequences import Sequences
 from server.models.settings import SEQUENCE_HEADERS, ModelSettings, shown, with_changes
+from server.streaming import ChunkStream
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
 from server.workers.sandbox import ModelSandbox
@@ -119,7 +120,13 @@ class ModelVersion:
         self.slots: list[_Slot] = []
         self._retiring: set[_Slot] = set()
         self.sequences = (
-            Sequences(self.label, lambda: self.settings, sequence_headers, self._lanes)
+            Sequences(
+                self.label,
+                lambda: self.settings,
+                sequence_headers,
+                self._lanes,
+                lambda reason: self.stats.cancelled(reason),
+            )
             if settings.sequence_batching
             else None
         )
@@ -175,6 +182,8 @@ class ModelVersion:
     def queued(self) -> int:
         """Requests waiting: in the queue, or already sent to a worker that has not started them
         (see ``pipeline_depth``). ``job_queue_size`` bounds this number."""
+        if self.sequences is not None:
+            return self.sequences.waiting_requests() + self._waiting_in_workers()
         return len(self.queue) + self._waiting_in_workers()
 
     def _waiting_in_workers(self) -> int:
@@ -234,6 +243,8 @@ class ModelVersion:
         job = Job(item, self.queue.new_future())
         try:
             if self.sequences is not None:
+                if self.queued() >= self.queue.maxsize:
+                    raise QueueFull
                 self.sequences.admit(job)
             else:
                 self.queue.put(job, self._waiting_in_workers())
@@ -244,7 +255,8 @@ class ModelVersion:
         timeout_ms = self.settings.client_timeout_ms
         if timeout_ms:
             loop = asyncio.get_running_loop()
-            loop.call_later(timeout_ms / 1000, self._expire, job, timeout_ms)
+            timer = loop.call_later(timeout_ms / 1000, self._expire, job, timeout_ms)
+            job.future.add_done_callback(functools.partial(_answered_in_time, timer))
         return job
 
     def withdraw(self, job: Job) -> None:
@@ -618,6 +630,17 @@ class ModelVersion:
 
 
 _SERVING = (WorkerState.READY, WorkerState.BUSY)
+
+
+def _answered_in_time(timer: asyncio.TimerHandle, future: asyncio.Future[Any]) -> None:
+    """A request's future is done: its deadline timer (and the request it holds) goes, unless
+    the answer is a stream, which the deadline still bounds."""
+    if (
+        future.cancelled()
+        or future.exception() is not None
+        or type(future.result()) is not ChunkStream
+    ):
+        timer.cancel()
 
 
 def _timestamp(epoch_s: float) -> str:

@@ -16,6 +16,7 @@ import pytest
 from server.rpc.protos import inference_pb2 as ipb
 from server.rpc.protos import inference_pb2_grpc
 from tests.server.conftest import HANDLERS, Server
+from tests.server.test_continuous_batching import metric
 
 CONFIG = str(HANDLERS / "stateful" / "model-config.yaml")
 SEQ = "ts_request_sequence_id"
@@ -149,3 +150,30 @@ def test_with_continuous_batching_a_sequence_goes_on_while_its_last_answer_strea
     assert lines[0]["batch"] == ["first", "second"]  # the same worker, the same call
     rest = [json.loads(line) for line in first.read().splitlines()]
     assert len(rest) == 29
+
+
+def test_a_sequence_past_its_timeout_closes_and_its_waiting_requests_get_504(
+    make_archive, start_server
+) -> None:
+    config = str(HANDLERS / "stateful" / "timeout-config.yaml")
+    make_archive("stateful", "stateful:Stateful", "tseq", "--config-file", config)
+    server = start_server("tseq=tseq.mar")
+    first: list[Any] = []
+    running = threading.Thread(
+        target=lambda: first.append(
+            server.predict("tseq", {"add": 1, "sleep": 1.5}, headers={SEQ: "t"})
+        )
+    )
+    running.start()
+    time.sleep(0.3)
+    waiting = server.predict("tseq", {"add": 2}, headers={SEQ: "t"})
+    running.join(30)
+    assert waiting.status == 504
+    assert (
+        waiting.json()["message"]
+        == "sequence t of model tseq:1.0 expired (sequenceTimeoutMSec=1000)"
+    )
+    assert first[0].status == 200  # the one under way when it expired finishes
+    reopened = server.predict("tseq", {"add": 5}, headers={SEQ: "t"})
+    assert reopened.status == 200
+    assert metric(server, "mserve_requests_cancelled_total", model="tseq", reason="deadline") == 1
