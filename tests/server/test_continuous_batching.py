@@ -5,6 +5,8 @@ and keeps its state in ``context.cache``; several clients read their streams con
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from typing import Any
@@ -150,3 +152,25 @@ def test_a_handler_that_raises_fails_that_call_and_the_next_requests_are_served(
     reply = gen.predict("gen", {"name": "raise", "tokens": 3, "raise_at": 0})
     assert reply.status == 500
     assert b"boom in raise" in reply.body
+
+
+def test_a_worker_killed_mid_generation_breaks_its_streams_and_a_new_one_serves(gen) -> None:
+    a = RawStream(gen, "gen", {"name": "a", "tokens": 500})
+    assert a.next_chunk() is not None
+    (pid,) = gen.worker_pids("gen")
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(Incomplete):  # its state died with the worker: the stream breaks off
+        a.chunks()
+    a.close()
+    wait_for(lambda: gen.worker_pids("gen") not in ([], [pid]), "a replacement worker", 60)
+    again = RawStream(gen, "gen", {"name": "again", "tokens": 2})
+    assert [t["token"] for t in tokens(again)] == ["again:0", "again:1"]
+    again.close()
+
+
+def test_describe_shows_the_generative_settings(gen) -> None:
+    (described,) = gen.manage("GET", "/models/gen").json()
+    assert described["continuousBatching"] is True
+    assert described["batchSize"] == 2
+    assert described["sequenceBatching"] is False
+    assert described["clientTimeoutInMills"] == 0
