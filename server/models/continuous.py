@@ -24,7 +24,7 @@ import time
 from mserve_worker.protocol import RequestItem, ResponseItem
 from server.errors import HandlerError, InternalError, WorkerDied, WorkerTimeout
 from server.models.batching import Job, gather_batch
-from server.models.pump import BatchPump, _end_stream, _fail, _Retired
+from server.models.pump import BatchPump, Retired, end_stream, fail_jobs
 from server.streaming import ChunkStream
 from server.workers.channel import ChannelClosed
 from server.workers.process import Worker
@@ -45,7 +45,7 @@ class ContinuousPump(BatchPump):
         """Run steps until retired (None) or the worker is lost (returns why)."""
         lost = asyncio.Event()
         reasons: list[str] = []
-        retired = _Retired(retire, self._others_serve, self.queue)
+        retired = Retired(retire, self._others_serve, self.queue)
 
         def lost_while_idle() -> None:
             if not lost.is_set():
@@ -86,7 +86,7 @@ class ContinuousPump(BatchPump):
         finally:
             for job in running:  # a lost worker took their state with it
                 if not job.gone():
-                    _fail([job], WorkerDied(f"worker {worker.id} of {self.label} was lost"))
+                    fail_jobs([job], WorkerDied(f"worker {worker.id} of {self.label} was lost"))
             worker.on_lost(None)
         if not reasons and not lost.is_set():
             return None
@@ -117,7 +117,7 @@ class ContinuousPump(BatchPump):
             batch = worker.send_batch(items, timeout_s)
         except Exception as exc:  # the supervisor's task guard: never strand a caller
             log.exception("model %s: unexpected error sending a step", self.label)
-            _fail(step, InternalError(f"internal error sending the batch: {exc!r}"))
+            fail_jobs(step, InternalError(f"internal error sending the batch: {exc!r}"))
             await worker.kill()
             return f"unexpected error sending a step {exc!r}"
         batch.jobs = step
@@ -128,14 +128,14 @@ class ContinuousPump(BatchPump):
         try:
             results = await worker.batch_result(batch, items)
         except HandlerError as exc:  # the call failed as a whole: every request of it ends
-            _fail(step, exc)
+            fail_jobs(step, exc)
             return None
         except ChannelClosed:  # never started: the new ones can go to another worker
             self.queue.requeue([job for job in step[continuing:] if not job.future.done()])
-            _fail(step[:continuing], WorkerDied(f"worker {worker.id} of {self.label} was lost"))
+            fail_jobs(step[:continuing], WorkerDied(f"worker {worker.id} of {self.label} was lost"))
             return ""
         except (WorkerDied, WorkerTimeout) as exc:
-            _fail(step, exc)
+            fail_jobs(step, exc)
             return exc.message
         for job, result in zip(step, results, strict=True):
             if self._answer(job, result):
@@ -160,7 +160,7 @@ class ContinuousPump(BatchPump):
             return False
         if not more:
             if stream is not None:
-                _end_stream(stream, result, self.label)
+                end_stream(stream, result, self.label)
             elif not job.future.done():
                 job.future.set_result(result)
             return False
