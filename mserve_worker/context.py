@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import collections
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from .protocol import METRIC_TYPES
@@ -43,13 +44,14 @@ class RequestProcessor:
     def __init__(
         self,
         request_id: str,
-        headers: Iterable[Sequence[Any]] | None = (),
+        headers: Iterable[Sequence[Any]] | Callable[[], Iterable[Sequence[Any]]] | None = (),
         body: bytes | bytearray | memoryview = b"",
     ) -> None:
         self.request_id = request_id
         self.body = body  # as the client sent it; valid while its batch runs
         # The header lookup is built at the first question: most handlers never ask, and every
-        # request of every batch gets one of these.
+        # request of every batch gets one of these. ``headers`` may be a callable returning the
+        # pairs (start_batch: a packed BATCH entry's are split only when read; protocol.py).
         self._raw_headers = headers
         self._indexed: tuple[dict[str, str], dict[str, str]] | None = None
         self._status_code = 200
@@ -63,7 +65,8 @@ class RequestProcessor:
             return self._indexed
         headers: dict[str, str] = {}
         names: dict[str, str] = {}
-        for pair in self._raw_headers or ():
+        raw = self._raw_headers
+        for pair in (raw() if callable(raw) else raw) or ():
             name, value = pair[0], pair[1]
             if type(name) is not str or type(value) is not str:  # the protocol sends str
                 name, value = _text(name), _text(value)
@@ -455,7 +458,8 @@ class Context:
         """
         self.operation = operation
         self.request_processor = [
-            RequestProcessor(r.request_id, r.headers, getattr(r, "body", b"")) for r in requests
+            RequestProcessor(r.request_id, partial(getattr, r, "headers"), getattr(r, "body", b""))
+            for r in requests
         ]
         self.request_ids = {i: r.request_id for i, r in enumerate(self.request_processor)}
         if isinstance(self.metrics, Metrics):
@@ -483,6 +487,20 @@ class Context:
     def get_sequence_id(self, idx: int) -> str | None:
         """The sequence request ``idx`` belongs to (sequence batching), None outside one."""
         return self._request(idx).get_request_property(self.header_key_sequence_id)
+
+    def trace_context(self, idx: int = 0) -> dict[str, str]:
+        """Request ``idx``'s W3C trace context, ``{"traceparent": ..., "tracestate": ...}``
+        (only the headers it has; empty when untraced): with the server tracing, the parent
+        is the server's span of the request, else what the client sent. Pass it to
+        OpenTelemetry's ``TraceContextTextMapPropagator().extract()`` or on to another
+        service."""
+        request = self._request(idx)
+        found = {}
+        for name in ("traceparent", "tracestate"):
+            value = request.get_request_property(name)
+            if value is not None:
+                found[name] = value
+        return found
 
     def get_all_request_header(self, idx: int) -> dict[str, str]:
         return self._request(idx).get_request_properties()

@@ -288,7 +288,11 @@ def _serve(channel: Channel, fd: int) -> int:
                 channel.poll()  # it waited here behind another batch: its callers may have left
             try:
                 responses, handler_ms, metrics = serve(batch_id, items, channel.cancelled(batch_id))
-                reply = result_frame(batch_id, responses, handler_ms=handler_ms, metrics=metrics)
+                reply = result_frame(
+                    batch_id, responses, handler_ms=handler_ms, metrics=metrics,
+                    phases=service.phases,
+                    inference_log=service.take_inference_log(),
+                )  # fmt: skip
             except BatchFailed as exc:
                 meta = {"error": exc.error, "traceback": exc.traceback, "batch_id": batch_id}
                 reply = Frame(Kind.BATCH_FAILED, meta)

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Collection
 from typing import Any
 
-from . import compat, continuous, stand_ins, streaming
+from . import compat, continuous, stand_ins, streaming, tracing
 from .context import Context, Metrics
 from .contract import HandlerLoadError, LoadedHandler
 from .imports import loaded_packages
@@ -67,6 +67,10 @@ class HandlerService:
         self.load_s = 0.0
         # installed packages the handler pulled in: what this environment's template preloads
         self.imports: list[str] = []
+        # the last batch's handler phases, [name, start_ms, duration_ms] (traced batches of
+        # handlers that have phases; else None): the RESULT carries them to the server
+        self.phases: list[list[Any]] | None = None
+        self._otel = tracing.Bridge()
 
     @property
     def style(self) -> str:
@@ -101,6 +105,8 @@ class HandlerService:
         _sequence_headers(context, init.get("sequence_headers"))
         if init.get("continuous_batching") is True:
             context._mserve_steps = continuous.Steps()  # type: ignore[attr-defined]
+        if init.get("inference_log"):  # the server logs this model: v2 model classes fill it
+            context._mserve_inference_log = {}  # type: ignore[attr-defined]
         try:
             handler = load_handler(init["handler"], model_dir, context, init.get("handler_style"))
             # the model config's signature, and the server's envelope
@@ -162,8 +168,11 @@ class HandlerService:
                     prepared[i] = oip.prepare_enveloped(item)
                     decoded[i], api = prepared[i].row, prepared[i].api
                 else:
-                    decoded[i] = decode_request(
-                        item.content_type, item.headers, item.body, item.params
+                    decoded[i] = decode_request(  # headers only for a missing content type: read,
+                        item.content_type,  # a packed BATCH entry's are split (protocol.py)
+                        () if item.content_type else item.headers,
+                        item.body,
+                        item.params,
                     )
                 if oip.bare and api != "v2" and item.op in ("", "explain"):
                     decoded[i] = oip_serving.bare_row(decoded[i])
@@ -174,19 +183,20 @@ class HandlerService:
                 responses[i] = ResponseItem(400, str(exc).encode(), "text/plain; charset=utf-8")
                 continue
             groups.setdefault((item.op, api), []).append(i)
+        traced = tracing.traced_by_server(items)
+        phases: list[tracing.Phase] | None = [] if traced else None
+        context._mserve_phases = phases  # type: ignore[attr-defined]  # BaseHandler's record
+        restore = self._otel.enter(items[0]) if items and (traced or self._otel_wanted) else None
         started = time.perf_counter()
-        for (op, api), indexes in groups.items():
-            failure = _serve_group(
-                op, indexes, items, decoded, handler, context, responses,
-                self.max_response_bytes, api, prepared,
-            )  # fmt: skip
-            if failure is None:
-                continue
-            if len(groups) == 1:
-                raise BatchFailed(failure["error"], failure["traceback"])
-            # A batch mixing operations: only the requests of the failed one share its fate.
-            for i in indexes:
-                responses[i] = _failed(failure["error"], i, stream)
+        try:
+            failure = self._serve_groups(groups, items, decoded, prepared, responses, stream)
+        finally:
+            if restore is not None:
+                restore()
+            context._mserve_phases = None  # type: ignore[attr-defined]
+        self.phases = tracing.phase_offsets(phases, started) if phases else None
+        if failure is not None:
+            raise failure
         for i, item in enumerate(items) if with_api else ():  # v1/v2 errors in OIP's shape
             response = responses[i]
             if item.api and response is not None and response.status >= 400 and (
@@ -200,6 +210,45 @@ class HandlerService:
         if isinstance(metrics, Metrics) and len(metrics):  # NaN and infinities are not JSON
             recorded = [m for m in metrics.drain() if math.isfinite(m["value"])]
         return [r for r in responses if r is not None], handler_ms, recorded
+
+    @property
+    def _otel_wanted(self) -> bool:
+        """Without the server tracing, a client's traceparent still parents the handler's
+        spans where opentelemetry is installed (looked for once)."""
+        return self._otel.available()
+
+    def _serve_groups(
+        self, groups: dict[tuple[str, str], list[int]], items: list[RequestItem],
+        decoded: dict[int, Any], prepared: dict[int, oip_serving.Prepared],
+        responses: list[ResponseItem | None], stream: streaming.Stream | None,
+    ) -> BatchFailed | None:  # fmt: skip
+        """One handler call per group; the batch's failure when it failed as a whole."""
+        handler, context = self.handler, self.context
+        for (op, api), indexes in groups.items():
+            failure = _serve_group(
+                op, indexes, items, decoded, handler, context, responses,
+                self.max_response_bytes, api, prepared,
+            )  # fmt: skip
+            if failure is None:
+                continue
+            if len(groups) == 1:
+                return BatchFailed(failure["error"], failure["traceback"])
+            # A batch mixing operations: only the requests of the failed one share its fate.
+            for i in indexes:
+                responses[i] = _failed(failure["error"], i, stream)
+        return None
+
+    def take_inference_log(self) -> list[list[Any]] | None:
+        """What the last batch's requests chose to log, as ``[request id, record]`` pairs (v2
+        model classes' ``logged_results``); None when the server does not log the model or
+        none did. By id, not index: the handler sees each (operation, API) group of a batch
+        as a batch of its own."""
+        records = getattr(self.context, "_mserve_inference_log", None)
+        if not records:
+            return None
+        out = [[i, r] for i, r in records.items()]
+        records.clear()
+        return out
 
     def shutdown(self) -> None:
         """Run the handler's stop hook (its ``shutdown()``, a kernel's ``on_kernel_shutdown``)."""

@@ -3,6 +3,7 @@
 Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--rounds 3]]
        python scripts/bench_server.py --ceiling [--rounds 3] [--callgrind 2000]
        python scripts/bench_server.py --lean [--rounds 3] | --profile-start
+       python scripts/bench_server.py --inference-log [--rounds 3]
 
 Measures requests/s, p50/p99 latency and CPU per request (frontend, workers: steadier than
 req/s on a shared VM) at 1, 16 and 64 connections with 1 and 2 workers (wrk when installed, else
@@ -25,7 +26,9 @@ each row's median over the rounds.
 started in the same run, round by round: a bare protocol over httptools and uvloop (what
 server/http/ is built on, doing nothing else), the same plus a hop to a forked worker process
 and back (the fair ceiling for a server whose handler runs elsewhere: against it mserve's
-frontend and worker CPU count), and a raw ASGI app on uvicorn (when installed:
+frontend and worker CPU count), that hop with its worker decoding and encoding the JSON body as
+the echo handler's contract makes any worker do (``hop+json``: the same work on both sides, so
+the ratio is what serving adds), and a raw ASGI app on uvicorn (when installed:
 ``pip install uvicorn``). CPU per request is the serving process's alone (for mserve the
 frontend, as the worker's is not HTTP's), then the medians and the ratios to each bare server.
 ``--callgrind N`` adds a figure that does not move with the machine's load: the user-space
@@ -45,6 +48,9 @@ Every cold start figure (these and the default run's) is taken with ``server``, 
 ``mserve_worker`` byte-compiled first (``compileall``), as an installed wheel or an editable
 install without ``PYTHONDONTWRITEBYTECODE`` has them: without ``.pyc`` files (this VM sets that
 variable) each start recompiles our modules, ~0.09 s more that no user pays.
+
+``--inference-log``: echo and the MLP with the inference log on for every request (both sinks)
+against the same models without it, in one run (scripts/bench_inflog.py says how).
 
 ``busy/steal/idle`` (every load row): the whole machine's CPU split during that run, from
 /proc/stat (psutil) before and after. The hypervisor steals CPU from this VM (up to 32% seen
@@ -70,6 +76,7 @@ import time
 from pathlib import Path
 
 import psutil
+from bench_inflog import inference_log_rows
 from harness import (
     CALLGRIND,
     REPO,
@@ -428,8 +435,9 @@ uvloop.run(main())
 # socketpair (4-byte length, the bytes) and comes back before the answer. No batching, routing,
 # auth, log or codec: what any such server pays at least. Prints its port and the worker's pid.
 BARE_HOP = """
-import asyncio, collections, os, socket, struct, httptools, uvloop
+import asyncio, collections, json, os, socket, struct, httptools, uvloop
 
+WORK = lambda body: body  # the worker's work on a body: none (see BARE_HOP_JSON)
 parent, child = socket.socketpair()
 worker_pid = os.fork()
 if worker_pid == 0:
@@ -439,7 +447,9 @@ if worker_pid == 0:
         if len(head) < 4:
             os._exit(0)
         (n,) = struct.unpack("<I", head)
-        child.sendall(head + (child.recv(n, socket.MSG_WAITALL) if n else b""))
+        body = child.recv(n, socket.MSG_WAITALL) if n else b""
+        body = WORK(body)
+        child.sendall(struct.pack("<I", len(body)) + body)
 child.close()
 waiting = collections.deque()  # the HTTP transports whose bodies are at the worker, in order
 
@@ -482,6 +492,13 @@ async def main():
 
 uvloop.run(main())
 """
+# The same, its worker doing what the echo model's handler contract makes any worker do: the
+# JSON body decoded into the handler's row and the answer encoded back (json.loads, json.dumps,
+# as a TorchServe handler's ``data`` and return value need). mserve's worker pays this in its
+# handler (bench_worker.py's floor); against this row both sides do the same work.
+BARE_HOP_JSON = BARE_HOP.replace(
+    "WORK = lambda body: body ", "WORK = lambda body: json.dumps(json.loads(body)).encode() "
+)
 # A raw ASGI echo app on uvicorn (uvloop, httptools, no access log): the frontend ceiling.
 BARE_UVICORN = """
 import socket, uvicorn
@@ -566,9 +583,10 @@ def ceiling_rows(server: Server, load, body: bytes, duration: int, rounds: int) 
     try:
         import uvicorn  # noqa: F401
 
-        bares = {"httptools": BARE_HTTPTOOLS, "uvicorn": BARE_UVICORN, "hop": BARE_HOP}
+        bares = {"httptools": BARE_HTTPTOOLS, "uvicorn": BARE_UVICORN, "hop": BARE_HOP,
+                 "hop+json": BARE_HOP_JSON}  # fmt: skip
     except ImportError:
-        bares = {"httptools": BARE_HTTPTOOLS, "hop": BARE_HOP}
+        bares = {"httptools": BARE_HTTPTOOLS, "hop": BARE_HOP, "hop+json": BARE_HOP_JSON}
         print("uvicorn is not installed: its row is skipped (pip install uvicorn)")
     scale(server, "echo", 1)
     server.request("POST", "/predictions/echo", body)
@@ -604,7 +622,8 @@ def ceiling_rows(server: Server, load, body: bytes, duration: int, rounds: int) 
     for label, med in med_rows.items():
         if label != "mserve echo":
             # a bare hop has a worker process too: compare frontend + worker with it
-            mine = ours["frontend_us"] + (ours["worker_us"] if label == "bare hop" else 0.0)
+            hop = label.startswith("bare hop")
+            mine = ours["frontend_us"] + (ours["worker_us"] if hop else 0.0)
             ours[f"x {label}"] = mine / med["frontend_us"]
     for label, med in med_rows.items():
         print(row(label, med))
@@ -612,7 +631,7 @@ def ceiling_rows(server: Server, load, body: bytes, duration: int, rounds: int) 
                        if k.startswith("x bare "))  # fmt: skip
     print(
         f"mserve echo CPU per request over the bare servers': {ratios}"
-        f" (against the bare hop: frontend + worker,"
+        f" (against the bare hops: frontend + worker,"
         f" {ours['frontend_us'] + ours['worker_us']:.0f} us)"
     )
 
@@ -719,6 +738,11 @@ def main() -> None:
         help="only the very first start (fresh run dir), warm and dropped page cache (root)",
     )
     parser.add_argument(
+        "--inference-log",
+        action="store_true",
+        help="only echo and MLP throughput with the inference log on (both sinks) vs off",
+    )
+    parser.add_argument(
         "--profile-start",
         action="store_true",
         help="only the steps from mserve --start to the first answer",
@@ -763,6 +787,12 @@ def main() -> None:
             f" (start returned after {server.ready_s:.2f} s)"
         )
         bodies = {"echo": json.dumps({"data": [0.5] * 256}).encode()}
+        if args.inference_log:
+            server.stop()
+            if with_mlp:
+                bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
+            inference_log_rows(work, load, bodies, duration, args.rounds, measured)
+            return
         if args.ceiling:
             ceiling_rows(server, load, bodies["echo"], duration, args.rounds)
             server.stop()

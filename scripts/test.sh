@@ -26,6 +26,17 @@ fi
 # hash; tests/deploy/k8s_tools.py says which): fetched once into .cache/k8s-tools.
 echo "==> helm for the deploy tests"
 python tests/deploy/k8s_tools.py
+# tests/server/test_prometheus_kit.py runs Debian's prometheus (and promtool); the mserve top
+# test drives a real terminal in tmux. Installed with apt when missing (once per machine);
+# without apt those tests skip and say why.
+missing=()
+command -v prometheus >/dev/null || missing+=(prometheus)
+command -v tmux >/dev/null || missing+=(tmux)
+if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "==> apt-get install ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
 echo "==> ruff"
 ruff check .
 ruff format --check .

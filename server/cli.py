@@ -257,7 +257,8 @@ def _startup_models(config: ServerConfig, flag_models: list[str]) -> list[Startu
 
 @click.command(
     context_settings={"help_option_names": ["-h", "--help"]},
-    epilog="Ray Serve: mserve ray deploy|status|scale|delete (mserve ray -h, docs/ray.md).",
+    epilog="Ray Serve: mserve ray deploy|status|scale|delete (mserve ray -h, docs/ray.md)."
+    " A live view of the running server: mserve top (mserve top -h).",
 )
 @click.option("--start", is_flag=True, help="Start the server (a daemon unless --foreground).")
 @click.option("--stop", is_flag=True, help="Stop the running server.")
@@ -446,6 +447,13 @@ def main(
         from server.rayserve.cli import main as ray_main
 
         ray_main(args[1:])
+        return
+    if args and args[0] == "top" and not torchserve:
+        if prefork is not None:
+            prefork.cancel()
+        from server.top import main as top_main
+
+        top_main(args[1:])
         return
     try:
         serve_main.main(

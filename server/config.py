@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from server.errors import ConfigError
-from server.models.settings import BATCH_WAITS, ENTRY_SETTINGS, Setting
+from server.models.settings import BATCH_WAITS, ENTRY_SETTINGS, INFERENCE_LOG_MODES, Setting
 from server.rundir import KEY_FILE
 from server.workers.env_vars import DEFAULT_DENY
 
@@ -186,6 +186,15 @@ class ServerConfig:
     # "torchserve": TorchServe's log files (ts_log.log, access_log.log, model_log.log) in place
     # of ours (mserve.log, access.log), in TorchServe's line formats.
     log_layout: str = "mserve"
+    # "json": one JSON object per line in mserve.log and access.log, for log shippers (the
+    # TorchServe layout's files keep TorchServe's line formats); "text": our lines.
+    log_format: str = "text"
+    # OpenTelemetry traces (server/tracing.py): exported over OTLP to otel_endpoint (unset:
+    # the standard OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else tracing is off), with
+    # otel_protocol "http/protobuf" or "grpc", sampling otel_sampling_ratio of new traces.
+    otel_endpoint: str | None = None
+    otel_protocol: str | None = None
+    otel_sampling_ratio: float | None = None
     # "torchserve" (what the ``torchserve`` command runs; server/torchserve.py): every file where
     # TorchServe writes it, relative to start_dir (the folder the server was started from):
     # key_file.json there, the logs in log_dir (TorchServe's LOG_LOCATION, default logs/), the
@@ -254,6 +263,28 @@ class ServerConfig:
     # expression the whole name must match, on top.
     worker_env_deny: tuple[str, ...] = DEFAULT_DENY
     worker_env_deny_regex: str | None = None
+    # Inference logging (server/inference_log/, docs/server.md): every model's defaults, which
+    # its config (inferenceLog, ...) and registration (inference_log, ...) override: off,
+    # request, response or all; every Nth request; records per send; a CloudEvents receiver;
+    # JSON-lines files under <run_dir>/inference_log/; keys or JSON pointers redacted. Then how
+    # every sink delivers: records waiting per sink (more are dropped), the wait before a batch
+    # that is not full goes out, retries, the receiver's timeout, the files' rotation, and
+    # KServe's event attributes (source, namespace).
+    inference_log: str = "off"
+    inference_log_sample: int = 1
+    inference_log_batch: int = 32
+    inference_log_url: str | None = None
+    inference_log_file: bool = True
+    inference_log_redact: tuple[str, ...] = ()
+    inference_log_queue_size: int = 10_000
+    inference_log_flush_s: float = 1.0
+    inference_log_retries: int = 3
+    inference_log_timeout_s: float = 5.0
+    inference_log_file_max_bytes: int = 64 * 1024**2
+    inference_log_file_max_age_s: float = 86_400.0
+    inference_log_file_count: int = 5
+    inference_log_source: str | None = None
+    inference_log_namespace: str = ""
 
     @property
     def run_path(self) -> Path:
@@ -364,7 +395,9 @@ _EXPECTED = {
 # (worker counts, GPU count, batch delay) may be 0. Float keys (timeouts) must be > 0 and finite.
 _AT_LEAST_ONE = frozenset(
     ("batch_size", "job_queue_size", "max_request_size_bytes", "max_response_size_bytes",
-     "max_connections", "download_max_bytes", "worker_memory_budget_mb", "max_loaded_models")
+     "max_connections", "download_max_bytes", "worker_memory_budget_mb", "max_loaded_models",
+     "inference_log_sample", "inference_log_batch", "inference_log_queue_size",
+     "inference_log_file_max_bytes")
 )  # fmt: skip
 
 
@@ -373,8 +406,10 @@ _AT_LEAST_ONE = frozenset(
 _CHOICES = {
     "metrics_mode": ("prometheus", "log", "legacy"),
     "log_layout": ("mserve", "torchserve"),
+    "log_format": ("text", "json"),
     "layout": ("mserve", "torchserve"),
     "batch_wait": BATCH_WAITS,
+    "inference_log": INFERENCE_LOG_MODES,
     "service_envelope": ("", "kserve", "kservev2", "json", "body"),
 }
 
@@ -584,6 +619,9 @@ def load_config(
     config = _merge(layers)
     if config.torchserve:  # TorchServe's own defaults, below everything the user said
         config = _merge([("TorchServe's defaults", TORCHSERVE_DEFAULTS), *layers])
+    from server.tracing import trace_settings  # here: tracing imports this module
+
+    trace_settings(config, env)  # bad tracing settings fail here, before the server starts
     return config
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import uvloop
 
 from archiver import __version__
-from server import snapshot, ts_snapshot
+from server import snapshot, tracing, ts_snapshot
 from server.accesslog import AccessLogFile
 from server.auth import Keys, open_warning, read_key_file
 from server.config import ServerConfig
@@ -52,6 +52,7 @@ from server.rundir import (
     write_json_atomic,
 )
 from server.status import models_status, sandbox_status
+from server.tls import certificate_not_after
 from server.workers.env_vars import WorkerEnvironment, hide_own_environ
 from server.workers.launch import Launcher
 from server.workers.preload import PreloadMemory
@@ -120,6 +121,10 @@ class Server:
         )
         self.registry = Registry(config, self.gpus, __version__, self.launcher, self.metrics)
         self.metrics.watch(self.registry.all, self.registry.residency)
+        if config.certificate_file:
+            not_after = certificate_not_after(config.certificate_file)
+            if not_after is not None:
+                self.metrics.watch_certificate(config.certificate_file, not_after)
         self.keys = None if config.disable_token_authorization else _keys(config)
         self.listeners: list[HttpServer] = []
         self.grpc_listeners: list[GrpcListener] = []
@@ -193,7 +198,10 @@ class Server:
         if config.access_log:
             torchserve = config.log_layout == "torchserve"
             name = "access_log.log" if torchserve else "access.log"
-            self.access_log = AccessLogFile(config.log_path / name, torchserve=torchserve)
+            self.access_log = AccessLogFile(
+                config.log_path / name, torchserve=torchserve,
+                json_lines=config.log_format == "json",
+            )  # fmt: skip
         if self.keys is not None:
             self.keys.write()
             log.info("token authorization is on: keys in %s", self.keys.path)
@@ -408,6 +416,8 @@ class Server:
         await asyncio.gather(*grpc_stops)
         if self.keys is not None:
             self.keys.remove()
+        if tracing.current is not None:  # what is still buffered goes out (bounded)
+            await asyncio.to_thread(tracing.current.shutdown)
         log.info("mserve stopped")
 
 
@@ -450,6 +460,7 @@ def run_server(
     if early is None:
         early = start_early(config, models)
     console = setup_logging(config, foreground)
+    tracing.setup(config)  # before hide_own_environ: the OTEL_* variables are read here
     if config.torchserve:
         answer_as_torchserve()
     for warning in warnings or ():

@@ -6,6 +6,7 @@ by the server process at start; modules only ``logging.getLogger(__name__)``.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from logging.handlers import RotatingFileHandler
@@ -33,6 +34,8 @@ def setup_logging(config: ServerConfig, foreground: bool) -> ConsoleHandler | No
         logging.getLogger("mserve.model").addHandler(models)  # and on to ts_log.log, as there
     else:
         main = _rotating(config.log_path / "mserve.log")
+        if config.log_format == "json":
+            fmt = JsonFormatter()
     main.setFormatter(fmt)
     root.addHandler(main)
     if config.torchserve:
@@ -51,6 +54,45 @@ _LOG4J_LEVELS = {"WARNING": "WARN", "CRITICAL": "FATAL"}
 
 def _rotating(path: Path) -> RotatingFileHandler:
     return RotatingFileHandler(path, maxBytes=50 << 20, backupCount=5)
+
+
+# Facts a record may carry (``log.info(..., extra={"model": ...})``), copied into its JSON object
+_JSON_FIELDS = ("request_id", "trace_id", "model", "version", "worker", "status", "latency_ms")
+
+
+class JsonFormatter(logging.Formatter):
+    """``log_format: json``: one JSON object per line (time, level, logger, message, and the
+    request id, trace id, model, version, worker where the record has them; a worker's output
+    line names its model and worker), for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+        }
+        worker_line = record.name.startswith("mserve.model.") and isinstance(record.args, tuple)
+        if worker_line and len(record.args) == 2:  # type: ignore[arg-type]
+            entry["worker"] = str(record.args[0])  # type: ignore[index]
+            entry["message"] = str(record.args[1])  # type: ignore[index]
+            model, _, version = record.name[len("mserve.model.") :].partition(":")
+            entry["model"], entry["version"] = model, version
+            entry["stream"] = getattr(record, "stream", "stdout")
+        else:
+            entry["message"] = record.getMessage()
+        for key in _JSON_FIELDS:
+            value = record.__dict__.get(key)
+            if value is not None:
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        local = time.localtime(record.created)
+        zone = time.strftime("%z", local)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", local)
+        return f"{stamp}.{int(record.msecs):03d}{zone[:3]}:{zone[3:]}"
 
 
 class TorchServeFormatter(logging.Formatter):

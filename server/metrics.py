@@ -51,6 +51,9 @@ LEGACY_PROMETHEUS = (
     "ts_inference_latency_microseconds",
     "ts_queue_latency_microseconds",
 )
+# mserve_workers{state}: every state is listed for every model version, 0 included, so that a
+# dashboard's stacked series and an alert's "no READY worker" have a sample to read
+WORKER_STATES = ("STARTING", "READY", "BUSY", "STOPPING", "STOPPED")
 SYSTEM_METRICS_INTERVAL_S = 60.0  # TorchServe collects its system metrics once a minute
 LOG_FLUSH_S = 1.0  # the longest a metric log line waits in memory
 
@@ -71,6 +74,15 @@ class AnsweredJob(Protocol):
     def sent_at(self) -> float: ...
 
 
+class ObservedSettings(Protocol):
+    """The settings of a model version the scrape reads (server/models/settings.py)."""
+
+    @property
+    def min_workers(self) -> int: ...
+    @property
+    def job_queue_size(self) -> int: ...
+
+
 class ObservedModel(Protocol):
     """A model version as the scrape reads it (server/models/version.py's ModelVersion)."""
 
@@ -80,8 +92,14 @@ class ObservedModel(Protocol):
     def version(self) -> str: ...
     @property
     def stats(self) -> ModelStats: ...
+    @property
+    def settings(self) -> ObservedSettings: ...
     def queued(self) -> int: ...
     def ready_workers(self) -> int: ...
+    def worker_states(self) -> list[str]:
+        """The state of each of its workers (STARTING, READY, BUSY, STOPPING, STOPPED)."""
+        ...
+
     def pending(self) -> int: ...
     def worker_load_ms(self) -> list[tuple[str, float]]:
         """(worker id, its load time) of each worker that has loaded."""
@@ -236,8 +254,16 @@ class Metrics:
             buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0),
             registry=self.prom,
         )  # fmt: skip
+        # inference logging (server/inference_log/): records sent, dropped (a sink's queue was
+        # full) or failed (not delivered after its retries), per model version and sink
+        self.inference_log_records = Counter(
+            "mserve_inference_log_records", "Inference log records by sink and outcome",
+            ["model", "version", "sink", "outcome"], registry=self.prom,
+        )  # fmt: skip
         self._models: Callable[[], Iterable[ObservedModel]] = tuple
         self._residency: ObservedResidency | None = None
+        # (certificate file, its notAfter in epoch seconds) of the TLS listeners
+        self._certificates: list[tuple[str, float]] = []
         # answers counted since the last scrape, by (model, version, code): a plain number per
         # request, added to ``requests`` when scraped (its inc() is four calls and a lock)
         self._answers: dict[tuple[str, str, int], list[int]] = {}
@@ -272,6 +298,11 @@ class Metrics:
         """Where the scrape-time metrics read the registered model versions and residency."""
         self._models = models
         self._residency = residency
+
+    def watch_certificate(self, path: str, not_after: float) -> None:
+        """The TLS certificate the listeners serve, for its expiry gauge (the alert rules in
+        deploy/prometheus/ warn weeks ahead)."""
+        self._certificates.append((path, not_after))
 
     # --- updates ------------------------------------------------------------------------
 
@@ -474,7 +505,9 @@ class Metrics:
         names to this collector, so TorchServe's ``?name[]=`` filter finds them too."""
         gauges = ("mserve_queue_depth", "mserve_workers_ready", "mserve_requests_pending",
                   "mserve_worker_memory_bytes", "mserve_worker_memory_budget_bytes",
-                  "mserve_models_loaded", "mserve_worker_confined")  # fmt: skip
+                  "mserve_models_loaded", "mserve_worker_confined", "mserve_workers",
+                  "mserve_workers_min", "mserve_queue_capacity",
+                  "mserve_tls_certificate_expiry_timestamp_seconds")  # fmt: skip
         return [*(GaugeMetricFamily(n, "") for n in gauges), self._latency_family()]
 
     def collect(self) -> Any:
@@ -494,10 +527,23 @@ class Metrics:
             "mserve_worker_confined", "Workers confined by the sandbox (1) or not (0)",
             labels=["model", "version", "worker"],
         )  # fmt: skip
+        labels = ["model", "version"]
+        by_state = GaugeMetricFamily(
+            "mserve_workers", "Workers by state", labels=["model", "version", "state"]
+        )
+        # what an alert compares with: minWorkers 0 (loads on demand) may have no worker at all;
+        # the queue is full (503s) at mserve_queue_depth == mserve_queue_capacity
+        floor = GaugeMetricFamily("mserve_workers_min", "minWorkers", labels=labels)
+        capacity = GaugeMetricFamily("mserve_queue_capacity", "job_queue_size", labels=labels)
         for mv in self._models():
             queue.add_metric([mv.name, mv.version], mv.queued())
             workers.add_metric([mv.name, mv.version], mv.ready_workers())
             pending.add_metric([mv.name, mv.version], mv.pending())
+            states = mv.worker_states()
+            for state in WORKER_STATES:
+                by_state.add_metric([mv.name, mv.version, state], states.count(state))
+            floor.add_metric([mv.name, mv.version], mv.settings.min_workers)
+            capacity.add_metric([mv.name, mv.version], mv.settings.job_queue_size)
             for worker_id, report in mv.worker_sandboxes():
                 applied = bool(report and "landlock-files" in (report.get("applied") or ()))
                 confined.add_metric([mv.name, mv.version, worker_id], float(applied))
@@ -505,7 +551,18 @@ class Metrics:
         yield workers
         yield pending
         yield confined
+        yield by_state
+        yield floor
+        yield capacity
         yield self._latency_family()
+        if self._certificates:
+            expiry = GaugeMetricFamily(
+                "mserve_tls_certificate_expiry_timestamp_seconds",
+                "The TLS certificate's notAfter, in epoch seconds", labels=["file"],
+            )  # fmt: skip
+            for path, not_after in self._certificates:
+                expiry.add_metric([path], not_after)
+            yield expiry
         residency = self._residency
         if residency is None:
             return

@@ -62,6 +62,13 @@ def bool_param(params: Mapping[str, str], name: str, default: bool) -> bool:
     raise BadRequest(f"parameter '{name}' should be true or false, found {raw!r}")
 
 
+def _names(value: str | None) -> tuple[str, ...] | None:
+    """A comma-separated list parameter; None when not given."""
+    if value is None:
+        return None
+    return tuple(n.strip() for n in value.split(",") if n.strip())
+
+
 def _seconds(value: int | None) -> float | None:
     return float(value) if value is not None else None
 
@@ -168,6 +175,16 @@ async def register_model(registry: Registry, params: Mapping[str, str]) -> Outco
         synchronous=bool_param(params, "synchronous", True),
         sha256=parse_sha256(params.get("sha256")),
         idle_unload_s=_seconds(int_param(params, "idle_unload_timeout")),
+        inference_log=params.get("inference_log") or None,
+        inference_log_sample=int_param(params, "inference_log_sample", 1),
+        inference_log_batch=int_param(params, "inference_log_batch", 1),
+        inference_log_url=params.get("inference_log_url") or None,
+        inference_log_file=(
+            bool_param(params, "inference_log_file", True)
+            if params.get("inference_log_file")
+            else None
+        ),
+        inference_log_redact=_names(params.get("inference_log_redact")),
         # TorchServe's layout: no initial_workers and none in the archive starts none
         workers_default=0 if registry.config.torchserve else None,
     )

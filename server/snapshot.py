@@ -12,6 +12,7 @@ from typing import Any
 
 from server.errors import MserveError
 from server.models.registry import RegisterRequest, Registry
+from server.models.settings import INFERENCE_LOG_SETTINGS
 from server.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,12 @@ def save(registry: Registry, path: Path) -> None:
                 else None,
                 "trusted": mv.trusted,
                 "sha256": mv.archive_sha256,
+                # inference logging set through the registration (inference_log, ...)
+                **{
+                    row.request: getattr(s, row.attr)
+                    for row in INFERENCE_LOG_SETTINGS
+                    if row.request and s.sources.get(row.attr) == "api"
+                },
             }
         )
     models.extend(registry.unrestored)
@@ -89,6 +96,11 @@ def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict
                 trusted=bool(m.get("trusted")),
                 at_startup=True,
                 sha256=m.get("sha256"),
+                **{
+                    row.request: tuple(m[row.request]) if row.unit == "list" else m[row.request]
+                    for row in INFERENCE_LOG_SETTINGS
+                    if row.request and m.get(row.request) is not None
+                },
             ),
             m,
         ))  # fmt: skip

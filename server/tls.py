@@ -59,6 +59,18 @@ def server_context(
     return context
 
 
+def certificate_not_after(certificate_file: str) -> float | None:
+    """The first certificate's notAfter in epoch seconds (``mserve_tls_certificate_expiry_
+    timestamp_seconds``), None where it cannot be read: :func:`server_context` says why."""
+    from cryptography import x509  # only servers with a certificate pay for the import
+
+    try:
+        data = Path(certificate_file).expanduser().read_bytes()
+        return x509.load_pem_x509_certificate(data).not_valid_after_utc.timestamp()
+    except (OSError, ValueError):
+        return None
+
+
 def _holds_certificate(path: Path) -> bool:
     """Whether ``path`` starts with a PEM certificate (a chain may follow)."""
     try:

@@ -235,14 +235,25 @@ class BaseHandler:
         started = time.perf_counter()
         self.context = context
         self._rejected = {}
+        # a traced batch: the server makes spans of these phases (mserve_worker/tracing.py)
+        phases = getattr(context, "_mserve_phases", None)
         model_input = self.preprocess(data)
+        if phases is not None:
+            phases.append(("preprocess", started, time.perf_counter()))
         accepted = [row for i, row in enumerate(data) if i not in self._rejected]
         if not accepted:
             output: list[Any] = []
         elif self._is_explain():
             output = self.explain_handle(model_input, accepted)
-        else:
+        elif phases is None:
             output = self.postprocess(self.inference(model_input))
+        else:
+            began = time.perf_counter()
+            inferred = self.inference(model_input)
+            ended = time.perf_counter()
+            phases.append(("inference", began, ended))
+            output = self.postprocess(inferred)
+            phases.append(("postprocess", ended, time.perf_counter()))
         output = self._with_rejections(output, len(data), context)
         metrics = getattr(context, "metrics", None)
         if metrics is not None and hasattr(metrics, "add_time"):

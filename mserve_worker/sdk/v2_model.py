@@ -35,6 +35,11 @@ becomes True. Each request of a batch is then served on its own:
 - any other operation ``POST /v2/models/{m}/{op}`` calls ``op_<op>(event)`` with a
   :class:`Event`; its return value is the response body.
 
+When the server logs the model for monitoring (docs/server.md, Inference logging), each
+predict/explain is recorded as mlrun's model monitoring stream has it: what
+``logged_results(request, response, op)`` returns (``(inputs, outputs)``), else the request and
+response; the values ``set_metric`` recorded ride along; a failure is recorded with its message.
+
 Errors answer only their own request, with TorchServe's ``{"code", "type", "message"}`` body:
 400 for a request ``preprocess`` or ``validate`` rejects, 404 for an unknown operation, 501 for
 an ``explain`` the class does not implement, 500 when ``predict``/``explain``/``op_*`` raise.
@@ -155,6 +160,12 @@ class V2ModelServer:
     def postprocess(self, response: dict[str, Any]) -> Any:
         """Change the response (``{"id", "model_name", "outputs", ...}``) before it is sent."""
         return response
+
+    def logged_results(self, request: dict[str, Any], response: Any, op: str) -> Any:
+        """What model monitoring records of a request, when the server logs this model
+        (docs/server.md, Inference logging): ``(inputs, outputs)`` lists to record instead
+        of the request and response, or ``(None, None)`` to record them as they are."""
+        return None, None
 
 
 class DataItem(str):

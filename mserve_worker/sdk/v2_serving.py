@@ -171,9 +171,11 @@ class _Served:
             outputs = method(request)
         except NotImplementedError as exc:
             if method_name == "predict":
+                _log_error(context, idx, model, {**request, "id": event_id}, op, exc)
                 return _failed(context, idx, model, method_name, exc)
             return _not_implemented(context, idx, model, method_name)
         except Exception as exc:
+            _log_error(context, idx, model, {**request, "id": event_id}, op, exc)
             return _failed(context, idx, model, method_name, exc)
         response = {"id": event_id, "model_name": model.name, "outputs": outputs}
         if getattr(model, "version", ""):
@@ -184,6 +186,7 @@ class _Served:
                 response = postprocess(response)
             except Exception as exc:
                 return _failed(context, idx, model, "postprocess", exc)
+        _log_result(context, idx, model, request, response, op, event_id)
         if tensors:
             return response  # the worker encodes response["outputs"] as OIP tensors
         return _place(body, getattr(model, "_result_path", None), response)
@@ -225,6 +228,61 @@ class _Served:
             if isinstance(name, str) and name and _is_number(value):
                 context.metrics.add_metric(name, value, idx=idx)
         pending.clear()
+
+
+def _log_result(
+    context: Any, idx: int, model: Any, request: Any, response: Any, op: str, event_id: Any
+) -> None:
+    """mlrun's record of an answered request, when the server logs the model: what
+    ``logged_results(request, response, op)`` returns, else the request and response."""
+    records = getattr(context, "_mserve_inference_log", None)
+    if records is None:
+        return
+    logged = getattr(model, "logged_results", None)
+    inputs = outputs = None
+    if callable(logged):
+        try:
+            inputs, outputs = logged(request, response, op)
+        except Exception as exc:  # its hook failing must not fail the answer
+            print(f"logged_results failed, logging the request as is: {exc!r}", file=sys.stderr)
+    if inputs is None and outputs is None:
+        record = {"request": request, "resp": response}
+    else:
+        record = {"request": {"id": event_id, "inputs": inputs or []},
+                  "resp": {"outputs": outputs or []}}  # fmt: skip
+    records[context.get_request_id(idx)] = _plain({**record, **_base(context, model, op)})
+
+
+def _log_error(context: Any, idx: int, model: Any, request: Any, op: str, exc: Exception) -> None:
+    """mlrun's record of a request whose predict/explain raised: the request and the error."""
+    records = getattr(context, "_mserve_inference_log", None)
+    if records is not None:
+        record = {"request": request, "error": str(exc), **_base(context, model, op)}
+        records[context.get_request_id(idx)] = _plain(record)
+
+
+def _base(context: Any, model: Any, op: str) -> dict[str, Any]:
+    metrics = getattr(model, "metrics", None)
+    return {
+        "op": op,
+        "class": type(model).__name__,
+        "worker": getattr(context, "worker_id", ""),
+        "metrics": dict(metrics) if isinstance(metrics, dict) else {},
+    }
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as plain JSON values (arrays through ``tolist()``, the rest as text), so it
+    can travel in the RESULT frame."""
+
+    def fallback(item: Any) -> Any:
+        tolist = getattr(item, "tolist", None)
+        return tolist() if callable(tolist) else str(item)
+
+    try:
+        return json.loads(json.dumps(value, default=fallback, allow_nan=False))
+    except ValueError as exc:  # NaN or infinity: not JSON
+        return {"op": value.get("op"), "error": f"the record is not JSON: {exc}"}
 
 
 def _is_number(value: Any) -> bool:

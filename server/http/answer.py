@@ -25,12 +25,30 @@ def json_answer(status: int, payload: Any) -> Answer:
     return status, [["Content-Type", JSON]], json.dumps(payload).encode()
 
 
+# OpenAI's error ``type`` by status (what its clients and SDKs read); 5xx: server_error
+OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
 def error_body(parts: list[str], error: MserveError, message: str) -> dict[str, object]:
     """TorchServe's ``{code, type, message}``; on KServe's paths (``/v1/...``, ``/v2/...``) the
-    Open Inference Protocol's ``{"error": message}``, which its clients read. ``message``: the
-    error's, as it may be told to this client (server/redaction.py)."""
+    Open Inference Protocol's ``{"error": message}``, which its clients read; on ``/openai/...``
+    OpenAI's ``{"error": {message, type, param, code}}`` (``param`` and ``code`` from
+    server/openai/request.py's OpenAIError). ``message``: the error's, as it may be told to
+    this client (server/redaction.py)."""
     if parts and parts[0] in ("v1", "v2"):
         return {"error": message}
+    if parts and parts[0] == "openai":
+        kind = OPENAI_TYPES.get(error.status, "server_error")
+        param, code = getattr(error, "param", None), getattr(error, "code", None)
+        return {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return {**error.body(), "message": message}
 
 

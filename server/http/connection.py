@@ -243,6 +243,8 @@ class Connection(asyncio.Protocol):
 
     def answer_error(self, ex: Request, error: MserveError) -> None:
         headers = [["Content-Type", JSON], *([k, v] for k, v in error.headers().items())]
+        if ex.tag is not None:  # a prediction's error names its request id, as its answer would
+            headers.append(["X-Request-Id", ex.tag[0]])
         redact = self.api.redact
         body = error_body(ex.parts, error, redact(error.message) if redact else error.message)
         self.answer(ex, error.status, headers, json.dumps(body).encode())
@@ -363,7 +365,7 @@ class Connection(asyncio.Protocol):
             if self.api.access_log is not None:
                 self.api.access_log.add_line(
                     self.remote, ex.method, ex.target.decode("latin-1"), ex.version, ex.status,
-                    ex.length, time.perf_counter() - ex.started,
+                    ex.length, time.perf_counter() - ex.started, ex.tag,
                 )  # fmt: skip
             if self.api.on_answer is not None:
                 self.api.on_answer(ex.status)
@@ -409,7 +411,7 @@ class Connection(asyncio.Protocol):
         if self.api.access_log is not None:
             self.api.access_log.add_line(
                 self.remote, ex.method, ex.target.decode("latin-1"), ex.version, ex.status,
-                ex.length, time.perf_counter() - ex.started,
+                ex.length, time.perf_counter() - ex.started, ex.tag,
             )  # fmt: skip
         if self.api.on_answer is not None:  # a broken stream is still one answer
             self.api.on_answer(ex.status)

@@ -21,7 +21,7 @@ MAX_HEAD_BYTES = 64 * 1024  # request line plus headers; more is answered 431
 # lower() calls before.
 KNOWN_HEADERS = frozenset(
     ("authorization", "content-length", "content-type", "expect", "transfer-encoding",
-     "url_path")
+     "url_path", "x-request-id", "traceparent", "tracestate")
 )  # fmt: skip
 
 
@@ -48,6 +48,7 @@ class Request:
         "started",
         "status",
         "stream",
+        "tag",
         "target",
         "version",
     )  # fmt: skip
@@ -67,6 +68,8 @@ class Request:
         self.status = 0
         self.length = 0
         self.stream: ChunkedAnswer | None = None  # a streamed answer under way
+        # a prediction's facts for the access log: request id, trace id, model, version, worker
+        self.tag: tuple[str, str, str, str, str] | None = None
         path, _, self.query_string = target.partition(b"?")
         segments = path.decode("utf-8", "replace").split("/")[1:]
         while len(segments) > 1 and not segments[-1]:  # trailing slashes: TorchServe ignores them

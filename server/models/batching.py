@@ -20,6 +20,7 @@ from server.errors import MserveError
 
 if TYPE_CHECKING:
     from server.streaming import ChunkStream
+    from server.tracing import RequestTrace
     from server.workers.channel import Batch
     from server.workers.process import Worker
 
@@ -29,6 +30,7 @@ class Job:
 
     __slots__ = (
         "cancelled", "enqueued_at", "future", "item", "retried", "sent", "sent_at", "stream",
+        "trace",
     )  # fmt: skip
 
     def __init__(self, item: RequestItem, future: asyncio.Future[ResponseItem]) -> None:
@@ -40,6 +42,7 @@ class Job:
         self.sent_at = 0.0  # monotonic time its batch was sent (TorchServe's queue latency ends)
         # its streamed response, once the worker sent a first chunk (the future holds it too)
         self.stream: ChunkStream | None = None
+        self.trace: RequestTrace | None = None  # its server span, while tracing is on
         self.cancelled: str | None = None  # why it was cancelled: see CANCEL_REASONS
 
     def cancel(self, reason: str = "client", error: MserveError | None = None) -> bool:
@@ -140,6 +143,8 @@ class JobQueue:
         while self._jobs:
             job = self._jobs.popleft()
             if not job.future.done():  # the client went away: costs no worker time
+                if job.trace is not None:
+                    job.trace.popped = time.monotonic()  # its queue wait ends
                 return job
         return None
 

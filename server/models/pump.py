@@ -14,7 +14,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mserve_worker import protocol
 from mserve_worker.protocol import STREAM_FAILED_HEADER, TOO_LARGE_HEADER, Frame
@@ -31,6 +31,9 @@ from server.models.settings import ModelSettings
 from server.streaming import ChunkStream
 from server.workers.channel import Batch, ChannelClosed
 from server.workers.process import Worker
+
+if TYPE_CHECKING:
+    from server.inference_log import InferenceLogger
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +119,10 @@ class BatchPump:
         settings: ModelSettings,
         stats: ModelStats,
         others_serve: Callable[[], bool],
+        inference_log: InferenceLogger | None = None,
     ) -> None:
         self.label = label
+        self.inference_log = inference_log
         self.queue = queue
         self.settings = settings
         self.stats = stats
@@ -244,8 +249,14 @@ class BatchPump:
                     job.future.set_result(result)
                 elif job.stream is not None:
                     end_stream(job.stream, result, self.label)
+            if self.inference_log is not None:
+                self._log_settled(live, results, batch)
             handler_ms, entries = worker.result_metrics(batch)
             self.stats.batch_done(handler_ms, entries, live, time.perf_counter() - started)
+            # answered: nothing reads its jobs any more (CHUNKs came before the RESULT), and
+            # job.sent -> batch -> jobs -> job was a cycle per batch, ~20 objects a request left
+            # for the garbage collector to find (~4% of the frontend's instructions, callgrind)
+            batch.jobs = None
         except Exception as exc:  # the supervisor's guard: never strand a caller
             log.exception("model %s: unexpected error settling a batch", self.label)
             fail_jobs(live, InternalError(f"internal error answering the batch: {exc!r}"))
@@ -268,6 +279,10 @@ class BatchPump:
             results = await worker.batch_result(batch, [j.item for j in live])
         except HandlerError as exc:
             fail_jobs(live, exc)
+            if self.inference_log is not None:
+                self.inference_log.failed(
+                    [j.item for j in live], [j.enqueued_at for j in live], exc.status, exc.message
+                )
             return None
         except ChannelClosed:  # queued behind a batch that lost the worker: it never ran
             self.queue.requeue(live)
@@ -288,7 +303,23 @@ class BatchPump:
                 job.future.set_result(result)
             elif job.stream is not None:
                 end_stream(job.stream, result, self.label)
+        if self.inference_log is not None:
+            plain = [(j, r) for j, r in zip(live, results, strict=False) if j.stream is None]
+            self.inference_log.settled(
+                [j.item for j, _ in plain], [r for _, r in plain], [j.enqueued_at for j, _ in plain]
+            )
         return None
+
+    def _log_settled(self, live: list[Job], results: list[Any], batch: Batch) -> None:
+        """Hand an answered batch to the model's inference log (streamed answers are not
+        logged: their body never is whole here)."""
+        assert self.inference_log is not None
+        reply = batch.future.result()
+        jobs = [(j, r) for j, r in zip(live, results, strict=True) if j.stream is None]
+        self.inference_log.settled(
+            [j.item for j, _ in jobs], [r for _, r in jobs], [j.enqueued_at for j, _ in jobs],
+            reply.meta.get("inference_log"),
+        )  # fmt: skip
 
     def _chunk(self, worker: Worker, batch: Batch, frame: Frame) -> None:
         """A CHUNK frame of the batch ``worker`` runs: each chunk goes to its job's stream, the

@@ -16,6 +16,7 @@ from typing import Any
 
 from archiver import Manifest
 from mserve_worker.protocol import MAX_U32
+from server import tracing
 from server.config import ModelEntry, ServerConfig
 from server.devices import GpuAllocator
 from server.download import Downloader, Progress, is_remote
@@ -26,6 +27,7 @@ from server.errors import (
     ModelVersionNotFound,
     MserveError,
 )
+from server.inference_log.logger import build as build_inference_log
 from server.metrics import Metrics
 from server.model_envs import EnvCache, EnvRequest, normalise_requirements
 from server.models.residency import Residency
@@ -58,6 +60,13 @@ class RegisterRequest:
     at_startup: bool = False
     sha256: str | None = None  # the archive's digest the registration pins (server/download.py)
     idle_unload_s: float | None = None  # 0: never (server/models/residency.py)
+    # inference logging (server/inference_log/policy.py checks them)
+    inference_log: str | None = None
+    inference_log_sample: int | None = None
+    inference_log_batch: int | None = None
+    inference_log_url: str | None = None
+    inference_log_file: bool | None = None
+    inference_log_redact: tuple[str, ...] | None = None
     # min and max workers when neither the request nor the archive names them (TorchServe's
     # layout: 0 for a registration through the API); None: the config's models entry, then
     # default_workers_per_model
@@ -180,6 +189,8 @@ class Registry:
         # checks deviceIds and deviceType before any worker starts; draws no GPU
         gpus = self.gpus.plan(f"{name}:{version}", settings.device_ids, settings.device_type)
         sandbox = self.sandbox.model(name, version, unpacked.model_dir, unpacked.model_config)
+        counter = self.metrics.inference_log_records if self.metrics is not None else None
+        inference_log = build_inference_log(name, version, settings, cfg, counter)
         async with self._lock:
             if version in self.models.get(name, {}):
                 raise ModelAlreadyExists(f"Model version {version} for model {name} already exists")
@@ -217,6 +228,9 @@ class Registry:
             )
             model.trusted = request.trusted
             model.residency = self.residency
+            if inference_log is not None:
+                model.inference_log = inference_log
+                inference_log.start()
             # the snapshot pins it: a restore uses the same bytes (the cached download)
             model.archive_sha256 = unpacked.sha256 if is_remote(request.url) else request.sha256
             model.handler_overridden = request.handler is not None
@@ -286,15 +300,22 @@ class Registry:
 
     async def _prepare(self, model: ModelVersion, env: EnvRequest | None, wait: bool) -> None:
         """Build (or reuse) the model's environment, then start its workers."""
-        if env is not None:
-            model.stage = "building environment"
-            # the key walks installed distributions (tens of ms): off the loop, like the build
-            model.env_key = await asyncio.to_thread(self.envs.key, env)
-            model.python = await asyncio.to_thread(self.envs.ensure, env)
-        model.stage = "starting workers" if wait else None
-        model.prepared = True  # from now on a request finding no worker starts one
-        await model.scale(model.settings.min_workers, model.settings.max_workers, wait, source=None)
-        model.stage = None
+        with tracing.span("mserve.model.load", **{
+            "mserve.model": model.name, "mserve.model_version": model.version
+        }):  # fmt: skip
+            if env is not None:
+                model.stage = "building environment"
+                with tracing.span("mserve.environment.build", **{"mserve.model": model.label}):
+                    # the key walks installed distributions (tens of ms): off the loop, like
+                    # the build
+                    model.env_key = await asyncio.to_thread(self.envs.key, env)
+                    model.python = await asyncio.to_thread(self.envs.ensure, env)
+            model.stage = "starting workers" if wait else None
+            model.prepared = True  # from now on a request finding no worker starts one
+            await model.scale(
+                model.settings.min_workers, model.settings.max_workers, wait, source=None
+            )
+            model.stage = None
 
     async def _prepare_in_background(self, model: ModelVersion, env: EnvRequest | None) -> None:
         try:

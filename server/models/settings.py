@@ -21,12 +21,14 @@ SEQUENCE_HEADERS = (
     "ts_request_sequence_start",
     "ts_request_sequence_end",
 )
+INFERENCE_LOG_MODES = ("off", "request", "response", "all")  # KServe's logger modes, and off
 
 
 @dataclass(frozen=True)
 class Setting:
     """One model setting. ``unit``: ``count``, ``ms``, ``s`` (seconds: a whole number is shown
-    as an int, as TorchServe writes it), ``flag`` or ``choice`` (one of ``choices``)."""
+    as an int, as TorchServe writes it), ``flag``, ``choice`` (one of ``choices``), ``text`` or
+    ``list`` (of strings; a registration parameter gives it comma-separated)."""
 
     key: str  # TorchServe's name: describe, the model config, config.properties, snapshots
     attr: str  # the ModelSettings attribute
@@ -66,8 +68,22 @@ SETTINGS = (
     Setting("sequenceTimeoutMSec", "sequence_timeout_ms", "sequence_timeout_ms", "ms"),
     Setting("maxSequenceJobQueueSize", "max_sequence_job_queue_size",
             "max_sequence_job_queue_size", "count"),
+    # inference logging (server/inference_log/): checked by its parse_policy at registration
+    Setting("inferenceLog", "inference_log", "inference_log", "choice",
+            request="inference_log", choices=INFERENCE_LOG_MODES),
+    Setting("inferenceLogSample", "inference_log_sample", "inference_log_sample", "count",
+            request="inference_log_sample"),
+    Setting("inferenceLogBatch", "inference_log_batch", "inference_log_batch", "count",
+            request="inference_log_batch"),
+    Setting("inferenceLogUrl", "inference_log_url", "inference_log_url", "text",
+            request="inference_log_url"),
+    Setting("inferenceLogFile", "inference_log_file", "inference_log_file", "flag",
+            request="inference_log_file"),
+    Setting("inferenceLogRedact", "inference_log_redact", "inference_log_redact", "list",
+            request="inference_log_redact"),
 )  # fmt: skip
 ENTRY_SETTINGS = tuple(s for s in SETTINGS if s.entry)
+INFERENCE_LOG_SETTINGS = tuple(s for s in SETTINGS if s.attr.startswith("inference_log"))
 
 
 @dataclass(frozen=True)
@@ -100,6 +116,14 @@ class ModelSettings:
     sequence_max_idle_ms: int = 0  # a sequence unused this long expires (0: never)
     sequence_timeout_ms: int = 0  # a sequence this old expires (0: never)
     max_sequence_job_queue_size: int = 1  # requests of one sequence waiting at once
+    # inference logging (server/inference_log/policy.py): off, request, response or all; every
+    # Nth request; records per send; a CloudEvents URL; JSON-lines files; keys redacted
+    inference_log: str = "off"
+    inference_log_sample: int = 1
+    inference_log_batch: int = 32
+    inference_log_url: str | None = None
+    inference_log_file: bool = True
+    inference_log_redact: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
 
 

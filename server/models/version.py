@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mserve_worker.protocol import RequestItem
 from server.devices import GpuPlan, shown_gpu_id, worker_env_for
@@ -29,6 +29,7 @@ from server.errors import (
     ServiceUnavailable,
     TooManyRequests,
 )
+from server.inference_log import InferenceLogger
 from server.metrics import Metrics, ModelStats
 from server.models.batching import Job, JobQueue, QueueFull
 from server.models.continuous import ContinuousPump
@@ -40,6 +41,9 @@ from server.streaming import ChunkStream
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
 from server.workers.sandbox import ModelSandbox
+
+if TYPE_CHECKING:
+    from server.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +153,8 @@ class ModelVersion:
         self.residency: Residency | None = None
         self.prepared = False
         self.last_used = time.monotonic()
+        # records each sampled request for monitoring (server/inference_log/); None: off
+        self.inference_log: InferenceLogger | None = None
 
     @property
     def label(self) -> str:
@@ -162,6 +168,10 @@ class ModelVersion:
             for s in self.slots
             if s.worker is not None and s.worker.state in (WorkerState.READY, WorkerState.BUSY)
         )
+
+    def worker_states(self) -> list[str]:
+        """Each worker's state, for ``mserve_workers{state}`` (server/metrics.py)."""
+        return [s.worker.state.value for s in self.slots if s.worker is not None]
 
     def worker_load_ms(self) -> list[tuple[str, float]]:
         """(worker id, how long it took to load) of each worker that has loaded."""
@@ -225,11 +235,11 @@ class ModelVersion:
         """A request finding no worker starts one: max_workers 0 keeps TorchServe's 503."""
         return self.settings.max_workers >= 1 and self.prepared
 
-    def enqueue(self, item: RequestItem) -> Job:
+    def enqueue(self, item: RequestItem, trace: RequestTrace | None = None) -> Job:
         """Queue a request; the job's future gets its answer. A caller that goes away cancels
         the future and calls :meth:`withdraw`: the request is dropped if no worker has started
         it. Raises at once when the request cannot be queued (429 queue full, 503 no worker or
-        failed model)."""
+        failed model). ``trace``: the request's server span (server/tracing.py)."""
         if self.failed is not None:
             raise ServiceUnavailable(f"model {self.label} has failed: {self.failed}")
         if not self.slots:
@@ -241,6 +251,7 @@ class ModelVersion:
             self._load_on_demand()
         self.last_used = time.monotonic()
         job = Job(item, self.queue.new_future())
+        job.trace = trace
         try:
             if self.sequences is not None:
                 if self.queued() >= self.queue.maxsize:
@@ -322,6 +333,8 @@ class ModelVersion:
                 zip(("id", "start", "end"), self.sequence_headers, strict=True)
             ),
         }
+        if self.inference_log is not None:  # v2 model classes then say what they log
+            init["inference_log"] = True
         env = {**self.worker_env, **worker_env_for(gpu)}
         if self.sandbox is not None:
             init["sandbox"] = self.sandbox.policy(gpu)
@@ -380,7 +393,12 @@ class ModelVersion:
             if slot.lane is not None:  # a lane's requests wait for this slot alone
                 queue, others_serve = slot.lane, lambda: False
             pump = (ContinuousPump if self.settings.continuous_batching else BatchPump)(
-                self.label, queue, self.settings, self.stats, others_serve
+                self.label,
+                queue,
+                self.settings,
+                self.stats,
+                others_serve,
+                self.inference_log,
             )
             ended = await pump.serve(worker, slot.retire)
             if ended is None:
@@ -571,6 +589,8 @@ class ModelVersion:
                 if slot.worker is not None:
                     await slot.worker.kill()
         self._fail_queued(ServiceUnavailable(f"model {self.label} was unregistered"), slots)
+        if self.inference_log is not None:
+            await self.inference_log.close(deadline_s)
         if self.sandbox is not None:
             await asyncio.to_thread(self.sandbox.remove_scratch)
 

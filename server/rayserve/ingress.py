@@ -41,6 +41,7 @@ from server.rest.inference import SERVER_HEADERS, request_id, server_metadata
 from server.rest.routes import (
     INFER,
     MODELS,
+    OPENAI,
     PING,
     V1_MODELS,
     V1_READY,
@@ -84,7 +85,7 @@ class Ingress:
 
     async def _route(self, request: Request, parts: list[str]) -> Response:
         route = match(parts, request.method)
-        if route is None:
+        if route is None or route.kind == OPENAI:  # the OpenAI API is mserve's own server's
             raise _not_found(request.method, request)
         _allow(request, *route.methods)
         kind = route.kind

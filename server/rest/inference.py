@@ -23,17 +23,20 @@ from typing import Any
 from archiver import __version__
 from mserve_worker.oip.signature import SignatureError, parse_signature
 from mserve_worker.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
+from server import tracing
 from server.errors import InternalError, MserveError, ResponseTooLarge
 from server.http import ChunkedAnswer, Connection, Request, header_ok
 from server.metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion
+from server.openai.api import OpenAIAPI
 from server.operations import models_page
 from server.rest.description import answer_description
 from server.rest.routes import (
     INFER,
     MODELS,
+    OPENAI,
     PING,
     V1_MODELS,
     V1_READY,
@@ -44,6 +47,7 @@ from server.rest.routes import (
     match,
 )
 from server.streaming import ChunkStream
+from server.tracing import CLIENT_GONE, client_request_id, trace_id_of
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,7 @@ class InferenceAPI:
         self.registry = registry
         self.metrics = metrics
         self.max_response_bytes = max_response_bytes
+        self.openai = OpenAIAPI(registry, metrics, request_id, max_response_bytes)
 
     def route(self, conn: Connection, req: Request) -> None:
         if answer_description("inference", conn, req):
@@ -76,6 +81,8 @@ class InferenceAPI:
             if route.explain:  # TorchServe adds this header; handlers written for it look at it
                 req.headers.append(["explain", "True"])
             self._infer(conn, req, route.model, route.version, route.op, route.api)
+        elif kind == OPENAI:
+            self.openai.route(conn, req, route.op, route.model)
         elif kind == PING:
             healthy = self.registry.healthy()
             status = {"status": "Healthy" if healthy else "Unhealthy"}
@@ -109,19 +116,36 @@ class InferenceAPI:
     ) -> None:  # fmt: skip
         model = self.registry.get(name, version)
         counts = model.stats.arrived(version is not None)
+        known = req.known
+        rid = known.get("x-request-id")
+        rid = (client_request_id(rid) if rid is not None else None) or request_id()
         item = RequestItem(
-            request_id=request_id(),
-            content_type=req.known.get("content-type") or "",
+            request_id=rid,
+            content_type=known.get("content-type") or "",
             headers=req.headers,
             body=req.body,
             params=req.query if req.query_string else {},
             op=op,
             api=api,
         )
+        trace = None
+        tracer = tracing.current
+        if tracer is not None:
+            trace = tracer.begin(
+                f"{req.method} {route_name(req.parts)}", known, rid, model.name, model.version,
+                req.started, {"http.request.method": req.method},
+            )  # fmt: skip
+            trace.pass_on(item.headers)
+            trace_id = trace.trace_id
+        else:
+            trace_id = trace_id_of(known.get("traceparent"))
+        req.tag = (rid, trace_id, model.name, model.version, "")
         try:
-            job = model.enqueue(item)
+            job = model.enqueue(item, trace)
         except MserveError as exc:
             self.metrics.answered(model, exc.status, None)
+            if trace is not None:
+                trace.finish(None, exc.status, exc.message)
             raise
         req.future = job.future
         job.future.add_done_callback(
@@ -132,8 +156,13 @@ class InferenceAPI:
         self, conn: Connection, req: Request, model: ModelVersion, job: Job,
         counts: list[float], future: asyncio.Future[ResponseItem],
     ) -> None:  # fmt: skip
+        trace = job.trace
+        if job.sent is not None and req.tag is not None:
+            req.tag = (*req.tag[:4], str(job.sent[0].id))  # type: ignore[assignment]
         if future.cancelled():  # the client went away
             model.withdraw(job)
+            if trace is not None:
+                trace.finish(job, CLIENT_GONE, "the client went away")
             return
         request_id = job.item.request_id
         try:
@@ -150,9 +179,13 @@ class InferenceAPI:
         else:
             elapsed = time.perf_counter() - req.started
             self.metrics.answered(model, result.status, elapsed, counts, job)
+            if trace is not None:
+                trace.finish(job, result.status, _handler_error(result))
             conn.answer(req, result.status, headers, result.body)
             return
         self.metrics.answered(model, error.status, None)
+        if trace is not None:
+            trace.finish(job, error.status, error.message)
         conn.answer_error(req, error)
 
     def _stream(
@@ -171,12 +204,19 @@ class InferenceAPI:
             stream.cancel()
             raise
 
+        first_chunk = time.perf_counter()
+
         def done(status: int, ok: bool) -> None:
             if ok:
                 elapsed = time.perf_counter() - req.started
                 self.metrics.answered(model, status, elapsed, counts, job)
             else:
                 self.metrics.answered(model, status, None)
+            if job.trace is not None:
+                job.trace.finish(
+                    job, status, None if ok else "the stream broke",
+                    (first_chunk, stream.chunks_in),
+                )  # fmt: skip
 
         def too_large() -> MserveError:
             return ResponseTooLarge(
@@ -204,8 +244,21 @@ class InferenceAPI:
                 f"the handler of {model.label} set response header {bad!r} to a value that"
                 " is not a valid HTTP header (control characters or an empty name)"
             )
-        headers.append(["X-Request-Id", request_id])  # ours: hex digits
+        headers.append(["X-Request-Id", request_id])  # ours, or the client's (checked)
         return headers
+
+
+def route_name(parts: list[str]) -> str:
+    """A span's name: the path's first segment, which names the API without the model's name
+    (span names should not grow with the models: ``POST /predictions``)."""
+    return f"/{parts[0]}" if parts else "/"
+
+
+def _handler_error(result: ResponseItem) -> str | None:
+    """A worker's error answer as the span's error text (its body, cut short)."""
+    if result.status < 500:
+        return None
+    return bytes(result.body[:200]).decode("utf-8", "replace") or f"status {result.status}"
 
 
 def server_metadata() -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""The inference paths, parsed in one place: TorchServe's, KServe v1's and the Open Inference
-Protocol's (KServe v2). Sans-IO: path segments and a method in, a :class:`Route` out; the
-inference port's router (server/rest/inference.py) and the Ray Serve ingress
-(server/rayserve/ingress.py) both act on it, so a path means the same on either engine.
+"""The inference paths, parsed in one place: TorchServe's, KServe v1's, the Open Inference
+Protocol's (KServe v2) and the OpenAI-compatible API's (under ``/openai/v1/``, where KServe
+serves it: ``/v1/models/...`` stays KServe v1's). Sans-IO: path segments and a method in, a
+:class:`Route` out; the inference port's router (server/rest/inference.py) and the Ray Serve
+ingress (server/rayserve/ingress.py) both act on it, so a path means the same on either engine.
 
 Per request: one tuple, no dataclass ``__init__`` (this is on the frontend's hot path).
 """
@@ -23,6 +24,15 @@ V2_LIVE = "v2-live"  # OIP: the server is live
 V2_READY = "v2-ready"  # OIP: the server is ready
 V2_MODEL = "v2-model"  # OIP: a model's metadata
 V2_MODEL_READY = "v2-model-ready"  # OIP: a model's readiness
+OPENAI = "openai"  # the OpenAI-compatible API (server/openai/): ``op`` says which call
+
+# /openai/v1/<path> -> (Route.op, methods)
+_OPENAI = {
+    ("chat", "completions"): ("chat", ("POST",)),
+    ("completions",): ("completion", ("POST",)),
+    ("embeddings",): ("embedding", ("POST",)),
+    ("models",): ("models", ("GET",)),
+}
 
 _GET = ("GET",)
 _POST = ("POST",)
@@ -58,6 +68,13 @@ def match(parts: list[str], method: str) -> Route | None:
         )  # fmt: skip
     if head == "v2":
         return _v2(parts[1:], method)
+    if head == "openai":
+        if n < 3 or parts[1] != "v1":
+            return None
+        if n == 4 and parts[2] == "models":  # one model (the client's models.retrieve)
+            return Route(OPENAI, _GET, parts[3], None, "model")
+        found = _OPENAI.get(tuple(parts[2:]))
+        return None if found is None else Route(OPENAI, found[1], None, None, found[0])
     if n == 1:
         if head == "ping":
             return Route(PING, _GET)

@@ -22,6 +22,7 @@ from google.rpc import status_pb2
 from grpc import aio
 
 from mserve_worker.protocol import RequestItem, ResponseItem
+from server import tracing
 from server.errors import BadRequest, MserveError, ResponseTooLarge
 from server.metrics import Metrics
 from server.models.batching import Job
@@ -33,6 +34,18 @@ from server.rpc.protos import inference_pb2 as pb
 from server.rpc.protos import inference_pb2_grpc
 from server.rpc.server import AddService, abort
 from server.streaming import ChunkStream
+from server.tracing import CLIENT_GONE, RequestTrace, client_request_id
+
+
+def _metadata(context: aio.ServicerContext) -> dict[str, str]:
+    """The call's metadata that this server reads (request id, trace context), by name."""
+    wanted = ("x-request-id", "traceparent", "tracestate")
+    found: dict[str, str] = {}
+    for key, value in context.invocation_metadata() or ():
+        if key in wanted and isinstance(value, str):
+            found.setdefault(key, value)
+    return found
+
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 PING = f"/{SERVICE}/Ping"  # a probe: needs no key
@@ -90,7 +103,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         """One answer; a streamed one is gathered whole (up to max_response_size_bytes)."""
         try:
             body = bytearray()
-            async with contextlib.aclosing(self._answer(request)) as answer:
+            async with contextlib.aclosing(self._answer(request, context)) as answer:
                 async for chunk in answer:
                     body += chunk
                     if len(body) > self.max_response_bytes:
@@ -110,7 +123,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
     ) -> AsyncIterator[pb.PredictionResponse]:
         """The answer as the handler streams it, one message per chunk."""
         try:
-            async with contextlib.aclosing(self._answer(request)) as answer:
+            async with contextlib.aclosing(self._answer(request, context)) as answer:
                 async for chunk in answer:
                     yield pb.PredictionResponse(prediction=chunk)
         except MserveError as exc:
@@ -128,7 +141,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
             try:
                 if not sequence:
                     raise BadRequest("parameter 'sequenceId' is required for StreamPredictions2")
-                async with contextlib.aclosing(self._answer(request)) as answer:
+                async with contextlib.aclosing(self._answer(request, context)) as answer:
                     async for chunk in answer:
                         yield pb.PredictionResponse(prediction=chunk, sequenceId=sequence)
             except MserveError as exc:
@@ -140,9 +153,12 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
             failed = status_pb2.Status(code=code.value[0], message=status.message(text))
             yield pb.PredictionResponse(sequenceId=sequence, status=failed)
 
-    async def _answer(self, request: pb.PredictionsRequest) -> AsyncIterator[bytes]:
+    async def _answer(
+        self, request: pb.PredictionsRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
         """Queue the request and yield its answer's bytes (one piece, or each chunk of a
-        streamed answer); raises the error that answers it instead."""
+        streamed answer); raises the error that answers it instead. The call's metadata may
+        carry ``x-request-id`` and W3C ``traceparent`` / ``tracestate``, as REST headers do."""
         if not request.model_name:
             raise BadRequest("parameter 'model_name' is required")
         version = request.model_version or None
@@ -152,35 +168,53 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         content_type, body = form(request.input)
         # the sequence id under the server's ts_header_key_sequence_id
         headers = [[model.sequence_headers[0], request.sequenceId]] if request.sequenceId else []
-        item = RequestItem(
-            request_id=request_id(), content_type=content_type, headers=headers, body=body
-        )
-        async with contextlib.aclosing(self.run(model, item, counts, started)) as answer:
+        meta = _metadata(context)
+        rid = client_request_id(meta.get("x-request-id")) or request_id()
+        item = RequestItem(request_id=rid, content_type=content_type, headers=headers, body=body)
+        trace = None
+        tracer = tracing.current
+        if tracer is not None:
+            trace = tracer.begin(
+                f"gRPC {SERVICE}",
+                meta, rid, model.name, model.version, started, {"rpc.system": "grpc"},
+            )  # fmt: skip
+            trace.pass_on(item.headers)
+        elif "traceparent" in meta:  # the handler sees the client's context all the same
+            item.headers += [[k, meta[k]] for k in ("tracestate", "traceparent") if k in meta]
+        answer_run = self.run(model, item, counts, started, trace)
+        async with contextlib.aclosing(answer_run) as answer:
             async for piece in answer:
                 yield bytes(piece.body)
 
     async def run(
-        self, model: ModelVersion, item: RequestItem, counts: list[float], started: float
-    ) -> AsyncIterator[ResponseItem]:
+        self, model: ModelVersion, item: RequestItem, counts: list[float], started: float,
+        trace: RequestTrace | None = None,
+    ) -> AsyncIterator[ResponseItem]:  # fmt: skip
         """Queue ``item`` on ``model`` and yield its answer: one item, or one per chunk of a
         streamed answer (with the status and headers the handler set first); raises the error
         that answers it instead (HandlerStatus for a worker's answer >= 400). The request
         counts in the metrics as a REST one does. The Open Inference Protocol's service
         (server/rpc/oip.py) queues its requests here too."""
         try:
-            job = model.enqueue(item)
+            job = model.enqueue(item, trace)
         except MserveError as exc:
             self.metrics.answered(model, exc.status, None)
+            if trace is not None:
+                trace.finish(None, exc.status, exc.message)
             raise
         try:
             result = await self._wait(model, job)
             if type(result) is ChunkStream:
+                first_chunk = time.perf_counter()
                 async with contextlib.aclosing(result.chunks()) as chunks:
                     async for chunk in chunks:
                         yield ResponseItem(
                             result.status, chunk, result.content_type, result.headers
                         )
                 code = result.status
+                if trace is not None:
+                    trace.finish(job, code, None, (first_chunk, result.chunks_in))
+                    trace = None
             else:
                 check_size(model, result, self.max_response_bytes)
                 if result.status >= 400:
@@ -189,11 +223,21 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
                 yield result
         except MserveError as exc:
             self.metrics.answered(model, exc.status, None)
+            if trace is not None:
+                trace.finish(job, exc.status, exc.message)
             raise
         except HandlerStatus as exc:
             self.metrics.answered(model, exc.status, None)
+            if trace is not None:
+                trace.finish(job, exc.status, str(exc)[:200] if exc.status >= 500 else None)
+            raise
+        except asyncio.CancelledError:  # the call ended first
+            if trace is not None:
+                trace.finish(job, CLIENT_GONE, "the client went away")
             raise
         self.metrics.answered(model, code, time.perf_counter() - started, counts, job)
+        if trace is not None:
+            trace.finish(job, code)
 
     async def _wait(self, model: ModelVersion, job: Job) -> ResponseItem | ChunkStream:
         """The job's answer; a call that ends first (the client left, its deadline passed)

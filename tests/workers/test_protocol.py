@@ -66,18 +66,16 @@ def raw_frame(
 
 def test_hello_frame_bytes_are_exact() -> None:
     meta = b'{"protocol":2,"pid":4242,"python":"3.11.7","runtime":"mserve-worker"}'
-    header = bytes.fromhex("4d53 03 01 0000 00000045 00000000 0000")
+    header = bytes.fromhex("4d53 04 01 0000 00000045 00000000 0000")
     assert len(meta) == 0x45
     assert encode_bytes(Frame(Kind.HELLO, HELLO_META)) == header + meta
 
 
 def test_batch_frame_bytes_match_the_worked_example_in_the_docs() -> None:
     expected = bytes.fromhex(
-        "4d53 03 05 0000 00000065 00000002 0000"
-        "7b22 6261 7463 685f 6964 223a 372c 2272 6571 7565 7374 7322 3a5b 7b22 6964 223a"
-        "2272 3122 2c22 636f 6e74 656e 745f 7479 7065 223a 2274 6578 742f 706c 6169 6e22"
-        "2c22 6865 6164 6572 7322 3a5b 5d2c 2270 6172 616d 7322 3a7b 7d2c 2273 697a 6522"
-        "3a32 7d5d 7d"
+        "4d53 04 05 0000 00000034 00000002 0000"
+        "7b22 6261 7463 685f 6964 223a 372c 2272 6571 7565 7374 7322 3a5b 5b22 7231 222c"
+        "2274 6578 742f 706c 6169 6e22 2c32 2c22 225d 5d7d"
         "6869"
     )
     frame = batch_frame(7, [RequestItem("r1", "text/plain", [], b"hi")])
@@ -246,7 +244,7 @@ DECODE_ERRORS = [
         raw_frame(magic=b"GE"),
         "bad frame magic b'GE', expected b'MS': the peer is not speaking the mserve worker protocol",
     ),
-    ("version", raw_frame(version=1), "unsupported protocol version 1, this side speaks 3"),
+    ("version", raw_frame(version=1), "unsupported protocol version 1, this side speaks 4"),
     (
         "kind 0",
         raw_frame(kind=0),
@@ -352,7 +350,7 @@ def test_a_failed_decoder_refuses_further_input() -> None:
     with pytest.raises(ProtocolError) as info:
         decoder.feed(encode_bytes(Frame(Kind.READY, {})))
     assert str(info.value) == (
-        "decoder stopped after an earlier error: unsupported protocol version 9, this side speaks 3"
+        "decoder stopped after an earlier error: unsupported protocol version 9, this side speaks 4"
     )
 
 
@@ -448,7 +446,7 @@ def test_batch_meta_layout() -> None:
     assert frame.meta == {
         "batch_id": 42,
         "requests": [
-            {"id": "r-empty", "content_type": "", "headers": [], "params": {}, "size": 0},
+            ["r-empty", "", 0, ""],  # packed: predict, no query (docs/protocol.md)
             {
                 "id": "r-binary",
                 "content_type": "application/octet-stream",
@@ -519,7 +517,9 @@ def test_batch_round_trip_through_bytes() -> None:
 def test_a_request_cached_in_the_worker_is_flagged_and_a_new_one_carries_no_flag() -> None:
     again = RequestItem("r1", "", [["h", "v"]], b"", cached=True)
     frame = batch_frame(5, [again, RequestItem("r2", "text/plain", [], b"hi")])
-    assert [e.get("cached") for e in frame.meta["requests"]] == [True, None]
+    cached, new = frame.meta["requests"]
+    assert cached["cached"] is True  # never packed: the flag needs the object form
+    assert type(new) is list  # the usual request stays packed, with no flag
     (decoded,) = decode_all(encode_bytes(frame))
     _, items = parse_batch(decoded)
     assert [i.cached for i in items] == [True, False]
@@ -555,7 +555,8 @@ def test_optional_fields_default_when_absent() -> None:
 
 
 def test_tuple_headers_are_sent_as_pairs() -> None:
-    frame = batch_frame(1, [RequestItem("a", "", [("K", "v")], b"")])  # type: ignore[list-item]
+    item = RequestItem("a", "", [("K", "v")], b"", op="explain")  # type: ignore[list-item]
+    frame = batch_frame(1, [item])
     assert frame.meta["requests"][0]["headers"] == [["K", "v"]]
 
 
@@ -594,7 +595,7 @@ PARSE_ERRORS = [
         "requests dict",
         Frame(Kind.BATCH, {"batch_id": 1, "requests": {}}),
         parse_batch,
-        "BATCH meta 'requests' must be a list of objects",
+        "BATCH meta 'requests' must be a list of objects or packed arrays",
     ),
     (
         "no size",
@@ -797,7 +798,7 @@ def test_small_frames_go_out_as_one_buffer_large_ones_uncopied() -> None:
 
 def test_cancel_frame_round_trips_and_is_checked() -> None:
     frame = cancel_frame(4, ["r2", "r3"])
-    assert encode_bytes(frame)[:4] == b"MS\x03\x08"
+    assert encode_bytes(frame)[:4] == b"MS\x04\x08"
     (decoded,) = decode_all(encode_bytes(frame))
     assert parse_cancel(decoded) == (4, ["r2", "r3"])
     with pytest.raises(ProtocolError, match="CANCEL ids must be a list of strings"):
@@ -877,8 +878,8 @@ def test_chunk_frame_bytes_are_exact() -> None:
         b'{"batch_id":7,"chunks":[{"i":0,"size":2,"status":200,"content_type":"text/plain",'
         b'"headers":[]},{"i":2,"size":1}]}'
     )
-    header = HEADER.pack(b"MS", 3, 9, 0, len(meta), 3)
-    assert header[:4] == b"MS\x03\x09"
+    header = HEADER.pack(b"MS", 4, 9, 0, len(meta), 3)
+    assert header[:4] == b"MS\x04\x09"
     assert encode_bytes(frame) == header + meta + b"hi!"
 
 

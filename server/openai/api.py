@@ -1,0 +1,395 @@
+"""The OpenAI-compatible calls, answered on the inference port (docs/generative.md).
+
+Each choice of a request is one job on the model's queue, so choices, requests and clients share
+the model's batching (continuous batching included) like any prediction. A request is one task:
+it waits for each job's first answer (a refusal then is an HTTP error in OpenAI's shape), then
+answers whole or as server-sent events, one event per piece the handler streams. The task is the
+request's ``future``: a client that goes away cancels it, and its jobs with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import functools
+import json
+import logging
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
+
+from mserve_worker.protocol import RequestItem, ResponseItem
+from server.errors import InternalError, ModelNotFound, MserveError, ServiceUnavailable
+from server.http import JSON, ChunkedAnswer, Connection, Request
+from server.metrics import Metrics
+from server.models.batching import Job
+from server.models.registry import Registry
+from server.models.version import ModelVersion
+from server.openai.pieces import Choice, Piece, read_embedding, read_piece, usage
+from server.openai.request import (
+    Completion,
+    Embedding,
+    Generative,
+    OpenAIError,
+    completion,
+    embedding,
+    generative,
+    read_body,
+)
+from server.streaming import ChunkStream
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = [["Content-Type", "text/event-stream"], ["Cache-Control", "no-cache"]]
+DONE = b"data: [DONE]\n\n"
+
+
+class OpenAIAPI:
+    def __init__(
+        self, registry: Registry, metrics: Metrics, new_id: Callable[[], str],
+        max_response_bytes: int,
+    ) -> None:  # fmt: skip
+        self.registry = registry
+        self.metrics = metrics
+        self.new_id = new_id
+        self.max_response_bytes = max_response_bytes
+
+    def route(self, conn: Connection, req: Request, op: str, name: str | None) -> None:
+        if op == "models":
+            rows = [self._card(m) for m in self.registry.all() if self._is_default(m)]
+            conn.answer_json(req, 200, {"object": "list", "data": [r for r in rows if r]})
+            return
+        if op == "model":
+            card = self._card(self._model(name or "")[0])
+            conn.answer_json(req, 200, card)
+            return
+        body = read_body(op, req.body)
+        model, declared = self._model(body["model"])
+        if op == "embedding":
+            if not declared.embeddings:
+                raise self._not_for(model, "embeddings", "embeddings: true")
+            work: Awaitable[None] = self._embed(conn, req, model, embedding(body))
+        else:
+            if not declared.chat:
+                raise self._not_for(model, "completions", "chat: true")
+            work = self._complete(conn, req, model, declared, completion(op, body, declared))
+        model.stats.arrived(False)
+        task = asyncio.ensure_future(work)
+        conn.api.tasks.add(task)  # type: ignore[arg-type]  # held until done
+        req.future = task  # a client that leaves cancels it (server/http/connection.py)
+        task.add_done_callback(functools.partial(self._done, conn, req, model))
+
+    # --- models ---------------------------------------------------------------------------
+
+    def _model(self, name: str) -> tuple[ModelVersion, Generative]:
+        try:
+            model = self.registry.get(name)
+        except ModelNotFound:
+            raise OpenAIError(
+                404, f"The model `{name}` does not exist", "model", "model_not_found"
+            ) from None
+        declared = generative(model.name, model.model_yaml_config)
+        if declared is None:
+            raise OpenAIError(
+                400,
+                f"model {name!r} is not generative: its model config has no `generative:`"
+                " section, so it is not served under /openai/ (docs/generative.md)",
+                "model",
+                "model_not_generative",
+            )
+        return model, declared
+
+    def _is_default(self, model: ModelVersion) -> bool:
+        return self.registry.defaults.get(model.name) == model.version
+
+    def _card(self, model: ModelVersion) -> dict[str, Any] | None:
+        try:
+            declared = generative(model.name, model.model_yaml_config)
+        except OpenAIError:
+            declared = None
+        if declared is None:
+            return None
+        return {
+            "id": model.name,
+            "object": "model",
+            "created": int(getattr(model, "registered_at", 0) or time.time()),
+            "owned_by": "mserve",
+            "context_length": declared.context_length,
+        }
+
+    @staticmethod
+    def _not_for(model: ModelVersion, what: str, key: str) -> OpenAIError:
+        return OpenAIError(
+            400,
+            f"model {model.name!r} does not serve {what}: its `generative:` section lacks `{key}`",
+            "model",
+            None,
+        )
+
+    # --- the task ------------------------------------------------------------------------
+
+    def _done(
+        self, conn: Connection, req: Request, model: ModelVersion, task: asyncio.Future[None]
+    ) -> None:
+        conn.api.tasks.discard(task)  # type: ignore[arg-type]
+        if task.cancelled():  # the client left (nothing is written), or the server stops
+            if req.out is None:
+                conn.answer_error(req, ServiceUnavailable("the server is shutting down"))
+            self.metrics.answered(model, 499, None)
+            return
+        error = task.exception()
+        if error is None:
+            return
+        if not isinstance(error, MserveError):
+            log.error("unexpected error answering %s", model.label, exc_info=error)
+            error = InternalError("internal server error; see the server log")
+        self.metrics.answered(model, error.status, None)
+        if req.out is None:  # nothing sent yet
+            conn.answer_error(req, error)
+
+    def _enqueue(self, model: ModelVersion, content_type: str, body: bytes) -> Job:
+        item = RequestItem(
+            request_id=self.new_id(), content_type=content_type, headers=[], body=body
+        )
+        return model.enqueue(item)
+
+    async def _first(self, model: ModelVersion, job: Job) -> ChunkStream | ResponseItem:
+        """The job's first answer: a stream, or a whole answer; a refusal raises."""
+        result = await job.future
+        if type(result) is ChunkStream:
+            return result
+        if result.status >= 300:
+            raise _handler_refusal(model, result)
+        return result
+
+    async def _complete(
+        self, conn: Connection, req: Request, model: ModelVersion, declared: Generative,
+        request: Completion,
+    ) -> None:  # fmt: skip
+        started = time.perf_counter()
+        jobs = []
+        try:
+            for i in range(request.n):
+                jobs.append(self._enqueue(model, *request.handler_body(declared, i)))
+            firsts = [await self._first(model, job) for job in jobs]
+            choices = [Choice(i, request.stop, request.max_tokens) for i in range(request.n)]
+            meta = _Meta(request, model.name, "chatcmpl-" if request.kind == "chat" else "cmpl-")
+            meta.id += jobs[0].item.request_id
+            if request.stream:
+                await self._stream(conn, req, model, meta, choices, firsts, started)
+                return
+            await _together([_collect(c, f) for c, f in zip(choices, firsts, strict=True)])
+            conn.answer_json(req, 200, meta.whole(choices))
+            self.metrics.answered(model, 200, time.perf_counter() - started)
+        finally:
+            for job in jobs:
+                cancel_job(model, job)
+
+    async def _stream(
+        self, conn: Connection, req: Request, model: ModelVersion, meta: _Meta,
+        choices: list[Choice], firsts: list[ChunkStream | ResponseItem], started: float,
+    ) -> None:  # fmt: skip
+        source = _Source(asyncio.current_task())
+        status = {"ok": False}
+
+        def done(code: int, ok: bool) -> None:
+            status["ok"] = ok
+
+        def too_large() -> MserveError:
+            return OpenAIError(500, "the stream is too large to hold for an HTTP/1.0 client")
+
+        answer = ChunkedAnswer(
+            conn, req, 200, [*SSE_HEADERS, ["X-Request-Id", meta.id]], source,
+            self.max_response_bytes, too_large, done,
+        )  # fmt: skip
+
+        async def send(payload: dict[str, Any]) -> None:
+            await source.writable.wait()
+            answer.chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+        try:
+            await _together([
+                _stream_choice(c, f, meta, send) for c, f in zip(choices, firsts, strict=True)
+            ])  # fmt: skip
+        except Exception as exc:  # the stream began: the error is its last event
+            error = exc
+            if not isinstance(error, MserveError):
+                log.error("unexpected error streaming %s", model.label, exc_info=error)
+                error = InternalError("internal server error; see the server log")
+            log.warning("stream of %s broke: %s", model.label, error.message)
+            body = {"message": error.message, "type": "server_error", "param": None,
+                    "code": getattr(error, "code", None)}  # fmt: skip
+            answer.chunk(b"data: " + json.dumps({"error": body}).encode() + b"\n\n")
+            answer.end(b"")
+            self.metrics.answered(model, error.status, None)
+            return
+        if meta.request.include_usage:
+            await send({**meta.chunk([]), "usage": usage(choices)})
+        answer.end(DONE)
+        self.metrics.answered(model, 200, time.perf_counter() - started)
+
+    async def _embed(
+        self, conn: Connection, req: Request, model: ModelVersion, request: Embedding
+    ) -> None:
+        started = time.perf_counter()
+        jobs = []
+        try:
+            for text in request.inputs:
+                body = json.dumps({"kind": "embedding", "input": text}).encode()
+                jobs.append(self._enqueue(model, JSON, body))
+            data, prompt = [], 0
+            for i, job in enumerate(jobs):
+                first = await self._first(model, job)
+                raw = b"".join([c async for c in first.chunks()]) if type(first) is ChunkStream \
+                    else bytes(first.body)  # fmt: skip
+                vector, tokens = read_embedding(raw, model.name)
+                prompt += tokens
+                value: Any = vector
+                if request.base64:
+                    value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+                data.append({"object": "embedding", "index": i, "embedding": value})
+            conn.answer_json(req, 200, {
+                "object": "list", "data": data, "model": model.name,
+                "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+            })  # fmt: skip
+            self.metrics.answered(model, 200, time.perf_counter() - started)
+        finally:
+            for job in jobs:
+                cancel_job(model, job)
+
+
+def cancel_job(model: ModelVersion, job: Job) -> None:
+    """Stop a job whose answer is no longer wanted: dropped while queued, left out of the next
+    step while it generates (continuous batching: its slot goes to the next request), counted
+    in mserve_requests_cancelled_total. Does nothing to a finished one (Job.cancel)."""
+    model.withdraw(job)
+
+
+async def _together(coros: list[Coroutine[Any, Any, None]]) -> None:
+    """Run the choices' coroutines at once; the first to fail cancels the others and its error
+    is raised (asyncio.TaskGroup would, from Python 3.11)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+
+def _handler_refusal(model: ModelVersion, result: ResponseItem) -> OpenAIError:
+    """The handler answered with an error status before streaming (a prompt over its context,
+    ``PredictionException(message, 400)``): its message, in OpenAI's shape."""
+    raw = bytes(result.body)
+    try:
+        message = json.loads(raw).get("message") or raw.decode()
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        message = raw.decode("utf-8", "replace")
+    status = result.status if 400 <= result.status < 600 else 500
+    return OpenAIError(status, f"model {model.name!r}: {message}")
+
+
+async def _pieces(first: ChunkStream | ResponseItem) -> AsyncIterator[Piece]:
+    if type(first) is not ChunkStream:
+        yield read_piece(bytes(first.body))
+        return
+    async with contextlib.aclosing(first.chunks()) as chunks:  # leaving early cancels it
+        async for data in chunks:
+            yield read_piece(data)
+
+
+async def _collect(choice: Choice, first: ChunkStream | ResponseItem) -> None:
+    async with contextlib.aclosing(_pieces(first)) as pieces:
+        async for piece in pieces:
+            choice.add(piece)
+            if choice.finish_reason is not None:
+                return
+    choice.end()
+
+
+async def _stream_choice(
+    choice: Choice, first: ChunkStream | ResponseItem, meta: _Meta,
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+) -> None:  # fmt: skip
+    if meta.request.kind == "chat":
+        await send(meta.chunk([meta.delta(choice.index, {"role": "assistant", "content": ""})]))
+    async with contextlib.aclosing(_pieces(first)) as pieces:
+        async for piece in pieces:
+            text = choice.add(piece)
+            if text:
+                await send(meta.chunk([meta.delta(choice.index, {"content": text}, text)]))
+            if choice.finish_reason is not None:
+                break
+    if choice.finish_reason is None:
+        text = choice.end()
+        if text:
+            await send(meta.chunk([meta.delta(choice.index, {"content": text}, text)]))
+    await send(meta.chunk([meta.delta(choice.index, {}, "", choice.finish_reason)]))
+
+
+class _Meta:
+    """The fields every object of one answer shares, and its shapes (chat or completion)."""
+
+    def __init__(self, request: Completion, model: str, prefix: str) -> None:
+        self.request = request
+        self.model = model
+        self.id = prefix
+        self.created = int(time.time())
+        self.chat = request.kind == "chat"
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": None}  # fmt: skip
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        out = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        out["choices"] = choices
+        if self.request.include_usage:
+            out["usage"] = None
+        return out
+
+    def delta(
+        self, index: int, delta: dict[str, Any], text: str = "", reason: str | None = None
+    ) -> dict[str, Any]:
+        if self.chat:
+            return {"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}
+        return {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+
+    def whole(self, choices: list[Choice]) -> dict[str, Any]:
+        out = self._head("chat.completion" if self.chat else "text_completion")
+        rows = []
+        for c in choices:
+            if self.chat:
+                body: dict[str, Any] = {"message": {"role": "assistant", "content": c.content}}
+            else:
+                body = {"text": c.content}
+            rows.append({"index": c.index, **body, "finish_reason": c.finish_reason,
+                         "logprobs": None})  # fmt: skip
+        out["choices"] = rows
+        out["usage"] = usage(choices)
+        return out
+
+
+class _Source:
+    """The SSE answer's source for the HTTP layer: pausing blocks the task's next write; a
+    client that leaves cancels the task."""
+
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        self.task = task
+        self.writable = asyncio.Event()
+        self.writable.set()
+
+    def pause(self) -> None:
+        self.writable.clear()
+
+    def resume(self) -> None:
+        self.writable.set()
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()

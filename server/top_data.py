@@ -1,0 +1,227 @@
+"""What ``mserve top`` shows, read from a running server: its status file, the management API
+(with the key file's management key) and the metrics port; rates are the difference between two
+reads a few seconds apart, as ``top`` does with its counters."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+RATE_WINDOW_S = 5.0  # requests/s, errors and p50/p99 over about the last five seconds
+
+
+@dataclass
+class WorkerRow:
+    id: str
+    state: str
+    pid: int | None
+    cpu_percent: float | None
+    memory_bytes: int | None
+
+
+@dataclass
+class VersionRow:
+    version: str
+    status: str  # READY, LOADING, FAILED
+    load_state: str  # loaded, loading, unloaded
+    min_workers: int
+    max_workers: int
+    queue: int
+    failure: str | None
+    workers: list[WorkerRow]
+
+
+@dataclass
+class ModelRow:
+    name: str
+    versions: list[VersionRow]
+    requests_per_s: float = 0.0
+    errors: int = 0  # answers other than 2xx since the server started
+    p50_s: float | None = None
+    p99_s: float | None = None
+    evictions: int = 0
+
+    @property
+    def state(self) -> str:
+        states = {_state(v) for v in self.versions}
+        return ", ".join(sorted(states))
+
+    @property
+    def queue(self) -> int:
+        return sum(v.queue for v in self.versions)
+
+    @property
+    def workers(self) -> list[WorkerRow]:
+        return [w for v in self.versions for w in v.workers]
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(w.memory_bytes or 0 for w in self.workers)
+
+
+def _state(v: VersionRow) -> str:
+    """As ``mserve --status`` says it: ready, unloaded, loading or failed."""
+    if v.status == "READY":
+        return "ready" if v.load_state == "loaded" else v.load_state
+    return v.status.lower()
+
+
+@dataclass
+class Snapshot:
+    status: dict[str, Any]
+    models: list[ModelRow] = field(default_factory=list)
+    memory_bytes: float | None = None
+    budget_bytes: float | None = None
+    error: str | None = None  # the last read failed: why (the rows are the last good ones)
+
+    @property
+    def uptime_s(self) -> float:
+        return time.time() - float(self.status.get("started") or time.time())
+
+
+class Reader:
+    """Reads the server once per :meth:`read`; keeps the counters of the last few reads."""
+
+    def __init__(self, status: dict[str, Any], client: httpx.Client | None = None) -> None:
+        self.status = status
+        headers = {}
+        key_file = status.get("key_file")
+        if status.get("token_authorization") and key_file:
+            key = json.loads(Path(key_file).read_text())["management"]["key"]
+            headers["Authorization"] = f"Bearer {key}"
+        self.client = client or httpx.Client(headers=headers, timeout=5.0)
+        # (when, {model: (requests, latency bucket counts)}) of recent reads
+        self._history: deque[tuple[float, dict[str, tuple[float, dict[float, float]]]]] = deque()
+        self._procs: dict[int, psutil.Process] = {}
+        self._last: Snapshot | None = None
+
+    def close(self) -> None:
+        self.client.close()
+
+    def read(self) -> Snapshot:
+        try:
+            snap = self._read()
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            last = self._last or Snapshot(self.status)
+            return Snapshot(last.status, last.models, last.memory_bytes, last.budget_bytes,
+                            f"cannot read the server: {exc}")  # fmt: skip
+        self._last = snap
+        return snap
+
+    def _get(self, api: str, path: str) -> httpx.Response:
+        reply = self.client.get(self.status["urls"][api] + path)
+        reply.raise_for_status()
+        return reply
+
+    def _read(self) -> Snapshot:
+        names, token = [], ""
+        while True:  # TorchServe's paging
+            page = self._get("management", f"/models?limit=100{token}").json()
+            names += [m["modelName"] for m in page.get("models", ())]
+            if not page.get("nextPageToken"):
+                break
+            token = f"&next_page_token={page['nextPageToken']}"
+        rows = [ModelRow(name, self._versions(name)) for name in names]
+        snap = Snapshot(self.status, rows)
+        self._add_metrics(snap, self._get("metrics", "/metrics").text)
+        return snap
+
+    def _versions(self, name: str) -> list[VersionRow]:
+        versions = []
+        for d in self._get("management", f"/models/{name}/all").json():
+            workers = [
+                WorkerRow(
+                    w["id"],
+                    w.get("state") or w["status"],
+                    w.get("pid"),
+                    self._cpu(w.get("pid")),
+                    w.get("memoryUsage"),
+                )
+                for w in d.get("workers") or ()
+            ]
+            versions.append(VersionRow(
+                str(d.get("modelVersion")), d.get("status", ""), d.get("loadState", ""),
+                int(d.get("minWorkers") or 0), int(d.get("maxWorkers") or 0),
+                int(d.get("queueDepth") or 0), d.get("failure"), workers,
+            ))  # fmt: skip
+        return versions
+
+    def _cpu(self, pid: int | None) -> float | None:
+        """A worker's CPU use since the last read (psutil, as top; the server is local)."""
+        if pid is None:
+            return None
+        proc = self._procs.get(pid)
+        try:
+            if proc is None:
+                proc = self._procs[pid] = psutil.Process(pid)
+                proc.cpu_percent(None)  # the first call only starts the count
+                return None
+            return proc.cpu_percent(None)
+        except psutil.Error:
+            self._procs.pop(pid, None)
+            return None
+
+    def _add_metrics(self, snap: Snapshot, text: str) -> None:
+        counts: dict[str, tuple[float, dict[float, float]]] = {}
+        errors: dict[str, float] = {}
+        evictions: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                model = s.labels.get("model", "")
+                if s.name == "mserve_requests_total":
+                    total, buckets = counts.get(model, (0.0, {}))
+                    counts[model] = (total + s.value, buckets)
+                    if not s.labels.get("code", "").startswith("2"):
+                        errors[model] = errors.get(model, 0.0) + s.value
+                elif s.name == "mserve_request_latency_seconds_bucket":
+                    total, buckets = counts.setdefault(model, (0.0, {}))
+                    buckets[float(s.labels["le"])] = s.value
+                elif s.name == "mserve_model_evictions_total":
+                    evictions[model] = evictions.get(model, 0.0) + s.value
+                elif s.name == "mserve_worker_memory_bytes":
+                    snap.memory_bytes = s.value
+                elif s.name == "mserve_worker_memory_budget_bytes":
+                    snap.budget_bytes = s.value
+        now = time.monotonic()
+        self._history.append((now, counts))
+        while len(self._history) > 2 and now - self._history[1][0] >= RATE_WINDOW_S:
+            self._history.popleft()
+        then, before = self._history[0]
+        for row in snap.models:
+            row.errors = int(errors.get(row.name, 0))
+            row.evictions = int(evictions.get(row.name, 0))
+            total, buckets = counts.get(row.name, (0.0, {}))
+            old_total, old_buckets = before.get(row.name, (0.0, {}))
+            if now > then:
+                row.requests_per_s = max(0.0, total - old_total) / (now - then)
+            window = {le: n - old_buckets.get(le, 0.0) for le, n in buckets.items()}
+            if not any(window.values()):
+                window = buckets  # nothing answered lately: since the start
+            row.p50_s, row.p99_s = quantile(window, 0.5), quantile(window, 0.99)
+
+
+def quantile(buckets: dict[float, float], q: float) -> float | None:
+    """The ``q`` quantile of cumulative histogram buckets (upper bound: count), interpolated in
+    its bucket as Prometheus's ``histogram_quantile`` does; None without observations."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return lower  # beyond the last finite bound: that bound, as Prometheus says
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return lower

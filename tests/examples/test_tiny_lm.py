@@ -1,0 +1,240 @@
+"""examples/tiny_lm: the model's batched decode, its handler on TorchServe's continuous-batching
+contract (driven in process the way TorchServe's backend drives it), and the example archived
+with model-archiver, served by a real mserve and queried with the ``openai`` client.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+import yaml
+
+from mserve_worker.context import Context
+from mserve_worker.contract import LoadedHandler
+from mserve_worker.loader import load_handler
+from server.models.settings import SETTINGS
+from tests.conftest import ARCHIVER_SCRIPT, REPO
+from tests.server.conftest import MSERVE, Server, pid_alive
+
+EXAMPLE = REPO / "examples" / "tiny_lm"
+COMPAT = REPO / "mserve_worker" / "compat"  # where a worker finds ``ts``
+CONTINUOUS = any(s.key == "continuousBatching" for s in SETTINGS)  # issue 29, part 1
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The example's files and seed-0 weights in one folder, first on sys.path with ``ts`` as
+    in a worker; forgotten afterwards."""
+    folder = tmp_path_factory.mktemp("tiny_lm")
+    for name in ("model.py", "handler.py", "make_weights.py"):
+        shutil.copy(EXAMPLE / name, folder)
+    saved, before = list(sys.path), set(sys.modules)
+    sys.path[:0] = [str(folder), str(COMPAT)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        import make_weights
+
+        make_weights.write(folder / "tiny_lm.pt")
+        yield folder
+    finally:
+        torch.set_num_threads(threads)
+        sys.path[:] = saved
+        for name in set(sys.modules) - before:
+            if name in ("model", "handler", "make_weights") or name.split(".")[0] == "ts":
+                del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def model(model_dir: Path) -> ModuleType:
+    import model as tiny
+
+    return tiny
+
+
+def _handler(model_dir: Path, continuous: bool) -> tuple[LoadedHandler, Context]:
+    context = Context(
+        model_name="tiny_lm", model_dir=str(model_dir),
+        manifest={"model": {"modelName": "tiny_lm", "serializedFile": "tiny_lm.pt",
+                            "modelFile": "model.py", "handler": "handler.py"}},
+        batch_size=8, gpu_id=None, server_name="mserve", server_version="test",
+        model_yaml_config={"continuousBatching": continuous},
+    )  # fmt: skip
+    return load_handler("handler:TinyLMHandler", str(model_dir), context), context
+
+
+def _start(context: Context, ids: list[str]) -> None:
+    context.start_batch([SimpleNamespace(request_id=i, headers=[]) for i in ids])
+
+
+def test_batched_decode_matches_each_request_alone(model: ModuleType) -> None:
+    torch.manual_seed(0)
+    lm = model.TinyLM().eval()
+    prompts = ["hello world", "hi", "a longer prompt than both"]
+    alone = []
+    for p in prompts:
+        _, cache = lm.prefill(model.encode(p))
+        logits, _ = lm.decode([65], [cache])
+        alone.append(logits[0])
+    caches = [lm.prefill(model.encode(p))[1] for p in prompts]
+    together, grown = lm.decode([65] * 3, caches)
+    for i, logits in enumerate(alone):
+        assert torch.allclose(together[i], logits, atol=1e-5)
+    assert [c[0][0].shape[2] for c in grown] == [len(model.encode(p)) + 1 for p in prompts]
+
+
+def _alone(model_dir: Path, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A request's pieces from the handler without continuous batching (a generator)."""
+    handler, context = _handler(model_dir, False)
+    _start(context, ["x"])
+    (stream,) = handler.handle([{"body": body}], context)
+    return list(stream)
+
+
+def test_continuous_batching_contract(model_dir: Path) -> None:
+    """TorchServe's backend loop: requests join between steps, each call is one token per
+    request, stopping_criteria says who is finished; each request's answer is the one it gets
+    alone, and no state is left behind."""
+    bodies = {
+        "a": {"prompt": "user: hi\nassistant:", "max_tokens": 12, "seed": 1},
+        "b": {"prompt": "once upon a time", "max_new_tokens": 5, "seed": 2},  # TorchServe's
+        "c": {"prompt": "late", "max_tokens": 8, "temperature": 0},
+    }
+    joins = {0: ["a", "b"], 3: ["c"]}  # c arrives while a and b are generating
+    handler, context = _handler(model_dir, True)
+    running: list[str] = []
+    pieces: dict[str, list[dict[str, Any]]] = {k: [] for k in bodies}
+    sizes = []
+    for step in range(40):
+        running += joins.get(step, [])
+        if not running:
+            break
+        _start(context, running)
+        results = handler.handle([{"body": bodies[r]} for r in running], context)
+        sizes.append(len(running))
+        stops = context.stopping_criteria
+        assert len(results) == len(stops) == len(running)
+        finished = []
+        for request_id, result, stop in zip(running, results, stops, strict=True):
+            assert result["tokens"] == 1 and len(result["ids"]) == 1  # one token per step
+            pieces[request_id].append(result)
+            if stop(result):
+                finished.append(request_id)
+        running = [r for r in running if r not in finished]
+    assert sizes[:4] == [2, 2, 2, 3]
+    assert context.cache == {}
+    for request_id, body in bodies.items():
+        assert pieces[request_id] == _alone(model_dir, body), request_id
+    assert pieces["b"][-1]["finish_reason"] == "length" and len(pieces["b"]) == 5
+
+
+def test_static_batching_decodes_a_call_together(model_dir: Path) -> None:
+    """Without continuous batching, one call's requests advance in lockstep (read round by
+    round, as the worker reads them), each getting its answer alone; a prompt too long is a
+    400 in its place, the others go on."""
+    bodies = [{"prompt": f"request {i}", "max_tokens": 3 + 4 * i, "seed": i} for i in range(3)]
+    handler, context = _handler(model_dir, False)
+    _start(context, ["a", "b", "long", "c"])
+    data = [{"body": b} for b in bodies]
+    data.insert(2, {"body": {"prompt": "z" * 400}})
+    outputs = handler.handle(data, context)
+    assert outputs[2].startswith("the prompt is 401 tokens")
+    streams = [o for o in outputs if o is not outputs[2]]
+    got: list[list[dict[str, Any]]] = [[] for _ in streams]
+    live = set(range(len(streams)))
+    while live:
+        for i in sorted(live):
+            try:
+                got[i].append(next(streams[i]))
+            except StopIteration:
+                live.discard(i)
+    assert got == [_alone(model_dir, b) for b in bodies]
+
+
+def test_a_prompt_over_the_context_is_refused(model_dir: Path) -> None:
+    handler, context = _handler(model_dir, False)
+    _start(context, ["x"])
+    (answer,) = handler.handle([{"body": {"prompt": "x" * 300}}], context)
+    assert answer == ("the prompt is 301 tokens: the context of 256 leaves no room to answer")
+    assert context.request_processor[0].get_response_status_code() == 400
+
+
+# --- served -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("serve")
+    store = root / "store"
+    store.mkdir()
+    config = yaml.safe_load((EXAMPLE / "model-config.yaml").read_text())
+    config["continuousBatching"] = CONTINUOUS  # until the server has it: a stream per request
+    (root / "model-config.yaml").write_text(yaml.safe_dump(config))
+    archive = subprocess.run([
+        ARCHIVER_SCRIPT, "--model-name", "tiny_lm", "--version", "1.0",
+        "--serialized-file", str(model_dir / "tiny_lm.pt"),
+        "--model-file", str(EXAMPLE / "model.py"),
+        "--handler", str(EXAMPLE / "handler.py") + ":TinyLMHandler",
+        "-c", str(root / "model-config.yaml"), "--export-path", str(store), "-f",
+    ], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert archive.returncode == 0, archive.stderr
+    settings = {"inference_address": "127.0.0.1:0", "management_address": "127.0.0.1:0",
+                "metrics_address": "127.0.0.1:0", "grpc_inference_address": "127.0.0.1:0",
+                "grpc_management_address": "127.0.0.1:0", "model_store": str(store)}  # fmt: skip
+    (root / "mserve.yaml").write_text(yaml.safe_dump(settings))
+    args = ["--config", str(root / "mserve.yaml"), "--run-dir", str(root / "run")]
+    started = subprocess.run([MSERVE, "--start", *args, "--models", "tiny_lm=tiny_lm.mar"],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    served = Server(root / "run", json.loads((root / "run" / "status.json").read_text()), args)
+    yield served
+    if pid_alive(served.pid):
+        served.cli("--stop")
+
+
+def test_served_streamed_chat_with_the_openai_client(server: Server, model_dir: Path) -> None:
+    """The README's query: a streamed chat, the same tokens as the handler makes in process."""
+    client = openai.OpenAI(base_url=server.url("inference", "/openai/v1"),
+                           api_key=server.key("inference"), max_retries=0, timeout=60)  # fmt: skip
+    stream = client.chat.completions.create(
+        model="tiny_lm", messages=[{"role": "user", "content": "Tell me a story"}],
+        max_tokens=20, seed=3, stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    expected = _alone(model_dir, {"prompt": "user: Tell me a story\nassistant:",
+                                  "max_tokens": 20, "seed": 3})  # fmt: skip
+    assert text == "".join(p["text"] for p in expected)
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens == len("user: Tell me a story\nassistant:") + 1  # bytes + BOS
+    assert usage.completion_tokens == len(expected)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="tiny_lm", prompt="y" * 300)
+    assert caught.value.body["message"] == (
+        "model 'tiny_lm': the prompt is 301 tokens: the context of 256 leaves no room to answer"
+    )
+
+
+def test_torchserve_clients_stream_pieces_too(server: Server) -> None:
+    """The same model on TorchServe's path, with TorchServe's LLM examples' body."""
+    body = {"prompt": "hello", "max_new_tokens": 4, "seed": 5}
+    with httpx.stream(
+        "POST", server.url("inference", "/predictions/tiny_lm"), json=body,
+        headers=server.auth("inference"), timeout=60,
+    ) as reply:  # fmt: skip
+        assert reply.status_code == 200
+        raw = reply.read()
+    pieces = [json.loads(line) for line in raw.replace(b"}{", b"}\n{").splitlines()]
+    assert len(pieces) == 4 and pieces[-1]["finish_reason"] == "length"
