@@ -40,6 +40,7 @@ SERVER_KEYS: dict[str, dict[str, Any]] = {
     "continuousBatching": _BOOL,
     "sequenceBatching": _BOOL,
     "sequenceMaxIdleMSec": _INT0,
+    "sequenceTimeoutMSec": _INT0,
     "maxSequenceJobQueueSize": _INT1,
     "maxNumSequence": _INT1,
     "asyncCommunication": _BOOL,

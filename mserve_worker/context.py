@@ -440,6 +440,16 @@ class Context:
         self.metrics = Metrics() if metrics is None else metrics
         self.request_ids: dict[int, str] = {}
         self.request_processor: list[RequestProcessor] = []
+        # Generative and stateful handlers (TorchServe's): per-request state kept between the
+        # steps of continuous batching, and one callable per request saying whether it is done
+        # (mserve_worker/continuous.py).
+        self.cache: dict[Any, Any] = {}
+        self.stopping_criteria: Any = None
+        # the request headers that carry a sequence's id, start and end (the server's
+        # ts_header_key_sequence_*)
+        self.header_key_sequence_id = "ts_request_sequence_id"
+        self.header_key_sequence_start = "ts_request_sequence_start"
+        self.header_key_sequence_end = "ts_request_sequence_end"
 
     def start_batch(self, requests: Sequence[Any], operation: str = "") -> None:
         """Make ``requests`` (each with ``.request_id`` and ``.headers``) the current batch.
@@ -473,6 +483,10 @@ class Context:
     def get_request_header(self, idx: int, key: str) -> str | None:
         """The value of request header ``key`` (any case), or None when it was not sent."""
         return self._request(idx).get_request_property(key)
+
+    def get_sequence_id(self, idx: int) -> str | None:
+        """The sequence request ``idx`` belongs to (sequence batching), None outside one."""
+        return self._request(idx).get_request_property(self.header_key_sequence_id)
 
     def trace_context(self, idx: int = 0) -> dict[str, str]:
         """Request ``idx``'s W3C trace context, ``{"traceparent": ..., "tracestate": ...}``

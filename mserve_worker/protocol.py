@@ -91,10 +91,15 @@ class RequestItem:
     do). ``op``: what the caller asked the model to do: "" (predict), "explain", or a custom
     operation name. ``api``: the API the request came in through: "" (TorchServe's
     /predictions and friends), "v2" (the Open Inference Protocol) or "v1" (KServe v1); the
-    worker reads such bodies as that protocol. A plain class: a dataclass field cannot be
+    worker reads such bodies as that protocol. ``cached`` (continuous batching): a request still
+    generating, sent again for its next step with no body; the handler has its state
+    (TorchServe's request "cached in the backend"). A plain class: a dataclass field cannot be
     computed on first read."""
 
-    __slots__ = ("_head", "_headers", "api", "body", "content_type", "op", "params", "request_id")
+    __slots__ = (
+        "_head", "_headers", "api", "body", "cached", "content_type", "op", "params",
+        "request_id",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -106,6 +111,7 @@ class RequestItem:
         op: str = "",
         api: str = "",
         head: str = "",
+        cached: bool = False,
     ) -> None:
         """``headers`` None: they are ``head``, a packed entry's string (names and values
         joined by PACK_SEP, already checked to pair up)."""
@@ -117,6 +123,7 @@ class RequestItem:
         self.params = {} if params is None else params
         self.op = op
         self.api = api
+        self.cached = cached
 
     @property
     def headers(self) -> list[list[str]]:
@@ -130,7 +137,7 @@ class RequestItem:
 
     def _key(self) -> tuple[Any, ...]:
         return (self.request_id, self.content_type, self.headers, self.body, self.params,
-                self.op, self.api)  # fmt: skip
+                self.op, self.api, self.cached)  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not RequestItem:
@@ -140,7 +147,7 @@ class RequestItem:
     __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
 
     def __repr__(self) -> str:
-        fields = ("request_id", "content_type", "headers", "body", "params", "op", "api")
+        fields = ("request_id", "content_type", "headers", "body", "params", "op", "api", "cached")
         inner = ", ".join(f"{name}={value!r}" for name, value in zip(fields, self._key()))
         return f"RequestItem({inner})"
 
@@ -389,6 +396,7 @@ def batch_frame(batch_id: int, items: Sequence[RequestItem], *, check: bool = Tr
             params=_check_params(item.params, f"{where}.params"),
             op=_check_str(item.op, f"{where}.op"),
             api=_check_str(item.api, f"{where}.api"),
+            cached=_check_bool(item.cached, f"{where}.cached"),
         )
         entries.append(_entry(checked, len(body)))
         bodies.append(body)
@@ -403,7 +411,7 @@ def _entry(item: RequestItem, size: int) -> dict[str, Any] | list[Any]:
     as one string, for the usual request (predict on TorchServe's paths, no query); else the
     object with every field. Packed, a request with 6 headers decodes with 4 JSON strings
     instead of 17 and 6 lists (docs/protocol.md, Batch and result layout)."""
-    if not item.params and not item.op and not item.api:
+    if not item.params and not item.op and not item.api and not item.cached:
         headers = item.headers
         head = PACK_SEP.join(_flat(headers))
         if head.count(PACK_SEP) == 2 * len(headers) - 1 or not headers:
@@ -419,6 +427,8 @@ def _entry(item: RequestItem, size: int) -> dict[str, Any] | list[Any]:
         entry["op"] = item.op
     if item.api:
         entry["api"] = item.api
+    if item.cached:  # absent means a new request
+        entry["cached"] = True
     return entry
 
 
@@ -447,8 +457,10 @@ def parse_batch(frame: Frame) -> tuple[int, list[RequestItem]]:
             params = entry.get("params", {})
             op = entry.get("op", "")
             api = entry.get("api", "")
+            cached = entry.get("cached", False)
             if (
                 type(request_id) is not str
+                or type(cached) is not bool
                 or type(content_type) is not str
                 or type(op) is not str
                 or type(api) is not str
@@ -459,7 +471,9 @@ def parse_batch(frame: Frame) -> tuple[int, list[RequestItem]]:
                 )
             ):
                 return _parse_batch_checked(frame)
-            items.append(RequestItem(request_id, content_type, headers, body, params, op, api))
+            items.append(
+                RequestItem(request_id, content_type, headers, body, params, op, api, "", cached)
+            )
         return batch_id, items
     return _parse_batch_checked(frame)
 
@@ -496,6 +510,7 @@ def _parse_batch_checked(frame: Frame) -> tuple[int, list[RequestItem]]:
                 params=_check_params(entry.get("params", {}), f"{where}.params"),
                 op=_check_str(entry.get("op", ""), f"{where}.op"),
                 api=_check_str(entry.get("api", ""), f"{where}.api"),
+                cached=_check_bool(entry.get("cached", False), f"{where}.cached"),
             )
         )
     return batch_id, items
@@ -987,6 +1002,12 @@ def _required(obj: dict[str, Any], key: str, where: str) -> Any:
 def _check_uint(value: object, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ProtocolError(f"{where} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _check_bool(value: object, where: str) -> bool:
+    if type(value) is not bool:
+        raise ProtocolError(f"{where} must be true or false, got {value!r}")
     return value
 
 

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Collection
 from typing import Any
 
-from . import compat, stand_ins, streaming, tracing
+from . import compat, continuous, stand_ins, streaming, tracing
 from .context import Context, Metrics
 from .contract import HandlerLoadError, LoadedHandler
 from .imports import loaded_packages
@@ -102,6 +102,9 @@ class HandlerService:
             model_version=init.get("model_version", ""),
             worker_id=init.get("worker_id", ""),
         )
+        _sequence_headers(context, init.get("sequence_headers"))
+        if init.get("continuous_batching") is True:
+            context._mserve_steps = continuous.Steps()  # type: ignore[attr-defined]
         if init.get("inference_log"):  # the server logs this model: v2 model classes fill it
             context._mserve_inference_log = {}  # type: ignore[attr-defined]
         try:
@@ -136,6 +139,9 @@ class HandlerService:
         stream = getattr(context, "_mserve_stream", None)
         if stream is not None:
             stream.reset(batch_id)
+        steps = getattr(context, "_mserve_steps", None)
+        if steps is not None:
+            steps.begin(items, cancelled, context)
         responses: list[ResponseItem | None] = [None] * len(items)
         decoded: dict[int, Any] = {}
         prepared: dict[int, oip_serving.Prepared] = {}  # v1/v2 requests
@@ -148,6 +154,10 @@ class HandlerService:
                 responses[i] = ResponseItem(CLIENT_GONE, b"", "")
                 continue
             api = ""
+            if item.cached:  # a request still generating: its state is the handler's
+                decoded[i] = {}
+                groups.setdefault((item.op, api), []).append(i)
+                continue
             try:
                 if item.api:
                     with_api = True
@@ -263,6 +273,16 @@ def _log_shadowing() -> None:
         )  # fmt: skip
 
 
+def _sequence_headers(context: Context, names: Any) -> None:
+    """The server's names of the sequence headers (ts_header_key_sequence_*), when it sent them."""
+    if not isinstance(names, dict):
+        return
+    for part in ("id", "start", "end"):
+        name = names.get(part)
+        if isinstance(name, str) and name:
+            setattr(context, f"header_key_sequence_{part}", name)
+
+
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -325,6 +345,13 @@ def _serve_group(
             message += " (each instance of an enveloped request is one)"
         print(message, file=sys.stderr)
         return {"error": message, "traceback": ""}
+    steps = getattr(context, "_mserve_steps", None)
+    if steps is not None:
+        try:
+            steps.judge(context, outputs)
+        except Exception as exc:  # a stopping criterion is the handler's code
+            traceback.print_exc()
+            return {"error": _error_text(exc), "traceback": traceback.format_exc()}
     broken: dict[int, str] | None = None
     if stream is not None:
         iterators = streaming.iterators_in(outputs)

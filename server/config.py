@@ -149,6 +149,18 @@ class ServerConfig:
     # a batch waits for more requests only while its worker is busy ("busy"), or up to
     # max_batch_delay_ms whatever the worker does ("fill", TorchServe's way)
     batch_wait: str = "busy"
+    # the defaults of the per-model generative and stateful settings (server/models/settings.py)
+    continuous_batching: bool = False
+    client_timeout_ms: int = 0
+    sequence_batching: bool = False
+    max_num_sequence: int = 0
+    sequence_max_idle_ms: int = 0
+    sequence_timeout_ms: int = 0
+    max_sequence_job_queue_size: int = 1
+    # TorchServe's names of the sequence headers (ts_header_key_sequence_*)
+    sequence_id_header: str = "ts_request_sequence_id"
+    sequence_start_header: str = "ts_request_sequence_start"
+    sequence_end_header: str = "ts_request_sequence_end"
     max_request_size_bytes: int = 6_553_500
     max_response_size_bytes: int = 6_553_500
     keepalive_timeout_s: float = 75.0

@@ -165,6 +165,14 @@ class WorkerTimeout(MserveError):
     type = "InternalServerException"
 
 
+class RequestExpired(MserveError):
+    """The request passed its deadline (the model's ``clientTimeoutInMills``, counted from its
+    arrival): dropped from the queue, or its generation stopped."""
+
+    status = 504
+    type = "InternalServerException"
+
+
 class InternalError(MserveError):
     status = 500
 

@@ -172,6 +172,11 @@ class ModelStats:
     def label(self, named: bool) -> str:
         return self.version if named else "default"
 
+    def cancelled(self, reason: str) -> None:
+        """A request stopped before its answer was complete (see Job.cancel)."""
+        if self.metrics is not None:
+            self.metrics.request_cancelled(self.name, self.version, reason)
+
     def batch_done(
         self, handler_ms: float | None, entries: list[MetricEntry], jobs: Sequence[AnsweredJob],
         settle_s: float,
@@ -238,6 +243,10 @@ class Metrics:
         )  # fmt: skip
         self.model_evictions = Counter(
             "mserve_model_evictions", "Idle models scaled down to minWorkers",
+            ["model", "version", "reason"], registry=self.prom,
+        )  # fmt: skip
+        self.cancelled = Counter(
+            "mserve_requests_cancelled", "Requests stopped before their answer was complete",
             ["model", "version", "reason"], registry=self.prom,
         )  # fmt: skip
         self.load_seconds = Histogram(
@@ -337,6 +346,10 @@ class Metrics:
             self.log_ts("ts_inference_latency_microseconds", "Microseconds", seconds * 1e6, dims)
             self.log_ts("ts_queue_latency_microseconds", "Microseconds", queue_s * 1e6, dims)
             self.log_ts("QueueTime", "Milliseconds", self.queue_ms, ())
+
+    def request_cancelled(self, name: str, version: str, reason: str) -> None:
+        """``reason``: ``client`` (it went away) or ``deadline`` (clientTimeoutInMills)."""
+        self.cancelled.labels(name, version, reason).inc()
 
     def model_loaded(self, name: str, version: str, seconds: float, ok: bool) -> None:
         outcome = "ok" if ok else "failed"

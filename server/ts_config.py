@@ -252,6 +252,9 @@ _MAPPED: dict[str, tuple[str, _Convert]] = {
     "metrics_config": ("metrics_config", _same),
     "enable_grpc_ssl": ("enable_grpc_ssl", _boolean),
     "service_envelope": ("service_envelope", _same),  # checked against our choices
+    "ts_header_key_sequence_id": ("sequence_id_header", _same),
+    "ts_header_key_sequence_start": ("sequence_start_header", _same),
+    "ts_header_key_sequence_end": ("sequence_end_header", _same),
 }
 # TorchServe gives each gRPC API a host and a port in two keys; ours is one host:port.
 # (our key, TorchServe's host key, its default, TorchServe's port key, its default)
@@ -278,9 +281,7 @@ _NO_EFFECT = frozenset((
     "default_service_handler", "limit_max_image_pixels", "unregister_model_timeout",
     "metric_time_interval", "model_metrics_auto_detect", "disable_system_metrics",
     "system_metrics_cmd", "enable_metrics_api", "ipex_enable", "cpu_launcher_enable",
-    "cpu_launcher_args", "ipex_gpu_enable", "workflow_store", "cpp_log_config",
-    "ts_header_key_sequence_id", "ts_header_key_sequence_start",
-    "ts_header_key_sequence_end", "debug",
+    "cpu_launcher_args", "ipex_gpu_enable", "workflow_store", "cpp_log_config", "debug",
 ))  # fmt: skip
 # Keys whose non-default value would change what clients or handlers get, or what workers can
 # see: ignoring them would be silently wrong, so only their default value is accepted.

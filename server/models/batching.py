@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mserve_worker.protocol import RequestItem, ResponseItem
+from server.errors import MserveError
 
 if TYPE_CHECKING:
     from server.streaming import ChunkStream
@@ -27,7 +28,10 @@ if TYPE_CHECKING:
 class Job:
     """One request on a model's queue (a plain class with slots: one is made per request)."""
 
-    __slots__ = ("enqueued_at", "future", "item", "retried", "sent", "sent_at", "stream", "trace")
+    __slots__ = (
+        "cancelled", "enqueued_at", "future", "item", "retried", "sent", "sent_at", "stream",
+        "trace",
+    )  # fmt: skip
 
     def __init__(self, item: RequestItem, future: asyncio.Future[ResponseItem]) -> None:
         self.item = item
@@ -39,6 +43,48 @@ class Job:
         # its streamed response, once the worker sent a first chunk (the future holds it too)
         self.stream: ChunkStream | None = None
         self.trace: RequestTrace | None = None  # its server span, while tracing is on
+        self.cancelled: str | None = None  # why it was cancelled: see CANCEL_REASONS
+
+    def cancel(self, reason: str = "client", error: MserveError | None = None) -> bool:
+        """Stop this request wherever it is; False if it was answered or cancelled already.
+
+        The one hook for every frontend whose client goes away (``reason`` "client") and for
+        the request deadline ("deadline", with the ``error`` its caller gets). Queued, it is
+        skipped when popped; sent in a batch its worker has not started, the worker skips it;
+        generating (continuous batching), the pump leaves it out of the next step and its
+        stream ends (``error``) or is dropped. Counting it is the caller's (ModelStats)."""
+        if self.cancelled is not None:
+            return False
+        future, stream = self.future, self.stream
+        answered = stream is None or (stream.finished and not stream.cancelled)
+        if future.done() and not future.cancelled() and answered:
+            return False
+        self.cancelled = reason
+        if not future.done():
+            if error is None:
+                future.cancel()
+            else:
+                future.set_exception(error)
+        elif stream is not None and not stream.finished:
+            if error is None:
+                stream.cancel()
+            else:
+                stream.fail(error)
+        if self.sent is not None:
+            worker, batch = self.sent
+            worker.withdraw(batch, self.item.request_id)
+        return True
+
+    def gone(self) -> bool:
+        """Whether nobody waits for this request's answer any more."""
+        if self.cancelled is not None or self.future.cancelled():
+            return True
+        return self.stream is not None and self.stream.cancelled
+
+
+# Why a request was cancelled, as mserve_requests_cancelled_total labels it: its client went
+# away, or its deadline (clientTimeoutInMills) passed.
+CANCEL_REASONS = ("client", "deadline")
 
 
 class Flag(Protocol):

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 IN_FLIGHT_REQUESTS = 8
 
 
-class _Retired:
+class Retired:
     """A retiring worker's stop signal, as its gatherer sees it: a worker retired while other
     workers remain stops at once; the model's last workers (scaled to 0) first run what is
     still queued, so scaling down never drops an accepted request."""
@@ -110,7 +110,7 @@ class _Pipeline:
 class BatchPump:
     """Batches from one model's queue to one of its workers, and their answers back.
 
-    ``others_serve``: whether the model has workers besides the retiring one (see _Retired)."""
+    ``others_serve``: whether the model has workers besides the retiring one (see Retired)."""
 
     def __init__(
         self,
@@ -142,7 +142,7 @@ class BatchPump:
             None if fill or self.settings.batch_size == 1 else self.queue.wake_filling,
         )  # fmt: skip
         delay_s = self.settings.max_batch_delay_ms / 1000
-        retired = _Retired(retire, self._others_serve, self.queue)
+        retired = Retired(retire, self._others_serve, self.queue)
 
         def lost_while_idle() -> None:  # a death with batches in flight is seen through them
             if pipe.in_flight == 0 and not pipe.lost.is_set():
@@ -162,7 +162,7 @@ class BatchPump:
                 batch = worker.send_batch([j.item for j in live], timeout_s)
             except Exception as exc:  # the supervisor's task guard: never strand a caller
                 log.exception("model %s: unexpected error sending a batch", self.label)
-                _fail(live, InternalError(f"internal error sending the batch: {exc!r}"))
+                fail_jobs(live, InternalError(f"internal error sending the batch: {exc!r}"))
                 return False
             pipe.in_flight += 1
             self.stats.send_s = time.monotonic() - sent_at
@@ -248,7 +248,7 @@ class BatchPump:
                 if not job.future.done():
                     job.future.set_result(result)
                 elif job.stream is not None:
-                    _end_stream(job.stream, result, self.label)
+                    end_stream(job.stream, result, self.label)
             if self.inference_log is not None:
                 self._log_settled(live, results, batch)
             handler_ms, entries = worker.result_metrics(batch)
@@ -259,7 +259,7 @@ class BatchPump:
             batch.jobs = None
         except Exception as exc:  # the supervisor's guard: never strand a caller
             log.exception("model %s: unexpected error settling a batch", self.label)
-            _fail(live, InternalError(f"internal error answering the batch: {exc!r}"))
+            fail_jobs(live, InternalError(f"internal error answering the batch: {exc!r}"))
         pipe.done()
 
     async def _settle_failed(
@@ -278,7 +278,7 @@ class BatchPump:
         try:
             results = await worker.batch_result(batch, [j.item for j in live])
         except HandlerError as exc:
-            _fail(live, exc)
+            fail_jobs(live, exc)
             if self.inference_log is not None:
                 self.inference_log.failed(
                     [j.item for j in live], [j.enqueued_at for j in live], exc.status, exc.message
@@ -291,18 +291,18 @@ class BatchPump:
             self._retry_or_fail(live, exc)
             return exc.message
         except WorkerTimeout as exc:  # never retried: the request may be what hangs
-            _fail(live, exc)
+            fail_jobs(live, exc)
             return exc.message
         except Exception as exc:  # the supervisor's task guard: never strand a caller
             log.exception("model %s: unexpected error running a batch", self.label)
-            _fail(live, InternalError(f"internal error running the batch: {exc!r}"))
+            fail_jobs(live, InternalError(f"internal error running the batch: {exc!r}"))
             await worker.kill()
             return f"unexpected error {exc!r}"
         for job, result in zip(live, results, strict=False):
             if not job.future.done():
                 job.future.set_result(result)
             elif job.stream is not None:
-                _end_stream(job.stream, result, self.label)
+                end_stream(job.stream, result, self.label)
         if self.inference_log is not None:
             plain = [(j, r) for j, r in zip(live, results, strict=False) if j.stream is None]
             self.inference_log.settled(
@@ -372,7 +372,7 @@ class BatchPump:
                 "model %s: retrying %d request(s) of a dead worker once", self.label, len(retry)
             )
             self.queue.requeue(retry)
-        _fail([j for j in jobs if j not in retry], error)
+        fail_jobs([j for j in jobs if j not in retry], error)
 
 
 def pipeline_depth(batch_size: int) -> int:
@@ -383,7 +383,7 @@ def pipeline_depth(batch_size: int) -> int:
     return max(2, -(-IN_FLIGHT_REQUESTS // max(1, batch_size)))
 
 
-def _fail(jobs: list[Job], error: BaseException) -> None:
+def fail_jobs(jobs: list[Job], error: BaseException) -> None:
     for job in jobs:
         if not job.future.done():
             job.future.set_exception(error)
@@ -391,7 +391,7 @@ def _fail(jobs: list[Job], error: BaseException) -> None:
             job.stream.fail(error if isinstance(error, MserveError) else InternalError(str(error)))
 
 
-def _end_stream(stream: ChunkStream, result: Any, label: str) -> None:
+def end_stream(stream: ChunkStream, result: Any, label: str) -> None:
     """The RESULT entry of a streamed request: its last chunk, or why the stream broke."""
     headers = result.headers
     if headers and headers[0][0] == STREAM_FAILED_HEADER:

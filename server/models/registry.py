@@ -217,6 +217,11 @@ class Registry:
                 ),
                 loaded_at_startup=request.at_startup,
                 max_response_bytes=cfg.max_response_size_bytes,
+                sequence_headers=(
+                    cfg.sequence_id_header,
+                    cfg.sequence_start_header,
+                    cfg.sequence_end_header,
+                ),
                 metrics=self.metrics,
                 service_envelope=cfg.service_envelope,
                 sandbox=sandbox,

@@ -14,6 +14,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 BATCH_WAITS = ("busy", "fill")
+# TorchServe's request headers of a sequence: its id, its start and its end (the server's
+# ts_header_key_sequence_id, _start and _end rename them)
+SEQUENCE_HEADERS = (
+    "ts_request_sequence_id",
+    "ts_request_sequence_start",
+    "ts_request_sequence_end",
+)
 INFERENCE_LOG_MODES = ("off", "request", "response", "all")  # KServe's logger modes, and off
 
 
@@ -52,6 +59,15 @@ SETTINGS = (
     Setting("batchWait", "batch_wait", "batch_wait", "choice",
             request="batch_wait", entry=True, choices=BATCH_WAITS),
     Setting("idleUnloadTimeout", "idle_unload_s", "idle_unload_s", "s", request="idle_unload_s"),
+    # generative and stateful serving (server/models/continuous.py, server/models/sequences.py)
+    Setting("continuousBatching", "continuous_batching", "continuous_batching", "flag"),
+    Setting("clientTimeoutInMills", "client_timeout_ms", "client_timeout_ms", "ms"),
+    Setting("sequenceBatching", "sequence_batching", "sequence_batching", "flag"),
+    Setting("maxNumSequence", "max_num_sequence", "max_num_sequence", "count"),
+    Setting("sequenceMaxIdleMSec", "sequence_max_idle_ms", "sequence_max_idle_ms", "ms"),
+    Setting("sequenceTimeoutMSec", "sequence_timeout_ms", "sequence_timeout_ms", "ms"),
+    Setting("maxSequenceJobQueueSize", "max_sequence_job_queue_size",
+            "max_sequence_job_queue_size", "count"),
     # inference logging (server/inference_log/): checked by its parse_policy at registration
     Setting("inferenceLog", "inference_log", "inference_log", "choice",
             request="inference_log", choices=INFERENCE_LOG_MODES),
@@ -88,6 +104,18 @@ class ModelSettings:
     # when a batch waits for more requests: "busy" only while its worker runs another batch,
     # "fill" up to max_batch_delay_ms even when the worker idles (TorchServe's way)
     batch_wait: str = "busy"
+    # TorchServe's continuous batching: the handler is called step after step with the requests
+    # still generating plus new ones (server/models/continuous.py)
+    continuous_batching: bool = False
+    # a request's deadline from its arrival, queue time included (0: none): past it, it is
+    # dropped, or its stream stopped, and answered 504
+    client_timeout_ms: int = 0
+    # TorchServe's sequence batching: requests of one sequence id go to one worker, in order
+    sequence_batching: bool = False
+    max_num_sequence: int = 0  # sequences open at once (0: batchSize x maxWorkers)
+    sequence_max_idle_ms: int = 0  # a sequence unused this long expires (0: never)
+    sequence_timeout_ms: int = 0  # a sequence this old expires (0: never)
+    max_sequence_job_queue_size: int = 1  # requests of one sequence waiting at once
     # inference logging (server/inference_log/policy.py): off, request, response or all; every
     # Nth request; records per send; a CloudEvents URL; JSON-lines files; keys redacted
     inference_log: str = "off"

@@ -25,15 +25,19 @@ from server.errors import (
     InvalidModel,
     LoadFailed,
     MserveError,
+    RequestExpired,
     ServiceUnavailable,
     TooManyRequests,
 )
 from server.inference_log import InferenceLogger
 from server.metrics import Metrics, ModelStats
 from server.models.batching import Job, JobQueue, QueueFull
+from server.models.continuous import ContinuousPump
 from server.models.pump import BatchPump
 from server.models.residency import Residency
-from server.models.settings import ModelSettings, shown, with_changes
+from server.models.sequences import Sequences
+from server.models.settings import SEQUENCE_HEADERS, ModelSettings, shown, with_changes
+from server.streaming import ChunkStream
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
 from server.workers.sandbox import ModelSandbox
@@ -45,6 +49,9 @@ log = logging.getLogger(__name__)
 
 _worker_ids = itertools.count(9000)  # TorchServe numbers workers from 9000
 BACKOFF_START_S = 0.5
+# A slot's lane (sequence batching) holds at most one request per sequence bound to it:
+# maxNumSequence bounds it, not a size of its own.
+LANE_SIZE = 1 << 30
 BACKOFF_MAX_S = 30.0
 # The breaker: this many workers that could not load (one died or failed before it was ready)
 # within FAILURE_WINDOW_S mark the model failed. Workers that were ready, then died, never count:
@@ -64,6 +71,7 @@ class _Slot:
     first_start: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
     on_demand: bool = False  # started by a request to a model that had no worker
+    lane: JobQueue | None = None  # sequence batching: the requests of its sequences
 
     @property
     def idle(self) -> bool:
@@ -92,6 +100,7 @@ class ModelVersion:
         metrics: Metrics | None = None,
         service_envelope: str = "",
         sandbox: ModelSandbox | None = None,
+        sequence_headers: tuple[str, str, str] = SEQUENCE_HEADERS,
     ) -> None:
         self.name = name
         self.version = version
@@ -108,11 +117,23 @@ class ModelVersion:
         self.max_payload_bytes = max_payload_bytes
         self.max_response_bytes = max_response_bytes
         self.service_envelope = service_envelope
+        self.sequence_headers = sequence_headers  # (id, start, end): ts_header_key_sequence_*
         self.sandbox = sandbox  # what its workers may reach; None: unconfined (sandbox: false)
         self.loaded_at_startup = loaded_at_startup
         self.queue = JobQueue(settings.job_queue_size)
         self.slots: list[_Slot] = []
         self._retiring: set[_Slot] = set()
+        self.sequences = (
+            Sequences(
+                self.label,
+                lambda: self.settings,
+                sequence_headers,
+                self._lanes,
+                lambda reason: self.stats.cancelled(reason),
+            )
+            if settings.sequence_batching
+            else None
+        )
         self.failed: str | None = None
         self.recent_failures: list[float] = []
         self.registered_at = time.time()
@@ -171,6 +192,8 @@ class ModelVersion:
     def queued(self) -> int:
         """Requests waiting: in the queue, or already sent to a worker that has not started them
         (see ``pipeline_depth``). ``job_queue_size`` bounds this number."""
+        if self.sequences is not None:
+            return self.sequences.waiting_requests() + self._waiting_in_workers()
         return len(self.queue) + self._waiting_in_workers()
 
     def _waiting_in_workers(self) -> int:
@@ -230,19 +253,60 @@ class ModelVersion:
         job = Job(item, self.queue.new_future())
         job.trace = trace
         try:
-            self.queue.put(job, self._waiting_in_workers())
+            if self.sequences is not None:
+                if self.queued() >= self.queue.maxsize:
+                    raise QueueFull
+                self.sequences.admit(job)
+            else:
+                self.queue.put(job, self._waiting_in_workers())
         except QueueFull:
             raise TooManyRequests(
                 f"model {self.label} queue is full (job_queue_size={self.queue.maxsize})"
             ) from None
+        timeout_ms = self.settings.client_timeout_ms
+        if timeout_ms:
+            loop = asyncio.get_running_loop()
+            timer = loop.call_later(timeout_ms / 1000, self._expire, job, timeout_ms)
+            job.future.add_done_callback(functools.partial(_answered_in_time, timer))
         return job
 
     def withdraw(self, job: Job) -> None:
         """The caller of ``job`` went away (its future is cancelled). Still queued, it is skipped
-        when popped; already sent, the worker skips it if it has not started its batch."""
-        if job.sent is not None:
-            worker, batch = job.sent
-            worker.withdraw(batch, job.item.request_id)
+        when popped; already sent, the worker skips it if it has not started its batch;
+        generating (continuous batching), it leaves the next step."""
+        if job.cancel("client"):
+            self.stats.cancelled("client")
+
+    def _lanes(self) -> list[JobQueue]:
+        """The job queue of each live worker slot (sequence batching)."""
+        return [slot.lane for slot in self.slots if slot.lane is not None]
+
+    def _wake_all(self, gone: list[_Slot] | None = None) -> None:
+        """Make every waiting pump re-check its state (retire, stop): the queue's and the lanes'
+        of the slots, retiring ones and ``gone`` ones included."""
+        self.queue.wake_all()
+        for slot in [*self.slots, *self._retiring, *(gone or ())]:
+            if slot.lane is not None:
+                slot.lane.wake_all()
+
+    def _fail_queued(self, error: MserveError, gone: list[_Slot] | None = None) -> None:
+        """Fail every request that waits for a worker: in the queue, or in a slot's lane."""
+        self.queue.fail_all(error)
+        if self.sequences is not None:
+            for slot in [*self.slots, *self._retiring, *(gone or ())]:
+                if slot.lane is not None:
+                    slot.lane.fail_all(error)
+            self.sequences.close_all()
+
+    def _expire(self, job: Job, timeout_ms: int) -> None:
+        """``job``'s deadline passed (clientTimeoutInMills): unless it was answered, it stops
+        and its caller gets a 504."""
+        error = RequestExpired(
+            f"request {job.item.request_id} to model {self.label} did not complete within"
+            f" clientTimeoutInMills={timeout_ms} (queue time included); it was dropped"
+        )
+        if job.cancel("deadline", error):
+            self.stats.cancelled("deadline")
 
     # --- workers ----------------------------------------------------------------------------
 
@@ -264,6 +328,10 @@ class ModelVersion:
             "server_pid": os.getpid(),  # a busy worker exits when the server is gone
             "max_response_bytes": self.max_response_bytes,  # checked before the answer is sent
             "service_envelope": self.service_envelope,
+            "continuous_batching": self.settings.continuous_batching,
+            "sequence_headers": dict(
+                zip(("id", "start", "end"), self.sequence_headers, strict=True)
+            ),
         }
         if self.inference_log is not None:  # v2 model classes then say what they log
             init["inference_log"] = True
@@ -289,7 +357,7 @@ class ModelVersion:
                 f" last: {message}"
             )
             log.error("model %s marked failed: %s", self.label, self.failed)
-            self.queue.fail_all(ServiceUnavailable(f"model {self.label} has failed"))
+            self._fail_queued(ServiceUnavailable(f"model {self.label} has failed"))
 
     async def _run_slot(self, slot: _Slot) -> None:
         backoff = BACKOFF_START_S
@@ -321,12 +389,15 @@ class ModelVersion:
             if self.stats.metrics is not None and worker.load_ms is not None:
                 self.stats.metrics.worker_loaded(self.name, self.version, worker.id, worker.load_ms)
             serving_since = time.monotonic()
-            pump = BatchPump(
+            queue, others_serve = self.queue, lambda: bool(self.slots)
+            if slot.lane is not None:  # a lane's requests wait for this slot alone
+                queue, others_serve = slot.lane, lambda: False
+            pump = (ContinuousPump if self.settings.continuous_batching else BatchPump)(
                 self.label,
-                self.queue,
+                queue,
                 self.settings,
                 self.stats,
-                lambda: bool(self.slots),
+                others_serve,
                 self.inference_log,
             )
             ended = await pump.serve(worker, slot.retire)
@@ -345,9 +416,11 @@ class ModelVersion:
             backoff = min(backoff * 2, BACKOFF_MAX_S)
         if slot.worker is not None and slot.worker.state is not WorkerState.STOPPED:
             await slot.worker.stop(5.0)
+        if slot.lane is not None and self.sequences is not None and slot not in self.slots:
+            self.sequences.unbind(slot.lane)  # its sequences go on elsewhere, state lost
         others = [s for s in self._retiring if s is not slot and s.task and not s.task.done()]
         if not self.slots and not others:  # the last worker is gone: nobody will run these
-            self.queue.fail_all(ServiceUnavailable(f"model {self.label} has no workers left"))
+            self._fail_queued(ServiceUnavailable(f"model {self.label} has no workers left"))
 
     async def _sleep_unless_retired(self, slot: _Slot, delay_s: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -359,9 +432,13 @@ class ModelVersion:
         # ending the slot
         first = asyncio.get_running_loop().create_future() if wait or on_demand else None
         slot = _Slot(first_start=first, on_demand=on_demand)
+        if self.sequences is not None:
+            slot.lane = JobQueue(LANE_SIZE)
         run = self._run_on_demand(slot) if on_demand else self._run_slot(slot)
         slot.task = asyncio.create_task(run, name=f"{self.label}-slot")
         self.slots.append(slot)
+        if self.sequences is not None:
+            self.sequences.slot_added()
         return slot
 
     # --- on demand --------------------------------------------------------------------------
@@ -401,7 +478,7 @@ class ModelVersion:
         if failed_load:
             error = LoadFailed(f"model {self.label} could not be loaded: {message}")
         if not self.slots:
-            self.queue.fail_all(error)
+            self._fail_queued(error)
         if failed_load:  # repeated ones mark the model failed, as crashing workers do
             self._note_failure(message)
 
@@ -432,7 +509,7 @@ class ModelVersion:
             self._retiring.add(slot)  # owned until its worker has stopped
             if slot.task is not None:
                 slot.task.add_done_callback(lambda _t, s=slot: self._retiring.discard(s))
-        self.queue.wake_all()
+        self._wake_all()
 
     def live_workers(self, retiring: bool = True) -> list[tuple[int | None, bool]]:
         """(pid, still starting) of every worker not yet stopped, retiring ones included unless
@@ -493,7 +570,7 @@ class ModelVersion:
                 slot.retire.set()
                 if slot in self.slots:
                     self.slots.remove(slot)
-            self.queue.wake_all()
+            self._wake_all(slots)
             first = errors[0]
             raise first if isinstance(first, MserveError) else InvalidModel(str(first))
 
@@ -502,7 +579,7 @@ class ModelVersion:
         slots, self.slots = [*self.slots, *self._retiring], []
         for slot in slots:
             slot.retire.set()
-        self.queue.wake_all()
+        self._wake_all(slots)
         tasks = [s.task for s in slots if s.task is not None]
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=deadline_s)
@@ -511,7 +588,7 @@ class ModelVersion:
             for slot in slots:
                 if slot.worker is not None:
                     await slot.worker.kill()
-        self.queue.fail_all(ServiceUnavailable(f"model {self.label} was unregistered"))
+        self._fail_queued(ServiceUnavailable(f"model {self.label} was unregistered"), slots)
         if self.inference_log is not None:
             await self.inference_log.close(deadline_s)
         if self.sandbox is not None:
@@ -573,6 +650,17 @@ class ModelVersion:
 
 
 _SERVING = (WorkerState.READY, WorkerState.BUSY)
+
+
+def _answered_in_time(timer: asyncio.TimerHandle, future: asyncio.Future[Any]) -> None:
+    """A request's future is done: its deadline timer (and the request it holds) goes, unless
+    the answer is a stream, which the deadline still bounds."""
+    if (
+        future.cancelled()
+        or future.exception() is not None
+        or type(future.result()) is not ChunkStream
+    ):
+        timer.cancel()
 
 
 def _timestamp(epoch_s: float) -> str:

@@ -261,21 +261,10 @@ class OpenAIAPI:
 
 
 def cancel_job(model: ModelVersion, job: Job) -> None:
-    """Stop a job whose answer is no longer wanted: dropped while queued, its stream closed
-    while it generates. Does nothing to a finished one.
-
-    ISSUE 29 PART 1: the pump's job cancel hook (a generating request stops within one step,
-    its slot reused) replaces the body of this function once it lands; the one call site of
-    the OpenAI API is here."""
-    future = job.future
-    if not future.done():
-        future.cancel()
-    if future.cancelled():  # here, or by the task's own cancellation while it waited on it
-        model.withdraw(job)
-    elif future.exception() is None:
-        result = future.result()
-        if type(result) is ChunkStream and not result.finished:
-            result.cancel()
+    """Stop a job whose answer is no longer wanted: dropped while queued, left out of the next
+    step while it generates (continuous batching: its slot goes to the next request), counted
+    in mserve_requests_cancelled_total. Does nothing to a finished one (Job.cancel)."""
+    model.withdraw(job)
 
 
 async def _together(coros: list[Coroutine[Any, Any, None]]) -> None:

@@ -49,8 +49,6 @@ def _metadata(context: aio.ServicerContext) -> dict[str, str]:
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 PING = f"/{SERVICE}/Ping"  # a probe: needs no key
-# TorchServe's request header for a sequence id (its ts_header_key_sequence_id default)
-SEQUENCE_HEADER = "ts_request_sequence_id"
 
 
 class HandlerStatus(Exception):
@@ -168,7 +166,8 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         counts = model.stats.arrived(version is not None)
         started = time.perf_counter()
         content_type, body = form(request.input)
-        headers = [[SEQUENCE_HEADER, request.sequenceId]] if request.sequenceId else []
+        # the sequence id under the server's ts_header_key_sequence_id
+        headers = [[model.sequence_headers[0], request.sequenceId]] if request.sequenceId else []
         meta = _metadata(context)
         rid = client_request_id(meta.get("x-request-id")) or request_id()
         item = RequestItem(request_id=rid, content_type=content_type, headers=headers, body=body)

@@ -514,6 +514,18 @@ def test_batch_round_trip_through_bytes() -> None:
         assert item.body.obj is frame.payload
 
 
+def test_a_request_cached_in_the_worker_is_flagged_and_a_new_one_carries_no_flag() -> None:
+    again = RequestItem("r1", "", [["h", "v"]], b"", cached=True)
+    frame = batch_frame(5, [again, RequestItem("r2", "text/plain", [], b"hi")])
+    cached, new = frame.meta["requests"]
+    assert cached["cached"] is True  # never packed: the flag needs the object form
+    assert type(new) is list  # the usual request stays packed, with no flag
+    (decoded,) = decode_all(encode_bytes(frame))
+    _, items = parse_batch(decoded)
+    assert [i.cached for i in items] == [True, False]
+    assert bytes(items[0].body) == b""
+
+
 def test_result_round_trip_through_bytes() -> None:
     (frame,) = decode_all(encode_bytes(result_frame(7, RESPONSES)))
     batch_id, items = parse_result(frame)
@@ -664,6 +676,12 @@ PARSE_ERRORS = [
         ),
         parse_batch,
         "BATCH requests[0].params must be an object mapping names to string values",
+    ),
+    (
+        "cached not a bool",
+        Frame(Kind.BATCH, {"batch_id": 1, "requests": [{"id": "a", "size": 0, "cached": 1}]}),
+        parse_batch,
+        "BATCH requests[0].cached must be true or false, got 1",
     ),
     (
         "no status",

@@ -1,0 +1,176 @@
+"""Continuous batching end to end (TorchServe's ``continuousBatching: true``): a real server and
+worker run tests/handlers/generator, a TorchServe-style handler that emits one token per call
+and keeps its state in ``context.cache``; several clients read their streams concurrently."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.server.conftest import HANDLERS, Server
+from tests.server.test_streamed_responses import Incomplete, RawStream
+
+CONFIG = str(HANDLERS / "generator" / "model-config.yaml")
+
+
+@pytest.fixture
+def gen(make_archive, start_server) -> Server:
+    make_archive("generator", "generator:Generator", "gen", "--config-file", CONFIG)
+    return start_server("gen=gen.mar")
+
+
+def tokens(stream: RawStream) -> list[dict[str, Any]]:
+    return [json.loads(line) for chunk in stream.chunks() for line in chunk.decode().splitlines()]
+
+
+def test_each_step_is_one_chunk_and_the_stream_ends_when_the_criteria_say(gen) -> None:
+    stream = RawStream(gen, "gen", {"name": "a", "tokens": 3})
+    try:
+        assert stream.status == 200
+        assert stream.headers["transfer-encoding"] == "chunked"
+        assert "ts_stream_next" not in stream.headers  # between the worker and the server only
+        got = tokens(stream)
+    finally:
+        stream.close()
+    assert [t["token"] for t in got] == ["a:0", "a:1", "a:2"]
+    assert all(t["batch"] == ["a"] for t in got)
+
+
+def test_a_one_step_request_gets_a_plain_answer(gen) -> None:
+    reply = gen.predict("gen", {"name": "one", "tokens": 1})
+    assert reply.status == 200
+    assert json.loads(reply.body)["token"] == "one:0"
+
+
+def read_while(stream: RawStream, out: list[dict[str, Any]]) -> None:
+    """Read ``stream`` to its end in a thread, appending each token as it arrives."""
+    while (chunk := stream.next_chunk()) is not None:
+        out.extend(json.loads(line) for line in chunk.decode().splitlines())
+
+
+def reader(stream: RawStream) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    out: list[dict[str, Any]] = []
+    thread = threading.Thread(target=read_while, args=(stream, out), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def wait_for(predicate, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_new_requests_join_while_others_run_up_to_batch_size(gen) -> None:
+    long = RawStream(gen, "gen", {"name": "long", "tokens": 40})
+    first = long.next_chunk()  # the long one is generating
+    assert first is not None
+    long_thread, long_tokens = reader(long)
+    late = RawStream(gen, "gen", {"name": "late", "tokens": 3})
+    third = RawStream(gen, "gen", {"name": "third", "tokens": 2})  # batchSize 2: it waits
+    late_tokens, third_tokens = tokens(late), tokens(third)
+    late_done = time.monotonic()
+    long_thread.join(30)
+    long_done = time.monotonic()
+    for s in (long, late, third):
+        s.close()
+    assert len(long_tokens) == 39
+    # the late request streamed and finished while the long one still ran
+    assert [t["token"] for t in late_tokens] == ["late:0", "late:1", "late:2"]
+    assert late_done < long_done
+    assert late_tokens[0]["batch"] == ["long", "late"]
+    # never more than batchSize in one call; the third got the slot the late one freed
+    steps = [t["batch"] for t in long_tokens + late_tokens + third_tokens]
+    assert max(len(b) for b in steps) == 2
+    assert third_tokens[0]["batch"] == ["long", "third"]
+    assert [t["token"] for t in third_tokens] == ["third:0", "third:1"]
+
+
+def metric(server: Server, name: str, **labels: str) -> float:
+    from tests.server.conftest import http
+
+    text = http("GET", server.url("metrics", "/metrics")).body.decode()
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_client_that_leaves_frees_its_slot_and_its_state_within_one_step(gen) -> None:
+    gone = RawStream(gen, "gen", {"name": "gone", "tokens": 500})
+    assert gone.next_chunk() is not None
+    stay = RawStream(gen, "gen", {"name": "stay", "tokens": 30})
+    stay_thread, stay_tokens = reader(stay)
+    wait_for(lambda: len(stay_tokens) >= 2, "stay's first tokens")
+    gone.close()
+    # the next steps no longer include it, and its context.cache entry is gone
+    wait_for(lambda: stay_tokens[-1]["batch"] == ["stay"], "a step without the gone request")
+    cut = next(i for i, t in enumerate(stay_tokens) if t["batch"] == ["stay"])
+    assert all(t["batch"] == ["stay"] for t in stay_tokens[cut:])
+    # its slot goes to the next request at once, while "stay" still runs
+    wait_for(lambda: len(stay_tokens) > cut + 1, "a further step")
+    assert stay_tokens[-1]["cache"] == ["stay"]
+    joined = RawStream(gen, "gen", {"name": "next", "tokens": 2})
+    next_tokens = tokens(joined)
+    joined.close()
+    assert next_tokens[0]["batch"] == ["stay", "next"]
+    stay_thread.join(30)
+    stay.close()
+    assert metric(gen, "mserve_requests_cancelled_total", model="gen", reason="client") == 1
+
+
+def test_a_request_that_fails_mid_stream_breaks_only_its_own_stream(gen) -> None:
+    bad = RawStream(gen, "gen", {"name": "bad", "tokens": 10, "fail_at": 3})
+    good = RawStream(gen, "gen", {"name": "good", "tokens": 8})
+    good_thread, good_tokens = reader(good)
+    got = []
+    with pytest.raises(Incomplete):  # closed without the terminating chunk
+        while (chunk := bad.next_chunk()) is not None:
+            got.append(json.loads(chunk))
+    assert [t["token"] for t in got] == ["bad:0", "bad:1", "bad:2"]
+    good_thread.join(30)
+    assert [t["token"] for t in good_tokens] == [f"good:{i}" for i in range(8)]
+    for s in (bad, good):
+        s.close()
+
+
+def test_a_handler_that_raises_fails_that_call_and_the_next_requests_are_served(gen) -> None:
+    boom = RawStream(gen, "gen", {"name": "boom", "tokens": 10, "raise_at": 2})
+    with pytest.raises(Incomplete):
+        boom.chunks()
+    boom.close()
+    again = RawStream(gen, "gen", {"name": "again", "tokens": 2})
+    assert [t["token"] for t in tokens(again)] == ["again:0", "again:1"]
+    again.close()
+    reply = gen.predict("gen", {"name": "raise", "tokens": 3, "raise_at": 0})
+    assert reply.status == 500
+    assert b"boom in raise" in reply.body
+
+
+def test_a_worker_killed_mid_generation_breaks_its_streams_and_a_new_one_serves(gen) -> None:
+    a = RawStream(gen, "gen", {"name": "a", "tokens": 500})
+    assert a.next_chunk() is not None
+    (pid,) = gen.worker_pids("gen")
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(Incomplete):  # its state died with the worker: the stream breaks off
+        a.chunks()
+    a.close()
+    wait_for(lambda: gen.worker_pids("gen") not in ([], [pid]), "a replacement worker", 60)
+    again = RawStream(gen, "gen", {"name": "again", "tokens": 2})
+    assert [t["token"] for t in tokens(again)] == ["again:0", "again:1"]
+    again.close()
+
+
+def test_describe_shows_the_generative_settings(gen) -> None:
+    (described,) = gen.manage("GET", "/models/gen").json()
+    assert described["continuousBatching"] is True
+    assert described["batchSize"] == 2
+    assert described["sequenceBatching"] is False
+    assert described["clientTimeoutInMills"] == 0
