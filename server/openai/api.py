@@ -155,14 +155,24 @@ class OpenAIAPI:
         )
         return model.enqueue(item)
 
-    async def _first(self, model: ModelVersion, job: Job) -> ChunkStream | ResponseItem:
-        """The job's first answer: a stream, or a whole answer; a refusal raises."""
+    async def _first(self, model: ModelVersion, job: Job) -> AsyncIterator[bytes]:
+        """The job's answer as its raw pieces, once the first has come; a refusal raises.
+
+        A stream is taken here, at once: the pump reads no more of the worker until a frontend
+        takes a new stream, and the ``n`` choices of one request may run on that one worker, so
+        waiting for choice 1's first piece before taking choice 0's stream would wait for ever.
+        """
         result = await job.future
         if type(result) is ChunkStream:
-            return result
+            chunks = result.chunks()
+            try:  # its first chunk is there already: this takes the stream without waiting
+                head = await chunks.__anext__()
+            except StopAsyncIteration:
+                return _raw(())
+            return _raw((head,), chunks)
         if result.status >= 300:
             raise _handler_refusal(model, result)
-        return result
+        return _raw((bytes(result.body),))
 
     async def _complete(
         self, conn: Connection, req: Request, model: ModelVersion, declared: Generative,
@@ -173,14 +183,21 @@ class OpenAIAPI:
         try:
             for i in range(request.n):
                 jobs.append(self._enqueue(model, *request.handler_body(declared, i)))
-            firsts = [await self._first(model, job) for job in jobs]
             choices = [Choice(i, request.stop, request.max_tokens) for i in range(request.n)]
             meta = _Meta(request, model.name, "chatcmpl-" if request.kind == "chat" else "cmpl-")
             meta.id += jobs[0].item.request_id
             if request.stream:
+                # every choice must have begun (or been refused) before the 200 goes out; each
+                # stream is taken as its first piece comes (see _first), so the choices read so
+                # far hold at most BACKLOG_BYTES each until the last one begins
+                firsts = [await self._first(model, job) for job in jobs]
                 await self._stream(conn, req, model, meta, choices, firsts, started)
                 return
-            await _together([_collect(c, f) for c, f in zip(choices, firsts, strict=True)])
+
+            async def collect(choice: Choice, job: Job) -> None:
+                await _collect(choice, await self._first(model, job))
+
+            await _together([collect(c, j) for c, j in zip(choices, jobs, strict=True)])
             conn.answer_json(req, 200, meta.whole(choices))
             self.metrics.answered(model, 200, time.perf_counter() - started)
         finally:
@@ -189,7 +206,7 @@ class OpenAIAPI:
 
     async def _stream(
         self, conn: Connection, req: Request, model: ModelVersion, meta: _Meta,
-        choices: list[Choice], firsts: list[ChunkStream | ResponseItem], started: float,
+        choices: list[Choice], firsts: list[AsyncIterator[bytes]], started: float,
     ) -> None:  # fmt: skip
         source = _Source(asyncio.current_task())
         status = {"ok": False}
@@ -242,8 +259,7 @@ class OpenAIAPI:
             data, prompt = [], 0
             for i, job in enumerate(jobs):
                 first = await self._first(model, job)
-                raw = b"".join([c async for c in first.chunks()]) if type(first) is ChunkStream \
-                    else bytes(first.body)  # fmt: skip
+                raw = b"".join([c async for c in first])
                 vector, tokens = read_embedding(raw, model.name)
                 prompt += tokens
                 value: Any = vector
@@ -294,16 +310,28 @@ def _handler_refusal(model: ModelVersion, result: ResponseItem) -> OpenAIError:
     return OpenAIError(status, f"model {model.name!r}: {message}")
 
 
-async def _pieces(first: ChunkStream | ResponseItem) -> AsyncIterator[Piece]:
-    if type(first) is not ChunkStream:
-        yield read_piece(bytes(first.body))
-        return
-    async with contextlib.aclosing(first.chunks()) as chunks:  # leaving early cancels it
+async def _raw(
+    taken: tuple[bytes, ...], rest: AsyncIterator[bytes] | None = None
+) -> AsyncIterator[bytes]:
+    """What was read already, then the rest of the stream; closing it early cancels the rest."""
+    try:
+        for data in taken:
+            yield data
+        if rest is not None:
+            async for data in rest:
+                yield data
+    finally:
+        if rest is not None:
+            await rest.aclose()  # type: ignore[attr-defined]
+
+
+async def _pieces(first: AsyncIterator[bytes]) -> AsyncIterator[Piece]:
+    async with contextlib.aclosing(first) as chunks:  # leaving early cancels it
         async for data in chunks:
             yield read_piece(data)
 
 
-async def _collect(choice: Choice, first: ChunkStream | ResponseItem) -> None:
+async def _collect(choice: Choice, first: AsyncIterator[bytes]) -> None:
     async with contextlib.aclosing(_pieces(first)) as pieces:
         async for piece in pieces:
             choice.add(piece)
@@ -313,7 +341,7 @@ async def _collect(choice: Choice, first: ChunkStream | ResponseItem) -> None:
 
 
 async def _stream_choice(
-    choice: Choice, first: ChunkStream | ResponseItem, meta: _Meta,
+    choice: Choice, first: AsyncIterator[bytes], meta: _Meta,
     send: Callable[[dict[str, Any]], Awaitable[None]],
 ) -> None:  # fmt: skip
     if meta.request.kind == "chat":

@@ -147,6 +147,28 @@ def test_n_choices_differ_and_a_seed_repeats_them(client: openai.OpenAI) -> None
     assert ask(43) != first
 
 
+def test_n_choices_as_a_fresh_servers_first_request(make_archive, start_server) -> None:
+    """The n choices of one request run on one worker, one after the other: the server must
+    take each choice's stream as it begins, whatever order they finish in (it once waited for
+    choice 1 while choice 0's unread stream held the worker)."""
+    make_archive("generative", "lm:handle", "gen", "-c", str(GEN / "chat.yaml"))
+    server = start_server("gen=gen.mar")
+    client = openai.OpenAI(
+        base_url=server.url("inference", "/openai/v1"), api_key="-", max_retries=0, timeout=20
+    )
+    reply = client.chat.completions.create(
+        model="gen", messages=[{"role": "user", "content": "hi"}], n=3, seed=1, max_tokens=6
+    )
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert reply.usage.completion_tokens == 18
+    stream = client.chat.completions.create(model="gen", messages=_say("a b c"), n=3, stream=True)
+    texts = {0: "", 1: "", 2: ""}
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == {0: "a b c", 1: "a b c", 2: "a b c"}
+
+
 def test_n_choices_stream_each_with_its_index(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(model="gen", messages=_say("x y"), n=2, stream=True)
     texts = {0: "", 1: ""}
