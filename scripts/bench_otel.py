@@ -4,8 +4,9 @@ Two servers in one run: one without tracing, one tracing every request (sampling
 exporting over OTLP/HTTP to a local sink (a bare HTTP server in its own process that answers 200
 and counts the spans it is sent, decoding OpenTelemetry's protobuf messages). Round by round,
 echo (and the MLP, with torch) on each server at 16 connections; the medians of req/s and of
-the frontend's CPU per request (the export thread's included: it runs in the frontend), the
-ratio on/off, then how many spans the sink received. ``--callgrind N``: the frontend's
+the frontend's CPU per request, the span exporter process's CPU per request (it makes, encodes
+and sends the spans: server/tracing_export.py), the ratio on/off, then how many spans the sink
+received and how many the server counted as dropped. ``--callgrind N``: the frontend's
 instructions per echo request under valgrind, tracing off and on (steady whatever the load).
 """
 
@@ -18,7 +19,8 @@ import textwrap
 import urllib.request
 from pathlib import Path
 
-from harness import Server, free_port, medians, wait_until
+import psutil
+from harness import Server, cpu_seconds, free_port, medians, wait_until
 
 SINK = textwrap.dedent("""
     import json, sys, threading
@@ -76,6 +78,27 @@ def spans_received(port: int) -> int:
         return int(json.loads(reply.read())["spans"])
 
 
+def exporter_pids(server: Server) -> list[int]:
+    """The server's span exporter process (server/tracing_process.py), if it has one."""
+    pids = []
+    for child in psutil.Process(server.pid).children():
+        try:
+            if "server.tracing_export" in child.cmdline():
+                pids.append(child.pid)
+        except psutil.Error:
+            pass
+    return pids
+
+
+def dropped(server: Server) -> int:
+    """mserve_trace_spans_dropped_total, all reasons."""
+    port = server.status["urls"]["metrics"]
+    with urllib.request.urlopen(f"{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    prefix = "mserve_trace_spans_dropped_total{"
+    return int(sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(prefix)))
+
+
 def otel_rows(
     work: Path, load, bodies: dict[str, bytes], duration: int, rounds: int, measured,
     callgrind=None,
@@ -96,22 +119,31 @@ def otel_rows(
         print(f"tracing: off, and on at sampling 1 exporting OTLP/HTTP to a local sink;"
               f" {CONNECTIONS} connections, {rounds} rounds of {duration} s")  # fmt: skip
         print(f"{'model':<10} {'off req/s':>10} {'on req/s':>10} {'on/off':>7}"
-              f" {'off us':>8} {'on us':>8}  (frontend CPU per request)")  # fmt: skip
+              f" {'off us':>8} {'on us':>8} {'export us':>9}  (CPU per request: frontend,"
+              f" exporter process)")  # fmt: skip
         for model, body in bodies.items():
             runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
             for server in servers.values():  # warm both
                 server.request("POST", f"/predictions/{model}", body)
             for _ in range(rounds):
                 for key, server in servers.items():
-                    runs[key].append(measured(server, model, load, f"/predictions/{model}", body,
-                                              CONNECTIONS, duration))  # fmt: skip
+                    pids = exporter_pids(server)
+                    before = cpu_seconds(pids)
+                    run = measured(server, model, load, f"/predictions/{model}", body,
+                                   CONNECTIONS, duration)  # fmt: skip
+                    run["export_us"] = (cpu_seconds(pids) - before) / max(
+                        run["rps"] * duration, 1.0) * 1e6  # fmt: skip
+                    runs[key].append(run)
             off, on = medians(runs["off"]), medians(runs["on"])
             print(f"{model:<10} {off['rps']:>10.0f} {on['rps']:>10.0f}"
                   f" {on['rps'] / off['rps']:>7.2f} {off['frontend_us']:>8.0f}"
-                  f" {on['frontend_us']:>8.0f}")  # fmt: skip
+                  f" {on['frontend_us']:>8.0f} {on['export_us']:>9.0f}")  # fmt: skip
+        lost = dropped(servers["on"])
         for server in servers.values():
             server.stop()  # the traced one exports what it still holds
-        print(f"  spans received by the sink: {spans_received(port)}")
+        print(
+            f"  spans received by the sink: {spans_received(port)}; dropped by the server: {lost}"
+        )
         if callgrind is not None:
             off = callgrind(work, bodies["echo"], "", "tracing off")
             on = callgrind(work, bodies["echo"], f"otel_endpoint: {endpoint}\n", "tracing on")

@@ -292,6 +292,8 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         self.registry.on_change("status file", self.write_status)
+        if tracing.current is not None:
+            tracing.current.start()  # the span exporter process (server/tracing_process.py)
         try:
             # the templates of the models about to load import what those need meanwhile
             self.launcher.prestart(self.early.models, self.early.templates)
@@ -416,8 +418,8 @@ class Server:
         await asyncio.gather(*grpc_stops)
         if self.keys is not None:
             self.keys.remove()
-        if tracing.current is not None:  # what is still buffered goes out (bounded)
-            await asyncio.to_thread(tracing.current.shutdown)
+        if tracing.current is not None:  # what is still queued goes out (bounded)
+            await tracing.current.close()
         log.info("mserve stopped")
 
 

@@ -29,10 +29,15 @@ from urllib.parse import parse_qsl
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.utils import floatToGoString
 
 from mserve_worker.protocol import MetricEntry, RequestItem
+from server import tracing
 from server.errors import ConfigError
 from server.handler_metrics import HandlerMetrics, MetricsConfig, default_families
 from server.http import Connection, Request
@@ -563,6 +568,14 @@ class Metrics:
             for path, not_after in self._certificates:
                 expiry.add_metric([path], not_after)
             yield expiry
+        if tracing.current is not None:
+            dropped = CounterMetricFamily(
+                "mserve_trace_spans_dropped", "Spans not exported, by reason (server/tracing.py)",
+                labels=["reason"],
+            )  # fmt: skip
+            for reason, spans in tracing.current.dropped().items():
+                dropped.add_metric([reason], spans)
+            yield dropped
         residency = self._residency
         if residency is None:
             return

@@ -2,24 +2,25 @@
 Observability).
 
 Off unless an OTLP endpoint is configured (``otel_endpoint``, or the standard
-``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``); off, :data:`current` is None, the SDK is never
-imported and the request path creates no span object at all. On, each request gets one server
-span, started when the request arrived, whose context travels to the worker as the request's
-``traceparent`` header (so the handler's own spans join the trace); its children (queue wait,
-batch assembly, the worker's round trip, the handler call and its phases, streaming) are made
-when the request ends, from the times the server and the worker recorded, so nothing but the
-server span lives while the request waits. Spans leave through the SDK's batch processor, on
-its own thread, off the request path.
+``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``); off, :data:`current` is None and the request path
+creates nothing at all. On, each request gets one server span, started when the request
+arrived, whose context travels to the worker as the request's ``traceparent`` header (so the
+handler's own spans join the trace). The frontend keeps only ids and times: when a sampled
+request ends, one compact record of them goes to the span exporter process
+(server/tracing_process.py), which makes the server span and its children (queue wait, batch
+assembly, the worker's round trip, the handler call and its phases, streaming), encodes them
+and sends them over OTLP (server/tracing_export.py). The frontend never imports the SDK.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from random import getrandbits
 from typing import TYPE_CHECKING, Any
@@ -27,8 +28,7 @@ from typing import TYPE_CHECKING, Any
 from server.errors import ConfigError
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import SpanProcessor
-    from opentelemetry.trace import Tracer
+    from typing import Protocol
 
     from server.config import ServerConfig
     from server.models.batching import Job
@@ -58,6 +58,20 @@ def trace_id_of(traceparent: str | None) -> str:
     if traceparent is None or len(traceparent) != 55 or not _TRACEPARENT.match(traceparent):
         return ""
     return traceparent[3:35]
+
+
+if TYPE_CHECKING:
+
+    class Sink(Protocol):
+        """Where span records go: server/tracing_process.py's ExportProcess."""
+
+        dropped: dict[str, int]
+
+        def put(self, record: tuple[Any, ...]) -> None: ...
+
+        def start(self) -> None: ...
+
+        async def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -120,16 +134,12 @@ def trace_settings(config: ServerConfig, environ: Mapping[str, str]) -> TraceSet
 
 
 class Tracing:
-    """The server's tracer and exporter, while tracing is on."""
+    """The server's tracing while it is on: sampling, the clock conversions, and the sink the
+    span records go to."""
 
-    def __init__(
-        self, settings: TraceSettings, tracer: Tracer, processor: SpanProcessor,
-        shutdown: Callable[[], None],
-    ) -> None:  # fmt: skip
+    def __init__(self, settings: TraceSettings, sink: Sink) -> None:
         self.settings = settings
-        self.tracer = tracer
-        self.processor = processor
-        self._shutdown = shutdown
+        self.sink = sink
         # new traces whose id's low 64 bits fall under this are sampled (TraceIdRatioBased's rule)
         self.bound = round(settings.sampling_ratio * (1 << 64))
         # perf_counter and monotonic seconds to the epoch's nanoseconds, for spans made later
@@ -150,8 +160,7 @@ class Tracing:
         """The server span of one request, a child of the client's ``traceparent`` (in
         ``carrier``, lower-case names) when it sent a valid one, sampled as the SDK's
         ``ParentBased(TraceIdRatioBased)`` would; ``started``: perf_counter time. Only ids
-        and times are kept: the span objects are made on the export thread (the SDK's cost
-        ~150 us of frontend CPU per request with its children)."""
+        and times are kept: the spans are made in the exporter process."""
         parent = _parent(carrier.get("traceparent"))
         if parent is not None:
             trace_id, parent_id, sampled = parent
@@ -173,14 +182,49 @@ class Tracing:
 
     @contextlib.contextmanager
     def span(self, name: str, attributes: Mapping[str, Any]) -> Iterator[None]:
-        """A span around server work that is no request (a model load, an environment build);
-        an exception escaping it is recorded on it."""
-        with self.tracer.start_as_current_span(name, attributes=dict(attributes)):
+        """A span around server work that is no request (a model load, an environment build):
+        a child of the work span around it in this task, else a new trace sampled by the
+        ratio; an exception escaping it is recorded on it."""
+        outer = _work.get()
+        if outer is None:
+            trace_id = getrandbits(128) or 1
+            trace_hex, parent_id = f"{trace_id:032x}", 0
+            sampled = (trace_id & 0xFFFFFFFFFFFFFFFF) < self.bound
+        else:
+            trace_hex, parent_id, sampled = outer
+        span_id = getrandbits(64) or 1
+        token = _work.set((trace_hex, span_id, sampled))
+        start, error = time.time_ns(), None
+        try:
             yield
+        except BaseException as exc:
+            error = (type(exc).__qualname__, str(exc))
+            raise
+        finally:
+            _work.reset(token)
+            if sampled:
+                self.sink.put((
+                    "s", name, trace_hex, span_id, parent_id, start, time.time_ns(),
+                    dict(attributes), error,
+                ))  # fmt: skip
 
-    def shutdown(self) -> None:
-        """Export what is still buffered (bounded by the SDK's export timeout)."""
-        self._shutdown()
+    def start(self) -> None:
+        """Start the exporter process (on the server's event loop)."""
+        self.sink.start()
+
+    async def close(self) -> None:
+        """Export what is still queued (bounded), then stop the exporter process."""
+        await self.sink.close()
+
+    def dropped(self) -> dict[str, int]:
+        """Spans lost, by reason (``mserve_trace_spans_dropped_total``)."""
+        return dict(self.sink.dropped)
+
+
+# (trace id, span id, sampled) of the work span (a model load) the current task is inside
+_work: contextvars.ContextVar[tuple[str, int, bool] | None] = contextvars.ContextVar(
+    "mserve_work_span", default=None
+)
 
 
 def _parent(traceparent: str | None) -> tuple[int, int, bool] | None:
@@ -195,15 +239,12 @@ def _parent(traceparent: str | None) -> tuple[int, int, bool] | None:
 
 class RequestTrace:
     """One request's server span while it runs: its ids, and at the end the times its
-    children are made from. Handed whole to the SDK's batch span processor when sampled (its
-    ``context`` says so); :class:`_Expand` makes the spans on the export thread."""
+    children are made from, handed to the exporter process as one record when sampled."""
 
     __slots__ = (
-        "attributes", "children", "end", "error", "name", "parent_id", "popped", "sampled",
-        "span_id", "start", "status", "trace_id", "traceparent", "tracestate", "tracing",
+        "attributes", "name", "parent_id", "popped", "sampled", "span_id", "start", "trace_id",
+        "traceparent", "tracestate", "tracing",
     )  # fmt: skip
-
-    context: Any = None  # set by setup(): a sampled SpanContext, all the processor looks at
 
     def __init__(
         self, tracing: Tracing, name: str, trace_id: int, span_id: int, parent_id: int,
@@ -220,11 +261,6 @@ class RequestTrace:
         self.start = start
         self.attributes = attributes
         self.popped = 0.0  # monotonic: taken off the queue into a batch (0: sent at once)
-        self.end = 0
-        self.status = 0
-        self.error: str | None = None
-        # (enqueued, popped, sent, answered ns, worker id, batch size, result meta, stream)
-        self.children: tuple[Any, ...] | None = None
 
     def pass_on(self, headers: list[list[str]]) -> None:
         """The handler's view: the request's ``traceparent`` becomes this span's (appended
@@ -245,25 +281,28 @@ class RequestTrace:
         if not self.sampled:
             return
         tracing = self.tracing
-        self.end = end = time.time_ns()
-        self.status, self.error = status, error
+        end = time.time_ns()
         answered = end if stream is None else tracing.perf_ns(stream[0])
         streamed = None if stream is None else (answered, stream[1])
         if job is None:
-            self.children = (None, 0, 0, answered, "", 0, None, streamed)
+            children = (None, 0, 0, answered, "", 0, None, None, streamed)
         elif not job.sent_at:  # never reached a worker
             enqueued = tracing.mono_ns(job.enqueued_at)
-            self.children = (enqueued, 0, 0, answered, "", 0, None, streamed)
+            children = (enqueued, 0, 0, answered, "", 0, None, None, streamed)
         else:
             worker, batch = job.sent  # type: ignore[misc]
             sent = tracing.mono_ns(job.sent_at)
-            self.children = (
+            meta = _result_meta(batch)
+            children = (
                 tracing.mono_ns(job.enqueued_at),
                 tracing.mono_ns(self.popped) if self.popped else sent, sent, answered,
                 str(worker.id), len(batch.jobs) if batch.jobs is not None else 1,
-                _result_meta(batch), streamed,
+                meta.get("handler_ms"), meta.get("phases"), streamed,
             )  # fmt: skip
-        tracing.processor.on_end(self)  # type: ignore[arg-type]
+        tracing.sink.put((
+            "q", self.name, self.trace_id, self.span_id, self.parent_id, self.tracestate,
+            self.start, end, status, error, self.attributes, children,
+        ))  # fmt: skip
 
 
 def _result_meta(batch: Any) -> dict[str, Any]:
@@ -279,40 +318,15 @@ current: Tracing | None = None
 
 
 def setup(config: ServerConfig, environ: Mapping[str, str] | None = None) -> Tracing | None:
-    """Start tracing when configured (the SDK and the chosen exporter are imported only then)."""
+    """Tracing as configured; its exporter process starts with the event loop (``start``)."""
     global current
     settings = trace_settings(config, os.environ if environ is None else environ)
     if settings is None:
         current = None
         return None
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-    from opentelemetry.trace import SpanContext, TraceFlags
+    from server.tracing_process import ExportProcess
 
-    from server.tracing_export import Expand
-
-    if settings.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
-            OTLPSpanExporter,
-        )
-    from archiver import __version__
-
-    resource = Resource.create({"service.name": "mserve", "service.version": __version__})
-    if os.environ.get("OTEL_SERVICE_NAME"):  # Resource.create read it; ours must not win
-        resource = Resource.create({"service.version": __version__})
-    provider = TracerProvider(
-        resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sampling_ratio))
-    )
-    exporter = OTLPSpanExporter(endpoint=settings.endpoint, headers=settings.headers or None)
-    processor = BatchSpanProcessor(Expand(exporter, resource, InstrumentationScope("mserve")))
-    provider.add_span_processor(processor)
-    RequestTrace.context = SpanContext(1, 1, False, TraceFlags(TraceFlags.SAMPLED))
-    current = Tracing(settings, provider.get_tracer("mserve"), processor, provider.shutdown)
+    current = Tracing(settings, ExportProcess(settings))
     log.info(
         "tracing: OTLP %s to %s, sampling %g of new traces",
         settings.protocol, settings.endpoint, settings.sampling_ratio,

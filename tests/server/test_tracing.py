@@ -4,13 +4,16 @@ workers running tests/handlers/trace_echo (a BaseHandler subclass echoing its tr
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import psutil
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -20,6 +23,7 @@ from server.rpc.protos import inference_pb2 as ipb
 from server.rpc.protos import inference_pb2_grpc
 from server.tracing import trace_settings
 from tests.server.conftest import Server, wait_until
+from tests.server.conftest import http as http_request
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -32,11 +36,17 @@ class Receiver:
     def __init__(self) -> None:
         self.spans: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.refuse = False  # answer 400: the collector refuses what it is sent
         receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                if receiver.refuse:
+                    self.send_response(400)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 receiver.add(request)
@@ -196,6 +206,100 @@ def test_rest_grpc_and_streamed_requests_are_traced_under_the_clients_span(trace
     assert line["worker"].isdigit() and line["latency_ms"] >= 0
 
 
+def _exporters(server: Server) -> list[psutil.Process]:
+    """The server's span exporter children, live ones only."""
+    found = []
+    for child in psutil.Process(server.pid).children():
+        try:
+            if "server.tracing_export" in child.cmdline():
+                found.append(child)
+        except psutil.Error:  # gone, or a zombie not reaped yet
+            pass
+    return found
+
+
+def _dropped(server: Server, reason: str) -> float:
+    text = http_request("GET", server.url("metrics", "/metrics")).body.decode()
+    line = f'mserve_trace_spans_dropped_total{{reason="{reason}"}} '
+    return next(float(x[len(line) :]) for x in text.splitlines() if x.startswith(line))
+
+
+def test_the_exporter_process_is_restarted_and_its_failures_counted_and_logged_once(
+    traced,
+) -> None:
+    """Spans are made and sent by a child of the server: killed, it is restarted and its exit
+    logged; a collector refusing batches costs counted spans and one warning, then one line
+    when it works again."""
+    server, receiver = traced
+    log = server.run_dir / "logs" / "mserve.log"
+    assert server.predict("echo", {"x": 1}, headers={"traceparent": TRACEPARENT}).status == 200
+    receiver.wait_trace(TRACE_ID, {"POST /predictions", "mserve.handler"})
+    (child,) = _exporters(server)
+    child.kill()
+    wait_until(lambda: [p.pid for p in _exporters(server)] not in ([], [child.pid]), 20,
+               "a new span exporter process")  # fmt: skip
+    second = "8" * 32
+    server.predict("echo", {"x": 2}, headers={"traceparent": f"00-{second}-{CLIENT_SPAN}-01"})
+    receiver.wait_trace(second, {"POST /predictions", "mserve.handler"})
+    assert log.read_text().count("the span exporter process exited with code -9") == 1
+
+    receiver.refuse = True
+    for _ in range(3):  # three batches refused, one after the other
+        want = _dropped(server, "export_failed") + 8
+        assert server.predict("echo", {"x": 3}).status == 200
+        wait_until(lambda want=want: _dropped(server, "export_failed") >= want, 20,
+                   "the refused spans counted")  # fmt: skip
+    failed = f"exporting spans to {receiver.url} failed: Failed to export spans batch code: 400"
+    assert log.read_text().count(failed) == 1
+    receiver.refuse = False
+    third = "9" * 32
+    server.predict("echo", {"x": 4}, headers={"traceparent": f"00-{third}-{CLIENT_SPAN}-01"})
+    receiver.wait_trace(third, {"POST /predictions"})
+    lost = int(_dropped(server, "export_failed"))
+    wait_until(lambda: f"works again; {lost} spans were lost" in log.read_text(), 10,
+               "the recovery logged")  # fmt: skip
+    assert _dropped(server, "queue_full") == 0
+
+
+def test_a_stalled_exporter_costs_counted_drops_and_one_warning_per_burst(caplog) -> None:
+    """The queue to a child that stopped reading is bounded: what does not fit is dropped and
+    counted, with one warning when the burst starts and one when the queue drains; the child,
+    resumed, exports what it was sent. Real child process and receiver; the request path's
+    records are put directly."""
+    from server.tracing import TraceSettings
+    from server.tracing_process import MAX_QUEUE, ExportProcess
+
+    receiver = Receiver()
+    process = ExportProcess(TraceSettings(receiver.url, "http/protobuf", 1.0, {}))
+    trace = "a" * 32
+
+    async def run() -> None:
+        process.start()
+        assert process._proc is not None
+        child = psutil.Process(process._proc.pid)
+        child.suspend()
+        try:
+            for i in range(MAX_QUEUE * 4):
+                process.put(("s", "mserve.model.load", trace, i + 1, 0, 1, 2, {"i": i}, None))
+            assert process.dropped["queue_full"] > 0
+        finally:
+            child.resume()
+        for _ in range(600):  # bounded: 30 s
+            if not process._records and not process._pending:
+                break
+            await asyncio.sleep(0.05)
+        await process.close()
+
+    with caplog.at_level(logging.WARNING, logger="server.tracing"):
+        asyncio.run(run())
+    receiver.server.shutdown()
+    dropped = process.dropped["queue_full"]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("falling behind" in w for w in warnings) == 1, warnings
+    assert f"tracing: the span queue drained; {dropped} spans were dropped" in warnings
+    assert len(receiver.trace(trace)) == MAX_QUEUE * 4 - dropped
+
+
 @pytest.mark.parametrize(
     ("settings", "environ", "message"),
     [
@@ -238,11 +342,11 @@ def test_sampling_follows_the_clients_flag_else_the_ratio() -> None:
     from server.tracing import TraceSettings, Tracing
 
     handed: list[Any] = []
-    processor = type("P", (), {"on_end": lambda self, span: handed.append(span)})()
+    sink = type("Sink", (), {"put": lambda self, record: handed.append(record)})()
 
     def tracing(ratio: float) -> Tracing:
         settings = TraceSettings("http://127.0.0.1:9/", "http/protobuf", ratio, {})
-        return Tracing(settings, None, processor, lambda: None)  # type: ignore[arg-type]
+        return Tracing(settings, sink)
 
     never, always = tracing(0.0), tracing(1.0)
     sampled_out = f"00-{TRACE_ID}-{CLIENT_SPAN}-00"
