@@ -104,7 +104,7 @@ class CloudEventsSink:
         messages, owners = [], []
         for i, record in enumerate(records):
             for message in self.encoder.events(record, self.requests, self.responses):
-                messages.append((message.headers, message.body))
+                messages.append((message.head, message.body))
                 owners.append(i)
         statuses, why = await self._poster.post_all(messages)
         undelivered = set()
