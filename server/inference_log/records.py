@@ -199,15 +199,17 @@ class Encoder:
 
     # --- CloudEvents ----------------------------------------------------------------------
 
-    def events(self, record: Record, requests: bool, responses: bool) -> list[_Message]:
+    def events(
+        self, record: Record, requests: bool, responses: bool, time: str | None = None
+    ) -> list[_Message]:
         """The record's CloudEvents in binary content mode, as KServe's logger sends them: the
-        request's, then the response's (only for a 200, as KServe does), paired by id."""
+        request's, then the response's (only for a 200, as KServe does), paired by id.
+        ``time``: their ``ce-time`` (:func:`event_time`; a sink stamps a batch it makes at
+        once with one), else now."""
         out = []
         logged = record.logged
         content_type = record.request_type or "application/octet-stream"
-        # what both events share: id, time (KServe stamps each; the pair is made at once)
-        now = datetime.now(timezone.utc).isoformat()
-        shared = (_ce(record.id), _ce(now[:-6] + "Z" if now.endswith("+00:00") else now))
+        shared = (_ce(record.id), event_time() if time is None else time)
         metrics = ""
         if logged is not None and logged.get("metrics"):
             metrics = f"ce-metrics: {_ce(json.dumps(logged['metrics'], default=str))}\r\n"
@@ -279,6 +281,12 @@ def _ce(value: str) -> str:
     if _CE_UNSAFE.search(value) is None:
         return value
     return quote(value, safe=_CE_SAFE)
+
+
+def event_time() -> str:
+    """Now as a ``ce-time`` value (RFC 3339 UTC, as the SDK writes it)."""
+    now = datetime.now(timezone.utc).isoformat()
+    return _ce(now[:-6] + "Z" if now.endswith("+00:00") else now)
 
 
 def _iso(seconds: float) -> str:
