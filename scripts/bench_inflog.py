@@ -3,9 +3,9 @@
 Echo and (with torch) the MLP, each registered twice on one server: as is, and with the
 inference log on for every request (``inference_log=all``, sample 1) into both sinks, the
 JSON-lines file and a CloudEvents receiver in its own process answering 200 to every event
-(asyncio and httptools: a receiver runs on another machine in production, and on this shared
-2-core VM a ``http.server`` one spent ~150 us of the CPU per logged request, more than the
-frontend's logging did, and dropped a fifth of the events; ``recv us`` shows what ours costs).
+(asyncio and httptools: a receiver runs on another machine in production; on this shared
+2-core VM one on ``http.server`` could not keep up and took the CPU the server needed; ``recv
+us`` shows what ours costs).
 Round by round, each model without then with logging at 16 connections; the medians and the
 ratio with/without, the CPU per request of the frontend and of the receiver, the machine's
 busy and steal, then what the sinks did (sent, dropped, failed) from the metrics port. A

@@ -148,7 +148,8 @@ class Encoder:
     def line(self, record: Record, requests: bool = True, responses: bool = True) -> str:
         """The record's JSON line (mlrun's stream field names, plus ours); the mode leaves
         out the request (``response``) or the response (``request``)."""
-        if record.logged is None:
+        logged = record.logged
+        if logged is None:
             return self._plain_line(record, requests, responses)
         out: dict[str, Any] = {
             "id": record.id,
@@ -161,14 +162,12 @@ class Encoder:
             "microsec": record.microsec,
             "status": record.status,
         }
-        logged = record.logged
-        if logged is not None:
-            out["request"] = self.redacted(logged.get("request"))
-            if "resp" in logged:
-                out["resp"] = self.redacted(logged["resp"])
-            for key in ("op", "class", "worker", "metrics", "error"):
-                if logged.get(key) not in (None, {}, ""):
-                    out[key] = logged[key]
+        out["request"] = self.redacted(logged.get("request"))
+        if "resp" in logged:
+            out["resp"] = self.redacted(logged["resp"])
+        for key in ("op", "class", "worker", "metrics", "error"):
+            if logged.get(key) not in (None, {}, ""):
+                out[key] = logged[key]
         if record.error is not None and "error" not in out:
             out["error"] = record.error
         if not requests:
