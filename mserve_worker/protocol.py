@@ -177,6 +177,9 @@ class ResponseItem:
     body: bytes | bytearray | memoryview
     content_type: str = ""
     headers: list[list[str]] = field(default_factory=list)
+    # the worker encoded the body as JSON from the handler's value (a RESULT entry's ``json``,
+    # sent only while the server logs the model): its inference log embeds it unchecked
+    json_body: bool = False
 
 
 def encode(frame: Frame) -> list[bytes | bytearray | memoryview]:
@@ -555,6 +558,9 @@ def parse_cancel(frame: Frame) -> tuple[int, list[str]]:
     return batch_id, [_check_str(r, "CANCEL ids[]") for r in ids]
 
 
+_JSON_FLAG = ',"json":true'  # a RESULT entry whose body the worker encoded as JSON
+
+
 def result_frame(
     batch_id: int,
     items: Sequence[ResponseItem],
@@ -585,17 +591,22 @@ def result_frame(
             and (headers == [] or _pairs_ok(headers))
         ):
             size = len(body)
-            entries.append(
-                {"status": status, "content_type": content_type, "headers": headers, "size": size}
-            )
+            entry = {"status": status, "content_type": content_type, "headers": headers,
+                     "size": size}  # fmt: skip
+            if item.json_body is True:
+                entry["json"] = True
+            entries.append(entry)
             if texts is not None:
                 texts.append(
                     f'{{"status":{status},"content_type":{_quote(content_type)},'
-                    f'"headers":{_encode_json(headers) if headers else "[]"},"size":{size}}}'
+                    f'"headers":{_encode_json(headers) if headers else "[]"},"size":{size}'
+                    f"{_JSON_FLAG if item.json_body is True else ''}}}"
                 )
             bodies.append(body)  # a lone bytes body becomes the payload as it is, by b"".join
             continue
         entry, body = checked_response(item, f"RESULT responses[{i}]")
+        if item.json_body is True:
+            entry["json"] = True
         entries.append(entry)
         bodies.append(body)
         texts = None
@@ -649,7 +660,9 @@ def parse_result(frame: Frame) -> tuple[int, list[ResponseItem]]:
                 or not _pairs_ok(headers)
             ):
                 return _parse_result_checked(frame)
-            items.append(ResponseItem(status, body, content_type, headers))
+            items.append(
+                ResponseItem(status, body, content_type, headers, entry.get("json") is True)
+            )
         return batch_id, items
     return _parse_result_checked(frame)
 
@@ -729,6 +742,7 @@ def _parse_result_checked(frame: Frame) -> tuple[int, list[ResponseItem]]:
                 body=bodies[i],
                 content_type=_check_str(entry.get("content_type", ""), f"{where}.content_type"),
                 headers=_check_pairs(entry.get("headers", []), f"{where}.headers"),
+                json_body=entry.get("json") is True,
             )
         )
     return batch_id, items

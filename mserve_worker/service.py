@@ -319,6 +319,7 @@ def _serve_group(
     stream = getattr(context, "_mserve_stream", None)
     if stream is not None:
         stream.begin(rows, context)
+    logged = hasattr(context, "_mserve_inference_log")  # the server logs this model
     try:
         outputs = handler.handle(data, context)
     except PredictionException as exc:  # the handler chose the batch's answer
@@ -401,6 +402,8 @@ def _serve_group(
             continue
         headers = request.response_header_pairs()
         responses[i] = ResponseItem(request.get_response_status_code(), body, content_type, headers)
+        if logged and not isinstance(outputs[first], (bytes, bytearray, memoryview, str)):
+            responses[i].json_body = True  # encoded here: the server's log need not parse it
     return None
 
 

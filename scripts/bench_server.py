@@ -812,7 +812,8 @@ def main() -> None:
     parser.add_argument("--ceiling", action="store_true",
                         help="only echo CPU per request beside bare HTTP echo servers")  # fmt: skip
     parser.add_argument("--callgrind", type=int, default=0, metavar="N",
-                        help="--ceiling/--otel: instructions per request, N requests")  # fmt: skip
+                        help="--ceiling/--otel/--inference-log: instructions per request,"
+                             " N requests")  # fmt: skip
     parser.add_argument(
         "--lean", action="store_true", help="only cold start, memory (PSS) and first scale rows"
     )
@@ -889,7 +890,13 @@ def main() -> None:
             server.stop()
             if with_mlp:
                 bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
-            inference_log_rows(work, load, bodies, duration, args.rounds, measured)
+            grind = None
+            if args.callgrind:
+
+                def grind(w: Path, body: bytes, extra: str, label: str) -> float:
+                    return callgrind_rows(w, body, args.callgrind, extra, label, bare=False)
+
+            inference_log_rows(work, load, bodies, duration, args.rounds, measured, grind)
             return
         if args.otel:
             server.stop()

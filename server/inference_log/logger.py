@@ -97,7 +97,8 @@ class InferenceLogger:
                     error = _error_message(result.body)
                 extra = by_id.get(item.request_id) if by_id is not None else None
                 self._offer(item, result.status, result.content_type, result.body, error,
-                            enqueued_at[i], extra if isinstance(extra, dict) else None)  # fmt: skip
+                            enqueued_at[i], extra if isinstance(extra, dict) else None,
+                            result.json_body)  # fmt: skip
 
     def failed(self, items: Sequence[RequestItem], enqueued_at: Sequence[float],
                status: int, message: str) -> None:  # fmt: skip
@@ -113,13 +114,14 @@ class InferenceLogger:
     def _offer(
         self, item: RequestItem, status: int, response_type: str, response_body: Any,
         error: str | None, enqueued_at: float, logged: dict[str, Any] | None,
+        response_json: bool = False,
     ) -> None:  # fmt: skip
         now = time.monotonic()
         record = Record(
             item.request_id, _event_id(item), item.api, item.op,
             time.time() - (now - enqueued_at), int((now - enqueued_at) * 1e6),
             item.content_type, bytes(item.body), status, response_type, bytes(response_body),
-            error, logged,
+            error, logged, response_json,
         )  # fmt: skip
         limit = self.delivery.queue_size
         for queue in self._queues:

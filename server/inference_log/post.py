@@ -13,6 +13,7 @@ the connection early fails only the events it did not answer, and those are retr
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -56,10 +57,10 @@ class Poster:
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.tls else None
 
-    async def post_all(
-        self, messages: Sequence[tuple[dict[str, str], bytes]]
-    ) -> tuple[list[int | None], str]:
-        """Each message's answer status (None: not answered), and why the first one failed."""
+    async def post_all(self, messages: Sequence[tuple[str, bytes]]) -> tuple[list[int | None], str]:
+        """Each message's answer status (None: not answered), and why the first one failed.
+        A message: its header lines (each ending in CRLF; Host and Content-Length are added)
+        and its body."""
         share = -(-len(messages) // self.connections) if messages else 1
         chunks = [messages[i : i + share] for i in range(0, len(messages), share)]
         results = await asyncio.gather(*(self._send(c) for c in chunks), return_exceptions=True)
@@ -78,14 +79,18 @@ class Poster:
         return statuses, error
 
     async def _send(
-        self, chunk: Sequence[tuple[dict[str, str], bytes]], fresh: bool = False
+        self, chunk: Sequence[tuple[str, bytes]], fresh: bool = False
     ) -> tuple[list[int], str]:
         reused = bool(self._idle) and not fresh
         reader, writer = self._idle.pop() if reused else await self._open()
         answers = _Answers()
         done = False
         try:
-            writer.write(b"".join(self._request(h, b) for h, b in chunk))
+            start = self._start
+            writer.write(b"".join([
+                b"%s%d\r\n%s\r\n%s" % (start, len(body), head.encode("latin-1"), body)
+                for head, body in chunk
+            ]))  # fmt: skip
             await asyncio.wait_for(self._read(reader, answers, len(chunk)), self.timeout_s)
             done = not answers.close
         except asyncio.TimeoutError:
@@ -118,11 +123,10 @@ class Poster:
             except httptools.HttpParserError as exc:
                 raise PostError(f"the receiver's answer is not HTTP: {exc}") from None
 
-    def _request(self, headers: dict[str, str], body: bytes) -> bytes:
-        lines = [f"POST {self.path} HTTP/1.1", f"Host: {self.authority}",
-                 f"Content-Length: {len(body)}"]  # fmt: skip
-        lines.extend(f"{name}: {value}" for name, value in headers.items())
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    @functools.cached_property
+    def _start(self) -> bytes:
+        """Every request's first lines, up to its Content-Length value."""
+        return f"POST {self.path} HTTP/1.1\r\nHost: {self.authority}\r\nContent-Length: ".encode()
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []

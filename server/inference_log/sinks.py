@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from server.inference_log.post import Poster
-from server.inference_log.records import Encoder, Record
+from server.inference_log.records import Encoder, Record, event_time
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +102,10 @@ class CloudEventsSink:
 
     async def send(self, records: list[Record]) -> list[Record]:
         messages, owners = [], []
+        now = event_time()  # made together: one time stamp
         for i, record in enumerate(records):
-            for message in self.encoder.events(record, self.requests, self.responses):
-                messages.append((message.headers, message.body))
+            for message in self.encoder.events(record, self.requests, self.responses, now):
+                messages.append((message.head, message.body))
                 owners.append(i)
         statuses, why = await self._poster.post_all(messages)
         undelivered = set()

@@ -987,3 +987,27 @@ def test_result_meta_not_json_is_refused_as_before() -> None:
     frame = result_frame(1, [ResponseItem(200, b"")], handler_ms=float("inf"))
     with pytest.raises(ProtocolError, match="RESULT frame meta is not JSON-serialisable"):
         encode_bytes(frame)
+
+
+def test_result_json_flag_rides_only_where_set_and_round_trips() -> None:
+    """A body the worker encoded as JSON is flagged (``json``: the inference log embeds it
+    unchecked); unflagged entries, and so frames of unlogged models, are as before."""
+    items = [
+        ResponseItem(200, b'{"a":1}', "application/json", [], json_body=True),
+        ResponseItem(200, b"{not json", "application/json"),
+    ]
+    frame = result_frame(3, items, handler_ms=1.5)
+    assert frame.meta_text is not None  # the direct writer, flag included
+    assert encode_bytes(frame) == encode_bytes(replace(frame, meta_text=None))
+    assert [e.get("json") for e in frame.meta["responses"]] == [True, None]
+    (decoded,) = decode_all(encode_bytes(frame))
+    assert [i.json_body for i in parse_result(decoded)[1]] == [True, False]
+    # the checked path (a tuple of header pairs) carries it too
+    checked = result_frame(4, [replace(items[0], headers=[("X-A", "b")])])  # type: ignore[list-item]
+    (decoded,) = decode_all(encode_bytes(checked))
+    assert parse_result(decoded)[1][0].json_body is True
+    # only ``true`` counts
+    odd = Frame(Kind.RESULT, {"batch_id": 1, "responses": [
+        {"status": 200, "content_type": "", "headers": [], "size": 0, "json": 1}]})  # fmt: skip
+    assert parse_result(odd)[1][0].json_body is False
+    assert "json" not in result_frame(5, items[1:]).meta["responses"][0]

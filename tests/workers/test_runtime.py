@@ -295,3 +295,26 @@ def test_the_server_counts_as_gone_once_it_is_a_zombie_or_reaped() -> None:
     assert _server_gone(proc.pid)
     proc.wait()
     assert _server_gone(proc.pid)
+
+
+def test_answers_encoded_as_json_are_flagged_only_for_a_logged_model(tmp_path: Path) -> None:
+    """The server's inference log embeds a flagged body unchecked: the worker flags what its
+    own JSON encoder wrote, never a handler's bytes, and only when INIT says the model is
+    logged (other models' RESULTs stay as they were)."""
+    for logged in (True, False):
+        proc, peer = _spawn(tmp_path / str(logged))
+        try:
+            assert peer.receive().kind == Kind.HELLO
+            peer.send(Frame(Kind.INIT, {**PROBE_INIT, "inference_log": logged}))
+            assert peer.receive().kind == Kind.READY
+            items = [
+                RequestItem("r1", "application/json", [], b'{"k": 1}'),
+                RequestItem("r2", "application/json", [], b'{"cmd": "bytes"}'),
+            ]
+            peer.send(protocol.batch_frame(1, items))
+            _, results = protocol.parse_result(peer.receive())
+            assert [r.json_body for r in results] == [logged, False]
+            assert json.loads(bytes(results[0].body))["body"] == {"k": 1}
+        finally:
+            peer.sock.close()
+        assert proc.wait(timeout=20) == 0
