@@ -294,7 +294,7 @@ class Server:
         self.registry.on_change("status file", self.write_status)
         try:
             # the templates of the models about to load import what those need meanwhile
-            self.launcher.prestart(self.early.models, self.early.templates)
+            self.launcher.prestart(self.early.models, self.early.templates, self.early.guessed)
             if not await self._until_stopped(self._start(models)):
                 log.info("stopping before the startup models finished loading")
                 return
