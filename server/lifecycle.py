@@ -175,6 +175,7 @@ class Server:
                 "log_dir": str(self.config.log_path),
                 "env_dir": str(self.config.env_path),
             },
+            durable=False,  # describes this process: a crash makes it stale anyway
         )
         self._written_models = models
         self._written_sandbox = sandbox_status(self.registry)
