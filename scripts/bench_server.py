@@ -2,7 +2,7 @@
 
 Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--rounds 3]]
        python scripts/bench_server.py --ceiling [--rounds 3] [--callgrind 2000]
-       python scripts/bench_server.py --lean [--rounds 3] | --profile-start
+       python scripts/bench_server.py --lean [--rounds 3] | --profile-start [--fresh]
 
 Measures requests/s, p50/p99 latency and CPU per request (frontend, workers: steadier than
 req/s on a shared VM) at 1, 16 and 64 connections with 1 and 2 workers (wrk when installed, else
@@ -41,7 +41,8 @@ yet) on its own, then the medians of ``--rounds`` rounds. Each round also times 
 cold start cannot beat, in the same run: a bare interpreter start (``python -I -c pass``) and,
 for the MLP, ``import torch`` in a fresh interpreter (what its worker template must do); the
 medians come with each cold start's ratio to its floor. ``--profile-start``: the steps of one
-start, from the server log's time stamps (docs/server.md, Measuring cold start).
+start, from the server log's time stamps (docs/server.md, Measuring cold start); with
+``--fresh``, of a first start on a fresh run dir.
 
 Every cold start figure (these and the default run's) is taken with ``server``, ``archiver`` and
 ``mserve_worker`` byte-compiled first (``compileall``), as an installed wheel or an editable
