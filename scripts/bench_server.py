@@ -2,7 +2,7 @@
 
 Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--rounds 3]]
        python scripts/bench_server.py --ceiling [--rounds 3] [--callgrind 2000]
-       python scripts/bench_server.py --lean [--rounds 3] | --profile-start
+       python scripts/bench_server.py --lean [--rounds 3] | --profile-start [--fresh]
        python scripts/bench_server.py --inference-log [--rounds 3]
        python scripts/bench_server.py --otel [--rounds 3] [--callgrind 2000]
        python scripts/bench_server.py --sandbox [--rounds 3] [--quick]
@@ -44,7 +44,8 @@ yet) on its own, then the medians of ``--rounds`` rounds. Each round also times 
 cold start cannot beat, in the same run: a bare interpreter start (``python -I -c pass``) and,
 for the MLP, ``import torch`` in a fresh interpreter (what its worker template must do); the
 medians come with each cold start's ratio to its floor. ``--profile-start``: the steps of one
-start, from the server log's time stamps (docs/server.md, Measuring cold start).
+start, from the server log's time stamps (docs/server.md, Measuring cold start); with
+``--fresh``, of a first start on a fresh run dir.
 
 ``--sandbox``: what confining the workers costs: each round, one fresh server per variant
 (sandbox off; Landlock, no_new_privs and limits with workers under the server's user; the same
@@ -294,13 +295,16 @@ START_STEPS = [  # (what, a regular expression for the log line that ends it)
 ]
 
 
-def profile_start(work: Path, model: str, body: bytes) -> None:
+def profile_start(work: Path, model: str, body: bytes, fresh: bool = False) -> None:
     """Where the time from ``mserve --start`` to the first answer goes: the server log's
     time stamps of each step, from the start command on (one start, after one that taught the
-    template what the model imports)."""
+    template what the model imports and warmed the page cache; ``fresh``: then on a fresh run
+    dir, as a new machine's first start, nothing unpacked or learned)."""
     one_start(work, model, body, "pss")  # learn, and warm the page cache
     log_file = work / "run" / "logs" / "mserve.log"
     log_file.unlink(missing_ok=True)
+    if fresh:
+        shutil.rmtree(work / "run")
     t0 = time.time()
     server = start(work, [f"{model}={model}.mar"], snapshot=False)
     returned = time.time()
@@ -314,7 +318,11 @@ def profile_start(work: Path, model: str, body: bytes) -> None:
         if m:
             at = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
             stamps.append((at, line))
-    print(f"{model}: mserve --start to first answer, step by step ({load_average()}):")
+    if os.environ.get("BENCH_SHOW_LOG"):
+        print(log_file.read_text())
+    start_kind = "first start, fresh run dir" if fresh else "later start"
+    print(f"{model}: mserve --start to first answer, {start_kind}, step by step"
+          f" ({load_average()}):")  # fmt: skip
     for what, pattern in START_STEPS:
         regex = re.compile(pattern.format(model=re.escape(model)))
         found = next((at for at, line in stamps if regex.search(line)), None)
@@ -840,6 +848,9 @@ def main() -> None:
         action="store_true",
         help="only the steps from mserve --start to the first answer",
     )
+    parser.add_argument(
+        "--fresh", action="store_true", help="with --profile-start: on a fresh run dir"
+    )
     args = parser.parse_args()
     duration = 3 if args.quick else args.duration
     conn_levels = [16] if args.quick else [1, 16, 64]
@@ -869,7 +880,7 @@ def main() -> None:
                 bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
             for model, body in bodies.items():
                 if args.profile_start:
-                    profile_start(work, model, body)
+                    profile_start(work, model, body, args.fresh)
             if args.lean:
                 lean_rows(work, bodies, args.rounds)
             if args.first_start:

@@ -175,6 +175,7 @@ class Server:
                 "log_dir": str(self.config.log_path),
                 "env_dir": str(self.config.env_path),
             },
+            durable=False,  # describes this process: a crash makes it stale anyway
         )
         self._written_models = models
         self._written_sandbox = sandbox_status(self.registry)
@@ -296,7 +297,7 @@ class Server:
             tracing.current.start()  # the span exporter process (server/tracing_process.py)
         try:
             # the templates of the models about to load import what those need meanwhile
-            self.launcher.prestart(self.early.models, self.early.templates)
+            self.launcher.prestart(self.early.models, self.early.templates, self.early.guessed)
             if not await self._until_stopped(self._start(models)):
                 log.info("stopping before the startup models finished loading")
                 return

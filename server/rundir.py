@@ -40,24 +40,31 @@ def parse_models(values: list[str]) -> list[StartupModel]:
     return out
 
 
-def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o644) -> None:
+def write_json_atomic(
+    path: Path, data: dict[str, Any], mode: int = 0o644, durable: bool = True
+) -> None:
     """:func:`write_text_atomic` of ``data`` as indented JSON."""
-    write_text_atomic(path, json.dumps(data, indent=2), mode)
+    write_text_atomic(path, json.dumps(data, indent=2), mode, durable)
 
 
-def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+def write_text_atomic(path: Path, text: str, mode: int = 0o644, durable: bool = True) -> None:
     """Replace ``path`` so that a reader, a crash or a power cut finds the old file or the new
     one, never a mix: the data reaches the disk before the rename, the rename before return.
     ``mode`` is the file's from its creation (0o600 for secrets: never readable by others, not
-    even for an instant)."""
+    even for an instant). ``durable=False``: readers still see the old file or the new one, but
+    a power cut may lose it (no fsync, which can take tens of ms on a busy disk): for files
+    that describe a running process or can be rebuilt."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()  # a crash's leftover may carry another mode
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+    if not durable:
+        return
     folder = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(folder)

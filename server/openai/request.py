@@ -13,11 +13,10 @@ from the body.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
-from typing import Any
-
-import jsonschema
+from typing import TYPE_CHECKING, Any
 
 from server.errors import MserveError
 
@@ -132,7 +131,19 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["model", "input"],
     },
 }
-_VALIDATORS = {kind: jsonschema.Draft202012Validator(schema) for kind, schema in SCHEMAS.items()}
+
+
+if TYPE_CHECKING:
+    import jsonschema
+
+
+@functools.cache
+def _validator(kind: str) -> jsonschema.Draft202012Validator:
+    """Built at the first OpenAI request of its kind: importing jsonschema takes ~60 ms, which
+    every server start (on the path to its first answer) would pay for an API most never use."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(SCHEMAS[kind])
 
 
 @dataclass(frozen=True)
@@ -225,7 +236,9 @@ def read_body(kind: str, raw: bytes) -> dict[str, Any]:
         raise OpenAIError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise OpenAIError(400, "the request body must be a JSON object")
-    error = jsonschema.exceptions.best_match(_VALIDATORS[kind].iter_errors(body))
+    from jsonschema.exceptions import best_match  # once imported, a dictionary lookup
+
+    error = best_match(_validator(kind).iter_errors(body))
     if error is not None:
         param = _param(error.absolute_path)
         raise OpenAIError(400, f"{param or 'body'}: {error.message}", param or None, None)

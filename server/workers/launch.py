@@ -328,13 +328,19 @@ class Launcher:
     def _key(self, python: str, model: str) -> TemplateKey:
         return key_for(self.memory, python, model, self.preload)
 
-    def prestart(self, models: list[str], early: Sequence[EarlyTemplate] = ()) -> None:
+    def prestart(
+        self, models: list[str], early: Sequence[EarlyTemplate] = (),
+        guessed: Mapping[tuple[str, str], list[str]] | None = None,
+    ) -> None:  # fmt: skip
         """Start the templates that ``models`` (names about to be loaded) will need, with what
-        their workers imported the last time, adopting those already started (``early``):
-        their imports overlap the server's own start."""
+        their workers imported the last time or, never seen, what their archives were
+        ``guessed`` to import, adopting those already started (``early``): their imports
+        overlap the server's own start."""
         adopt = {e.key: e for e in early}
         if self.use_templates:
-            for (python, model), key in template_keys(self.memory, models, self.preload).items():
+            self._guessed.update(guessed or {})
+            keys = template_keys(self.memory, models, self.preload, guessed)
+            for (python, model), key in keys.items():
                 if os.path.exists(python):
                     self._uses[(python, model)] = key
                     self._template_task(key, adopt.pop(key, None))
@@ -402,7 +408,7 @@ class Launcher:
                 if not self.memory.knows(python, model):  # its first start ever: guess
                     guess = await asyncio.to_thread(guess_imports, Path(cwd))
                     self._guessed[(python, model)] = guess
-                    key = python, tuple(sorted({*key[1], *guess}))
+                    key = key_for(self.memory, python, model, self.preload, guess)
                 self._uses[(python, model)] = key
             task = self._template_task(key)
             if not task.done():

@@ -111,7 +111,11 @@ class PreloadMemory:
         if self.path is not None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(self.path, {"schema": SCHEMA, "pythons": self._pythons})
+                # a cache: lost in a power cut, the next start learns again (no fsync on the
+                # first start's path to its first answer)
+                write_json_atomic(
+                    self.path, {"schema": SCHEMA, "pythons": self._pythons}, durable=False
+                )
             except OSError as exc:
                 log.warning("could not save what templates preload to %s: %s", self.path, exc)
         return True

@@ -16,10 +16,12 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import zipfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
 from server.rundir import SNAPSHOT_FILE, StartupModel
 from server.workers.env_vars import WorkerEnvironment
@@ -89,13 +91,22 @@ def guess_imports(model_dir: Path) -> list[str]:
         }
     except OSError:
         return []
-    names: set[str] = set()
+    sources = []
     for path in files:
         try:
-            if path.stat().st_size > GUESS_MAX_BYTES:
-                continue
-            tree = ast.parse(path.read_bytes())
-        except (OSError, SyntaxError, ValueError):
+            if path.stat().st_size <= GUESS_MAX_BYTES:
+                sources.append(path.read_bytes())
+        except OSError:
+            continue
+    return _imported_packages(sources, own)
+
+
+def _imported_packages(sources: Iterable[bytes], own: set[str]) -> list[str]:
+    names: set[str] = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
             continue
         todo = list(tree.body)
         while todo:  # module level, and inside module-level if / try blocks
@@ -113,21 +124,90 @@ def guess_imports(model_dir: Path) -> list[str]:
     )  # fmt: skip
 
 
-def key_for(memory: PreloadMemory, python: str, model: str, preload: Iterable[str]) -> TemplateKey:
+MANIFEST_MEMBER = "MAR-INF/MANIFEST.json"  # archiver.MANIFEST_PATH, not imported this early
+
+
+def guess_archive_imports(path: Path, per_model_envs: bool) -> list[str] | None:
+    """:func:`guess_imports` for a startup model before its archive is unpacked: read from the
+    ``.mar`` (zip) or archive folder at ``path``, so that its template imports them while the
+    server imports itself and unpacks. None when it cannot tell: not a zip or folder (a
+    ``.tar.gz`` is guessed once unpacked), unreadable, or a model whose workers may run in an
+    environment of their own (``requirementsFile`` while ``per_model_envs``), whose interpreter
+    is known only once that environment is built. The unpacking that follows checks the
+    archive and reports what is wrong with it."""
+    if path.is_dir():
+        if per_model_envs and _needs_own_env((path / MANIFEST_MEMBER).read_bytes):
+            return None
+        return guess_imports(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = {info.filename: info for info in archive.infolist()}
+            manifest = members.get(MANIFEST_MEMBER)
+            if manifest is None or manifest.file_size > GUESS_MAX_BYTES:
+                return None
+            if per_model_envs and _needs_own_env(lambda: archive.read(manifest)):
+                return None
+            top = sorted(n for n in members if "/" not in n and n.endswith(".py"))
+            own = {n[:-3] for n in top} | {n.partition("/")[0] for n in members if "/" in n}
+            sources = [
+                archive.read(members[n])
+                for n in top[:GUESS_MAX_FILES]
+                if members[n].file_size <= GUESS_MAX_BYTES
+            ]
+    except (OSError, zipfile.BadZipFile, RuntimeError, NotImplementedError, ValueError):
+        return None
+    return _imported_packages(sources, own)
+
+
+def _needs_own_env(read: Callable[[], bytes]) -> bool:
+    """Whether the manifest names a requirements file (unreadable: assume it does)."""
+    try:
+        model = json.loads(read()).get("model") or {}
+        return bool(model.get("requirementsFile"))
+    except (OSError, ValueError, AttributeError, KeyError, zipfile.BadZipFile):
+        return True
+
+
+def local_archive(url: str, store: Path | None) -> Path | None:
+    """The file or folder a startup model's ``url`` names, if local (a name in the model store,
+    a path, a ``file://`` URL), for :func:`guess_archive_imports` only: the registration
+    resolves and checks it (server/store.py)."""
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        if scheme.lower() != "file":
+            return None
+        url = unquote(rest.removeprefix("localhost"))
+    path = Path(url).expanduser()
+    if not path.is_absolute():
+        if store is None:
+            return None
+        path = store / path
+    return path
+
+
+def key_for(
+    memory: PreloadMemory, python: str, model: str, preload: Iterable[str],
+    guess: Iterable[str] = (),
+) -> TemplateKey:  # fmt: skip
     """The template a model's workers are forked from: what they were seen to import, plus
-    ``preload`` (``worker_preload``)."""
-    return python, tuple(sorted({*preload, *memory.modules(python, [model])}))
+    ``preload`` (``worker_preload``) and, at its first start, the ``guess`` from its source."""
+    return python, tuple(sorted({*preload, *memory.modules(python, [model]), *guess}))
 
 
 def template_keys(
-    memory: PreloadMemory, models: list[str], preload: Iterable[str]
-) -> dict[tuple[str, str], TemplateKey]:
-    """Which template each remembered (interpreter, model) of ``models`` needs."""
-    return {
+    memory: PreloadMemory, models: list[str], preload: Iterable[str],
+    guessed: Mapping[tuple[str, str], list[str]] | None = None,
+) -> dict[tuple[str, str], TemplateKey]:  # fmt: skip
+    """Which template each remembered (interpreter, model) of ``models`` needs, and each
+    ``guessed`` one (:func:`guess_startup`)."""
+    keys = {
         (python, model): key_for(memory, python, model, preload)
         for python, names in memory.pythons_for(models).items()
         for model in names
     }
+    for (python, model), guess in (guessed or {}).items():
+        keys[(python, model)] = key_for(memory, python, model, preload, guess)
+    return keys
 
 
 def spawn(keys: Iterable[TemplateKey], base_env: Mapping[str, str]) -> list[EarlyTemplate]:
@@ -164,6 +244,29 @@ class EarlyStart:
     models: list[str]  # names of the models this start will load
     memory: PreloadMemory
     templates: list[EarlyTemplate]
+    # (python, model) -> the packages guessed from its archive, for the models this start
+    # loads for the first time on that interpreter (nothing learned yet)
+    guessed: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+
+def guess_startup(
+    config: ServerConfig, startup: list[StartupModel], memory: PreloadMemory, python: str
+) -> dict[tuple[str, str], list[str]]:
+    """What each startup model that ``python`` has never served imports, guessed from its
+    archive (:func:`guess_archive_imports`): a fresh run dir (a new machine, a new pod) then
+    starts its template at once too, instead of once the archive is unpacked and registered."""
+    guessed = {}
+    names = expected_models([(m.name, m.url) for m in startup], [])
+    for model, name in zip(startup, names, strict=True):
+        if memory.knows(python, name):
+            continue
+        path = local_archive(model.url, config.store_path)
+        guess = None
+        if path is not None:
+            guess = guess_archive_imports(path, config.install_py_dep_per_model)
+        if guess is not None:
+            guessed[(python, name)] = guess
+    return guessed
 
 
 def start_early(config: ServerConfig, startup: list[StartupModel]) -> EarlyStart:
@@ -179,5 +282,6 @@ def start_early(config: ServerConfig, startup: list[StartupModel]) -> EarlyStart
     base = WorkerEnvironment.split(
         os.environ, config.worker_env_deny, config.worker_env_deny_regex
     ).base
-    keys = template_keys(memory, models, config.worker_preload).values()
-    return EarlyStart(models, memory, spawn(keys, base))
+    guessed = guess_startup(config, startup, memory, sys.executable)
+    keys = template_keys(memory, models, config.worker_preload, guessed).values()
+    return EarlyStart(models, memory, spawn(keys, base), guessed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -16,7 +17,8 @@ import pytest
 
 from mserve_worker.imports import valid_names
 from server.workers.preload import PRELOAD_FILE, PreloadMemory
-from server.workers.prespawn import guess_imports
+from server.workers.prespawn import guess_archive_imports, guess_imports, local_archive
+from tests.conftest import ARCHIVER_SCRIPT
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -35,6 +37,25 @@ def _template_of(pid: int) -> str:
     return cmdline
 
 
+def _started_at(pid: int) -> float:
+    """When ``pid`` started, wall clock, to ~10 ms: psutil's create_time rests on the boot time
+    in whole seconds (/proc/stat btime), too coarse here; /proc/uptime has hundredths."""
+    start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+    booted = time.time() - float(Path("/proc/uptime").read_text().split()[0])
+    return booted + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _template_started_before_listening(worker: int, run_dir: Path) -> bool:
+    """Whether the template ``worker`` was forked from started before the server's (latest)
+    start opened its first listener: while the server was still importing itself."""
+    log = (run_dir / "logs" / "mserve.log").read_text()
+    *_, listening = re.finditer(r"^(\S+ \S+),(\d+) INFO mserve: inference API listening", log, re.M)
+    opened = time.mktime(time.strptime(listening[1], "%Y-%m-%d %H:%M:%S")) + int(listening[2]) / 1e3
+    template = psutil.Process(worker).parent()
+    assert template is not None
+    return _started_at(template.pid) < opened
+
+
 def test_echo_workers_carry_no_torch_and_the_next_start_preloads_what_was_learned(
     make_archive, start_server, tmp_path: Path
 ) -> None:
@@ -45,8 +66,11 @@ def test_echo_workers_carry_no_torch_and_the_next_start_preloads_what_was_learne
     assert server.predict("torchy", {}).status == 200
     assert not _maps_torch(server.worker_pids("echo")[0])
     assert _maps_torch(server.worker_pids("torchy")[0])
-    # its first start: nothing learned yet, so its template preloads what its source imports
+    # its first start: nothing learned yet, so its template preloads what its source imports,
+    # read from the archive first thing, as at a later start (here each model has its own)
     assert "torch" in _template_of(server.worker_pids("torchy")[0]).partition("--preload")[2]
+    assert _template_started_before_listening(server.worker_pids("torchy")[0], run_dir)
+    assert _template_started_before_listening(server.worker_pids("echo")[0], run_dir)
     learned = json.loads((run_dir / "envs" / PRELOAD_FILE).read_text())["pythons"]
     (models,) = learned.values()
     assert models["echo"]["modules"] == []
@@ -68,9 +92,7 @@ def test_echo_workers_carry_no_torch_and_the_next_start_preloads_what_was_learne
     log = (run_dir / "logs" / "mserve.log").read_text()
     assert re.search(r"template for \S+ ready \(pid \d+, preloaded: [^)]*\btorch\b", log)
     # started before the server imported itself: before its first listener opened
-    *_, listening = re.finditer(r"^(\S+ \S+),(\d+) INFO mserve: inference API listening", log, re.M)
-    opened = time.mktime(time.strptime(listening[1], "%Y-%m-%d %H:%M:%S")) + int(listening[2]) / 1e3
-    assert psutil.Process(torchy[0]).parent().create_time() < opened
+    assert _template_started_before_listening(torchy[0], run_dir)
 
 
 def test_remembered_imports_survive_a_restart_and_bad_files_are_ignored(
@@ -117,6 +139,54 @@ def test_a_first_start_guesses_from_the_model_source(tmp_path: Path) -> None:
     assert guess_imports(tmp_path) == ["PIL", "numpy", "torch"]
 
 
+def _archive(source: Path, store: Path, *extra: str) -> Path:
+    """``source`` archived by the real model-archiver CLI; the .mar, .tar.gz or folder."""
+    store.mkdir()
+    out = subprocess.run(
+        [ARCHIVER_SCRIPT, "--model-name", "m", "--handler", "handler.py", "--model-path",
+         str(source), "--export-path", str(store), "-f", *extra],
+        capture_output=True, text=True, timeout=60, cwd=source,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return next(p for p in store.iterdir() if p.name.startswith("m"))
+
+
+def test_a_fresh_run_dir_guesses_from_the_archive_before_unpacking(tmp_path: Path) -> None:
+    """What a startup model imports is read from its .mar (or archive folder) itself, so that
+    its template starts at once on a new machine; the same guess as from the unpacked model."""
+    source = tmp_path / "src"
+    (source / "pkg").mkdir(parents=True)
+    (source / "handler.py").write_text("import torch\nimport helper\nimport pkg\n")
+    (source / "helper.py").write_text("from PIL import Image\n")
+    (source / "pkg" / "__init__.py").write_text("import yaml\n")  # not at the top: not read
+    (source / "requirements.txt").write_text("pillow\n")
+    mar = _archive(source, tmp_path / "zip")
+    assert guess_archive_imports(mar, per_model_envs=False) == ["PIL", "torch"]
+    assert guess_archive_imports(mar, True) == ["PIL", "torch"]  # names no requirements file
+    assert guess_imports(source) == ["PIL", "torch"]
+    folder = _archive(source, tmp_path / "folder", "--archive-format", "no-archive")
+    assert guess_archive_imports(folder, per_model_envs=False) == ["PIL", "torch"]
+    # its workers may run in an environment of their own, whose interpreter is not known yet
+    own_env = _archive(source, tmp_path / "env", "--requirements-file",
+                       str(source / "requirements.txt"))  # fmt: skip
+    assert guess_archive_imports(own_env, per_model_envs=True) is None
+    assert guess_archive_imports(own_env, per_model_envs=False) == ["PIL", "torch"]
+    # guessed once unpacked: a .tar.gz (reading it means decompressing all of it), or no archive
+    tgz = _archive(source, tmp_path / "tgz", "--archive-format", "tgz")
+    assert guess_archive_imports(tgz, per_model_envs=False) is None
+    (tmp_path / "junk.mar").write_bytes(b"not a zip")
+    assert guess_archive_imports(tmp_path / "junk.mar", per_model_envs=False) is None
+    assert guess_archive_imports(tmp_path / "missing.mar", per_model_envs=False) is None
+
+    store = tmp_path / "store"
+    assert local_archive("m.mar", store) == store / "m.mar"
+    assert local_archive("/abs/m.mar", store) == Path("/abs/m.mar")
+    assert local_archive("file:///abs/m%20x.mar", store) == Path("/abs/m x.mar")
+    assert local_archive("file://localhost/abs/m.mar", None) == Path("/abs/m.mar")
+    assert local_archive("https://example.com/m.mar", store) is None
+    assert local_archive("m.mar", None) is None
+
+
 def test_module_names_from_a_worker_are_checked() -> None:
     assert valid_names(["torch", "google.protobuf"]) == ["torch", "google.protobuf"]
     for bad, message in [
@@ -155,12 +225,11 @@ def test_a_template_that_cannot_import_a_remembered_module_still_forks(
     make_archive("echo_fn", "echo:handle", "echo")
     run_dir = tmp_path / "run"
     (run_dir / "envs").mkdir(parents=True)
-    # the server remembers by the interpreter path it runs under: the console script's shebang
-    # may name python or python3 of the same venv
-    bin_dir = Path(sys.executable).parent
-    remembered = {"echo": {"modules": ["no_such_package_here"], "seen": 1}}
-    pythons = {str(bin_dir / name): remembered for name in ("python", "python3")}
-    (run_dir / "envs" / PRELOAD_FILE).write_text(json.dumps({"schema": 1, "pythons": pythons}))
+    # the server's interpreter: its script's (python3 in a venv made by `python3 -m venv`)
+    python = (Path(sys.executable).parent / "mserve").read_text().splitlines()[0][2:].strip()
+    (run_dir / "envs" / PRELOAD_FILE).write_text(json.dumps({"schema": 1, "pythons": {
+        python: {"echo": {"modules": ["no_such_package_here"], "seen": 1}},
+    }}))  # fmt: skip
     server = start_server("echo=echo.mar", run_dir=run_dir)
     assert server.predict("echo", "hi").body == b"hi"
     assert "no_such_package_here" in _template_of(server.worker_pids("echo")[0])
