@@ -240,6 +240,10 @@ class Encoder:
         of the frontend's CPU per event), written as the header lines the sender sends (a
         dict joined into lines cost ~10 us more per event)."""
         ce_id, ce_time = shared
+        if (
+            "\r" in content_type or "\n" in content_type
+        ):  # a handler's own type, never a header break
+            content_type = "application/octet-stream"
         return _Message(
             f"ce-id: {ce_id}\r\nce-type: {kind}\r\nce-source: {self._ce_source}\r\n"
             f"content-type: {content_type}\r\nce-time: {ce_time}\r\n{self._ce_extensions}"

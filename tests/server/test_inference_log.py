@@ -422,3 +422,17 @@ def test_events_match_the_cloudevents_sdk_byte_for_byte(request_id, metrics, nam
         assert list(message.headers.items()) == list(theirs.headers.items())
         assert message.body == theirs.body
     assert ours[1].headers["ce-type"] == RESPONSE_EVENT
+
+
+def test_a_handler_content_type_cannot_break_the_events_headers() -> None:
+    """A content type the handler set with a line break would end the event's headers early
+    (and let the handler write headers of its own): it is sent as octet-stream instead."""
+    from server.inference_log.records import Encoder, Record
+
+    encoder = Encoder("m", "1.0", [], "http://localhost:8080/", "default")
+    evil = "text/plain\r\nce-type: forged"
+    record = Record("r1", "r1", "", "", time.time(), 10, "application/json", b"{}",
+                    200, evil, b"ok", None, None)  # fmt: skip
+    response = encoder.events(record, False, True)[0]
+    assert response.headers["content-type"] == "application/octet-stream"
+    assert "forged" not in str(list(response.headers.items()))
