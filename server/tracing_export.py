@@ -44,7 +44,7 @@ class Spans:
     of them in the frontend."""
 
     def __init__(self) -> None:
-        self._attrs = otlp.Attributes()
+        self._encoder = otlp.Encoder()
         self._states: dict[str, str] = {}
 
     def of(self, record: tuple[Any, ...], out: list[bytes]) -> None:
@@ -61,8 +61,8 @@ class Spans:
             kind, text = error
             status, message = otlp.STATUS_ERROR, f"{kind}: {text}"
             events = (("exception", end, {"exception.type": kind, "exception.message": text}),)
-        return otlp.encode_span(
-            self._attrs, bytes.fromhex(trace_hex), span_id, "", parent_id, False, name,
+        return self._encoder.span(
+            bytes.fromhex(trace_hex), span_id, "", parent_id, False, name,
             otlp.KIND_INTERNAL, start, end, attributes, events, status, message,
         )  # fmt: skip
 
@@ -85,11 +85,11 @@ class Spans:
         trace_id = bytes.fromhex(trace_hex)
         state = self._state(tracestate) if tracestate else ""
         enqueued, popped, sent, answered, worker, size, handler_ms, phases, stream = children
-        encode, attrs, internal = otlp.encode_span, self._attrs, otlp.KIND_INTERNAL
+        encode, internal = self._encoder.span, otlp.KIND_INTERNAL
 
         def child(name: str, parent: int, begin: int, finish: int, attributes: Any = None) -> int:
             own = getrandbits(64) or 1
-            out.append(encode(attrs, trace_id, own, state, parent, False, name, internal, begin,
+            out.append(encode(trace_id, own, state, parent, False, name, internal, begin,
                               finish, attributes, (), otlp.STATUS_UNSET, ""))  # fmt: skip
             return own
 
@@ -122,7 +122,7 @@ class Spans:
             if error is not None:
                 events = (("exception", end, {"exception.message": error}),)
         out.append(encode(
-            attrs, trace_id, span_id, state, parent_id, bool(parent_id), name, otlp.KIND_SERVER,
+            trace_id, span_id, state, parent_id, bool(parent_id), name, otlp.KIND_SERVER,
             start, end, attributes, events, status, message,
         ))  # fmt: skip
 

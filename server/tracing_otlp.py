@@ -37,6 +37,9 @@ STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
 # Span.flags: SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, with _IS_REMOTE_MASK for a remote parent
 _FLAGS_LOCAL = b"\x85\x01" + struct.pack("<I", 0x100)
 _FLAGS_REMOTE = b"\x85\x01" + struct.pack("<I", 0x300)
+_UNSET_LOCAL, _UNSET_REMOTE = b"\x7a\x00" + _FLAGS_LOCAL, b"\x7a\x00" + _FLAGS_REMOTE
+_KIND = {k: b"\x30" + bytes((k,)) for k in range(1, 6)}
+_TIMES = struct.Struct("<BQBQ").pack  # start_time_unix_nano, end_time_unix_nano: fixed64
 
 
 def varint(n: int) -> bytes:
@@ -94,14 +97,16 @@ def key_value(key: str, value: Any) -> bytes:
     return _field(b"\x0a", key.encode("utf-8", "surrogatepass")) + _field(b"\x12", any_value(value))
 
 
-class Attributes:
-    """Encodes attribute lists (field ``tag`` of each ``KeyValue``), keeping the encoding of
-    pairs seen before: most repeat from span to span."""
+class Encoder:
+    """Encodes spans, keeping the encoding of what repeats from span to span (attribute pairs,
+    names, tracestates): most of a span is then a few byte strings joined."""
 
     def __init__(self) -> None:
         self._seen: dict[tuple[int, str, type, Any], bytes] = {}
+        self._strings: dict[tuple[bytes, str], bytes] = {}
 
-    def encode(self, tag: int, attributes: Mapping[str, Any] | None) -> bytes:
+    def attributes(self, tag: int, attributes: Mapping[str, Any] | None) -> bytes:
+        """The ``KeyValue`` fields (number ``tag``) of ``attributes``."""
         if not attributes:
             return b""
         seen, parts = self._seen, []
@@ -121,50 +126,62 @@ class Attributes:
             parts.append(encoded)
         return b"".join(parts)
 
+    def _string(self, tag: bytes, text: str) -> bytes:
+        encoded = self._strings.get((tag, text))
+        if encoded is None:
+            if len(self._strings) >= _CACHE_MAX:
+                self._strings.clear()
+            encoded = _field(tag, text.encode("utf-8", "surrogatepass"))
+            self._strings[(tag, text)] = encoded
+        return encoded
 
-def encode_span(
-    attrs: Attributes, trace_id: bytes, span_id: int, trace_state: str, parent_id: int,
-    remote_parent: bool, name: str, kind: int, start: int, end: int,
-    attributes: Mapping[str, Any] | None, events: Sequence[tuple[str, int, Mapping[str, Any]]],
-    status: int, message: str,
-) -> bytes:  # fmt: skip
-    """One ``Span``: ``trace_id`` 16 bytes, ids ints (``parent_id`` 0: a root), times the
-    epoch's nanoseconds, ``events`` (name, time, attributes)."""
-    parts = [b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big")]
-    if trace_state:
-        parts.append(_field(b"\x1a", trace_state.encode()))
-    if parent_id:
-        parts += (b"\x22\x08", parent_id.to_bytes(8, "big"))
-    parts += (
-        _field(b"\x2a", name.encode("utf-8", "surrogatepass")), b"\x30", _BYTE[kind],
-        b"\x39", _FIXED64(start), b"\x41", _FIXED64(end), attrs.encode(9, attributes),
-    )  # fmt: skip
-    for event_name, time_ns, event_attributes in events:
-        event = (b"\x09" + _FIXED64(time_ns) + _field(b"\x12", event_name.encode())
-                 + attrs.encode(3, event_attributes))  # fmt: skip
-        parts.append(_field(b"\x5a", event))
-    if status or message:
-        encoded = message.encode("utf-8", "surrogatepass")
-        parts.append(_field(b"\x7a", (_field(b"\x12", encoded) if encoded else b"")
-                                     + (b"\x18" + _BYTE[status] if status else b"")))  # fmt: skip
-    else:
-        parts.append(b"\x7a\x00")
-    parts.append(_FLAGS_REMOTE if remote_parent else _FLAGS_LOCAL)
-    return _field(b"\x12", b"".join(parts))  # as ScopeSpans.spans
+    def span(
+        self, trace_id: bytes, span_id: int, trace_state: str, parent_id: int,
+        remote_parent: bool, name: str, kind: int, start: int, end: int,
+        attributes: Mapping[str, Any] | None,
+        events: Sequence[tuple[str, int, Mapping[str, Any]]], status: int, message: str,
+    ) -> bytes:  # fmt: skip
+        """One ``Span``, as a ``ScopeSpans.spans`` field: ``trace_id`` 16 bytes, ids ints
+        (``parent_id`` 0: a root), times the epoch's nanoseconds, ``events`` (name, time,
+        attributes), ``status`` a Status code with its ``message``."""
+        parts = [b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big")]
+        if trace_state:
+            parts.append(self._string(b"\x1a", trace_state))
+        if parent_id:
+            parts += (b"\x22\x08", parent_id.to_bytes(8, "big"))
+        parts += (self._string(b"\x2a", name), _KIND[kind], _TIMES(0x39, start, 0x41, end))
+        if attributes:
+            parts.append(self.attributes(9, attributes))
+        for event_name, time_ns, event_attributes in events:
+            event = (b"\x09" + _FIXED64(time_ns) + self._string(b"\x12", event_name)
+                     + self.attributes(3, event_attributes))  # fmt: skip
+            parts.append(_field(b"\x5a", event))
+        if status or message:
+            text = message.encode("utf-8", "surrogatepass")
+            encoded = (_field(b"\x12", text) if text else b"") + (
+                b"\x18" + _BYTE[status] if status else b""
+            )
+            parts.append(_field(b"\x7a", encoded))
+            parts.append(_FLAGS_REMOTE if remote_parent else _FLAGS_LOCAL)
+        else:  # an empty Status, as the SDK always sends one
+            parts.append(_UNSET_REMOTE if remote_parent else _UNSET_LOCAL)
+        data = b"".join(parts)
+        n = len(data)
+        return (b"\x12" + _BYTE[n] if n < 128 else b"\x12" + varint(n)) + data
 
 
 class Batch:
     """An ``ExportTraceServiceRequest`` of one resource and one scope: ``request(spans)`` wraps
-    spans from ``encode_span`` (each already a ``ScopeSpans.spans`` field)."""
+    spans from ``Encoder.span`` (each already a ``ScopeSpans.spans`` field)."""
 
     def __init__(
         self, resource: Mapping[str, Any], scope_name: str, scope_version: str = ""
     ) -> None:
-        attrs = Attributes()
+        attrs = Encoder()
         scope = _field(b"\x0a", scope_name.encode())
         if scope_version:
             scope += _field(b"\x12", scope_version.encode())
-        self._resource = _field(b"\x0a", attrs.encode(1, resource))
+        self._resource = _field(b"\x0a", attrs.attributes(1, resource))
         self._scope = _field(b"\x0a", scope)
 
     def request(self, spans: Sequence[bytes]) -> bytes:

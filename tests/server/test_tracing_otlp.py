@@ -58,13 +58,13 @@ def _sdk(resource: Resource, span: tuple[Any, ...]) -> ReadableSpan:
 def test_spans_encode_to_the_sdk_encoders_bytes() -> None:
     resource = Resource.create({"service.name": "mserve", "service.version": "1.2.3"})
     expected = encode_spans([_sdk(resource, span) for span in SPANS]).SerializeToString()
-    attrs = otlp.Attributes()
+    encoder = otlp.Encoder()
     kinds = {SpanKind.SERVER: otlp.KIND_SERVER, SpanKind.INTERNAL: otlp.KIND_INTERNAL}
     batch = otlp.Batch(dict(resource.attributes), "mserve")
     for _ in range(2):  # the second time from the cache of encoded attributes
         encoded = [
-            otlp.encode_span(
-                attrs, TRACE.to_bytes(16, "big"), span_id, tracestate or "", parent_id, remote,
+            encoder.span(
+                TRACE.to_bytes(16, "big"), span_id, tracestate or "", parent_id, remote,
                 name, kinds[kind], START, START + 10, attributes, events,
                 status.status_code.value, status.description or "",
             )
