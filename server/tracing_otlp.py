@@ -70,6 +70,8 @@ def any_value(value: Any) -> bytes:
     if kind is bool:
         return b"\x10\x01" if value else b"\x10\x00"
     if kind is int:
+        if not -(1 << 63) <= value < 1 << 63:
+            raise ValueError(f"{value} does not fit an int64")
         return b"\x18" + varint(value)
     if kind is float:
         return b"\x21" + _DOUBLE(value)
@@ -118,7 +120,10 @@ class Encoder:
                 if encoded is not None:
                     parts.append(encoded)
                     continue
-            encoded = _field(_BYTE[tag << 3 | 2], key_value(key, value))
+            try:
+                encoded = _field(_BYTE[tag << 3 | 2], key_value(key, value))
+            except (TypeError, ValueError, AttributeError):  # as the SDK: that one is left out
+                continue
             if cacheable:
                 if len(seen) >= _CACHE_MAX:
                     seen.clear()

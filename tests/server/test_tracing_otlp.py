@@ -38,6 +38,9 @@ SPANS = [
      "vendor=a,other=b"),
     (8, 0, False, "mserve.model.load", SpanKind.INTERNAL, {"mserve.model": "echo"}, [],
      Status(StatusCode.ERROR), None),
+    # values protobuf cannot take are left out, as the SDK's encoder leaves them out
+    (9, 8, False, "odd", SpanKind.INTERNAL, {"huge": 2**64, "obj": object(), "ok": 1}, [],
+     Status(StatusCode.UNSET), None),
     (2**64 - 1, 1, False, "x" * 300, SpanKind.INTERNAL, None, [], Status(StatusCode.OK), None),
 ]  # fmt: skip
 
