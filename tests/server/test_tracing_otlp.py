@@ -119,6 +119,7 @@ class _Collector:
     def __init__(self) -> None:
         self.posts: list[tuple[dict[str, str], bytes, int]] = []
         self.status, self.close, self.drop = 200, False, False
+        self.statuses: list[int] = []  # answered first, one a post
         collector = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -128,7 +129,8 @@ class _Collector:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 collector.posts.append((dict(self.headers), body, self.client_address[1]))
                 close = collector.close or collector.drop  # before the client has its answer
-                self.send_response(collector.status)
+                status = collector.statuses.pop(0) if collector.statuses else collector.status
+                self.send_response(status)
                 self.send_header("Content-Length", "0")
                 if collector.close:
                     self.send_header("Connection", "close")
@@ -171,8 +173,12 @@ def test_http_exports_share_one_connection_with_the_standard_options(
     collector.close, collector.drop = False, True  # it closes without a word (idle timeout)
     assert sender.send(b"six") is None and sender.send(b"seven") is None
     assert [gzip.decompress(body) for _, body, _ in collector.posts[-2:]] == [b"six", b"seven"]
-    collector.status = 400
-    assert sender.send(b"eight") == "Failed to export spans batch code: 400, reason: Bad Request"
+    collector.drop, collector.statuses = False, [503]  # busy: tried again after ~1 s
+    assert sender.send(b"eight") is None
+    assert [gzip.decompress(body) for _, body, _ in collector.posts[-2:]] == [b"eight"] * 2
+    collector.status, posts = 400, len(collector.posts)  # refused: not tried again
+    assert sender.send(b"nine") == "Failed to export spans batch code: 400, reason: Bad Request"
+    assert len(collector.posts) == posts + 1
     sender.close()
 
 
