@@ -8,14 +8,27 @@ the frontend's CPU per request, the span exporter process's CPU per request (it 
 and sends the spans: server/tracing_export.py), the ratio on/off, then how many spans the sink
 received and how many the server counted as dropped. ``--callgrind N``: the frontend's
 instructions per echo request under valgrind, tracing off and on (steady whatever the load).
+
+``python scripts/bench_otel.py --baseline REV``: the span exporter process alone, this tree's
+against REV's (``git archive``), alternating round by round: each is fed the same records (a
+traced echo request's, 8 spans each, in frames of 64 every 10 ms, as the frontend writes them)
+and exports them to the sink; its CPU per request (less a run of one record: the start) and
+the spans the sink received.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import marshal
+import os
+import statistics
+import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 import urllib.request
 from pathlib import Path
 
@@ -151,3 +164,81 @@ def otel_rows(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+REPO = Path(__file__).resolve().parent.parent
+FRAME_RECORDS, FRAME_EVERY_S = 64, 0.01
+
+
+def _record(i: int) -> tuple:
+    """A traced echo request's record, as server/tracing.py hands it over (8 spans)."""
+    start = time.time_ns()
+    us = 1000
+    children = (start + 50 * us, start + 90 * us, start + 120 * us, start + 900 * us, "1", 1,
+                0.6, [["preprocess", 0.0, 0.1], ["inference", 0.1, 0.3],
+                      ["postprocess", 0.4, 0.1]], None)  # fmt: skip
+    attributes = {"mserve.model": "echo", "mserve.model_version": "1.0",
+                  "mserve.request_id": f"{i:032x}"}  # fmt: skip
+    return ("q", "POST /predictions/{model}", os.urandom(16).hex(), i + 1, 0, "", start,
+            start + 1000 * us, 200, None, attributes, children)  # fmt: skip
+
+
+def exporter_cpu(tree: Path, endpoint: str, requests: int) -> float:
+    """CPU seconds (user + system) of ``python -m server.tracing_export`` from ``tree`` fed
+    ``requests`` records and exporting them to ``endpoint``, until it exits."""
+    settings = json.dumps({"endpoint": endpoint, "protocol": "http/protobuf", "headers": {}})
+    proc = subprocess.Popen([sys.executable, "-m", "server.tracing_export", settings],
+                            cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)  # fmt: skip
+    assert proc.stdin is not None
+    for first in range(0, requests, FRAME_RECORDS):
+        data = marshal.dumps(
+            [_record(i) for i in range(first, min(requests, first + FRAME_RECORDS))], 4
+        )
+        proc.stdin.write(struct.pack(">I", len(data)) + data)
+        proc.stdin.flush()
+        time.sleep(FRAME_EVERY_S)
+    proc.stdin.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, f"the exporter of {tree} exited with {proc.returncode}"
+    return usage.ru_utime + usage.ru_stime
+
+
+def exporter_rows(baseline: str, requests: int, rounds: int) -> None:
+    port = free_port()
+    proc = sink(port)
+    endpoint = f"http://127.0.0.1:{port}/v1/traces"
+    with tempfile.TemporaryDirectory(prefix="bench-otel-") as tmp:
+        before = Path(tmp)
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", baseline, "server", "archiver", "mserve_worker"],
+            capture_output=True, check=True,
+        )  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
+        trees = {baseline: before, "this tree": REPO}
+        per_request: dict[str, list[float]] = {k: [] for k in trees}
+        print(f"span exporter process alone: {requests} echo requests (8 spans each) per run,"
+              f" frames of {FRAME_RECORDS} every {FRAME_EVERY_S * 1000:.0f} ms, {rounds} rounds;"
+              f" load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+        for _ in range(rounds):
+            for name, tree in trees.items():
+                received = spans_received(port)
+                cpu = exporter_cpu(tree, endpoint, requests) - exporter_cpu(tree, endpoint, 1)
+                per_request[name].append(cpu / requests * 1e6)
+                got = spans_received(port) - received
+                assert got == 8 * (requests + 1), f"{name}: the sink received {got} spans"
+        for name, values in per_request.items():
+            print(f"  {name:<12} CPU per request {statistics.median(values):6.1f} us (median;"
+                  f" runs {', '.join(f'{v:.0f}' for v in values)})")  # fmt: skip
+        print(f"  load average after: {os.getloadavg()[0]:.1f}")
+    proc.terminate()
+    proc.wait(10)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", required=True, help="the git revision to compare with")
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    exporter_rows(args.baseline, args.requests, args.rounds)

@@ -1,7 +1,8 @@
 """The span exporter process (``python -m server.tracing_export SETTINGS``), started and fed by
 server/tracing_process.py: the frontend hands it compact records (ids, times, attributes) so
-that making the spans, encoding them (OTLP protobuf, ~20 us a span) and sending them cost the
-frontend's event loop nothing.
+that making the spans, encoding them and sending them cost the frontend's event loop nothing.
+Spans go straight from records to OTLP's protobuf bytes (server/tracing_otlp.py: no SDK span
+or message objects), many requests' in one export, the resource and scope written once.
 
 Input, on stdin: frames of a 4-byte big-endian length then ``marshal.dumps`` of a list of
 records, each a tuple:
@@ -23,92 +24,87 @@ and counts them. At the end of stdin it exports what it holds and exits.
 from __future__ import annotations
 
 import json
-import logging
 import marshal
 import os
 import select
 import struct
 import sys
-from collections.abc import Iterator
 from random import getrandbits
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from server import tracing_otlp as otlp
 
 FRAME = struct.Struct(">I")
 MAX_BATCH_RECORDS = 512  # read before an export: ~4000 spans, one OTLP request
-_PHASES = ("preprocess", "inference", "postprocess")
+_PHASES = {p: f"mserve.{p}" for p in ("preprocess", "inference", "postprocess")}
 
 
 class Spans:
-    """Records to the SDK's ReadableSpans, as the SDK would have made them in the frontend."""
+    """Records to encoded OTLP spans (server/tracing_otlp.py), the spans the SDK would have made
+    of them in the frontend."""
 
-    def __init__(self, resource: Resource, scope: InstrumentationScope) -> None:
-        from opentelemetry.sdk.trace import Event, ReadableSpan
-        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-        from opentelemetry.trace.span import TraceState
+    def __init__(self) -> None:
+        self._encoder = otlp.Encoder()
+        self._states: dict[str, str] = {}
 
-        self.resource, self.scope = resource, scope
-        self._readable, self._event, self._context = ReadableSpan, Event, SpanContext
-        self._kind, self._status, self._code = SpanKind, Status, StatusCode
-        self._sampled, self._state = TraceFlags(TraceFlags.SAMPLED), TraceState
-
-    def of(self, record: tuple[Any, ...]) -> Iterator[ReadableSpan]:
+    def of(self, record: tuple[Any, ...], out: list[bytes]) -> None:
+        """Append the record's spans to ``out``."""
         if record[0] == "q":
-            yield from self.request(record)
+            self.request(record, out)
         elif record[0] == "s":
-            yield self.work(record)
+            out.append(self.work(record))
 
-    def work(self, record: tuple[Any, ...]) -> ReadableSpan:
+    def work(self, record: tuple[Any, ...]) -> bytes:
         _, name, trace_hex, span_id, parent_id, start, end, attributes, error = record
-        trace_id = int(trace_hex, 16)
-        own = self._context(trace_id, span_id, False, self._sampled)
-        parent = self._context(trace_id, parent_id, False, self._sampled) if parent_id else None
-        status, events = self._status(self._code.UNSET), ()
+        status, message, events = otlp.STATUS_UNSET, "", ()
         if error is not None:
-            kind, message = error
-            status = self._status(self._code.ERROR, f"{kind}: {message}")
-            attrs = {"exception.type": kind, "exception.message": message}
-            events = (self._event("exception", attrs, end),)
-        return self._readable(
-            name, own, parent, self.resource, attributes, events, status=status,
-            start_time=start, end_time=end, instrumentation_scope=self.scope,
+            kind, text = error
+            status, message = otlp.STATUS_ERROR, f"{kind}: {text}"
+            events = (("exception", end, {"exception.type": kind, "exception.message": text}),)
+        return self._encoder.span(
+            bytes.fromhex(trace_hex), span_id, "", parent_id, False, name,
+            otlp.KIND_INTERNAL, start, end, attributes, events, status, message,
         )  # fmt: skip
 
-    def request(self, record: tuple[Any, ...]) -> Iterator[ReadableSpan]:
+    def _state(self, header: str) -> str:
+        """A tracestate header as the SDK keeps it (invalid: none; re-joined), cached."""
+        state = self._states.get(header)
+        if state is None:
+            from opentelemetry.trace.span import TraceState
+
+            if len(self._states) >= 1024:
+                self._states.clear()
+            parsed = TraceState.from_header([header])
+            state = self._states[header] = ",".join(f"{k}={v}" for k, v in parsed.items())
+        return state
+
+    def request(self, record: tuple[Any, ...], out: list[bytes]) -> None:
         """The request's server span and its children."""
         (_, name, trace_hex, span_id, parent_id, tracestate, start, end, code, error,
          attributes, children) = record  # fmt: skip
-        trace_id = int(trace_hex, 16)
-        state = self._state.from_header([tracestate]) if tracestate else None
-        sampled = self._sampled
-        own = self._context(trace_id, span_id, False, sampled, state)
+        trace_id = bytes.fromhex(trace_hex)
+        state = self._state(tracestate) if tracestate else ""
         enqueued, popped, sent, answered, worker, size, handler_ms, phases, stream = children
+        encode, internal = self._encoder.span, otlp.KIND_INTERNAL
 
-        def child(name: str, parent: Any, begin: int, finish: int, **attrs: Any) -> ReadableSpan:
-            context = self._context(trace_id, getrandbits(64) or 1, False, sampled, state)
-            return self._readable(
-                name, context, parent, self.resource, attrs, start_time=begin,
-                end_time=finish, instrumentation_scope=self.scope,
-            )  # fmt: skip
+        def child(name: str, parent: int, begin: int, finish: int, attributes: Any = None) -> int:
+            own = getrandbits(64) or 1
+            out.append(encode(trace_id, own, state, parent, False, name, internal, begin,
+                              finish, attributes, (), otlp.STATUS_UNSET, ""))  # fmt: skip
+            return own
 
         if enqueued is not None and not sent:  # never reached a worker
-            yield child("mserve.queue", own, enqueued, answered)
+            child("mserve.queue", span_id, enqueued, answered)
         elif enqueued is not None:
-            yield child("mserve.queue", own, enqueued, popped)
-            yield child("mserve.batch", own, popped, sent, **{"mserve.batch_size": size})
+            child("mserve.queue", span_id, enqueued, popped)
+            child("mserve.batch", span_id, popped, sent, {"mserve.batch_size": size})
             attributes["mserve.worker_id"] = worker
             attributes["mserve.batch_size"] = size
-            call = child("mserve.worker", own, sent, answered,
-                         **{"mserve.worker_id": worker, "mserve.batch_size": size})  # fmt: skip
-            yield call
+            call = child("mserve.worker", span_id, sent, answered,
+                         {"mserve.worker_id": worker, "mserve.batch_size": size})  # fmt: skip
             if type(handler_ms) in (int, float) and handler_ms >= 0:
                 begin = max(sent, answered - int(handler_ms * 1e6))
-                handler = child("mserve.handler", call.context, begin, answered)
-                yield handler
+                handler = child("mserve.handler", call, begin, answered)
                 for phase in phases if type(phases) is list else ():
                     if (
                         type(phase) is list and len(phase) == 3 and phase[0] in _PHASES
@@ -116,54 +112,41 @@ class Spans:
                     ):  # fmt: skip
                         first = begin + int(phase[1] * 1e6)
                         last = min(answered, first + int(phase[2] * 1e6))
-                        yield child(f"mserve.{phase[0]}", handler.context, first, last)
+                        child(_PHASES[phase[0]], handler, first, last)
         if stream is not None:
-            yield child("mserve.stream", own, stream[0], end, **{"mserve.chunks": stream[1]})
+            child("mserve.stream", span_id, stream[0], end, {"mserve.chunks": stream[1]})
         attributes["http.response.status_code"] = code
-        status, events = self._status(self._code.UNSET), ()
+        status, message, events = otlp.STATUS_UNSET, "", ()
         if error is not None or code >= 500:
-            status = self._status(self._code.ERROR, error)
+            status, message = otlp.STATUS_ERROR, error or ""
             if error is not None:
-                events = (self._event("exception", {"exception.message": error}, end),)
-        parent = None
-        if parent_id:  # the client's span, remote
-            parent = self._context(trace_id, parent_id, True, sampled, state)
-        yield self._readable(
-            name, own, parent, self.resource, attributes, events, kind=self._kind.SERVER,
-            status=status, start_time=start, end_time=end, instrumentation_scope=self.scope,
-        )  # fmt: skip
+                events = (("exception", end, {"exception.message": error}),)
+        out.append(encode(
+            trace_id, span_id, state, parent_id, bool(parent_id), name, otlp.KIND_SERVER,
+            start, end, attributes, events, status, message,
+        ))  # fmt: skip
 
 
-class _LastMessage(logging.Handler):
-    """Keeps the exporter's last warning (why an export failed) for the failure report, instead
-    of printing one per retry."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.message = ""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.message = record.getMessage()
-
-
-def _exporter(settings: dict[str, Any]) -> Any:
-    if settings["protocol"] == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
-            OTLPSpanExporter,
-        )
-    return OTLPSpanExporter(endpoint=settings["endpoint"], headers=settings["headers"] or None)
-
-
-def _resource() -> Resource:
+def _resource() -> dict[str, Any]:
+    """The SDK's resource (its detectors, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``),
+    made once: only its attributes are sent."""
     from opentelemetry.sdk.resources import Resource
 
     from archiver import __version__
 
     if os.environ.get("OTEL_SERVICE_NAME"):  # Resource.create read it; ours must not win
-        return Resource.create({"service.version": __version__})
-    return Resource.create({"service.name": "mserve", "service.version": __version__})
+        return dict(Resource.create({"service.version": __version__}).attributes)
+    return dict(
+        Resource.create({"service.name": "mserve", "service.version": __version__}).attributes
+    )
+
+
+def sender(settings: dict[str, Any]) -> otlp.HttpSender | otlp.GrpcSender:
+    """The sender for the configured protocol, with the standard variables' options."""
+    options = otlp.export_options(settings["headers"] or {})
+    if settings["protocol"] == "grpc":
+        return otlp.GrpcSender(settings["endpoint"], options)
+    return otlp.HttpSender(settings["endpoint"], options)
 
 
 def _read_records(fd: int, buffer: bytearray, limit: int) -> tuple[list[Any], bool]:
@@ -196,33 +179,29 @@ def _report(out: int, message: tuple[Any, ...]) -> None:
 
 def main(argv: list[str]) -> int:
     settings = json.loads(argv[1])
-    last = _LastMessage()
-    otel = logging.getLogger("opentelemetry")
-    otel.addHandler(last)
-    otel.propagate = False
-    from opentelemetry.sdk.trace.export import SpanExportResult
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-    exporter = _exporter(settings)
-    spans = Spans(_resource(), InstrumentationScope("mserve"))
+    send = sender(settings)
+    batch = otlp.Batch(_resource(), "mserve")
+    spans = Spans()
     source, out = sys.stdin.fileno(), sys.stdout.fileno()
     buffer = bytearray()
     failing = False
     ended = False
     while not ended:
         records, ended = _read_records(source, buffer, MAX_BATCH_RECORDS)
-        batch = [span for record in records for span in spans.of(record)]
-        if not batch:
+        encoded: list[bytes] = []
+        for record in records:
+            spans.of(record, encoded)
+        if not encoded:
             continue
-        last.message = ""
-        if exporter.export(batch) is SpanExportResult.SUCCESS:
+        failure = send.send(batch.request(encoded))
+        if failure is None:
             if failing:
                 failing = False
                 _report(out, ("recovered", 0, ""))
         else:
             failing = True
-            _report(out, ("failed", len(batch), last.message or "the exporter gave no reason"))
-    exporter.shutdown()
+            _report(out, ("failed", len(encoded), failure))
+    send.close()
     return 0
 
 

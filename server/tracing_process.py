@@ -38,7 +38,7 @@ MAX_QUEUE = 8192  # records (a request's is ~8 spans) waiting while the pipe is 
 FLUSH_RECORDS = 256  # a frame: written at once when this many wait
 FLUSH_S = 0.05  # else this long after the first one
 PIPE_BYTES = 1 << 20  # the pipe's buffer, where the kernel allows it
-CLOSE_S = 12.0  # at stop: the child's last export (the OTLP exporter's timeout is 10 s)
+CLOSE_S = 12.0  # at stop: the child's last export (OTEL_EXPORTER_OTLP_TIMEOUT: 10 s unless set)
 REASONS = ("queue_full", "export_failed", "exporter_exited")
 
 

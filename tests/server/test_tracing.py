@@ -1,6 +1,7 @@
 """OpenTelemetry traces end to end: a real server exporting over OTLP/HTTP to a real receiver in
-this test (an HTTP server decoding ``ExportTraceServiceRequest`` with opentelemetry-proto), real
-workers running tests/handlers/trace_echo (a BaseHandler subclass echoing its trace context)."""
+this test (an HTTP server decoding ``ExportTraceServiceRequest`` with opentelemetry-proto), or over
+OTLP/gRPC to a real TraceService server, real workers running tests/handlers/trace_echo (a
+BaseHandler subclass echoing its trace context)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ from typing import Any
 import grpc
 import psutil
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from server.config import load_config
 from server.errors import ConfigError
@@ -88,6 +93,32 @@ class Receiver:
         wait_until(lambda: names <= {s["name"] for s in self.trace(trace_id)}, 20,
                    f"spans {sorted(names)} of trace {trace_id}")  # fmt: skip
         return {s["name"]: s for s in self.trace(trace_id)}
+
+
+class GrpcReceiver(Receiver):
+    """An OTLP/gRPC traces endpoint: a real TraceService server; keeps each call's metadata."""
+
+    def __init__(self) -> None:
+        from concurrent import futures
+
+        self.spans, self.lock = [], threading.Lock()
+        self.metadata: list[dict[str, str]] = []
+        self.refuse = False  # abort with INVALID_ARGUMENT
+        receiver = self
+
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: Any, context: Any) -> ExportTraceServiceResponse:
+                receiver.metadata.append(dict(context.invocation_metadata()))
+                if receiver.refuse:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spans refused by the test")
+                receiver.add(request)
+                return ExportTraceServiceResponse()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.url = f"http://127.0.0.1:{port}"
 
 
 def _header(reply: Any, name: str) -> str | None:
@@ -364,3 +395,37 @@ def test_sampling_follows_the_clients_flag_else_the_ratio() -> None:
         handed.clear()
         trace.finish(None, 200)
         assert len(handed) == int(sampled)
+
+
+def test_spans_are_exported_over_grpc_with_the_standard_headers(make_archive, start_server) -> None:
+    """``otel_protocol: grpc``: the same spans reach a real TraceService server, with the
+    headers of ``OTEL_EXPORTER_OTLP_HEADERS`` as metadata; a refused export is logged with the
+    collector's status and counted."""
+    receiver = GrpcReceiver()
+    make_archive("trace_echo", "trace_echo:TraceEcho", "echo")
+    server = start_server(
+        "echo=echo.mar", config={"otel_endpoint": receiver.url, "otel_protocol": "grpc"},
+        env={"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-tenant=team%20a"},
+    )  # fmt: skip
+    try:
+        assert server.predict("echo", {"x": 1}, headers={"traceparent": TRACEPARENT}).status == 200
+        names = {"POST /predictions", "mserve.queue", "mserve.batch", "mserve.worker",
+                 "mserve.handler", "mserve.preprocess", "mserve.inference", "mserve.postprocess"}  # fmt: skip
+        spans = receiver.wait_trace(TRACE_ID, names)
+        root = spans["POST /predictions"]
+        assert root["parent"] == CLIENT_SPAN and root["attrs"]["mserve.model"] == "echo"
+        assert root["attrs"]["http.response.status_code"] == 200
+        assert spans["mserve.worker"]["parent"] == root["span_id"]
+        assert spans["mserve.handler"]["parent"] == spans["mserve.worker"]["span_id"]
+        assert spans["mserve.inference"]["parent"] == spans["mserve.handler"]["span_id"]
+        assert receiver.metadata[-1]["x-tenant"] == "team a"
+
+        receiver.refuse = True
+        assert server.predict("echo", {"x": 2}).status == 200
+        wait_until(lambda: _dropped(server, "export_failed") >= 8, 20, "the refused spans counted")
+        log = server.run_dir / "logs" / "mserve.log"
+        failed = (f"exporting spans to {receiver.url} failed: Failed to export spans batch, "
+                  "error code: INVALID_ARGUMENT, details: spans refused by the test")  # fmt: skip
+        wait_until(lambda: failed in log.read_text(), 10, "the refusal logged")
+    finally:
+        receiver.server.stop(0)
