@@ -358,7 +358,6 @@ def test_served_a_cancelled_stream_frees_its_slot_for_a_queued_one(server: Serve
     closed_at = others[0].count
     _wait(lambda: bool(queued.times), "the queued stream's first token")
     joined_at = others[0].count
-    print("STEPS", closed_at, joined_at)
     assert others[0].is_alive(), "the queued stream waited for the others to end"
     assert joined_at - closed_at <= 30, (closed_at, joined_at)  # steps seen by a client
     queued.join(30)
