@@ -27,17 +27,22 @@ request's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
+import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 from harness import BIN, REPO, Server, archive, free_port, wait_until
 
 EXAMPLE = REPO / "examples" / "tiny_lm"
@@ -130,15 +135,45 @@ def one_stream(host: str, port: int, path: str, body: dict[str, Any], headers: d
     out.append((first or 0.0, time.perf_counter() - t0, tokens))
 
 
-def measure(host: str, port: int, path: str, body: dict[str, Any], headers: dict[str, str],
-            streams: int, rounds: int) -> dict[str, float]:  # fmt: skip
+def cpu_of(pid: int | None) -> Callable[[], tuple[float, float, float]]:
+    """CPU seconds so far of (the server process ``pid``, its children: workers, this process:
+    the clients' threads); pid None: a bare loop, all in this process."""
+    server = psutil.Process(pid) if pid is not None else None
+
+    def read() -> tuple[float, float, float]:
+        mine = time.process_time()
+        if server is None:
+            return 0.0, 0.0, mine
+        own = sum(server.cpu_times()[:2])
+        workers = 0.0
+        for child in server.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                workers += sum(child.cpu_times()[:2])
+        return own, workers, mine
+
+    return read
+
+
+def lengths(streams: int, tokens: int, mixed: bool) -> list[int]:
+    """Each stream's answer length: ``tokens``, or (mixed) drawn from ``tokens/4 .. 7*tokens/4``
+    (mean ``tokens``), the same draws for every mode."""
+    if not mixed:
+        return [tokens] * streams
+    rng = random.Random(streams)
+    return [rng.randint(max(1, tokens // 4), tokens * 7 // 4) for _ in range(streams)]
+
+
+def measure(host: str, port: int, path: str, bodies: list[dict[str, Any]],
+            headers: dict[str, str], streams: int, rounds: int,
+            cpu: Callable[[], tuple[float, float, float]]) -> dict[str, float]:  # fmt: skip
     firsts, rates = [], []
+    cpu_at, tokens_total = cpu(), 0
     for r in range(rounds + 1):  # the first round warms up (torch's first calls are slow)
         out: list[tuple[float, float, int]] = []
         barrier = threading.Barrier(streams)
         threads = [threading.Thread(target=one_stream,
                                     args=(host, port, path, body, headers, barrier, out))
-                   for _ in range(streams)]  # fmt: skip
+                   for body in bodies]  # fmt: skip
         for t in threads:
             t.start()
         for t in threads:
@@ -146,22 +181,28 @@ def measure(host: str, port: int, path: str, body: dict[str, Any], headers: dict
         if len(out) != streams or any(n == 0 for *_, n in out):
             raise SystemExit(f"{path}: {streams - len(out)} streams failed, {out}")
         if r == 0:
+            cpu_at = cpu()
             continue
         wall = max(end for _, end, _ in out)
         rates.append(sum(n for *_, n in out) / wall)
+        tokens_total += sum(n for *_, n in out)
         firsts += [f for f, _, _ in out]
-    return _row(rates, firsts)
+    return _row(rates, firsts, cpu_at, cpu(), tokens_total)
 
 
-def _row(rates: list[float], firsts: list[float]) -> dict[str, float]:
+def _row(rates: list[float], firsts: list[float], cpu_at: tuple[float, ...],
+         cpu_end: tuple[float, ...], tokens: int) -> dict[str, float]:  # fmt: skip
     firsts = sorted(firsts)
     p99 = firsts[min(len(firsts) - 1, round(0.99 * (len(firsts) - 1)))]
+    used = [(b - a) / tokens * 1e6 for a, b in zip(cpu_at, cpu_end, strict=True)]
     return {"tok_s": statistics.median(rates), "ttft_p50": statistics.median(firsts),
-            "ttft_p99": p99}  # fmt: skip
+            "ttft_p99": p99, "cpu_server": used[0], "cpu_worker": used[1],
+            "cpu_client": used[2]}  # fmt: skip
 
 
-def bare(weights: Path, tokens: int, streams: int, rounds: int) -> dict[str, float]:
-    """The ceiling: prefill each stream in turn, then decode all of them together."""
+def bare(weights: Path, sizes: list[int], rounds: int) -> dict[str, float]:
+    """The ceiling: prefill each stream in turn, then decode all of them together, each
+    leaving the batch when it has its ``sizes[i]`` tokens."""
     import torch
 
     sys.path[:0] = [str(EXAMPLE), str(REPO / "mserve_worker" / "compat")]
@@ -173,21 +214,31 @@ def bare(weights: Path, tokens: int, streams: int, rounds: int) -> dict[str, flo
     model.load_state_dict(torch.load(weights, weights_only=True))
     model.eval()
     firsts, rates = [], []
-    body = {"prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "seed": 0}
+    cpu = cpu_of(None)
+    cpu_at = cpu()
     for r in range(rounds + 1):  # the first round warms up
         if r == 1:
             firsts, rates = [], []
+            cpu_at = cpu()
         t0 = time.perf_counter()
-        states = [_State(dict(body)) for _ in range(streams)]
+        states = [_State({"prompt": PROMPT, "max_tokens": n, "ignore_eos": True, "seed": 0})
+                  for n in sizes]  # fmt: skip
         for s in states:
             s.take(*model.prefill(s.ids))
             firsts.append(time.perf_counter() - t0)
-        for _ in range(tokens - 1):
-            logits, caches = model.decode([s.next_token for s in states], [s.cache for s in states])
-            for j, s in enumerate(states):
+        live = [s for s in states if s.made < s.max_tokens]
+        while live:
+            logits, caches = model.decode([s.next_token for s in live], [s.cache for s in live])
+            for j, s in enumerate(live):
                 s.take(logits[j], caches[j])
-        rates.append(streams * tokens / (time.perf_counter() - t0))
-    return _row(rates, firsts)
+            live = [s for s in live if s.made < s.max_tokens]
+        rates.append(sum(s.made for s in states) / (time.perf_counter() - t0))
+    return _row(rates, firsts, cpu_at, cpu(), sum(min(n, 256) for n in sizes) * rounds)
+
+
+def bodies(streams: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [{"prompt": PROMPT, "max_tokens": n, "ignore_eos": True}
+            for n in lengths(streams, args.tokens, args.lengths == "mixed")]  # fmt: skip
 
 
 def serve_mode(work: Path, mode: str, weights: Path, args: argparse.Namespace,
@@ -205,10 +256,10 @@ def serve_mode(work: Path, mode: str, weights: Path, args: argparse.Namespace,
             "-c", work / f"{mode}.yaml", "-f")  # fmt: skip
     server = Server(work, {"grpc": False, "disable_token_authorization": True},
                     [f"tiny_lm_{mode}=tiny_lm_{mode}.mar"], name=mode)  # fmt: skip
-    body = {"prompt": PROMPT, "max_tokens": args.tokens, "ignore_eos": True}
     try:
-        return {c: measure(server.host, server.port, f"/predictions/tiny_lm_{mode}", body, {},
-                           c, args.rounds) for c in levels}  # fmt: skip
+        return {c: measure(server.host, server.port, f"/predictions/tiny_lm_{mode}",
+                           bodies(c, args), {}, c, args.rounds, cpu_of(server.pid))
+                for c in levels}  # fmt: skip
     finally:
         server.stop()
 
@@ -239,9 +290,8 @@ def litserve_mode(work: Path, weights: Path, args: argparse.Namespace,
 
     try:
         wait_until(up, 120, "LitServe to start")
-        body = {"prompt": PROMPT, "max_tokens": args.tokens, "ignore_eos": True}
-        return {c: measure("127.0.0.1", port, "/predict", body, {}, c, args.rounds)
-                for c in levels}  # fmt: skip
+        return {c: measure("127.0.0.1", port, "/predict", bodies(c, args), {}, c, args.rounds,
+                           cpu_of(proc.pid)) for c in levels}  # fmt: skip
     finally:
         proc.terminate()
         proc.wait(30)
@@ -252,9 +302,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--streams", default="1,8,32")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--lengths", choices=("mixed", "fixed"), default="mixed",
+                        help="answer lengths: drawn around --tokens (as real answers vary), or"
+                        " all --tokens long")  # fmt: skip
     parser.add_argument("--modes", default="continuous,static,one,bare,litserve")
     args = parser.parse_args()
     levels = [int(x) for x in args.streams.split(",")]
+    load_start = os.getloadavg()[0]
     modes = args.modes.split(",")
     results: dict[str, dict[int, dict[str, float]] | str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
@@ -269,20 +323,52 @@ def main() -> None:
             elif mode in ("continuous", "static", "one"):
                 results[mode] = serve_mode(work, mode, weights, args, levels)
             elif mode == "bare":
-                results[mode] = {c: bare(weights, args.tokens, c, args.rounds) for c in levels}
+                results[mode] = {
+                    c: bare(weights, lengths(c, args.tokens, args.lengths == "mixed"), args.rounds)
+                    for c in levels
+                }
             elif mode == "litserve":
                 results[mode] = litserve_mode(work, weights, args, levels)
             else:
                 raise SystemExit(f"unknown mode {mode!r}")
-    print(f"{args.tokens} tokens per stream, {args.rounds} rounds; TTFT in ms")
-    print(f"{'mode':<11}{'streams':>8}{'tokens/s':>11}{'TTFT p50':>10}{'TTFT p99':>10}")
+    load_end = os.getloadavg()[0]
+    print(
+        f"{args.tokens} tokens per stream ({args.lengths}), {args.rounds} rounds (medians); TTFT"
+        " in ms; CPU in us per token: the server process, its workers, the clients (this process)"
+    )
+    print(f"{os.cpu_count()} CPUs, load average {load_start:.1f} at the start, {load_end:.1f}"
+          " at the end")  # fmt: skip
+    print(f"{'mode':<11}{'streams':>8}{'tokens/s':>11}{'TTFT p50':>10}{'TTFT p99':>10}"
+          f"{'server':>8}{'worker':>8}{'client':>8}")  # fmt: skip
     for mode, rows in results.items():
         if isinstance(rows, str):
             print(f"{mode:<11}  {rows}")
             continue
         for c, r in rows.items():
             print(f"{mode:<11}{c:>8}{r['tok_s']:>11.0f}{r['ttft_p50'] * 1e3:>10.1f}"
-                  f"{r['ttft_p99'] * 1e3:>10.1f}")  # fmt: skip
+                  f"{r['ttft_p99'] * 1e3:>10.1f}{r['cpu_server']:>8.0f}{r['cpu_worker']:>8.0f}"
+                  f"{r['cpu_client']:>8.0f}")  # fmt: skip
+    goals(results, levels)
+
+
+def goals(results: dict[str, Any], levels: list[int]) -> None:
+    """Issue 29's goals at the highest level, where the rows to judge them are there."""
+    top, rows = max(levels), {m: r for m, r in results.items() if not isinstance(r, str)}
+    if "continuous" not in rows:
+        return
+    cont = rows["continuous"][top]
+    lines = []
+    if "bare" in rows:
+        lines.append(f"tokens/s vs the bare loop: {cont['tok_s'] / rows['bare'][top]['tok_s']:.2f}"
+                     " (goal >= 0.8)")  # fmt: skip
+    if "static" in rows:
+        ratio = cont["tok_s"] / rows["static"][top]["tok_s"]
+        lines.append(f"tokens/s vs static batching: {ratio:.2f}x (goal >= 2)")
+    if 1 in rows["continuous"]:
+        alone = rows["continuous"][1]["ttft_p99"]
+        lines.append(f"TTFT p99 vs a lone request's: {cont['ttft_p99'] / alone:.1f}x (goal <= 2)")
+    for line in lines:
+        print(f"continuous at {top} streams: {line}")
 
 
 if __name__ == "__main__":

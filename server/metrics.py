@@ -272,6 +272,10 @@ class Metrics:
         # answers counted since the last scrape, by (model, version, code): a plain number per
         # request, added to ``requests`` when scraped (its inc() is four calls and a lock)
         self._answers: dict[tuple[str, str, int], list[int]] = {}
+        # generative models (server/openai/): [prompt, generated] tokens of the usage the OpenAI
+        # API reported, by (model, version); mserve_prompt_tokens_total and
+        # mserve_generated_tokens_total when scraped
+        self._tokens: dict[tuple[str, str], list[int]] = {}
         self.prom.register(self)  # type: ignore[arg-type]
         if mode not in METRICS_MODES:
             raise ConfigError(f"metrics_mode: {mode!r} is not one of {', '.join(METRICS_MODES)}")
@@ -351,6 +355,15 @@ class Metrics:
             self.log_ts("ts_inference_latency_microseconds", "Microseconds", seconds * 1e6, dims)
             self.log_ts("ts_queue_latency_microseconds", "Microseconds", queue_s * 1e6, dims)
             self.log_ts("QueueTime", "Milliseconds", self.queue_ms, ())
+
+    def tokens(self, model: ObservedModel, prompt: int, generated: int) -> None:
+        """A generative request's usage (what its answer reported, or a stream's so far)."""
+        key = (model.name, model.version)
+        counts = self._tokens.get(key)
+        if counts is None:
+            counts = self._tokens[key] = [0, 0]
+        counts[0] += prompt
+        counts[1] += generated
 
     def request_cancelled(self, name: str, version: str, reason: str) -> None:
         """``reason``: ``client`` (it went away) or ``deadline`` (clientTimeoutInMills)."""
@@ -513,7 +526,12 @@ class Metrics:
                   "mserve_models_loaded", "mserve_worker_confined", "mserve_workers",
                   "mserve_workers_min", "mserve_queue_capacity",
                   "mserve_tls_certificate_expiry_timestamp_seconds")  # fmt: skip
-        return [*(GaugeMetricFamily(n, "") for n in gauges), self._latency_family()]
+        counters = ("mserve_prompt_tokens", "mserve_generated_tokens")
+        return [
+            *(GaugeMetricFamily(n, "") for n in gauges),
+            *(CounterMetricFamily(n, "") for n in counters),
+            self._latency_family(),
+        ]
 
     def collect(self) -> Any:
         queue = GaugeMetricFamily("mserve_queue_depth", "Jobs waiting", labels=["model", "version"])
@@ -560,6 +578,8 @@ class Metrics:
         yield floor
         yield capacity
         yield self._latency_family()
+        if self._tokens:
+            yield from self._token_families()
         if self._certificates:
             expiry = GaugeMetricFamily(
                 "mserve_tls_certificate_expiry_timestamp_seconds",
@@ -593,6 +613,19 @@ class Metrics:
         loaded = GaugeMetricFamily("mserve_models_loaded", "Model versions with workers")
         loaded.add_metric([], residency.loaded_models())
         yield loaded
+
+    def _token_families(self) -> list[CounterMetricFamily]:
+        labels = ["model", "version"]
+        prompt = CounterMetricFamily(
+            "mserve_prompt_tokens", "Prompt tokens of generative requests", labels=labels
+        )
+        generated = CounterMetricFamily(
+            "mserve_generated_tokens", "Tokens generated for generative requests", labels=labels
+        )
+        for (name, version), (p, g) in list(self._tokens.items()):
+            prompt.add_metric([name, version], p)
+            generated.add_metric([name, version], g)
+        return [prompt, generated]
 
     def _latency_family(self) -> HistogramMetricFamily:
         """``mserve_request_latency_seconds``, as a prometheus_client Histogram with its default

@@ -12,6 +12,10 @@ in its first step, gets a plain answer) and frees its slot for the next step.
 Between two steps the pump drops what nobody waits for: a client that went away (its stream
 cancelled, or :meth:`Job.cancel`) or a request past its deadline. The worker sees the request
 missing from the next step and cleans up its state (mserve_worker/continuous.py).
+
+The model's inference log (server/inference_log/) gets what the ordinary pump gives it: each
+request answered whole (done in its first step, or refused there) and each failed call. A
+streamed answer is not logged, here as there: its body is never whole in the server.
 """
 
 from __future__ import annotations
@@ -129,6 +133,10 @@ class ContinuousPump(BatchPump):
             results = await worker.batch_result(batch, items)
         except HandlerError as exc:  # the call failed as a whole: every request of it ends
             fail_jobs(step, exc)
+            if self.inference_log is not None:
+                self.inference_log.failed(
+                    [j.item for j in step], [j.enqueued_at for j in step], exc.status, exc.message
+                )
             return None
         except ChannelClosed:  # never started: the new ones can go to another worker
             self.queue.requeue([job for job in step[continuing:] if not job.future.done()])
@@ -137,9 +145,17 @@ class ContinuousPump(BatchPump):
         except (WorkerDied, WorkerTimeout) as exc:
             fail_jobs(step, exc)
             return exc.message
+        whole = []  # answered in one piece (done in their first step, or refused)
         for job, result in zip(step, results, strict=True):
             if self._answer(job, result):
                 going_on.append(job)
+            elif job.stream is None:
+                whole.append((job, result))
+        if self.inference_log is not None and whole:
+            self.inference_log.settled(
+                [j.item for j, _ in whole], [r for _, r in whole],
+                [j.enqueued_at for j, _ in whole], batch.future.result().meta.get("inference_log"),
+            )  # fmt: skip
         started = time.perf_counter()
         handler_ms, entries = worker.result_metrics(batch)
         self.stats.batch_done(handler_ms, entries, step, time.perf_counter() - started)

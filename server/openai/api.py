@@ -5,6 +5,11 @@ the model's batching (continuous batching included) like any prediction. A reque
 it waits for each job's first answer (a refusal then is an HTTP error in OpenAI's shape), then
 answers whole or as server-sent events, one event per piece the handler streams. The task is the
 request's ``future``: a client that goes away cancels it, and its jobs with it.
+
+A request's id is the client's ``X-Request-ID`` when usable (server/tracing.py), else ours, as on
+``/predictions``: its jobs carry it (``<id>.<i>`` for the i-th of several, which a handler keying
+its state by request id needs apart), its answer's ``X-Request-Id`` header and the access log
+name it, and the answer's ``id`` is ``chatcmpl-<id>`` / ``cmpl-<id>``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 from mserve_worker.protocol import RequestItem, ResponseItem
 from server.errors import InternalError, ModelNotFound, MserveError, ServiceUnavailable
-from server.http import JSON, ChunkedAnswer, Connection, Request
+from server.http import JSON, ChunkedAnswer, Connection, Request, json_answer
 from server.metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
@@ -39,6 +44,7 @@ from server.openai.request import (
     read_body,
 )
 from server.streaming import ChunkStream
+from server.tracing import client_request_id, trace_id_of
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,8 @@ class OpenAIAPI:
             return
         body = read_body(op, req.body)
         model, declared = self._model(body["model"])
+        rid = client_request_id(req.known.get("x-request-id")) or self.new_id()
+        req.tag = (rid, trace_id_of(req.known.get("traceparent")), model.name, model.version, "")
         if op == "embedding":
             if not declared.embeddings:
                 raise self._not_for(model, "embeddings", "embeddings: true")
@@ -149,11 +157,25 @@ class OpenAIAPI:
         if req.out is None:  # nothing sent yet
             conn.answer_error(req, error)
 
-    def _enqueue(self, model: ModelVersion, content_type: str, body: bytes) -> Job:
+    @staticmethod
+    def _enqueue(
+        model: ModelVersion, req: Request, i: int, count: int, content_type: str, body: bytes
+    ) -> Job:
+        """Job ``i`` of ``count`` for request ``req`` (named by its id, see the module's doc)."""
+        rid = req.tag[0] if req.tag is not None else ""
         item = RequestItem(
-            request_id=self.new_id(), content_type=content_type, headers=[], body=body
-        )
+            request_id=rid if count == 1 else f"{rid}.{i}", content_type=content_type,
+            headers=[], body=body,
+        )  # fmt: skip
         return model.enqueue(item)
+
+    @staticmethod
+    def _answer_json(conn: Connection, req: Request, payload: dict[str, Any]) -> None:
+        """A whole answer (200), naming the request's id as every answer of a prediction does."""
+        status, headers, body = json_answer(200, payload)
+        if req.tag is not None:
+            headers.append(["X-Request-Id", req.tag[0]])
+        conn.answer(req, status, headers, body)
 
     async def _first(self, model: ModelVersion, job: Job) -> AsyncIterator[bytes]:
         """The job's answer as its raw pieces, once the first has come; a refusal raises.
@@ -179,13 +201,16 @@ class OpenAIAPI:
         request: Completion,
     ) -> None:  # fmt: skip
         started = time.perf_counter()
-        jobs = []
+        jobs: list[Job] = []
+        choices: list[Choice] = []
         try:
             for i in range(request.n):
-                jobs.append(self._enqueue(model, *request.handler_body(declared, i)))
+                body = request.handler_body(declared, i)
+                jobs.append(self._enqueue(model, req, i, request.n, *body))
             choices = [Choice(i, request.stop, request.max_tokens) for i in range(request.n)]
             meta = _Meta(request, model.name, "chatcmpl-" if request.kind == "chat" else "cmpl-")
-            meta.id += jobs[0].item.request_id
+            meta.request_id = req.tag[0] if req.tag is not None else ""
+            meta.id += meta.request_id
             if request.stream:
                 # every choice must have begun (or been refused) before the 200 goes out; each
                 # stream is taken as its first piece comes (see _first), so the choices read so
@@ -198,11 +223,14 @@ class OpenAIAPI:
                 await _collect(choice, await self._first(model, job))
 
             await _together([collect(c, j) for c, j in zip(choices, jobs, strict=True)])
-            conn.answer_json(req, 200, meta.whole(choices))
+            self._answer_json(conn, req, meta.whole(choices))
             self.metrics.answered(model, 200, time.perf_counter() - started)
         finally:
             for job in jobs:
                 cancel_job(model, job)
+            if choices:  # what was generated, a stream cut short included
+                counted = usage(choices)
+                self.metrics.tokens(model, counted["prompt_tokens"], counted["completion_tokens"])
 
     async def _stream(
         self, conn: Connection, req: Request, model: ModelVersion, meta: _Meta,
@@ -218,7 +246,7 @@ class OpenAIAPI:
             return OpenAIError(500, "the stream is too large to hold for an HTTP/1.0 client")
 
         answer = ChunkedAnswer(
-            conn, req, 200, [*SSE_HEADERS, ["X-Request-Id", meta.id]], source,
+            conn, req, 200, [*SSE_HEADERS, ["X-Request-Id", meta.request_id]], source,
             self.max_response_bytes, too_large, done,
         )  # fmt: skip
 
@@ -253,9 +281,9 @@ class OpenAIAPI:
         started = time.perf_counter()
         jobs = []
         try:
-            for text in request.inputs:
+            for i, text in enumerate(request.inputs):
                 body = json.dumps({"kind": "embedding", "input": text}).encode()
-                jobs.append(self._enqueue(model, JSON, body))
+                jobs.append(self._enqueue(model, req, i, len(request.inputs), JSON, body))
             data, prompt = [], 0
             for i, job in enumerate(jobs):
                 first = await self._first(model, job)
@@ -266,10 +294,11 @@ class OpenAIAPI:
                 if request.base64:
                     value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
                 data.append({"object": "embedding", "index": i, "embedding": value})
-            conn.answer_json(req, 200, {
+            self._answer_json(conn, req, {
                 "object": "list", "data": data, "model": model.name,
                 "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
             })  # fmt: skip
+            self.metrics.tokens(model, prompt, 0)
             self.metrics.answered(model, 200, time.perf_counter() - started)
         finally:
             for job in jobs:
@@ -367,6 +396,7 @@ class _Meta:
         self.request = request
         self.model = model
         self.id = prefix
+        self.request_id = ""  # X-Request-Id: the client's, or ours
         self.created = int(time.time())
         self.chat = request.kind == "chat"
 

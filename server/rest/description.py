@@ -79,6 +79,17 @@ SCHEMAS: dict[str, Any] = {
         "required": ["error"],
         "properties": {"error": {"type": "string"}},
     },
+    "OpenAIError": {
+        "type": "object",
+        "description": "OpenAI's error body, on /openai/ paths (docs/generative.md)",
+        "required": ["error"],
+        "properties": {"error": {
+            "type": "object", "required": ["message", "type"],
+            "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                           "param": {"type": "string", "nullable": True},
+                           "code": {"type": "string", "nullable": True}},
+        }},
+    },
     "Status": {
         "type": "object", "required": ["status"], "properties": {"status": {"type": "string"}},
     },
@@ -317,6 +328,45 @@ INFERENCE_PATHS: dict[str, dict[str, Any]] = {
     "/v1/models/{model_name}:explain": {"post": _predict("KServe v1 explanation", [_MODEL])},
 }  # fmt: skip
 
+# The OpenAI-compatible API (server/openai/, docs/generative.md): OpenAI's request bodies and
+# answers, its error body on every refusal.
+_OPENAI_ANSWERS = {
+    "400": _error("a bad parameter, a prompt over the model's context, or a model that is not"
+                  " generative"),
+    "404": _error("no such model (model_not_found)"),
+    "500": _error("the handler failed before its answer began (after: a last SSE error event)"),
+}  # fmt: skip
+
+
+def _openai(summary: str, answer: str) -> dict[str, Any]:
+    op = _op(summary, {
+        "200": {"description": answer, "content": {
+            "application/json": {"schema": _OBJECT},
+            "text/event-stream": {"schema": {"type": "string"}},
+        }},
+        **_OPENAI_ANSWERS,
+    })  # fmt: skip
+    op["requestBody"] = {"required": True, "description": "OpenAI's request body",
+                         "content": {"application/json": {"schema": _OBJECT}}}  # fmt: skip
+    op["responses"].setdefault("413", _error("the body is over max_request_size_bytes"))
+    return op
+
+
+INFERENCE_PATHS.update({
+    "/openai/v1/chat/completions": {"post": _openai(
+        "OpenAI chat completions", "the completion, or with `stream: true` its chunks as"
+        " server-sent events ending in `data: [DONE]`")},
+    "/openai/v1/completions": {"post": _openai(
+        "OpenAI completions", "the completion, or with `stream: true` its chunks as"
+        " server-sent events ending in `data: [DONE]`")},
+    "/openai/v1/embeddings": {"post": _openai("OpenAI embeddings", "the embeddings")},
+    "/openai/v1/models": {"get": _op("OpenAI: the generative models", {
+        "200": _json("their model cards", _OBJECT)})},
+    "/openai/v1/models/{model_name}": {"get": _op("OpenAI: one generative model", {
+        "200": _json("its model card", _OBJECT), "404": _error("no such generative model")},
+        [_MODEL])},
+})  # fmt: skip
+
 _SYNC = _query("synchronous", _BOOL, "wait for the workers before answering (default false)")
 _STATUS = _json("done", _ref("Status"))
 _STARTED = _json("accepted; the workers start in the background", _ref("Status"))
@@ -419,12 +469,17 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
 
 def _oip_errors(value: Any) -> Any:
     """The same responses with the OIP error body (``{"error"}``), as /v1 and /v2 paths answer."""
+    return _swap_error(value, "OipError")
+
+
+def _swap_error(value: Any, schema: str) -> Any:
+    """``value`` with TorchServe's error body replaced by ``schema``."""
     if isinstance(value, dict):
         if value == _ref("Error"):
-            return _ref("OipError")
-        return {k: _oip_errors(v) for k, v in value.items()}
+            return _ref(schema)
+        return {k: _swap_error(v, schema) for k, v in value.items()}
     if isinstance(value, list):
-        return [_oip_errors(v) for v in value]
+        return [_swap_error(v, schema) for v in value]
     return value
 
 
@@ -441,6 +496,8 @@ def _secured(paths: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 op["responses"] = dict(sorted({**op["responses"], "401": _UNAUTHORIZED}.items()))
             if path.startswith(("/v1/", "/v2/")) or path == "/v2":
                 op["responses"] = _oip_errors(op["responses"])
+            elif path.startswith("/openai/"):
+                op["responses"] = _swap_error(op["responses"], "OpenAIError")
             out[path][method] = op
     return out
 

@@ -9,6 +9,8 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -23,13 +25,11 @@ import yaml
 from mserve_worker.context import Context
 from mserve_worker.contract import LoadedHandler
 from mserve_worker.loader import load_handler
-from server.models.settings import SETTINGS
 from tests.conftest import ARCHIVER_SCRIPT, REPO
 from tests.server.conftest import MSERVE, Server, pid_alive
 
 EXAMPLE = REPO / "examples" / "tiny_lm"
 COMPAT = REPO / "mserve_worker" / "compat"  # where a worker finds ``ts``
-CONTINUOUS = any(s.key == "continuousBatching" for s in SETTINGS)  # issue 29, part 1
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -180,14 +180,13 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     store = root / "store"
     store.mkdir()
     config = yaml.safe_load((EXAMPLE / "model-config.yaml").read_text())
-    config["continuousBatching"] = CONTINUOUS  # until the server has it: a stream per request
-    (root / "model-config.yaml").write_text(yaml.safe_dump(config))
+    assert config["continuousBatching"] is True and config["batchSize"] == 8  # as shipped
     archive = subprocess.run([
         ARCHIVER_SCRIPT, "--model-name", "tiny_lm", "--version", "1.0",
         "--serialized-file", str(model_dir / "tiny_lm.pt"),
         "--model-file", str(EXAMPLE / "model.py"),
         "--handler", str(EXAMPLE / "handler.py") + ":TinyLMHandler",
-        "-c", str(root / "model-config.yaml"), "--export-path", str(store), "-f",
+        "-c", str(EXAMPLE / "model-config.yaml"), "--export-path", str(store), "-f",
     ], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert archive.returncode == 0, archive.stderr
     settings = {"inference_address": "127.0.0.1:0", "management_address": "127.0.0.1:0",
@@ -238,3 +237,136 @@ def test_torchserve_clients_stream_pieces_too(server: Server) -> None:
         raw = reply.read()
     pieces = [json.loads(line) for line in raw.replace(b"}{", b"}\n{").splitlines()]
     assert len(pieces) == 4 and pieces[-1]["finish_reason"] == "length"
+
+
+# --- served with continuous batching: concurrent streams, joining, leaving --------------------
+
+
+def _client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url("inference", "/openai/v1"),
+                         api_key=server.key("inference"), max_retries=0, timeout=60)  # fmt: skip
+
+
+class _Chat(threading.Thread):
+    """One streamed chat read in a thread: its text, when each content chunk came, its usage."""
+
+    def __init__(self, client: openai.OpenAI, content: str, **kwargs: Any) -> None:
+        super().__init__(daemon=True)
+        self.client, self.content, self.kwargs = client, content, kwargs
+        self.text: list[str] = []
+        self.times: list[float] = []
+        self.usage: Any = None
+        self.stream: Any = None
+        self.error: BaseException | None = None
+        self.done_at = 0.0
+
+    def run(self) -> None:
+        try:
+            self.stream = self.client.chat.completions.create(
+                model="tiny_lm", messages=[{"role": "user", "content": self.content}],
+                stream=True, stream_options={"include_usage": True}, **self.kwargs,
+            )  # fmt: skip
+            for chunk in self.stream:
+                if chunk.usage is not None:
+                    self.usage = chunk.usage
+                if chunk.choices and chunk.choices[0].delta.content:
+                    self.text.append(chunk.choices[0].delta.content)
+                    self.times.append(time.monotonic())
+        except Exception as exc:  # a closed stream ends here too; the test reads it
+            self.error = exc
+        self.done_at = time.monotonic()
+
+    def expected(self, model_dir: Path) -> list[dict[str, Any]]:
+        prompt = f"user: {self.content}\nassistant:"
+        return _alone(model_dir, {"prompt": prompt, **self.kwargs})
+
+
+def _wait(predicate: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def test_served_concurrent_streams_a_late_one_joins_usage_right(
+    server: Server, model_dir: Path
+) -> None:
+    """Three streams generate together; a fourth sent while they run gets its tokens at once
+    and finishes long before them. Each gets the answer it gets alone, and its usage."""
+    client = _client(server)
+    longs = [_Chat(client, f"story {i}", max_tokens=200, temperature=0) for i in range(3)]
+    for chat in longs:
+        chat.start()
+    _wait(lambda: all(len(c.text) >= 3 for c in longs), "the three streams' first tokens")
+    late = _Chat(client, "hi", max_tokens=6, seed=4)
+    late.run()  # here, while the others generate
+    for chat in longs:
+        chat.join(60)
+    assert [c.error for c in [*longs, late]] == [None] * 4
+    assert late.done_at < min(c.times[-1] for c in longs)  # it did not wait for them
+    for chat in [*longs, late]:
+        expected = chat.expected(model_dir)
+        assert "".join(chat.text) == "".join(p["text"] for p in expected)
+        prompt = len(f"user: {chat.content}\nassistant:") + 1  # bytes + BOS
+        assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (prompt, len(expected))
+        assert chat.usage.total_tokens == prompt + len(expected)
+    assert len(longs[0].text) > 20 and len(late.text) == 6
+
+
+def _metric(server: Server, name: str, **labels: str) -> float:
+    text = httpx.get(server.url("metrics", "/metrics"), timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+class _Piecewise(threading.Thread):
+    """A TorchServe-path stream of ``tokens`` tokens (``ignore_eos``: it cannot end early), its
+    pieces counted, sent when ``start_line`` lets all through; ``leave`` makes its client close
+    the connection at the next piece."""
+
+    def __init__(self, server: Server, tokens: int, start_line: threading.Barrier) -> None:
+        super().__init__(daemon=True)
+        self.server, self.tokens, self.count = server, tokens, 0
+        self.start_line = start_line
+        self.leave = threading.Event()
+
+    def run(self) -> None:
+        body = {"prompt": "occupy", "max_tokens": self.tokens, "ignore_eos": True}
+        with httpx.Client(headers=self.server.auth("inference"), timeout=60) as client:
+            client.get(self.server.url("inference", "/ping"))  # connected before the line
+            self.start_line.wait(30)
+            url = self.server.url("inference", "/predictions/tiny_lm")
+            with client.stream("POST", url, json=body) as reply:
+                for data in reply.iter_raw():
+                    self.count += data.count(b'"ids"')
+                    if self.leave.is_set():
+                        return  # the connection closes: the client went away mid-stream
+
+
+def test_served_a_cancelled_stream_frees_its_slot_for_the_next(server: Server) -> None:
+    """batchSize 8, all taken by streams that cannot end early. One client leaves mid-stream;
+    a ninth stream (the openai client's) sent then begins at once, while the seven others still
+    run: only the slot the gone one freed lets it in (the pump drops the gone one and takes the
+    next before the very next step: tests/server/test_continuous_batching.py checks that exact
+    step). The cancel is counted."""
+    client = _client(server)
+    before = _metric(server, "mserve_requests_cancelled_total", model="tiny_lm", reason="client")
+    start_line = threading.Barrier(8)
+    streams = [_Piecewise(server, 240, start_line) for _ in range(8)]
+    for stream in streams:
+        stream.start()
+    _wait(lambda: all(s.count >= 2 for s in streams), "8 streams generating")
+    leaving = min(streams, key=lambda s: s.count)
+    others = [s for s in streams if s is not leaving]
+    leaving.leave.set()
+    late = _Chat(client, "hi", max_tokens=3, temperature=0)
+    late.run()
+    assert late.error is None and len(late.text) == 3
+    assert all(o.count < 240 for o in others), "the ninth waited for a stream to end"
+    for other in others:
+        other.join(60)
+    assert all(o.count == 240 for o in others) and leaving.count < 240
+    _wait(lambda: _metric(server, "mserve_requests_cancelled_total", model="tiny_lm",
+                          reason="client") == before + 1, "the cancel to be counted")  # fmt: skip

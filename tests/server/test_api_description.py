@@ -88,9 +88,11 @@ def test_every_operation_but_the_public_ones_needs_a_bearer_key(api: str) -> Non
                 unauthorized = op["responses"]["401"]
                 assert "WWW-Authenticate" in unauthorized["headers"]
                 schema = unauthorized["content"]["application/json"]["schema"]
-                # KServe's paths answer the Open Inference Protocol's {"error": message}
+                # KServe's paths answer the Open Inference Protocol's {"error": message}, the
+                # OpenAI API's OpenAI's {"error": {"message", "type", ...}}
                 kserve = path.startswith(("/v1/", "/v2/")) or path == "/v2"
-                body = "OipError" if kserve else "Error"
+                openai = path.startswith("/openai/")
+                body = "OipError" if kserve else "OpenAIError" if openai else "Error"
                 assert schema == {"$ref": f"#/components/schemas/{body}"}, (method, path)
 
 

@@ -174,3 +174,35 @@ def test_describe_shows_the_generative_settings(gen) -> None:
     assert described["batchSize"] == 2
     assert described["sequenceBatching"] is False
     assert described["clientTimeoutInMills"] == 0
+
+
+def test_the_inference_log_records_whole_answers_and_failed_calls(
+    make_archive, start_server
+) -> None:
+    """Continuous batching feeds the model's inference log as the ordinary pump does: a request
+    answered in its first step and a call that raised are recorded; a streamed answer is not
+    (its body is never whole in the server)."""
+    make_archive("generator", "generator:Generator", "gen", "--config-file", CONFIG)
+    server = start_server(config={"inference_log_flush_s": 0.05})
+    params = "url=gen.mar&model_name=logged&initial_workers=1&inference_log=all"
+    assert server.manage("POST", f"/models?{params}").status == 200
+    one = server.predict("logged", {"name": "one", "tokens": 1})
+    stream = RawStream(server, "logged", {"name": "streamed", "tokens": 3})
+    try:
+        assert len(tokens(stream)) == 3
+    finally:
+        stream.close()
+    raised = server.predict("logged", {"name": "boom", "tokens": 3, "raise_at": 0})
+    assert (one.status, raised.status) == (200, 500)
+    path = server.run_dir / "inference_log" / "logged" / "1.0.jsonl"
+
+    def lines() -> list[dict[str, Any]]:
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+    wait_for(lambda: len(lines()) >= 2, "two records")
+    time.sleep(0.2)  # a third (the stream's) would have come by now
+    got = {line["request"]["name"]: line for line in lines()}
+    assert sorted(got) == ["boom", "one"]
+    assert got["one"]["request_id"] == one.headers["X-Request-Id"]
+    assert got["one"]["status"] == 200 and "one:0" in str(got["one"]["resp"])
+    assert got["boom"]["status"] == 500 and "boom in boom" in got["boom"]["error"]

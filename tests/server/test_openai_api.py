@@ -352,3 +352,68 @@ def test_a_client_leaving_mid_stream_stops_the_generation(
     reply2 = client.chat.completions.create(model="gen", messages=_say("next"))
     assert reply2.choices[0].message.content == "next"
     assert time.monotonic() - started < 3.0
+
+
+# --- seams: request ids, token counters ------------------------------------------------------
+
+
+def test_the_clients_request_id_names_the_jobs_and_the_answers(
+    server: Server, client: openai.OpenAI
+) -> None:
+    """X-Request-ID, as on /predictions: the handler's request id (``<id>.<i>`` per choice when
+    there are several), the answer's X-Request-Id and its ``id``; one not usable is replaced."""
+    ask = {"model": "gen", "messages": [{"role": "user", "content": "WHOAMI"}], "max_tokens": 3}
+    raw = client.chat.completions.with_raw_response.create(
+        **ask, extra_headers={"X-Request-ID": "client-42"}
+    )
+    reply = raw.parse()
+    assert raw.headers["x-request-id"] == "client-42"
+    assert reply.id == "chatcmpl-client-42"
+    assert reply.choices[0].message.content == "client-42"  # what the handler was given
+    two = client.chat.completions.create(**ask, n=2, extra_headers={"X-Request-ID": "c-2"})
+    assert sorted(c.message.content for c in two.choices) == ["c-2.0", "c-2.1"]
+    with client.chat.completions.with_streaming_response.create(
+        **ask, stream=True, extra_headers={"X-Request-ID": "streamed-1"}
+    ) as streamed:  # fmt: skip
+        assert streamed.headers["x-request-id"] == "streamed-1"
+        chunks = list(streamed.parse())
+    assert chunks[0].id == "chatcmpl-streamed-1"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "streamed-1"
+    # a refusal names it too; an id that could break a header or a log line is not taken
+    url = server.url("inference", "/openai/v1/completions")
+    headers = {**server.auth("inference"), "X-Request-ID": "refused-1"}
+    refused = httpx.post(url, json={"model": "gen", "prompt": "w " * 100}, headers=headers,
+                         timeout=30)  # fmt: skip
+    assert refused.status_code == 400 and refused.headers["x-request-id"] == "refused-1"
+    headers["X-Request-ID"] = "not usable"
+    ours = httpx.post(url, json={"model": "gen", "prompt": "hi", "max_tokens": 1},
+                      headers=headers, timeout=30)  # fmt: skip
+    assert ours.status_code == 200 and ours.headers["x-request-id"] not in ("", "not usable")
+    assert ours.json()["id"] == "cmpl-" + ours.headers["x-request-id"]
+
+
+def _counter(server: Server, name: str, model: str) -> float:
+    text = httpx.get(server.url("metrics", "/metrics"), timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{model="{model}"'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_token_counters_follow_the_usage(server: Server, client: openai.OpenAI) -> None:
+    """mserve_prompt_tokens_total and mserve_generated_tokens_total{model,version} add up the
+    usage of each answer, streamed or whole (the Grafana tokens/s panel reads them)."""
+    before = [_counter(server, n, "gen") for n in ("mserve_prompt_tokens_total",
+                                                   "mserve_generated_tokens_total")]  # fmt: skip
+    whole = client.chat.completions.create(model="gen", messages=_say("a b c"), max_tokens=9)
+    chunks = list(client.completions.create(
+        model="gen", prompt="one two", max_tokens=4, stream=True,
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    streamed = chunks[-1].usage
+    after = [_counter(server, n, "gen") for n in ("mserve_prompt_tokens_total",
+                                                  "mserve_generated_tokens_total")]  # fmt: skip
+    assert after[0] - before[0] == whole.usage.prompt_tokens + streamed.prompt_tokens
+    assert after[1] - before[1] == whole.usage.completion_tokens + streamed.completion_tokens == 7
+    text = httpx.get(server.url("metrics", "/metrics"), timeout=10).text
+    assert 'mserve_generated_tokens_total{model="gen",version="1.0"}' in text

@@ -4,6 +4,7 @@ reports (docs/generative.md): ``{"text", "tokens", "prompt_tokens"}``.
 
 A prompt counts one token per word. The answer: ``say: w1 w2 ...`` in the last message repeats
 those words; otherwise words drawn from the request's ``seed`` (temperature 0: always seed 0).
+``WHOAMI`` in the prompt answers the request's id (one word);
 ``FAIL`` in the prompt raises after two words; ``SLOW`` sleeps 50 ms a word. A prompt over
 CONTEXT words is refused with PredictionException 400, before any piece. An embedding request
 gets an 8-dimension vector of the text's letters.
@@ -22,7 +23,7 @@ def handle(data, context):
     if not data:
         return None
     out = []
-    for row in data:
+    for idx, row in enumerate(data):
         request = row["body"]
         if request["kind"] == "embedding":
             text = request["input"]
@@ -36,6 +37,8 @@ def handle(data, context):
                 f"the prompt is {tokens} tokens, more than this model's context of {CONTEXT}",
                 400,
             )
+        if "WHOAMI" in prompt:
+            request = {**request, "messages": [{"content": "say: " + context.get_request_id(idx)}]}
         out.append(_generate(request, prompt, tokens))
     return out
 
