@@ -79,6 +79,7 @@ class ContinuousPump(BatchPump):
                             break
                         new.append(job)
                 new = [job for job in new if not job.future.done()]
+                _distinct_ids(running, new)
                 step = running + new
                 if not step:
                     continue
@@ -187,6 +188,24 @@ class ContinuousPump(BatchPump):
             job.future.set_result(stream)  # type: ignore[arg-type]
         stream.push(bytes(result.body))
         return True
+
+
+def _distinct_ids(running: list[Job], new: list[Job]) -> None:
+    """Give a newcomer whose request id a running request already has an id of its own
+    (``<id>.2``, ...). Handlers key their per-request state (``context.cache``) by request id,
+    and clients name their requests (``X-Request-ID``): a retry sent while the first try still
+    generates would otherwise share, and corrupt, its state."""
+    if not new:
+        return
+    taken = {job.item.request_id for job in running}
+    for job in new:
+        request_id = job.item.request_id
+        if request_id in taken:
+            n = 2
+            while f"{request_id}.{n}" in taken:
+                n += 1
+            request_id = job.item.request_id = f"{request_id}.{n}"
+        taken.add(request_id)
 
 
 def _again(item: RequestItem) -> RequestItem:

@@ -68,6 +68,22 @@ def wait_for(predicate, what: str, timeout_s: float = 20.0) -> None:
         time.sleep(0.01)
 
 
+def test_a_retry_with_the_same_request_id_keeps_a_state_of_its_own(gen) -> None:
+    """The handler keys its state by request id and the client names requests (X-Request-ID):
+    a second request with the id of one still generating gets an id of its own."""
+    same = {"X-Request-ID": "client-42"}
+    first = RawStream(gen, "gen", {"name": "first", "tokens": 8}, headers=same)
+    assert first.next_chunk() is not None  # generating
+    first_thread, first_tokens = reader(first)
+    again = RawStream(gen, "gen", {"name": "again", "tokens": 3}, headers=same)
+    again_tokens = tokens(again)
+    first_thread.join(30)
+    first.close()
+    again.close()
+    assert [t["token"] for t in again_tokens] == ["again:0", "again:1", "again:2"]
+    assert [t["token"] for t in first_tokens] == [f"first:{i}" for i in range(1, 8)]
+
+
 def test_new_requests_join_while_others_run_up_to_batch_size(gen) -> None:
     long = RawStream(gen, "gen", {"name": "long", "tokens": 40})
     first = long.next_chunk()  # the long one is generating

@@ -31,13 +31,15 @@ class RawStream:
     """One POST on its own connection, its answer read chunk by chunk as it arrives."""
 
     def __init__(self, server: Server, model: str, body: dict[str, Any], *,
-                 version: str = "1.1", timeout_s: float = 30.0) -> None:  # fmt: skip
+                 version: str = "1.1", timeout_s: float = 30.0,
+                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
         host, port = server.status["inference"].rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         data = json.dumps(body).encode()
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self.sent_at = time.monotonic()
         self.sock.sendall(
-            f"POST /predictions/{model} HTTP/{version}\r\nHost: x\r\n"
+            f"POST /predictions/{model} HTTP/{version}\r\nHost: x\r\n{extra}"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
             + data
         )
