@@ -68,8 +68,14 @@ class OpenAIAPI:
             conn.answer_json(req, 200, {"object": "list", "data": [r for r in rows if r]})
             return
         if op == "model":
-            card = self._card(self._model(name or "")[0])
-            conn.answer_json(req, 200, card)
+            try:
+                model = self._model(name or "")[0]
+            except OpenAIError as error:
+                if error.status != 400:
+                    raise
+                # not in the list, so not found here, as OpenAI answers for a model it lacks
+                raise OpenAIError(404, error.message, "model", "model_not_found") from None
+            conn.answer_json(req, 200, self._card(model))
             return
         body = read_body(op, req.body)
         model, declared = self._model(body["model"])

@@ -254,6 +254,11 @@ def test_a_model_without_generative_is_refused(client: openai.OpenAI) -> None:
     assert caught.value.body["message"] == (
         "model 'gen' does not serve embeddings: its `generative:` section lacks `embeddings: true`"
     )
+    # not among the listed models: retrieving it is OpenAI's 404, with the same reason
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("echo")
+    assert caught.value.body["code"] == "model_not_found"
+    assert "is not generative" in caught.value.body["message"]
 
 
 @pytest.mark.parametrize(
