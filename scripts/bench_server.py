@@ -897,7 +897,7 @@ def main() -> None:
             f" (start returned after {server.ready_s:.2f} s)"
         )
         bodies = {"echo": json.dumps({"data": [0.5] * 256}).encode()}
-        if args.inference_log:
+        if args.inference_log or args.otel:
             server.stop()
             if with_mlp:
                 bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
@@ -907,19 +907,8 @@ def main() -> None:
                 def grind(w: Path, body: bytes, extra: str, label: str) -> float:
                     return callgrind_rows(w, body, args.callgrind, extra, label, bare=False)
 
-            inference_log_rows(work, load, bodies, duration, args.rounds, measured, grind)
-            return
-        if args.otel:
-            server.stop()
-            if with_mlp:
-                bodies["mlp"] = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
-            grind = None
-            if args.callgrind:
-
-                def grind(w: Path, body: bytes, extra: str, label: str) -> float:
-                    return callgrind_rows(w, body, args.callgrind, extra, label, bare=False)
-
-            otel_rows(work, load, bodies, duration, args.rounds, measured, grind)
+            rows = inference_log_rows if args.inference_log else otel_rows
+            rows(work, load, bodies, duration, args.rounds, measured, grind)
             return
         if args.ceiling:
             ceiling_rows(server, load, bodies["echo"], duration, args.rounds)
