@@ -12,6 +12,12 @@ went away or its deadline passed. Its state is then cleaned up as a TorchServe h
 it finishes: its stopping criterion's ``clean_up()`` when it has one (TorchServe's vLLM
 handler), else its ``context.cache`` entry (keyed by request id) is removed.
 
+The worker runs the steps itself (:func:`run`), back to back while any request generates: a
+step never waits for the server. Between two steps it takes what the server sent meanwhile: new
+requests (BATCH frames; the server sends no more than ``batchSize`` minus those generating) and
+CANCELs of requests whose clients left or whose deadline passed. Each step's answers go back in
+one STEP frame that names each request by the BATCH frame that brought it and its place there.
+
 Runs inside the model's own environment: standard library only, Python 3.8.
 """
 
@@ -20,7 +26,21 @@ from __future__ import annotations
 import sys
 import traceback
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Tuple
+
+from .protocol import (
+    Frame,
+    Kind,
+    ProtocolError,
+    RequestItem,
+    parse_batch,
+    result_frame,
+    step_frame,
+)
+
+if TYPE_CHECKING:
+    from .runtime import Channel
+    from .service import HandlerService
 
 NEXT_HEADER = "ts_stream_next"
 
@@ -57,6 +77,130 @@ class Steps:
                     context.set_response_header(idx, NEXT_HEADER, "false")
 
 
+# A request of the loop: the BATCH frame that brought it, its place there, and the item the
+# handler gets (cached, after its first step).
+_Member = Tuple[int, int, RequestItem]
+
+
+class Loop:
+    """The requests of a worker's continuous-batching loop: those generating and those that
+    joined since the last step."""
+
+    def __init__(self, service: HandlerService) -> None:
+        self.service = service
+        self.running: list[_Member] = []
+        self.joining: list[_Member] = []
+        self.steps = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.joining)
+
+    def take(self, frame: Frame) -> None:
+        """A frame from the server: new requests join the next step."""
+        if frame.kind != Kind.BATCH:
+            raise ProtocolError(f"unexpected {frame.kind.name} frame after INIT")
+        batch_id, items = parse_batch(frame)
+        self.joining.extend((batch_id, i, item) for i, item in enumerate(items))
+
+    def drop(self, cancelled: dict[int, set[str]]) -> None:
+        """Leave out the requests the server cancelled (its client went away, its deadline
+        passed): the next step's start cleans up the state of those that were generating."""
+        if not cancelled:
+            return
+
+        def kept(member: _Member) -> bool:
+            ids = cancelled.get(member[0])
+            return ids is None or member[2].request_id not in ids
+
+        self.running = [m for m in self.running if kept(m)]
+        self.joining = [m for m in self.joining if kept(m)]
+
+    def step(self) -> Frame:
+        """Run one handler call over every request; its STEP frame."""
+        from .service import BatchFailed  # the service imports this module
+
+        members, self.joining = self.running + self.joining, []
+        self.running = []
+        self.steps += 1
+        service = self.service
+        try:
+            responses, handler_ms, metrics = service.serve(self.steps, [m[2] for m in members])
+            reply = result_frame(
+                self.steps, responses, handler_ms=handler_ms, metrics=metrics,
+                phases=service.phases, inference_log=service.take_inference_log(),
+            )  # fmt: skip
+        except BatchFailed as exc:
+            _forget(service.context, "its step failed")
+            reply = Frame(Kind.BATCH_FAILED, {"error": exc.error, "traceback": exc.traceback})
+        except ProtocolError as exc:  # e.g. a status outside 100-599 set by the handler
+            print(f"cannot send the handler's results: {exc}", file=sys.stderr)
+            _forget(service.context, "its step failed")
+            reply = Frame(
+                Kind.BATCH_FAILED, {"error": f"invalid handler result: {exc}", "traceback": ""}
+            )
+        else:
+            self.running = [
+                (b, i, _again(item))
+                for (b, i, item), response in zip(members, responses)
+                if _goes_on(response.headers)
+            ]
+        return step_frame(self.steps, [(m[0], m[1]) for m in members], reply)
+
+
+def run(channel: Channel, service: HandlerService) -> None:
+    """Serve a continuous-batching handler until the server closes the channel: block while
+    nothing generates, else take what arrived and run the next step at once."""
+    loop = Loop(service)
+    while True:
+        if not loop.busy:
+            frame = channel.receive()
+            if frame is None:
+                return
+            loop.take(frame)
+        channel.poll()
+        for frame in channel.take_pending():
+            loop.take(frame)
+        loop.drop(channel.take_cancelled())
+        if loop.busy:
+            channel.send(loop.step())
+
+
+def no_chunks(frame: Frame) -> None:
+    """The stream of a continuous-batching worker: each step's result is the next chunk of
+    each request, so a chunk sent in the middle of a step has no place."""
+    raise RuntimeError(
+        "with continuousBatching each handler call's result is the next chunk of each request's"
+        " answer: return it (send_intermediate_predict_response and returned iterators are not"
+        " used in this mode)"
+    )
+
+
+def _again(item: RequestItem) -> RequestItem:
+    """A request in its later steps: its id and headers, no body (``cached``: the handler has
+    its state), as TorchServe sends a request cached in the backend."""
+    if item.cached:
+        return item
+    return RequestItem(
+        item.request_id, "", item.headers, b"", item.params, item.op, item.api, cached=True
+    )
+
+
+def _goes_on(headers: Sequence[Sequence[str]]) -> bool:
+    for name, value in headers:
+        if name == NEXT_HEADER:
+            return value == "true"
+    return False
+
+
+def _forget(context: Any, why: str) -> None:
+    """Clean up every request the handler was generating (their step failed)."""
+    steps = getattr(context, "_mserve_steps", None)
+    if steps is not None:
+        for request_id in list(steps.running):
+            _clean_up(context, request_id, steps.running.pop(request_id), why)
+
+
 def _criterion(criteria: Any, idx: int) -> Any:
     """Request ``idx``'s criterion: from a list (TorchServe's way), or one for all."""
     if criteria is None:
@@ -66,12 +210,11 @@ def _criterion(criteria: Any, idx: int) -> Any:
     return criteria if callable(criteria) else None
 
 
-def _clean_up(context: Any, request_id: str, criterion: Any) -> None:
-    print(
-        f"request {request_id} was dropped by the server (client gone or deadline passed);"
-        " cleaning up its state",
-        file=sys.stderr,
-    )
+def _clean_up(
+    context: Any, request_id: str, criterion: Any,
+    why: str = "was dropped by the server (client gone or deadline passed)",
+) -> None:  # fmt: skip
+    print(f"request {request_id} {why}; cleaning up its state", file=sys.stderr)
     try:
         clean_up = getattr(criterion, "clean_up", None)
         if callable(clean_up):

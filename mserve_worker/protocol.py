@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # 2: CANCEL, for batches pipelined behind a running one; 3: CHUNK; 4: packed BATCH entries
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 MAGIC = b"MS"
 # magic, version, kind, flags, meta_len, payload_len, then 2 reserved zero bytes ("2x" packs zeros
 # and unpacks to nothing) so the header is 16 bytes and meta starts aligned.
@@ -50,6 +50,7 @@ class Kind(enum.IntEnum):
     BATCH_FAILED = 7
     CANCEL = 8
     CHUNK = 9
+    STEP = 10
 
 
 _KINDS = {kind.value: kind for kind in Kind}
@@ -731,11 +732,11 @@ def parse_result_metrics(frame: Frame) -> tuple[float | None, list[MetricEntry]]
     return handler_ms, entries
 
 
-def _parse_result_checked(frame: Frame) -> tuple[int, list[ResponseItem]]:
-    batch_id, entries, bodies = _split(frame, Kind.RESULT, "responses")
+def _parse_result_checked(frame: Frame, kind: Kind = Kind.RESULT) -> tuple[int, list[ResponseItem]]:
+    batch_id, entries, bodies = _split(frame, kind, "responses")
     items = []
     for i, entry in enumerate(entries):
-        where = f"RESULT responses[{i}]"
+        where = f"{kind.name} responses[{i}]"
         items.append(
             ResponseItem(
                 status=_check_status(_required(entry, "status", where), f"{where}.status"),
@@ -1068,3 +1069,39 @@ def _check_params(value: object, where: str) -> dict[str, str]:
     ):
         raise ProtocolError(f"{where} must be an object mapping names to string values")
     return value
+
+
+# Continuous batching run by the worker (docs/protocol.md, Continuous batching) ---------------
+
+
+def step_frame(step_id: int, members: Sequence[Sequence[int]], reply: Frame) -> Frame:
+    """One step of a worker's continuous-batching loop: ``reply`` (the step's RESULT frame, or
+    BATCH_FAILED when the handler call failed as a whole) with ``members``, the
+    ``[batch_id, index]`` of each request of the step in order: the BATCH frame that brought it
+    and its place there. A request whose answer carries ``ts_stream_next: true`` goes on."""
+    _check_uint(step_id, "STEP step")
+    meta = dict(reply.meta)
+    meta["batch_id"] = step_id
+    meta["members"] = [[int(b), int(i)] for b, i in members]
+    if reply.kind is not _RESULT:
+        meta["failed"] = True
+    return Frame(Kind.STEP, meta, reply.payload)
+
+
+def parse_step(frame: Frame) -> tuple[list[tuple[int, int]], list[ResponseItem] | None]:
+    """A STEP frame's members and their answers, or None for the answers of a failed step (its
+    ``error`` and ``traceback`` are in ``frame.meta``)."""
+    members = frame.meta.get("members")
+    if type(members) is not list or not all(
+        type(m) is list and len(m) == 2 and all(type(n) is int and n >= 0 for n in m)
+        for m in members
+    ):
+        raise ProtocolError("STEP members must be a list of [batch_id, index] pairs")
+    pairs = [(m[0], m[1]) for m in members]
+    if frame.meta.get("failed") is True:
+        _check_str(_required(frame.meta, "error", "STEP meta"), "STEP error")
+        return pairs, None
+    _, responses = _parse_result_checked(frame, Kind.STEP)
+    if len(responses) != len(pairs):
+        raise ProtocolError(f"STEP has {len(pairs)} members but {len(responses)} responses")
+    return pairs, responses

@@ -21,7 +21,7 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from . import proctitle, streaming
+from . import continuous, proctitle, streaming
 from .protocol import (
     PROTOCOL_VERSION,
     Decoder,
@@ -118,6 +118,16 @@ class Channel:
         if time.monotonic() - self.read_at >= _STREAM_POLL_S:
             self.poll()
         return self._cancelled.get(batch_id, set()) if self._cancelled else set()
+
+    def take_pending(self) -> list[Frame]:
+        """The frames other than CANCEL received so far, without waiting (after ``poll``)."""
+        frames, self.pending = self.pending, []
+        return frames
+
+    def take_cancelled(self) -> dict[int, set[str]]:
+        """Every CANCEL received so far, by batch id, forgotten here."""
+        cancelled, self._cancelled = self._cancelled, {}
+        return cancelled
 
     def _take(self, frames: list[Frame]) -> None:
         for frame in frames:
@@ -274,6 +284,13 @@ def _serve(channel: Channel, fd: int) -> int:
     service = _load(init.meta, channel, sandbox)
     if service is None:
         return 1
+    if init.meta.get("continuous_batching") is True:  # the worker runs the steps
+        streaming.install(streaming.Stream(continuous.no_chunks), service.context)
+        try:
+            continuous.run(channel, service)
+        finally:
+            service.shutdown()
+        return 0
     streaming.install(streaming.Stream(channel.send, channel.gone), service.context)
     serve = service.serve
     try:

@@ -1,17 +1,22 @@
-"""Continuous batching (TorchServe's ``continuousBatching: true``): one worker, one step at a time.
+"""Continuous batching (TorchServe's ``continuousBatching: true``): the worker runs the steps.
 
-The handler is called again and again. Each call (a step) gets the requests still generating,
-sent again without their body (the handler keeps their state in ``context.cache``), plus new
-ones from the queue up to ``batchSize``, taken as soon as they are there: a new request never
-waits for the running ones to finish. After each call the worker asks the handler's
-``context.stopping_criteria`` which requests are done; a request that goes on carries
-TorchServe's ``ts_stream_next: true`` response header in the step's RESULT, and its answer of
-that step becomes one chunk of its streamed response. A finished one ends its stream (or, done
-in its first step, gets a plain answer) and frees its slot for the next step.
+The handler is called again and again. Each call (a step) gets the requests still generating
+(sent again without their body: the handler keeps their state in ``context.cache``) plus new ones,
+up to ``batchSize``. The worker runs the steps itself, back to back while anything generates
+(mserve_worker/continuous.py): a step never waits for a round trip to the server. This pump keeps
+the worker's requests at ``batchSize``: a queued request is sent the moment a slot frees (a
+request finished, was cancelled or passed its deadline), and joins the worker's next step. After
+each call the worker asks the handler's ``context.stopping_criteria`` which requests are done; a
+request that goes on carries TorchServe's ``ts_stream_next: true`` response header in the step's
+answer, and that answer becomes one chunk of its streamed response. A finished one ends its
+stream (or, done in its first step, gets a plain answer) and frees its slot.
 
-Between two steps the pump drops what nobody waits for: a client that went away (its stream
-cancelled, or :meth:`Job.cancel`) or a request past its deadline. The worker sees the request
-missing from the next step and cleans up its state (mserve_worker/continuous.py).
+A request whose client went away (its stream cancelled, or :meth:`Job.cancel`) or whose deadline
+passed is dropped at once: the worker gets a CANCEL for it, leaves it out of its next step and
+cleans up its state, and its slot goes to the next queued request in the same write.
+
+A step that the worker does not answer within ``responseTimeout`` means a hung handler: the
+worker is killed and replaced, and its requests get a 504.
 
 The model's inference log (server/inference_log/) gets what the ordinary pump gives it: each
 request answered whole (done in its first step, or refused there) and each failed call. A
@@ -21,17 +26,17 @@ streamed answer is not logged, here as there: its body is never whole in the ser
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 
-from mserve_worker.protocol import RequestItem, ResponseItem
+from mserve_worker import protocol
+from mserve_worker.protocol import Frame, ResponseItem
 from server.errors import HandlerError, InternalError, WorkerDied, WorkerTimeout
-from server.models.batching import Job, gather_batch
+from server.models.batching import Job
 from server.models.pump import BatchPump, Retired, end_stream, fail_jobs
 from server.streaming import ChunkStream
-from server.workers.channel import ChannelClosed
-from server.workers.process import Worker
+from server.workers.channel import Batch
+from server.workers.process import Worker, WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -43,63 +48,15 @@ def _no_pause() -> None:
 
 
 class ContinuousPump(BatchPump):
-    """Steps of one model's continuous-batching handler on one worker."""
+    """One model's continuous-batching handler on one worker."""
 
     async def serve(self, worker: Worker, retire: asyncio.Event) -> str | None:
-        """Run steps until retired (None) or the worker is lost (returns why)."""
-        lost = asyncio.Event()
-        reasons: list[str] = []
-        retired = Retired(retire, self._others_serve, self.queue)
-
-        def lost_while_idle() -> None:
-            if not lost.is_set():
-                lost.set()
-                self.queue.wake_all()
-
-        worker.on_lost(lost_while_idle)
-        worker.on_chunk(functools.partial(self._chunk, worker))
-        running: list[Job] = []
-        size, timeout_s = self.settings.batch_size, self.settings.response_timeout_s
-        delay_s = self.settings.max_batch_delay_ms / 1000
-        try:
-            while not lost.is_set():
-                running = [job for job in running if not self._dropped(job)]
-                new: list[Job] = []
-                if not running:
-                    jobs = await gather_batch(
-                        self.queue, size, delay_s, retired, lost, load=lambda: 0
-                    )
-                    if jobs is None:
-                        break
-                    new = jobs
-                elif not retired.is_set():  # join the running ones at once, never wait
-                    while len(running) + len(new) < size:
-                        job = self.queue.pop()
-                        if job is None:
-                            break
-                        new.append(job)
-                new = [job for job in new if not job.future.done()]
-                _distinct_ids(running, new)
-                step = running + new
-                if not step:
-                    continue
-                running = []
-                why = await self._step(worker, step, len(step) - len(new), timeout_s, running)
-                if why is not None:
-                    reasons.append(why)
-                    break
-        finally:
-            for job in running:  # a lost worker took their state with it
-                if not job.gone():
-                    fail_jobs([job], WorkerDied(f"worker {worker.id} of {self.label} was lost"))
-            worker.on_lost(None)
-        if not reasons and not lost.is_set():
-            return None
-        return next((r for r in reasons if r), None) or await worker.ended()
+        """Feed the worker until retired (None) or the worker is lost (returns why)."""
+        return await _Feed(self, worker, Retired(retire, self._others_serve, self.queue)).run()
 
     def _dropped(self, job: Job) -> bool:
-        """Whether ``job`` leaves the running set before the next step: its client went away
-        (counted here when no frontend counted it) or it was cancelled."""
+        """Whether ``job`` leaves the worker now: its client went away (counted here when no
+        frontend counted it) or it was cancelled."""
         if job.cancelled is not None:
             return True
         if job.gone():
@@ -108,65 +65,11 @@ class ContinuousPump(BatchPump):
             return True
         return False
 
-    async def _step(
-        self, worker: Worker, step: list[Job], continuing: int, timeout_s: float,
-        going_on: list[Job],
-    ) -> str | None:  # fmt: skip
-        """One handler call: send the step, hand out its answers; the requests that go on are
-        added to ``going_on``. Why the worker is lost, if it is (its jobs have their answer or
-        error by then)."""
-        items = [_again(job.item) for job in step[:continuing]]
-        items += [job.item for job in step[continuing:]]
-        sent_at = time.monotonic()
-        try:
-            batch = worker.send_batch(items, timeout_s)
-        except Exception as exc:  # the supervisor's task guard: never strand a caller
-            log.exception("model %s: unexpected error sending a step", self.label)
-            fail_jobs(step, InternalError(f"internal error sending the batch: {exc!r}"))
-            await worker.kill()
-            return f"unexpected error sending a step {exc!r}"
-        batch.jobs = step
-        for job in step:
-            job.sent = (worker, batch)
-            if not job.sent_at:
-                job.sent_at = sent_at
-        try:
-            results = await worker.batch_result(batch, items)
-        except HandlerError as exc:  # the call failed as a whole: every request of it ends
-            fail_jobs(step, exc)
-            if self.inference_log is not None:
-                self.inference_log.failed(
-                    [j.item for j in step], [j.enqueued_at for j in step], exc.status, exc.message
-                )
-            return None
-        except ChannelClosed:  # never started: the new ones can go to another worker
-            self.queue.requeue([job for job in step[continuing:] if not job.future.done()])
-            fail_jobs(step[:continuing], WorkerDied(f"worker {worker.id} of {self.label} was lost"))
-            return ""
-        except (WorkerDied, WorkerTimeout) as exc:
-            fail_jobs(step, exc)
-            return exc.message
-        whole = []  # answered in one piece (done in their first step, or refused)
-        for job, result in zip(step, results, strict=True):
-            if self._answer(job, result):
-                going_on.append(job)
-            elif job.stream is None:
-                whole.append((job, result))
-        if self.inference_log is not None and whole:
-            self.inference_log.settled(
-                [j.item for j, _ in whole], [r for _, r in whole],
-                [j.enqueued_at for j, _ in whole], batch.future.result().meta.get("inference_log"),
-            )  # fmt: skip
-        started = time.perf_counter()
-        handler_ms, entries = worker.result_metrics(batch)
-        self.stats.batch_done(handler_ms, entries, step, time.perf_counter() - started)
-        return None
-
     def _answer(self, job: Job, result: ResponseItem) -> bool:
         """One request's answer of a step: a chunk (it goes on: True), its end, or its error."""
         more = _take_next(result)
         if job.gone():
-            return more  # the next step drops it, and counts it
+            return more
         stream = job.stream
         if result.status >= 400 and result.status != 499:
             if stream is None:
@@ -190,6 +93,211 @@ class ContinuousPump(BatchPump):
         return True
 
 
+class _Feed:
+    """The requests one worker generates, keyed by (joined batch id, place in it), and the
+    callbacks that answer them, drop them and fill their slots."""
+
+    def __init__(self, pump: ContinuousPump, worker: Worker, retired: Retired) -> None:
+        self.pump = pump
+        self.worker = worker
+        self.retired = retired
+        self.queue = pump.queue
+        self.size = pump.settings.batch_size
+        self.timeout_s = pump.settings.response_timeout_s
+        self.members: dict[tuple[int, int], tuple[Job, Batch]] = {}
+        self.lost: str | None = None  # why the worker is lost ("" until its end is known)
+        self.wakeup: asyncio.Future[None] | None = None
+        self.loop = asyncio.get_running_loop()
+        self.progress_at = 0.0  # loop time of the last step (or of the first request sent)
+        self.timer: asyncio.TimerHandle | None = None
+        self.killing: asyncio.Future[None] | None = None
+
+    async def run(self) -> str | None:
+        worker = self.worker
+        worker.on_lost(self._lost)
+        worker.on_step(self._step)
+        worker.on_withdraw(self._withdrawn)
+        try:
+            while self.lost is None:
+                self._admit()
+                if not self.members and self.retired.is_set():
+                    break
+                if len(self.members) < self.size and not self.retired.is_set():
+                    # a queued request is sent from take(), a callback: this task sleeps
+                    await self.queue.wait(load=lambda: len(self.members), take=self._take)
+                else:
+                    self.wakeup = self.queue.new_future()
+                    await self.wakeup
+        finally:
+            worker.on_step(None)
+            worker.on_withdraw(None)
+            worker.on_lost(None)
+            if self.timer is not None:
+                self.timer.cancel()
+            jobs = [job for job, _ in self.members.values()]
+            self.members.clear()
+            if jobs:  # a lost worker took their state with it
+                error = WorkerDied(f"worker {worker.id} of {self.pump.label} was lost")
+                self.pump._retry_or_fail([j for j in jobs if not j.gone()], error)
+            if worker.state is WorkerState.BUSY:
+                worker.state = WorkerState.READY
+        if self.lost is None:
+            return None
+        return self.lost or await worker.ended()
+
+    # callbacks ----------------------------------------------------------------------------
+
+    def _take(self) -> bool:
+        """A job was queued: send it now if a slot is free (True: this task sleeps on)."""
+        if self.lost is not None or self.retired.is_set() or len(self.members) >= self.size:
+            return False
+        return self._admit() > 0
+
+    def _admit(self) -> int:
+        """Send queued requests into the worker's free slots; how many."""
+        if self.lost is not None or self.retired.is_set():
+            return 0
+        jobs: list[Job] = []
+        while len(self.members) + len(jobs) < self.size:
+            job = self.queue.pop()
+            if job is None:
+                break
+            jobs.append(job)
+        if not jobs:
+            return 0
+        running = [job for job, _ in self.members.values()]
+        _distinct_ids(running, jobs)
+        try:
+            batch = self.worker.join([job.item for job in jobs])
+        except Exception as exc:  # the supervisor's task guard: never strand a caller
+            log.exception("model %s: unexpected error sending requests", self.pump.label)
+            fail_jobs(jobs, InternalError(f"internal error sending the requests: {exc!r}"))
+            self._lose(f"unexpected error sending requests {exc!r}", kill=True)
+            return 0
+        if not self.members:
+            self.progress_at = self.loop.time()
+            self._arm()
+        sent_at = time.monotonic()
+        for i, job in enumerate(jobs):
+            self.members[(batch.batch_id, i)] = (job, batch)
+            job.sent = (self.worker, batch)
+            if not job.sent_at:
+                job.sent_at = sent_at
+        return len(jobs)
+
+    def _step(self, frame: Frame) -> None:
+        """A STEP frame: each request's chunk, end or error; the freed slots filled."""
+        try:
+            members, results = protocol.parse_step(frame)
+        except protocol.ProtocolError as exc:
+            self.worker.chunks_broke_protocol(f"malformed STEP frame: {exc}")
+            return
+        try:
+            self._settle(frame, members, results)
+        except Exception as exc:  # the supervisor's guard: never strand a caller
+            log.exception("model %s: unexpected error answering a step", self.pump.label)
+            jobs = [self.members.pop(key)[0] for key in members if key in self.members]
+            fail_jobs(jobs, InternalError(f"internal error answering the step: {exc!r}"))
+        self.progress_at = self.loop.time()
+        for key, (job, batch) in list(self.members.items()):
+            # a client that left without a cancel reaching here (Job.cancel leaves at once)
+            if self.pump._dropped(job) and key in self.members:
+                self._leave(key, job, batch)
+        self._admit()
+        if not self.members and self.worker.state is WorkerState.BUSY:
+            self.worker.state = WorkerState.READY
+        self._wake()
+
+    def _settle(
+        self, frame: Frame, members: list[tuple[int, int]], results: list[ResponseItem] | None
+    ) -> None:
+        pump = self.pump
+        jobs = []
+        if results is None:  # the handler call failed as a whole: every request of it ends
+            for key in members:
+                entry = self.members.pop(key, None)
+                if entry is not None:
+                    jobs.append(entry[0])
+            error = HandlerError(f"handler of {pump.label} failed: {frame.meta.get('error')}")
+            fail_jobs(jobs, error)
+            if pump.inference_log is not None and jobs:
+                pump.inference_log.failed(
+                    [j.item for j in jobs], [j.enqueued_at for j in jobs], error.status,
+                    error.message,
+                )  # fmt: skip
+            return
+        started = time.perf_counter()
+        whole = []  # answered in one piece (done in their first step, or refused)
+        for key, result in zip(members, results, strict=True):
+            entry = self.members.get(key)
+            if entry is None:  # dropped meanwhile: the worker leaves it out of the next step
+                continue
+            job = entry[0]
+            jobs.append(job)
+            if pump._answer(job, result):
+                continue
+            del self.members[key]
+            if job.stream is None and not job.gone():
+                whole.append((job, result))
+        if pump.inference_log is not None and whole:
+            pump.inference_log.settled(
+                [j.item for j, _ in whole], [r for _, r in whole],
+                [j.enqueued_at for j, _ in whole], frame.meta.get("inference_log"),
+            )  # fmt: skip
+        handler_ms, entries = self.worker.frame_metrics(frame)
+        pump.stats.batch_done(handler_ms, entries, jobs, time.perf_counter() - started)
+
+    def _withdrawn(self, batch: Batch, request_id: str) -> None:
+        """:meth:`Job.cancel` of one of this worker's requests: it leaves now."""
+        for key, (job, joined) in self.members.items():
+            if joined is batch and job.item.request_id == request_id:
+                self._leave(key, job, batch)
+                self._admit()
+                return
+
+    def _leave(self, key: tuple[int, int], job: Job, batch: Batch) -> None:
+        del self.members[key]
+        self.worker.leave(batch, [job.item.request_id])
+
+    def _lost(self) -> None:
+        self._lose("")
+
+    def _lose(self, reason: str, kill: bool = False) -> None:
+        if self.lost is None or (reason and not self.lost):
+            self.lost = reason
+        if kill:
+            self.killing = asyncio.ensure_future(self.worker.kill())
+        self._wake()
+        self.queue.wake_all()
+
+    def _wake(self) -> None:
+        if self.wakeup is not None and not self.wakeup.done():
+            self.wakeup.set_result(None)
+
+    # a worker that makes no step for responseTimeout -----------------------------------
+
+    def _arm(self) -> None:
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.progress_at + self.timeout_s, self._check)
+
+    def _check(self) -> None:
+        self.timer = None
+        if not self.members or self.lost is not None:
+            return
+        if self.loop.time() < self.progress_at + self.timeout_s:
+            self._arm()
+            return
+        jobs = [job for job, _ in self.members.values()]
+        self.members.clear()
+        message = (
+            f"worker {self.worker.id} of {self.pump.label} made no step within"
+            f" response_timeout_s={self.timeout_s:g}; it is being killed and replaced"
+        )
+        fail_jobs(jobs, WorkerTimeout(message))
+        self.worker.timed_out = True
+        self._lose(message, kill=True)
+
+
 def _distinct_ids(running: list[Job], new: list[Job]) -> None:
     """Give a newcomer whose request id a running request already has an id of its own
     (``<id>.2``, ...). Handlers key their per-request state (``context.cache``) by request id,
@@ -206,14 +314,6 @@ def _distinct_ids(running: list[Job], new: list[Job]) -> None:
                 n += 1
             request_id = job.item.request_id = f"{request_id}.{n}"
         taken.add(request_id)
-
-
-def _again(item: RequestItem) -> RequestItem:
-    """A running request in a later step: its id and headers, no body (``cached``: the handler
-    has its state), as TorchServe sends a request cached in the backend."""
-    return RequestItem(
-        item.request_id, "", item.headers, b"", item.params, item.op, item.api, cached=True
-    )
 
 
 def _take_next(result: ResponseItem) -> bool:

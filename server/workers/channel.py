@@ -23,7 +23,7 @@ from mserve_worker.protocol import Frame, Kind
 
 # Enum members read per frame, bound once: on Python 3.11 ``Kind.RESULT`` goes through
 # EnumType.__getattr__, ~65 ns a lookup against ~5 ns for a global (docs/server.md).
-_CHUNK = Kind.CHUNK
+_CHUNK, _STEP = Kind.CHUNK, Kind.STEP
 _ANSWERS = (Kind.RESULT, Kind.BATCH_FAILED)
 
 
@@ -61,6 +61,9 @@ class Channel(asyncio.Protocol):
         self._control: collections.deque[Frame] = collections.deque()  # HELLO, READY, ...
         self._control_waiter: asyncio.Future[None] | None = None
         self._batches: collections.deque[Batch] = collections.deque()  # sent, in order
+        # the future of every batch sent to a worker that runs continuous batching: they are
+        # answered step by step in STEP frames, never as a whole
+        self.no_answer: asyncio.Future[Frame] = self._loop.create_future()
         self.waiting = 0  # requests of sent batches the worker has not started yet
         # One timer for the head batch's deadline, re-armed only when it fires early: arming and
         # cancelling one per batch cost more than the rest of the batch's bookkeeping.
@@ -76,6 +79,8 @@ class Channel(asyncio.Protocol):
         self.on_lost: Callable[[], None] | None = None  # called once the connection is gone
         # called with the running batch and each CHUNK frame (streamed responses)
         self.on_chunk: Callable[[Batch, Frame], None] | None = None
+        # called with each STEP frame (continuous batching run by the worker)
+        self.on_step: Callable[[Frame], None] | None = None
         self._read_pauses = 0  # streams whose consumers cannot keep up (see pause_reading)
 
     # asyncio.Protocol ---------------------------------------------------------------------
@@ -98,6 +103,10 @@ class Channel(asyncio.Protocol):
                     return
                 self.on_chunk(self._batches[0], frame)  # the worker runs its batches in order
                 if self.broken is not None:  # the chunk broke the protocol: nothing more counts
+                    return
+            elif frame.kind is _STEP and self.on_step is not None:
+                self.on_step(frame)
+                if self.broken is not None:
                     return
             elif frame.kind in _ANSWERS and self._batches:
                 batch = self._batches.popleft()

@@ -97,6 +97,7 @@ class Worker:
         self.timed_out = False  # killed by us because a batch passed response_timeout_s
         self._killing: asyncio.Future[None] | None = None
         self._batch_ids = 0
+        self._on_withdraw: Callable[[Batch, str], None] | None = None
         self._bad_metrics_logged = False
         self._log = logging.getLogger(f"mserve.model.{model_label}")
 
@@ -125,6 +126,33 @@ class Worker:
         """Call ``callback`` with the running batch and each CHUNK frame the worker sends."""
         if self._channel is not None:
             self._channel.on_chunk = callback
+
+    def on_step(self, callback: Callable[[Frame], None] | None) -> None:
+        """Call ``callback`` with each STEP frame: the worker runs continuous batching itself
+        (server/models/continuous.py)."""
+        if self._channel is not None:
+            self._channel.on_step = callback
+
+    def on_withdraw(self, callback: Callable[[Batch, str], None] | None) -> None:
+        """Have :meth:`withdraw` call ``callback`` instead (continuous batching: the requests of
+        a joined batch are the pump's to drop)."""
+        self._on_withdraw = callback
+
+    def join(self, items: list[RequestItem]) -> Batch:
+        """Send requests to a worker that runs continuous batching: they join its next step.
+        Their answers come in STEP frames, never a RESULT: the batch is not awaited."""
+        channel = self._channel
+        assert channel is not None
+        self._batch_ids += 1
+        channel.send(protocol.batch_frame(self._batch_ids, items, check=False))
+        self.state = _BUSY
+        return Batch(self._batch_ids, len(items), 0.0, channel.no_answer)
+
+    def leave(self, batch: Batch, request_ids: list[str]) -> None:
+        """Tell a continuous-batching worker to drop requests of a joined batch before its next
+        step (a no-op once the channel is closed)."""
+        if self._channel is not None:
+            self._channel.send(protocol.cancel_frame(batch.batch_id, request_ids))
 
     def pause_reading(self) -> None:
         """Back-pressure from a streamed response: see :meth:`Channel.pause_reading`."""
@@ -309,7 +337,9 @@ class Worker:
     def withdraw(self, batch: Batch, request_id: str) -> None:
         """The caller of a request in ``batch`` went away: if the worker has not started the
         batch, it skips that request (no-op otherwise)."""
-        if self._channel is not None:
+        if self._on_withdraw is not None:
+            self._on_withdraw(batch, request_id)
+        elif self._channel is not None:
             self._channel.cancel(batch, [request_id])
 
     async def batch_result(self, batch: Batch, items: list[RequestItem]) -> list[ResponseItem]:
@@ -372,7 +402,10 @@ class Worker:
     def result_metrics(self, batch: Batch) -> tuple[float | None, list[MetricEntry]]:
         """The handler's time and the metrics it recorded, from an answered batch's RESULT;
         malformed metrics are dropped (logged once per worker): the answers were fine."""
-        reply = batch.future.result()
+        return self.frame_metrics(batch.future.result())
+
+    def frame_metrics(self, reply: Frame) -> tuple[float | None, list[MetricEntry]]:
+        """:meth:`result_metrics` of a RESULT or STEP frame."""
         meta = reply.meta
         if "metrics" not in meta and type(meta.get("handler_ms")) is float:
             return meta["handler_ms"], []

@@ -1,11 +1,19 @@
 """The worker's side of continuous batching (mserve_worker/continuous.py) on a real Context:
-which requests go on after a call, and the clean-up of those the server dropped."""
+which requests go on after a call, and the clean-up of those the server dropped; and a real
+worker process running the steps itself."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
+from mserve_worker import protocol
 from mserve_worker.context import Context
 from mserve_worker.continuous import NEXT_HEADER, Steps
-from mserve_worker.protocol import RequestItem
+from mserve_worker.protocol import Frame, Kind, RequestItem
+from tests.workers.test_runtime import HANDLERS, _spawn
 
 
 def _context(*ids: str) -> Context:
@@ -61,3 +69,63 @@ def test_a_request_that_goes_on_is_not_cleaned_up() -> None:
     steps.begin([RequestItem("a", "", [], b"", cached=True)], set(), context)
     assert context.cache == {"a": 1}
     assert list(steps.running) == ["a"]
+
+
+def _step(peer) -> dict[tuple[int, int], tuple[str, bool]]:
+    """The next STEP frame, as {(batch id, index): (token, goes on)}."""
+    frame = peer.receive()
+    assert frame.kind is Kind.STEP, frame.meta
+    members, items = protocol.parse_step(frame)
+    assert items is not None, frame.meta.get("error")
+    return {
+        m: (json.loads(bytes(r.body))["token"], [NEXT_HEADER, "true"] in r.headers)
+        for m, r in zip(members, items, strict=True)
+    }
+
+
+def _request(name: str, tokens: int) -> RequestItem:
+    return RequestItem(name, "application/json", [], json.dumps({"name": name, "tokens": tokens,
+                                                                 "sleep": 0.01}).encode())  # fmt: skip
+
+
+def test_the_worker_runs_steps_back_to_back_and_takes_joins_and_cancels_between_them(
+    tmp_path: Path,
+) -> None:
+    """A real worker process with continuousBatching: once given requests it steps on its own
+    (no frame from the server between steps), new requests join the next step, a cancelled one
+    leaves it, and each step's answers name their BATCH frame and place."""
+    proc, peer = _spawn(tmp_path)
+    try:
+        assert peer.receive().kind is Kind.HELLO
+        peer.send(Frame(Kind.INIT, {
+            "model_name": "gen", "model_dir": str(HANDLERS / "generator"),
+            "handler": "generator:Generator", "manifest": {"model": {"modelName": "gen"}},
+            "batch_size": 4, "gpu_id": None, "continuous_batching": True,
+            "model_yaml_config": {"continuousBatching": True},
+        }))  # fmt: skip
+        assert peer.receive().kind is Kind.READY
+        peer.send(protocol.batch_frame(1, [_request("a", 3), _request("b", 500)]))
+        peer.sock.settimeout(20)
+        first = _step(peer)
+        assert first == {(1, 0): ("a:0", True), (1, 1): ("b:0", True)}
+        second = _step(peer)  # nothing was sent: the worker went on by itself
+        assert second == {(1, 0): ("a:1", True), (1, 1): ("b:1", True)}
+        peer.send(protocol.batch_frame(2, [_request("c", 2)]))
+        peer.send(protocol.cancel_frame(1, ["b"]))
+        seen: list[dict[tuple[int, int], tuple[str, bool]]] = []
+        finished: set[tuple[int, int]] = set()
+        while finished != {(1, 0), (2, 0)}:
+            seen.append(_step(peer))
+            finished |= {m for m, (_, more) in seen[-1].items() if not more}
+        joined = next(i for i, s in enumerate(seen) if (2, 0) in s)
+        assert seen[joined][(2, 0)] == ("c:0", True)
+        assert all((1, 1) not in s for s in seen[joined:])  # the cancel came before the join
+        assert [s[(1, 0)] for s in seen if (1, 0) in s][-1] == ("a:2", False)
+        assert [s[(2, 0)] for s in seen if (2, 0) in s] == [("c:0", True), ("c:1", False)]
+        peer.sock.settimeout(0.5)  # everything finished: the worker waits, sending nothing
+        with pytest.raises(TimeoutError):
+            peer.receive()
+    finally:
+        peer.sock.close()
+    assert proc.wait(timeout=20) == 0
+    assert b"request b was dropped by the server" in proc.stderr.read()

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from mserve_worker import protocol
 from mserve_worker.protocol import (
     HEADER,
     MAX_META_BYTES,
@@ -66,14 +67,14 @@ def raw_frame(
 
 def test_hello_frame_bytes_are_exact() -> None:
     meta = b'{"protocol":2,"pid":4242,"python":"3.11.7","runtime":"mserve-worker"}'
-    header = bytes.fromhex("4d53 04 01 0000 00000045 00000000 0000")
+    header = bytes.fromhex("4d53 05 01 0000 00000045 00000000 0000")
     assert len(meta) == 0x45
     assert encode_bytes(Frame(Kind.HELLO, HELLO_META)) == header + meta
 
 
 def test_batch_frame_bytes_match_the_worked_example_in_the_docs() -> None:
     expected = bytes.fromhex(
-        "4d53 04 05 0000 00000034 00000002 0000"
+        "4d53 05 05 0000 00000034 00000002 0000"
         "7b22 6261 7463 685f 6964 223a 372c 2272 6571 7565 7374 7322 3a5b 5b22 7231 222c"
         "2274 6578 742f 706c 6169 6e22 2c32 2c22 225d 5d7d"
         "6869"
@@ -136,7 +137,48 @@ EXAMPLES = {
     Kind.BATCH_FAILED: Frame(Kind.BATCH_FAILED, {"batch_id": 3, "error": "e", "traceback": "t"}),
     Kind.CANCEL: cancel_frame(4, ["r2", "r3"]),
     Kind.CHUNK: chunk_frame(3, [ChunkItem(0, b"tok", 200, "text/plain", [["X-A", "1"]])]),
+    Kind.STEP: protocol.step_frame(
+        7, [(3, 0), (5, 1)], result_frame(7, [ResponseItem(200, b"a"), ResponseItem(200, b"b")])
+    ),
 }
+
+
+def test_a_step_names_each_request_by_the_batch_that_brought_it() -> None:
+    """Continuous batching run by the worker: one STEP per handler call, each answer with the
+    BATCH frame and place of its request; a failed call names its requests and the error."""
+    reply = result_frame(
+        7, [ResponseItem(200, b"tok", "", [["ts_stream_next", "true"]]), ResponseItem(200, b"end")],
+        handler_ms=1.5,
+    )  # fmt: skip
+    (got,) = decode_all(encode_bytes(protocol.step_frame(7, [(3, 0), (5, 1)], reply)))
+    members, items = protocol.parse_step(got)
+    assert members == [(3, 0), (5, 1)]
+    assert items is not None and [bytes(i.body) for i in items] == [b"tok", b"end"]
+    assert items[0].headers == [["ts_stream_next", "true"]]
+    assert protocol.parse_result_metrics(got) == (1.5, [])
+    failed = Frame(Kind.BATCH_FAILED, {"error": "RuntimeError: boom", "traceback": "t"})
+    (got,) = decode_all(encode_bytes(protocol.step_frame(8, [(9, 0)], failed)))
+    assert protocol.parse_step(got) == ([(9, 0)], None)
+    assert got.meta["error"] == "RuntimeError: boom"
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ({"batch_id": 1, "members": [[1]], "responses": []},
+         "STEP members must be a list of [batch_id, index] pairs"),
+        ({"batch_id": 1, "members": [[1, -2]], "responses": []},
+         "STEP members must be a list of [batch_id, index] pairs"),
+        ({"batch_id": 1, "members": [[1, 0], [1, 1]], "responses": []},
+         "STEP has 2 members but 0 responses"),
+        ({"batch_id": 1, "members": [[1, 0]], "failed": True},
+         "STEP meta lacks the required field 'error'"),
+    ],
+)  # fmt: skip
+def test_a_malformed_step_is_refused_with_what_is_wrong(meta: dict, message: str) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        protocol.parse_step(Frame(Kind.STEP, meta))
+    assert str(caught.value) == message
 
 
 def test_every_kind_has_an_example() -> None:
@@ -244,14 +286,14 @@ DECODE_ERRORS = [
         raw_frame(magic=b"GE"),
         "bad frame magic b'GE', expected b'MS': the peer is not speaking the mserve worker protocol",
     ),
-    ("version", raw_frame(version=1), "unsupported protocol version 1, this side speaks 4"),
+    ("version", raw_frame(version=1), "unsupported protocol version 1, this side speaks 5"),
     (
         "kind 0",
         raw_frame(kind=0),
         "unknown frame kind 0, expected one of 1 (HELLO), 2 (INIT), 3 (READY), 4 (LOAD_FAILED), "
-        "5 (BATCH), 6 (RESULT), 7 (BATCH_FAILED), 8 (CANCEL), 9 (CHUNK)",
+        "5 (BATCH), 6 (RESULT), 7 (BATCH_FAILED), 8 (CANCEL), 9 (CHUNK), 10 (STEP)",
     ),
-    ("kind 10", raw_frame(kind=10), "unknown frame kind 10, expected one of 1 (HELLO), "),
+    ("kind 11", raw_frame(kind=11), "unknown frame kind 11, expected one of 1 (HELLO), "),
     ("flags", raw_frame(flags=0x8001), "frame flags must be 0 (reserved), got 0x8001"),
     (
         "reserved",
@@ -350,7 +392,7 @@ def test_a_failed_decoder_refuses_further_input() -> None:
     with pytest.raises(ProtocolError) as info:
         decoder.feed(encode_bytes(Frame(Kind.READY, {})))
     assert str(info.value) == (
-        "decoder stopped after an earlier error: unsupported protocol version 9, this side speaks 4"
+        "decoder stopped after an earlier error: unsupported protocol version 9, this side speaks 5"
     )
 
 
@@ -374,7 +416,7 @@ def test_decoder_limit_must_fit_u32(limit: object) -> None:
 # -- encode errors -------------------------------------------------------------------------------
 
 ENCODE_ERRORS = [
-    ("kind", Frame(10, {}), "unknown frame kind 10, expected one of 1 (HELLO)"),  # type: ignore[arg-type]
+    ("kind", Frame(11, {}), "unknown frame kind 11, expected one of 1 (HELLO)"),  # type: ignore[arg-type]
     (
         "meta list",
         Frame(Kind.INIT, [1]),
@@ -798,7 +840,7 @@ def test_small_frames_go_out_as_one_buffer_large_ones_uncopied() -> None:
 
 def test_cancel_frame_round_trips_and_is_checked() -> None:
     frame = cancel_frame(4, ["r2", "r3"])
-    assert encode_bytes(frame)[:4] == b"MS\x04\x08"
+    assert encode_bytes(frame)[:4] == b"MS\x05\x08"
     (decoded,) = decode_all(encode_bytes(frame))
     assert parse_cancel(decoded) == (4, ["r2", "r3"])
     with pytest.raises(ProtocolError, match="CANCEL ids must be a list of strings"):
@@ -878,8 +920,8 @@ def test_chunk_frame_bytes_are_exact() -> None:
         b'{"batch_id":7,"chunks":[{"i":0,"size":2,"status":200,"content_type":"text/plain",'
         b'"headers":[]},{"i":2,"size":1}]}'
     )
-    header = HEADER.pack(b"MS", 4, 9, 0, len(meta), 3)
-    assert header[:4] == b"MS\x04\x09"
+    header = HEADER.pack(b"MS", 5, 9, 0, len(meta), 3)
+    assert header[:4] == b"MS\x05\x09"
     assert encode_bytes(frame) == header + meta + b"hi!"
 
 

@@ -48,7 +48,10 @@ FUZZ = settings(
 # payload limit be crossed by generated frames.
 SERVER_MAX_PAYLOAD = 256
 TO_WORKER = (Kind.INIT, Kind.BATCH, Kind.CANCEL)
-TO_SERVER = (Kind.HELLO, Kind.READY, Kind.LOAD_FAILED, Kind.RESULT, Kind.BATCH_FAILED, Kind.CHUNK)
+TO_SERVER = (
+    Kind.HELLO, Kind.READY, Kind.LOAD_FAILED, Kind.RESULT, Kind.BATCH_FAILED, Kind.CHUNK,
+    Kind.STEP,
+)  # fmt: skip
 assert set(TO_WORKER) | set(TO_SERVER) == set(Kind), "a new kind needs a strategy here"
 
 # -- strategies ----------------------------------------------------------------------------------
@@ -118,6 +121,19 @@ def result_frames(draw: st.DrawFn) -> Frame:
     )
 
 
+@st.composite
+def step_frames(draw: st.DrawFn) -> Frame:
+    """A continuous-batching step: its answers (or its failure) and each request's place."""
+    if draw(st.booleans()):
+        reply = draw(result_frames())
+        size = len(reply.meta["responses"])
+    else:
+        reply = Frame(Kind.BATCH_FAILED, {"error": draw(text), "traceback": ""})
+        size = draw(st.integers(0, 4))
+    members = draw(st.lists(st.tuples(uint, uint), min_size=size, max_size=size))
+    return protocol.step_frame(draw(uint), members, reply)
+
+
 FRAMES: dict[Kind, st.SearchStrategy[Frame]] = {
     Kind.HELLO: st.builds(
         lambda pid, python: Frame(
@@ -152,6 +168,7 @@ FRAMES: dict[Kind, st.SearchStrategy[Frame]] = {
     ),
     Kind.CANCEL: st.builds(protocol.cancel_frame, uint, st.lists(text, max_size=4)),
     Kind.CHUNK: st.builds(protocol.chunk_frame, uint, st.lists(chunk_item, max_size=4)),
+    Kind.STEP: step_frames(),
 }
 any_frame = st.sampled_from(list(Kind)).flatmap(lambda kind: FRAMES[kind])
 
@@ -223,6 +240,18 @@ def parse_as_server(frame: Frame) -> Any:
             assert e.type is None or e.type in protocol.METRIC_TYPES
             assert e.request_id is None or type(e.request_id) is str
         return batch_id, items, handler_ms, entries
+    if frame.kind is Kind.STEP:
+        members, items = protocol.parse_step(frame)
+        assert all(_is_uint(b) and _is_uint(i) for b, i in members)
+        if items is None:
+            assert type(frame.meta["error"]) is str
+        else:
+            assert len(items) == len(members)
+            for item in items:
+                assert _is_status(item.status) and type(item.content_type) is str
+                assert _is_pairs(item.headers) and type(item.body) is memoryview
+        handler_ms, _ = protocol.parse_result_metrics(frame)
+        return members, items, handler_ms
     if frame.kind is Kind.CHUNK:
         batch_id, chunks = protocol.parse_chunk(frame)
         assert _is_uint(batch_id)
@@ -332,6 +361,14 @@ def test_valid_frames_round_trip_however_the_stream_is_cut(
                 _same_items(sent_parsed[1], got_parsed[1])
             if before.kind is Kind.RESULT:
                 assert sent_parsed[2:] == got_parsed[2:]
+        if before.kind is Kind.STEP:
+            sent_parsed, got_parsed = parse(before), parse(after)
+            assert sent_parsed[0] == got_parsed[0]  # members
+            if sent_parsed[1] is None:
+                assert got_parsed[1] is None
+            else:
+                _same_items(sent_parsed[1], got_parsed[1])
+            assert sent_parsed[2] == got_parsed[2]
 
 
 @pytest.mark.parametrize("kind", list(Kind), ids=lambda k: k.name)
@@ -355,7 +392,7 @@ def test_every_kind_decodes_on_both_sides(kind: Kind, data: st.DataObject) -> No
 @FUZZ
 @given(data=st.data())
 def test_arbitrary_bytes_raise_only_protocol_errors(side: str, data: st.DataObject) -> None:
-    raw = data.draw(st.binary(max_size=200) | st.binary(max_size=14).map(lambda b: b"MS\x04" + b))
+    raw = data.draw(st.binary(max_size=200) | st.binary(max_size=14).map(lambda b: b"MS\x05" + b))
     feed_untrusted(side, pieces(raw, data.draw(cuts(raw))))
 
 
