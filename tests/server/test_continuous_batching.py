@@ -222,3 +222,22 @@ def test_the_inference_log_records_whole_answers_and_failed_calls(
     assert got["one"]["request_id"] == one.headers["X-Request-Id"]
     assert got["one"]["status"] == 200 and "one:0" in str(got["one"]["resp"])
     assert got["boom"]["status"] == 500 and "boom in boom" in got["boom"]["error"]
+
+
+def test_a_step_past_the_response_timeout_answers_504_and_a_new_worker_serves(
+    make_archive, start_server
+) -> None:
+    """The worker runs the steps; one that takes longer than responseTimeout is a hung handler:
+    its requests get a 504 that says so, the worker is replaced, the next request is served."""
+    make_archive("generator", "generator:Generator", "gen", "--config-file", CONFIG)
+    server = start_server()
+    params = "url=gen.mar&model_name=slow&initial_workers=1&response_timeout=1"
+    assert server.manage("POST", f"/models?{params}").status == 200
+    (pid,) = server.worker_pids("slow")
+    hung = server.predict("slow", {"name": "hung", "tokens": 3, "sleep": 4})
+    assert hung.status == 504
+    assert b"made no step within response_timeout_s=1" in hung.body
+    wait_for(lambda: server.worker_pids("slow") not in ([], [pid]), "a replacement worker", 60)
+    again = RawStream(server, "slow", {"name": "again", "tokens": 2})
+    assert [t["token"] for t in tokens(again)] == ["again:0", "again:1"]
+    again.close()
