@@ -645,8 +645,9 @@ def checked_response(item: ResponseItem, where: str) -> tuple[dict[str, Any], me
     return entry, body
 
 
-def parse_result(frame: Frame) -> tuple[int, list[ResponseItem]]:
-    fast = _fast_split(frame, _RESULT, "responses")
+def parse_result(frame: Frame, kind: Kind = _RESULT) -> tuple[int, list[ResponseItem]]:
+    """A RESULT frame's batch id and responses (``kind`` STEP: a step's, see parse_step)."""
+    fast = _fast_split(frame, kind, "responses")
     if fast is not None:
         batch_id, entries, bodies = fast
         items = []
@@ -660,12 +661,12 @@ def parse_result(frame: Frame) -> tuple[int, list[ResponseItem]]:
                 or type(content_type) is not str
                 or not _pairs_ok(headers)
             ):
-                return _parse_result_checked(frame)
+                return _parse_result_checked(frame, kind)
             items.append(
                 ResponseItem(status, body, content_type, headers, entry.get("json") is True)
             )
         return batch_id, items
-    return _parse_result_checked(frame)
+    return _parse_result_checked(frame, kind)
 
 
 # What a handler's metric entry says it is (context.metrics' add_* method), and the metric
@@ -1101,7 +1102,7 @@ def parse_step(frame: Frame) -> tuple[list[tuple[int, int]], list[ResponseItem] 
     if frame.meta.get("failed") is True:
         _check_str(_required(frame.meta, "error", "STEP meta"), "STEP error")
         return pairs, None
-    _, responses = _parse_result_checked(frame, Kind.STEP)
+    _, responses = parse_result(frame, Kind.STEP)
     if len(responses) != len(pairs):
         raise ProtocolError(f"STEP has {len(pairs)} members but {len(responses)} responses")
     return pairs, responses
