@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Tuple
 
+from . import streaming
 from .protocol import (
     Frame,
     Kind,
@@ -91,6 +92,8 @@ class Loop:
         self.running: list[_Member] = []
         self.joining: list[_Member] = []
         self.steps = 0
+        self.members: list[list[int]] = []  # [batch_id, index] of each request of the step
+        self.send: Any = None  # the channel's send, for chunks sent in the middle of a step
 
     @property
     def busy(self) -> bool:
@@ -123,6 +126,7 @@ class Loop:
         members, self.joining = self.running + self.joining, []
         self.running = []
         self.steps += 1
+        self.members = [[m[0], m[1]] for m in members]
         service = self.service
         try:
             responses, handler_ms, metrics = service.serve(self.steps, [m[2] for m in members])
@@ -145,13 +149,22 @@ class Loop:
                 for (b, i, item), response in zip(members, responses)
                 if _goes_on(response.headers)
             ]
-        return step_frame(self.steps, [(m[0], m[1]) for m in members], reply)
+        return step_frame(self.steps, self.members, reply)
+
+    def send_chunk(self, frame: Frame) -> None:
+        """A chunk the handler sent in the middle of the step (TorchServe's
+        ``send_intermediate_predict_response``, or an item of an iterator it returned): its
+        CHUNK frame names the step's requests, as the step's answer will."""
+        frame.meta["members"] = self.members
+        self.send(frame)
 
 
 def run(channel: Channel, service: HandlerService) -> None:
     """Serve a continuous-batching handler until the server closes the channel: block while
     nothing generates, else take what arrived and run the next step at once."""
     loop = Loop(service)
+    loop.send = channel.send
+    streaming.install(streaming.Stream(loop.send_chunk), service.context)
     while True:
         if not loop.busy:
             frame = channel.receive()
@@ -164,16 +177,6 @@ def run(channel: Channel, service: HandlerService) -> None:
         loop.drop(channel.take_cancelled())
         if loop.busy:
             channel.send(loop.step())
-
-
-def no_chunks(frame: Frame) -> None:
-    """The stream of a continuous-batching worker: each step's result is the next chunk of
-    each request, so a chunk sent in the middle of a step has no place."""
-    raise RuntimeError(
-        "with continuousBatching each handler call's result is the next chunk of each request's"
-        " answer: return it (send_intermediate_predict_response and returned iterators are not"
-        " used in this mode)"
-    )
 
 
 def _again(item: RequestItem) -> RequestItem:

@@ -1092,13 +1092,7 @@ def step_frame(step_id: int, members: Sequence[Sequence[int]], reply: Frame) -> 
 def parse_step(frame: Frame) -> tuple[list[tuple[int, int]], list[ResponseItem] | None]:
     """A STEP frame's members and their answers, or None for the answers of a failed step (its
     ``error`` and ``traceback`` are in ``frame.meta``)."""
-    members = frame.meta.get("members")
-    if type(members) is not list or not all(
-        type(m) is list and len(m) == 2 and all(type(n) is int and n >= 0 for n in m)
-        for m in members
-    ):
-        raise ProtocolError("STEP members must be a list of [batch_id, index] pairs")
-    pairs = [(m[0], m[1]) for m in members]
+    pairs = _members(frame)
     if frame.meta.get("failed") is True:
         _check_str(_required(frame.meta, "error", "STEP meta"), "STEP error")
         return pairs, None
@@ -1106,3 +1100,28 @@ def parse_step(frame: Frame) -> tuple[list[tuple[int, int]], list[ResponseItem] 
     if len(responses) != len(pairs):
         raise ProtocolError(f"STEP has {len(pairs)} members but {len(responses)} responses")
     return pairs, responses
+
+
+def parse_step_chunk(frame: Frame) -> tuple[list[tuple[int, int]], list[ChunkItem]]:
+    """A CHUNK frame sent in the middle of a step (``send_intermediate_predict_response``): the
+    step's members, and chunks whose ``index`` is a place among them."""
+    pairs = _members(frame)
+    _, chunks = parse_chunk(frame)
+    for chunk in chunks:
+        if chunk.index >= len(pairs):
+            raise ProtocolError(
+                f"CHUNK for request {chunk.index} of a step of {len(pairs)} requests"
+            )
+    return pairs, chunks
+
+
+def _members(frame: Frame) -> list[tuple[int, int]]:
+    members = frame.meta.get("members")
+    if type(members) is not list or not all(
+        type(m) is list and len(m) == 2 and all(type(n) is int and n >= 0 for n in m)
+        for m in members
+    ):
+        raise ProtocolError(
+            f"{_kind(frame.kind).name} members must be a list of [batch_id, index] pairs"
+        )
+    return [(m[0], m[1]) for m in members]

@@ -285,7 +285,6 @@ def _serve(channel: Channel, fd: int) -> int:
     if service is None:
         return 1
     if init.meta.get("continuous_batching") is True:  # the worker runs the steps
-        streaming.install(streaming.Stream(continuous.no_chunks), service.context)
         try:
             continuous.run(channel, service)
         finally:

@@ -30,7 +30,7 @@ import logging
 import time
 
 from mserve_worker import protocol
-from mserve_worker.protocol import Frame, ResponseItem
+from mserve_worker.protocol import Frame, Kind, ResponseItem
 from server.errors import HandlerError, InternalError, WorkerDied, WorkerTimeout
 from server.models.batching import Job
 from server.models.pump import BatchPump, Retired, end_stream, fail_jobs
@@ -40,6 +40,7 @@ from server.workers.process import Worker, WorkerState
 
 log = logging.getLogger(__name__)
 
+_CHUNK = Kind.CHUNK
 NEXT_HEADER = "ts_stream_next"  # TorchServe's response header: "true" while a request goes on
 
 
@@ -186,7 +187,11 @@ class _Feed:
         return len(jobs)
 
     def _step(self, frame: Frame) -> None:
-        """A STEP frame: each request's chunk, end or error; the freed slots filled."""
+        """A STEP frame: each request's chunk, end or error; the freed slots filled. Or a CHUNK
+        frame the handler sent in the middle of a step."""
+        if frame.kind is _CHUNK:
+            self._chunks(frame)
+            return
         try:
             members, results = protocol.parse_step(frame)
         except protocol.ProtocolError as exc:
@@ -246,6 +251,24 @@ class _Feed:
             )  # fmt: skip
         handler_ms, entries = self.worker.frame_metrics(frame)
         pump.stats.batch_done(handler_ms, entries, jobs, time.perf_counter() - started)
+
+    def _chunks(self, frame: Frame) -> None:
+        try:
+            members, chunks = protocol.parse_step_chunk(frame)
+        except protocol.ProtocolError as exc:
+            self.worker.chunks_broke_protocol(f"malformed CHUNK frame: {exc}")
+            return
+        for chunk in chunks:
+            entry = self.members.get(members[chunk.index])
+            if entry is None or entry[0].gone():
+                continue
+            job = entry[0]
+            if job.stream is None:
+                job.stream = ChunkStream(
+                    chunk.status or 200, chunk.content_type, chunk.headers, _no_pause, _no_pause
+                )
+                job.future.set_result(job.stream)  # type: ignore[arg-type]
+            job.stream.push(bytes(chunk.body))
 
     def _withdrawn(self, batch: Batch, request_id: str) -> None:
         """:meth:`Job.cancel` of one of this worker's requests: it leaves now."""

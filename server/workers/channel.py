@@ -79,7 +79,8 @@ class Channel(asyncio.Protocol):
         self.on_lost: Callable[[], None] | None = None  # called once the connection is gone
         # called with the running batch and each CHUNK frame (streamed responses)
         self.on_chunk: Callable[[Batch, Frame], None] | None = None
-        # called with each STEP frame (continuous batching run by the worker)
+        # called with each STEP frame, and each CHUNK frame sent in the middle of a step
+        # (continuous batching run by the worker)
         self.on_step: Callable[[Frame], None] | None = None
         self._read_pauses = 0  # streams whose consumers cannot keep up (see pause_reading)
 
@@ -96,7 +97,11 @@ class Channel(asyncio.Protocol):
             self.close()
             return
         for frame in frames:
-            if frame.kind is _CHUNK:
+            if frame.kind is _CHUNK and self.on_step is not None:  # mid-step chunks
+                self.on_step(frame)
+                if self.broken is not None:
+                    return
+            elif frame.kind is _CHUNK:
                 if not self._batches or self.on_chunk is None:
                     self.broken = "CHUNK frame while no batch runs"
                     self.close()

@@ -241,3 +241,19 @@ def test_a_step_past_the_response_timeout_answers_504_and_a_new_worker_serves(
     again = RawStream(server, "slow", {"name": "again", "tokens": 2})
     assert [t["token"] for t in tokens(again)] == ["again:0", "again:1"]
     again.close()
+
+
+def test_intermediate_responses_inside_a_step_reach_the_stream_in_order(gen) -> None:
+    """TorchServe's send_intermediate_predict_response works inside a step: each piece is a
+    chunk of that request's stream, before the step's own result; the other requests of the
+    step are not affected."""
+    chatty = RawStream(gen, "gen", {"name": "chatty", "tokens": 3, "intermediate": True})
+    quiet = RawStream(gen, "gen", {"name": "quiet", "tokens": 3})
+    got = tokens(chatty)
+    assert [t.get("partial") or t["token"] for t in got] == [
+        "chatty:0", "chatty:0", "chatty:1", "chatty:1", "chatty:2", "chatty:2"
+    ]  # fmt: skip
+    assert [t["partial"] for t in got[::2]] == ["chatty:0", "chatty:1", "chatty:2"]
+    assert [t["token"] for t in tokens(quiet)] == ["quiet:0", "quiet:1", "quiet:2"]
+    for s in (chatty, quiet):
+        s.close()

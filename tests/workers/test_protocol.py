@@ -1053,3 +1053,18 @@ def test_result_json_flag_rides_only_where_set_and_round_trips() -> None:
         {"status": 200, "content_type": "", "headers": [], "size": 0, "json": 1}]})  # fmt: skip
     assert parse_result(odd)[1][0].json_body is False
     assert "json" not in result_frame(5, items[1:]).meta["responses"][0]
+
+
+def test_a_chunk_in_the_middle_of_a_step_names_its_request_among_the_steps() -> None:
+    frame = chunk_frame(4, [ChunkItem(1, b"part", 200, "text/plain")])
+    frame.meta["members"] = [[3, 0], [5, 2]]
+    (got,) = decode_all(encode_bytes(frame))
+    members, chunks = protocol.parse_step_chunk(got)
+    assert members == [(3, 0), (5, 2)]
+    assert (chunks[0].index, bytes(chunks[0].body)) == (1, b"part")
+    frame.meta["members"] = [[3, 0]]
+    with pytest.raises(ProtocolError, match=r"^CHUNK for request 1 of a step of 1 requests$"):
+        protocol.parse_step_chunk(frame)
+    del frame.meta["members"]
+    with pytest.raises(ProtocolError, match=r"^CHUNK members must be a list of \[batch_id"):
+        protocol.parse_step_chunk(frame)

@@ -6,11 +6,13 @@ A request is ``{"name": ..., "tokens": n}``; each step answers one JSON line
 ``{"token": "<name>:<i>", "batch": [names of the requests in this call]}``, so tests see who
 joined and who left, and ``"cache"``: the names whose state ``context.cache`` holds. ``{"fail_at": k}`` sets a 500 for that request alone
 at its step k; ``{"raise_at": k}`` makes the whole call raise at that step; ``{"sleep": s}``
-makes each step take that long (the default is 0.05 s)."""
+makes each step take that long (the default is 0.05 s); ``{"intermediate": true}`` also sends
+``{"partial": "<name>:<i>"}`` with ``send_intermediate_predict_response`` before each token."""
 
 import json
 import time
 
+from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.torch_handler.base_handler import BaseHandler
 
 
@@ -35,6 +37,7 @@ class Generator(BaseHandler):
                     "fail_at": body.get("fail_at"),
                     "raise_at": body.get("raise_at"),
                     "sleep": float(body.get("sleep", 0.05)),
+                    "intermediate": bool(body.get("intermediate")),
                     "stop": self._stopping_criteria(req_id),
                 }
             ids.append(req_id)
@@ -54,6 +57,12 @@ class Generator(BaseHandler):
                 out.append(f"{state['name']} failed")
                 continue
             token = f"{state['name']}:{state['step']}"
+            if state["intermediate"]:
+                partial = [None] * len(ids)
+                partial[idx] = json.dumps({"partial": token}) + "\n"
+                send_intermediate_predict_response(
+                    partial, {idx: req_id}, "Intermediate Prediction success", 200, self.context
+                )
             held = sorted(v["name"] for v in self.context.cache.values())
             out.append(json.dumps({"token": token, "batch": names, "cache": held}) + "\n")
             state["step"] += 1
