@@ -209,8 +209,11 @@ class _Feed:
             if self.pump._dropped(job) and key in self.members:
                 self._leave(key, job, batch)
         self._admit()
-        if not self.members and self.worker.state is WorkerState.BUSY:
-            self.worker.state = WorkerState.READY
+        if not self.members:
+            if self.worker.state is WorkerState.BUSY:
+                self.worker.state = WorkerState.READY
+            if self.retired.is_set():  # the task may sleep on the queue: it is done now
+                self.queue.wake_all()
         self._wake()
 
     def _settle(

@@ -257,3 +257,19 @@ def test_intermediate_responses_inside_a_step_reach_the_stream_in_order(gen) -> 
     assert [t["token"] for t in tokens(quiet)] == ["quiet:0", "quiet:1", "quiet:2"]
     for s in (chatty, quiet):
         s.close()
+
+
+def test_scaling_to_zero_finishes_the_streams_and_what_is_queued(gen) -> None:
+    """A worker retired while it generates (scaled to 0) finishes its streams and, being the
+    model's last, what is still queued behind them, then stops: nothing accepted is dropped."""
+    first = RawStream(gen, "gen", {"name": "first", "tokens": 12})
+    second = RawStream(gen, "gen", {"name": "second", "tokens": 12})
+    assert first.next_chunk() is not None and second.next_chunk() is not None
+    queued = RawStream(gen, "gen", {"name": "queued", "tokens": 2})  # both slots are taken
+    scaled = gen.manage("PUT", "/models/gen?min_worker=0&max_worker=0&synchronous=true")
+    assert scaled.status == 200
+    assert len(tokens(first)) == 11 and len(tokens(second)) == 11
+    assert [t["token"] for t in tokens(queued)] == ["queued:0", "queued:1"]
+    wait_for(lambda: gen.worker_pids("gen") == [], "the worker to stop")
+    for s in (first, second, queued):
+        s.close()
