@@ -133,6 +133,24 @@ def test_sampling_greedy_and_top_p_by_row(model: ModuleType) -> None:
     assert tokens.tolist() == [0, 0, 1, 2]
 
 
+def test_the_model_size_is_read_from_the_weights(model: ModuleType, model_dir: Path) -> None:
+    """make_weights.py makes a wider, deeper model on request; load() builds it from the
+    weights alone (the handler's way), and it generates; a width heads cannot split is refused."""
+    import make_weights
+
+    path = make_weights.write(model_dir / "bigger" / "lm.pt", dim=96, layers=3)
+    lm = model.load(path)
+    assert (len(lm.blocks), lm.embed.weight.shape[1], lm.heads) == (3, 96, 6)
+    cache = lm.new_cache(2)
+    assert lm.prefill([model.encode("hi"), model.encode("hello")], [0, 1], cache).shape == (
+        2,
+        model.VOCAB,
+    )
+    with pytest.raises(ValueError) as caught:
+        model.TinyLM(dim=40)
+    assert str(caught.value) == "the model's width must be a multiple of 16, not 40"
+
+
 def _alone(model_dir: Path, body: dict[str, Any]) -> list[dict[str, Any]]:
     """A request's pieces from the handler without continuous batching (a generator)."""
     handler, context = _handler(model_dir, False)
