@@ -40,6 +40,7 @@ import http.client
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -273,7 +274,10 @@ def litserve_mode(work: Path, weights: Path, args: argparse.Namespace,
     app.write_text(LITSERVE_APP.format(example=str(EXAMPLE), weights=str(weights), port=port,
                                        compat=str(REPO / "mserve_worker" / "compat")))  # fmt: skip
     with open(work / "litserve.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, str(app)], stdout=log, stderr=log)
+        # its own process group: LitServe's inference workers are processes of their own,
+        # which outlive the app when it alone is stopped (and spin, skewing the next runs)
+        proc = subprocess.Popen([sys.executable, str(app)], stdout=log, stderr=log,
+                                start_new_session=True)  # fmt: skip
 
     def up() -> bool:
         if proc.poll() is not None:
@@ -291,8 +295,18 @@ def litserve_mode(work: Path, weights: Path, args: argparse.Namespace,
         return {c: measure("127.0.0.1", port, "/predict", bodies(c, args), {}, c, args.rounds,
                            cpu_of(proc.pid)) for c in levels}  # fmt: skip
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop ``proc`` and every process of its group: SIGTERM, then SIGKILL after 10 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    with contextlib.suppress(ProcessLookupError):  # the group's stragglers
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
 
 
 def main() -> None:

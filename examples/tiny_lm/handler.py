@@ -3,11 +3,13 @@ without it.
 
 With ``continuousBatching: true`` in the model config the server calls ``handle`` again and
 again; each call holds the requests still generating plus new ones. As in TorchServe's examples,
-each request's state lives in ``context.cache`` keyed by its request id, ``preprocess`` prefills
-the new ones, ``inference`` runs one batched decode step (one token per request), and
-``postprocess`` sets ``context.stopping_criteria``: one callable per request that says, from its
-result, whether it is finished (and then drops its state). Each call's result is one piece of
-each request's streamed answer.
+each request's state lives in ``context.cache`` keyed by its request id, ``preprocess`` takes
+the new ones, ``inference`` prefills them in one forward and runs one decode step for the
+running ones in another (one token per request), and ``postprocess`` sets
+``context.stopping_criteria``: one callable per request that says, from its result, whether it
+is finished (and then drops its state), with a ``clean_up()`` the worker calls when the server
+drops the request. Each call's result is one piece of each request's streamed answer. Every
+request holds a slot of the model's KV cache from its prefill to its end (``_Engine``).
 
 Without continuous batching, ``handle`` returns one generator per request: the whole answer,
 streamed a token at a time, the requests of one call decoded together until the last one ends
