@@ -2,6 +2,7 @@
 
 Usage: python scripts/bench_generate.py [--tokens 64] [--streams 1,8,32] [--rounds 2]
                                         [--modes continuous,static,one,bare,litserve]
+                                        [--model-dim 64] [--model-layers 2]
 
 Each mode serves the same model (examples/tiny_lm, seed-0 weights, one worker, one thread) and
 answers ``--streams`` concurrent streams of ``--tokens`` tokens each (``ignore_eos``: every
@@ -13,7 +14,8 @@ answer has the same length), ``--rounds`` times per level:
 - ``static``: mserve, ``batchSize`` 8: each call's requests decoded together until the last ends;
 - ``one``: mserve, ``batchSize`` 1: one request at a time;
 - ``bare``: the same model in a bare batched decode loop in this process, no server (the
-  ceiling): all streams prefilled one after another, then decoded together;
+  ceiling): all streams prefilled in one forward, then decoded together, with the handler's
+  own batched calls;
 - ``litserve``: LitServe's continuous batching loop (``ContinuousBatchingLoop``, the API's
   ``step``) on the same model, when ``litserve`` is installed.
 
@@ -24,6 +26,12 @@ one asyncio loop in this process (a connection per stream, every request of a ro
 go), cheap next to the server they measure.
 Goals at 32 streams (issue 29): continuous >= 0.8 of bare, >= 2x static; TTFT p99 <= 2x a lone
 request's.
+
+``--model-dim``/``--model-layers`` serve a wider/deeper model (the weights say its size; the
+handler reads it from them). At the example's size a decode step is mostly fixed per-kernel
+overhead (~0.4 ms at 1 request, ~1 ms at 32 on one core), so the server's own per-token costs
+weigh far more than next to a real LLM, whose step is dominated by the matrix work that grows
+with the width and depth; a bigger model brings the ratios measured here closer to a real one's.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import http.client
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -56,15 +65,13 @@ import litserve as ls
 import torch
 from litserve.loops.continuous_batching_loop import ContinuousBatchingLoop, Output
 from litserve.utils import LitAPIStatus
-from handler import _State
-from model import TinyLM
+from handler import _Engine, _State
+from model import load
 
 class TinyLMAPI(ls.LitAPI):
     def setup(self, device):
         torch.set_num_threads(1)
-        self.model = TinyLM()
-        self.model.load_state_dict(torch.load({weights!r}, weights_only=True))
-        self.model.eval()
+        self.engine = _Engine(load({weights!r}), self.max_batch_size)
         self.active = {{}}
 
     def add_request(self, uid, request):
@@ -77,18 +84,15 @@ class TinyLMAPI(ls.LitAPI):
         return bool(self.active)
 
     def step(self, prev_outputs):
-        # LitServe adds requests from another thread while a step runs: work on a snapshot
+        # LitServe adds requests from another thread while a step runs: work on a snapshot.
+        # The new ones prefilled together, the running ones decoded together (the handler's
+        # calls); a finished one's slot is given back by the engine.
         current = list(self.active.items())
         pieces = {{}}
-        for uid, s in current:
-            if s.cache is None:
-                pieces[uid] = s.take(*self.model.prefill(s.ids))
-        old = [(u, s) for u, s in current if u not in pieces]
-        if old:
-            logits, caches = self.model.decode([s.next_token for _, s in old],
-                                               [s.cache for _, s in old])
-            for j, (uid, s) in enumerate(old):
-                pieces[uid] = s.take(logits[j], caches[j])
+        for call, group in ((self.engine.start, [(u, s) for u, s in current if s.made == 0]),
+                            (self.engine.step, [(u, s) for u, s in current if s.made > 0])):
+            if group:
+                pieces.update(zip([u for u, _ in group], call([s for _, s in group])))
         out = []
         for uid, piece in pieces.items():
             out.append(Output(uid, piece, LitAPIStatus.OK))
@@ -268,18 +272,16 @@ def _row(rates: list[float], firsts: list[float], cpu_at: tuple[float, ...],
 
 
 def bare(weights: Path, sizes: list[int], rounds: int) -> dict[str, float]:
-    """The ceiling: prefill each stream in turn, then decode all of them together, each
-    leaving the batch when it has its ``sizes[i]`` tokens."""
+    """The ceiling: all streams prefilled in one forward, then decoded together (the
+    handler's batched calls), each leaving the batch when it has its ``sizes[i]`` tokens."""
     import torch
 
     sys.path[:0] = [str(EXAMPLE), str(REPO / "mserve_worker" / "compat")]
-    from handler import _State
-    from model import TinyLM
+    from handler import _Engine, _State
+    from model import load
 
     torch.set_num_threads(1)
-    model = TinyLM()
-    model.load_state_dict(torch.load(weights, weights_only=True))
-    model.eval()
+    engine = _Engine(load(weights), len(sizes))
     firsts, rates = [], []
     cpu = cpu_of(None)
     cpu_at = cpu()
@@ -290,15 +292,12 @@ def bare(weights: Path, sizes: list[int], rounds: int) -> dict[str, float]:
         t0 = time.perf_counter()
         states = [_State({"prompt": PROMPT, "max_tokens": n, "ignore_eos": True, "seed": 0})
                   for n in sizes]  # fmt: skip
-        for s in states:
-            s.take(*model.prefill(s.ids))
-            firsts.append(time.perf_counter() - t0)
-        live = [s for s in states if s.made < s.max_tokens]
+        engine.start(states)
+        firsts += [time.perf_counter() - t0] * len(states)
+        live = [s for s in states if s.slot >= 0]  # a finished one gave its slot back
         while live:
-            logits, caches = model.decode([s.next_token for s in live], [s.cache for s in live])
-            for j, s in enumerate(live):
-                s.take(logits[j], caches[j])
-            live = [s for s in live if s.made < s.max_tokens]
+            engine.step(live)
+            live = [s for s in live if s.slot >= 0]
         rates.append(sum(s.made for s in states) / (time.perf_counter() - t0))
     return _row(rates, firsts, cpu_at, cpu(), sum(min(n, 256) for n in sizes) * rounds)
 
@@ -342,7 +341,10 @@ def litserve_mode(work: Path, weights: Path, args: argparse.Namespace,
     app.write_text(LITSERVE_APP.format(example=str(EXAMPLE), weights=str(weights), port=port,
                                        compat=str(REPO / "mserve_worker" / "compat")))  # fmt: skip
     with open(work / "litserve.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, str(app)], stdout=log, stderr=log)
+        # its own process group: LitServe's inference workers are processes of their own,
+        # which outlive the app when it alone is stopped (and spin, skewing the next runs)
+        proc = subprocess.Popen([sys.executable, str(app)], stdout=log, stderr=log,
+                                start_new_session=True)  # fmt: skip
 
     def up() -> bool:
         if proc.poll() is not None:
@@ -360,8 +362,18 @@ def litserve_mode(work: Path, weights: Path, args: argparse.Namespace,
         return {c: measure("127.0.0.1", port, "/predict", bodies(c, args), {}, c, args.rounds,
                            cpu_of(proc.pid)) for c in levels}  # fmt: skip
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop ``proc`` and every process of its group: SIGTERM, then SIGKILL after 10 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    with contextlib.suppress(ProcessLookupError):  # the group's stragglers
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
 
 
 def main() -> None:
@@ -373,6 +385,8 @@ def main() -> None:
                         help="answer lengths: drawn around --tokens (as real answers vary), or"
                         " all --tokens long")  # fmt: skip
     parser.add_argument("--modes", default="continuous,static,one,bare,litserve")
+    parser.add_argument("--model-dim", type=int, help="the model's width (default 64)")
+    parser.add_argument("--model-layers", type=int, help="the model's blocks (default 2)")
     args = parser.parse_args()
     levels = [int(x) for x in args.streams.split(",")]
     load_start = os.getloadavg()[0]
@@ -380,8 +394,11 @@ def main() -> None:
     results: dict[str, dict[int, dict[str, float]] | str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
         work = Path(tmp)
+        size = [f"--{k}={v}" for k, v in (("dim", args.model_dim), ("layers", args.model_layers))
+                if v]  # fmt: skip
         subprocess.run([str(BIN / "python"), str(EXAMPLE / "make_weights.py"),
-                        str(work / "tiny_lm.pt")], check=True, capture_output=True)  # fmt: skip
+                        str(work / "tiny_lm.pt"), *size],
+                       check=True, capture_output=True)  # fmt: skip
         weights = work / "tiny_lm.pt"
         for mode in modes:
             print(f"running {mode} ...", file=sys.stderr, flush=True)

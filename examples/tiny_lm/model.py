@@ -1,12 +1,18 @@
-"""A tiny decoder-only transformer over bytes, with a KV cache: small enough to load and
-generate fast on a CPU, shaped like the real thing (token and position embeddings, pre-norm
-blocks of causal self-attention and an MLP, a language-model head).
+"""A tiny decoder-only transformer over bytes: small enough to load and generate fast on a CPU,
+shaped like the real thing (token and position embeddings, pre-norm blocks of causal
+self-attention and an MLP, a language-model head) and served like one: a batched KV cache of
+slots, one slot per request, allocated once; a batched prefill of several prompts in one
+forward; a decode step for any set of slots in one forward whose number of kernels does not
+depend on how many requests it holds (as vLLM's, HF's static cache and TensorRT-LLM's do: why
+batching more requests per step pays off); batched sampling.
 
 The tokenizer is byte-level: token ``b`` is byte ``b`` of the UTF-8 text, plus ``BOS`` and
 ``EOS``.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -15,109 +21,154 @@ from torch import nn
 BOS, EOS = 256, 257
 VOCAB = 258
 CONTEXT = 256  # positions: prompt and answer together
-DIM, LAYERS, HEADS = 64, 2, 4
-
-# One request's cache: per layer, (keys, values), each [1, HEADS, length, DIM // HEADS].
-Cache = list[tuple[torch.Tensor, torch.Tensor]]
+DIM, LAYERS = 64, 2  # the example's size (make_weights.py can make a bigger one)
+HEAD_DIM = 16  # heads = dim // HEAD_DIM: 4 at the example's size
 
 
 def encode(text: str) -> list[int]:
     return [BOS, *text.encode("utf-8")]
 
 
+class KVCache:
+    """Keys and values of up to ``slots`` requests, per layer ``[slots, heads, CONTEXT,
+    head_dim]``: allocated once, so that a step writes into it and reads from it in place
+    instead of growing a tensor per request. Zeroed: positions past a request's length are
+    masked out, and a masked zero adds nothing (a masked NaN would)."""
+
+    def __init__(self, layers: int, heads: int, head_dim: int, slots: int) -> None:
+        shape = (slots, heads, CONTEXT, head_dim)
+        self.keys = [torch.zeros(shape) for _ in range(layers)]
+        self.values = [torch.zeros(shape) for _ in range(layers)]
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[0]
+
+    def grow(self, slots: int) -> None:
+        """Room for ``slots`` requests, the ones held kept (only when more are asked for)."""
+        if slots <= self.slots:
+            return
+        for kind in (self.keys, self.values):
+            for i, old in enumerate(kind):
+                kind[i] = torch.cat((old, old.new_zeros((slots - old.shape[0], *old.shape[1:]))))
+
+
 class Block(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(DIM)
-        self.qkv = nn.Linear(DIM, 3 * DIM)
-        self.out = nn.Linear(DIM, DIM)
-        self.norm2 = nn.LayerNorm(DIM)
-        self.mlp = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM))
+        self.dim, self.heads = dim, heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
     def forward(
-        self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None,
-        mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+        self, x: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+        slots: torch.Tensor, positions: torch.Tensor | None, span: int,
+        rows: torch.Tensor | slice,
+    ) -> torch.Tensor:  # fmt: skip
+        """``x`` [B, T, dim] of the requests in ``slots``: a prefill of positions ``0..T-1``
+        (``positions`` None), or one decode position each (``positions`` [B]); attends over
+        the first ``span`` positions of the slots (read as ``rows``: a slice where the slots
+        are contiguous, a view, else the slots gathered) where ``mask`` allows."""
         b, t, _ = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(DIM, dim=2)
-        q, k, v = (z.view(b, t, HEADS, DIM // HEADS).transpose(1, 2) for z in (q, k, v))
-        if past is not None:
-            k = torch.cat((past[0], k), dim=2)
-            v = torch.cat((past[1], v), dim=2)
-        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
-        x = x + self.out(att.transpose(1, 2).reshape(b, t, DIM))
-        return x + self.mlp(self.norm2(x)), (k, v)
+        q, k, v = self.qkv(self.norm1(x)).split(self.dim, dim=2)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        if positions is None:  # prefill: attend over the prompts' own keys, keep them
+            keys[slots, :, :t] = k
+            values[slots, :, :t] = v
+        else:  # decode: the new position written in place, the slots' first span read back
+            keys[slots, :, positions] = k[:, :, 0]
+            values[slots, :, positions] = v[:, :, 0]
+            k, v = keys[rows, :, :span], values[rows, :, :span]
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.out(att.transpose(1, 2).reshape(b, t, self.dim))
+        return x + self.mlp(self.norm2(x))
 
 
 class TinyLM(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, dim: int = DIM, layers: int = LAYERS) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.pos = nn.Embedding(CONTEXT, DIM)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.norm = nn.LayerNorm(DIM)
-        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        if dim % HEAD_DIM:
+            raise ValueError(f"the model's width must be a multiple of {HEAD_DIM}, not {dim}")
+        self.heads = dim // HEAD_DIM
+        self.embed = nn.Embedding(VOCAB, dim)
+        self.pos = nn.Embedding(CONTEXT, dim)
+        self.blocks = nn.ModuleList(Block(dim, self.heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, VOCAB, bias=False)
 
-    def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, past: Cache | None,
-        mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, Cache]:  # fmt: skip
-        """Logits [B, T, VOCAB] of ``tokens`` [B, T] at ``positions`` [B, T], attending where
-        ``mask`` [B, T, past + T] is True; the cache grown by the T new positions."""
-        x = self.embed(tokens) + self.pos(positions)
-        cache = []
+    def new_cache(self, slots: int) -> KVCache:
+        return KVCache(len(self.blocks), self.heads, HEAD_DIM, slots)
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], slots: list[int], cache: KVCache) -> torch.Tensor:
+        """Several new requests in one forward: each prompt's keys and values written into its
+        slot, the logits of each one's next token out [B, VOCAB]. The prompts are right-padded
+        to the longest; the mask is causal and hides the padding."""
+        lengths = torch.tensor([len(p) for p in prompts])
+        t = int(lengths.max())
+        tokens = torch.tensor([p + [EOS] * (t - len(p)) for p in prompts])
+        steps = torch.arange(t)
+        mask = (steps[None, :, None] >= steps[None, None, :]) & (
+            steps[None, None, :] < lengths[:, None, None]
+        )  # [B, query, key]: causal, and no key past the prompt's end
+        x = self.embed(tokens) + self.pos(steps)[None]
+        where = torch.tensor(slots)
         for i, block in enumerate(self.blocks):
-            x, kv = block(x, None if past is None else past[i], mask)
-            cache.append(kv)
-        return self.head(self.norm(x)), cache
+            x = block(x, mask[:, None], cache.keys[i], cache.values[i], where, None, t, where)
+        last = x[torch.arange(len(prompts)), lengths - 1]
+        return self.head(self.norm(last))
 
     @torch.no_grad()
-    def prefill(self, ids: list[int]) -> tuple[torch.Tensor, Cache]:
-        """One request's prompt: the logits of its next token [VOCAB], and its cache."""
-        t = len(ids)
-        tokens = torch.tensor([ids])
-        mask = torch.ones(t, t, dtype=torch.bool).tril()[None]
-        logits, cache = self(tokens, torch.arange(t)[None], None, mask)
-        return logits[0, -1], cache
+    def decode(
+        self, tokens: list[int], slots: list[int], positions: list[int], cache: KVCache
+    ) -> torch.Tensor:
+        """One step for the requests in ``slots``: each one's next token in at its position
+        (its length so far), its keys and values written into its slot, the logits of the
+        token after out [B, VOCAB]. The same kernels whatever the batch holds: each layer
+        attends over the first ``max(positions) + 1`` positions of the slots, a mask built
+        from the positions hiding what lies past each one's length. Slots in ascending
+        contiguous order are read in place (at 32 requests a step costs ~half what gathering
+        them does); any others are gathered."""
+        where, at = torch.tensor(slots), torch.tensor(positions)
+        first = slots[0]
+        contiguous = slots == list(range(first, first + len(slots)))
+        rows: torch.Tensor | slice = slice(first, first + len(slots)) if contiguous else where
+        span = max(positions) + 1
+        mask = (torch.arange(span)[None] <= at[:, None])[:, None, None]  # [B, 1, 1, span]
+        x = (self.embed(torch.tensor(tokens)) + self.pos(at))[:, None]
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, cache.keys[i], cache.values[i], where, at, span, rows)
+        return self.head(self.norm(x[:, 0]))
 
-    @torch.no_grad()
-    def decode(self, tokens: list[int], caches: list[Cache]) -> tuple[torch.Tensor, list[Cache]]:
-        """One step for a batch of requests at different lengths: each one's next token in,
-        the logits [B, VOCAB] of the one after and each cache one longer. The caches are
-        left-padded to the longest and the padding masked out."""
-        lengths = [c[0][0].shape[2] for c in caches]
-        longest = max(lengths)
-        past = []
-        for layer in range(LAYERS):
-            ks, vs = [], []
-            for cache, n in zip(caches, lengths, strict=True):
-                k, v = cache[layer]
-                pad = (0, 0, longest - n, 0)
-                ks.append(F.pad(k, pad))
-                vs.append(F.pad(v, pad))
-            past.append((torch.cat(ks), torch.cat(vs)))
-        mask = torch.ones(len(caches), 1, longest + 1, dtype=torch.bool)
-        for i, n in enumerate(lengths):
-            mask[i, 0, : longest - n] = False
-        logits, grown = self(
-            torch.tensor(tokens)[:, None], torch.tensor(lengths)[:, None], past, mask
-        )
-        out = [
-            [(k[i : i + 1, :, longest - n :], v[i : i + 1, :, longest - n :]) for k, v in grown]
-            for i, n in enumerate(lengths)
-        ]
-        return logits[:, -1], out
+
+def load(path: str | Path) -> TinyLM:
+    """The model in the weights at ``path``, its width and depth read from them."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    dim = state["embed.weight"].shape[1]
+    layers = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
+    model = TinyLM(dim, layers)
+    model.load_state_dict(state)
+    return model.eval()
 
 
 def sample(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
-) -> int:
-    """The next token: greedy at temperature 0, else nucleus sampling."""
-    if temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1:
-        sorted_probs, order = probs.sort(descending=True)
-        keep = sorted_probs.cumsum(0) - sorted_probs < top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, uniform: torch.Tensor
+) -> torch.Tensor:
+    """Each row's next token [B] from ``logits`` [B, VOCAB], in the same few kernels whatever
+    the batch holds: greedy where ``temperature`` is 0, else nucleus sampling at the row's
+    ``temperature`` and ``top_p``, picked by inverse CDF at the row's ``uniform`` draw in
+    [0, 1) (drawn from each request's own generator, so that a seeded request gets the same
+    tokens whoever shares its steps)."""
+    greedy = temperature <= 0
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature)
+    probs = torch.softmax(logits / scale[:, None], dim=-1)
+    ranked, order = probs.sort(dim=-1, descending=True)
+    cdf = ranked.cumsum(dim=-1)
+    limit = torch.where(top_p < 1, top_p, torch.full_like(top_p, float("inf")))  # 1: all
+    kept = torch.where(cdf - ranked < limit[:, None], ranked, torch.zeros_like(ranked))
+    cdf = kept.cumsum(dim=-1)
+    pick = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None]).clamp_(max=VOCAB - 1)
+    return torch.where(greedy, logits.argmax(dim=-1), order.gather(1, pick)[:, 0])

@@ -80,19 +80,75 @@ def _start(context: Context, ids: list[str]) -> None:
 
 
 def test_batched_decode_matches_each_request_alone(model: ModuleType) -> None:
+    """Two decode steps of three requests at different lengths in one batch, their slots
+    gathered (not contiguous) or read in place (contiguous), give each the logits it gets
+    alone."""
     torch.manual_seed(0)
     lm = model.TinyLM().eval()
-    prompts = ["hello world", "hi", "a longer prompt than both"]
+    prompts = [model.encode(p) for p in ["hello world", "hi", "a longer prompt than both"]]
     alone = []
-    for p in prompts:
-        _, cache = lm.prefill(model.encode(p))
-        logits, _ = lm.decode([65], [cache])
-        alone.append(logits[0])
-    caches = [lm.prefill(model.encode(p))[1] for p in prompts]
-    together, grown = lm.decode([65] * 3, caches)
-    for i, logits in enumerate(alone):
-        assert torch.allclose(together[i], logits, atol=1e-5)
-    assert [c[0][0].shape[2] for c in grown] == [len(model.encode(p)) + 1 for p in prompts]
+    for ids in prompts:
+        cache = lm.new_cache(1)
+        lm.prefill([ids], [0], cache)
+        steps = [lm.decode([65], [0], [len(ids)], cache)[0]]
+        steps.append(lm.decode([66], [0], [len(ids) + 1], cache)[0])
+        alone.append(steps)
+    lengths = [len(ids) for ids in prompts]
+    for slots in ([5, 1, 3], [2, 3, 4]):
+        cache = lm.new_cache(6)
+        lm.prefill(prompts, slots, cache)
+        first = lm.decode([65] * 3, slots, lengths, cache)
+        second = lm.decode([66] * 3, slots, [n + 1 for n in lengths], cache)
+        for i, (one, two) in enumerate(alone):
+            assert torch.allclose(first[i], one, atol=1e-5), (slots, i)
+            assert torch.allclose(second[i], two, atol=1e-5), (slots, i)
+
+
+def test_batched_prefill_matches_each_request_alone(model: ModuleType) -> None:
+    """One forward of right-padded prompts gives each its next-token logits and cache alone."""
+    torch.manual_seed(0)
+    lm = model.TinyLM().eval()
+    prompts = [model.encode(p) for p in ["hello world", "hi", "a longer prompt than both", ""]]
+    together = lm.new_cache(4)
+    logits = lm.prefill(prompts, [3, 0, 2, 1], together)
+    for i, (ids, slot) in enumerate(zip(prompts, [3, 0, 2, 1], strict=True)):
+        cache = lm.new_cache(1)
+        assert torch.allclose(lm.prefill([ids], [0], cache)[0], logits[i], atol=1e-5), i
+        for layer in range(len(lm.blocks)):
+            for mine, theirs in ((cache.keys, together.keys), (cache.values, together.values)):
+                kept = theirs[layer][slot, :, : len(ids)]
+                assert torch.allclose(mine[layer][0, :, : len(ids)], kept, atol=1e-5), i
+
+
+def test_sampling_greedy_and_top_p_by_row(model: ModuleType) -> None:
+    """One call samples every row its own way: greedy at temperature 0, top_p keeping only the
+    likeliest tokens, the row's uniform draw picking by inverse CDF."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2] + [0.0] * 255] * 4) + 1e-12)
+    tokens = model.sample(
+        logits,
+        temperature=torch.tensor([0.0, 1.0, 1.0, 1.0]),
+        top_p=torch.tensor([1.0, 0.5, 1.0, 1.0]),
+        uniform=torch.tensor([0.99, 0.99, 0.6, 0.9]),
+    )
+    assert tokens.tolist() == [0, 0, 1, 2]
+
+
+def test_the_model_size_is_read_from_the_weights(model: ModuleType, model_dir: Path) -> None:
+    """make_weights.py makes a wider, deeper model on request; load() builds it from the
+    weights alone (the handler's way), and it generates; a width heads cannot split is refused."""
+    import make_weights
+
+    path = make_weights.write(model_dir / "bigger" / "lm.pt", dim=96, layers=3)
+    lm = model.load(path)
+    assert (len(lm.blocks), lm.embed.weight.shape[1], lm.heads) == (3, 96, 6)
+    cache = lm.new_cache(2)
+    assert lm.prefill([model.encode("hi"), model.encode("hello")], [0, 1], cache).shape == (
+        2,
+        model.VOCAB,
+    )
+    with pytest.raises(ValueError) as caught:
+        model.TinyLM(dim=40)
+    assert str(caught.value) == "the model's width must be a multiple of 16, not 40"
 
 
 def _alone(model_dir: Path, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -138,6 +194,98 @@ def test_continuous_batching_contract(model_dir: Path) -> None:
     for request_id, body in bodies.items():
         assert pieces[request_id] == _alone(model_dir, body), request_id
     assert pieces["b"][-1]["finish_reason"] == "length" and len(pieces["b"]) == 5
+
+
+def test_a_seeded_request_gets_its_tokens_whoever_shares_its_steps(model_dir: Path) -> None:
+    """Eight sampled requests (temperature, top_p, seed each their own, answers of different
+    lengths, so that slots move as they finish) decoded together under continuous batching:
+    each gets the tokens it gets alone."""
+    bodies = {
+        f"r{i}": {"prompt": f"request {i}" * (i % 3 + 1), "max_tokens": 4 + 3 * i, "seed": i,
+                  "temperature": 0.5 + i / 8, "top_p": 0.75 if i % 2 else 1.0}
+        for i in range(8)
+    }  # fmt: skip
+    handler, context = _handler(model_dir, True)
+    running = list(bodies)
+    pieces: dict[str, list[dict[str, Any]]] = {k: [] for k in bodies}
+    for _ in range(40):
+        if not running:
+            break
+        _start(context, running)
+        results = handler.handle([{"body": bodies[r]} for r in running], context)
+        for request_id, result, stop in zip(list(running), results, context.stopping_criteria,
+                                            strict=True):  # fmt: skip
+            pieces[request_id].append(result)
+            if stop(result):
+                running.remove(request_id)
+    assert not running and context.cache == {} and handler.instance.engine.held == []
+    for request_id, body in bodies.items():
+        assert pieces[request_id] == _alone(model_dir, body), request_id
+
+
+def test_no_slot_leaks_with_cancellations(model_dir: Path) -> None:
+    """Thirty requests through 8 slots (batchSize 8), never more than 8 at once; some are
+    dropped by the server mid-answer while others wait, half of those cleaned up by the worker
+    through their criterion's ``clean_up()`` (TorchServe's vLLM handler contract), half
+    noticed missing by ``preprocess``. Each running request holds one slot, the pool never grows, and nothing
+    is held at the end; the ones that ran to the end got the answer they get alone."""
+    bodies = {f"q{i}": {"prompt": f"q{i}", "max_tokens": 3 + i % 7, "seed": i} for i in range(30)}
+    handler, context = _handler(model_dir, True)
+    queue, running = list(bodies), []
+    pieces: dict[str, list[dict[str, Any]]] = {k: [] for k in bodies}
+    criteria: dict[str, Any] = {}
+    dropped: list[str] = []
+    for step in range(200):
+        if step % 3 == 2 and queue:  # the server drops the oldest with a number divisible by 3
+            gone = next((r for r in running if int(r[1:]) % 3 == 0), None)
+            if gone is not None:
+                running.remove(gone)
+                dropped.append(gone)
+                if int(gone[1:]) % 2:
+                    criteria[gone].clean_up()
+        while queue and len(running) < 8:
+            running.append(queue.pop(0))
+        if not running:
+            break
+        _start(context, running)
+        results = handler.handle([{"body": bodies[r]} for r in running], context)
+        assert len(handler.instance.engine.held) == len(running) - sum(
+            "finish_reason" in r for r in results
+        )
+        criteria.update(zip(running, context.stopping_criteria, strict=True))
+        for request_id, result in zip(list(running), results, strict=True):
+            pieces[request_id].append(result)
+            if criteria[request_id](result):
+                running.remove(request_id)
+    assert not queue and not running
+    assert handler.instance.engine.held == [] and handler.instance.engine.cache.slots == 8
+    assert context.cache == {}
+    finished = [r for r in bodies if r not in dropped]
+    assert len({int(r[1:]) % 2 for r in dropped}) == 2  # both ways of leaving
+    assert all("finish_reason" not in pieces[r][-1] for r in dropped)  # left mid-answer
+    assert all("finish_reason" in pieces[r][-1] for r in finished)
+    for request_id in finished:
+        assert pieces[request_id] == _alone(model_dir, bodies[request_id]), request_id
+
+
+def test_static_batching_gives_slots_back(model_dir: Path) -> None:
+    """Without continuous batching: streams closed before their end (clients gone) and
+    streams read to the end all give their slots back; a call of more requests than
+    batchSize grows the pool once."""
+    handler, context = _handler(model_dir, False)
+    for size in (3, 12):
+        _start(context, [str(i) for i in range(size)])
+        streams = handler.handle(
+            [{"body": {"prompt": "x", "max_tokens": 5, "seed": i}} for i in range(size)], context
+        )
+        next(streams[1])
+        streams[1].close()  # left after one piece
+        streams[2].close()  # left before any
+        for i, stream in enumerate(streams):
+            if i not in (1, 2):
+                assert len(list(stream)) == 5
+        assert handler.instance.engine.held == []
+    assert handler.instance.engine.cache.slots == 16
 
 
 def test_static_batching_decodes_a_call_together(model_dir: Path) -> None:
