@@ -969,6 +969,7 @@ def _fast_split(
     ):
         return None
     view = memoryview(payload)
+    whole = len(view)
     bodies = []
     offset = 0
     for entry in entries:
@@ -980,9 +981,10 @@ def _fast_split(
             return None
         if type(size) is not int or size < 0:
             return None
-        bodies.append(view[offset : offset + size])
+        # a lone body is the whole payload: the view itself, not a slice of it
+        bodies.append(view if size == whole and not offset else view[offset : offset + size])
         offset += size
-    if offset != len(view):
+    if offset != whole:
         return None
     return batch_id, entries, bodies
 

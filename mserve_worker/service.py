@@ -186,7 +186,9 @@ class HandlerService:
         traced = tracing.traced_by_server(items)
         phases: list[tracing.Phase] | None = [] if traced else None
         context._mserve_phases = phases  # type: ignore[attr-defined]  # BaseHandler's record
-        restore = self._otel.enter(items[0]) if items and (traced or self._otel_wanted) else None
+        # without the server tracing, a client's traceparent still parents the handler's spans
+        # where opentelemetry is installed (looked for once): enter() is None otherwise
+        restore = self._otel.enter(items[0]) if items else None
         started = time.perf_counter()
         try:
             failure = self._serve_groups(groups, items, decoded, prepared, responses, stream)
@@ -207,15 +209,9 @@ class HandlerService:
         handler_ms = int((time.perf_counter() - started) * 1e6 + 0.5) / 1000 if groups else None
         metrics = context.metrics
         recorded = None
-        if isinstance(metrics, Metrics) and len(metrics):  # NaN and infinities are not JSON
+        if isinstance(metrics, Metrics) and metrics._entries:  # NaN and infinities are not JSON
             recorded = [m for m in metrics.drain() if math.isfinite(m["value"])]
         return [r for r in responses if r is not None], handler_ms, recorded
-
-    @property
-    def _otel_wanted(self) -> bool:
-        """Without the server tracing, a client's traceparent still parents the handler's
-        spans where opentelemetry is installed (looked for once)."""
-        return self._otel.available()
 
     def _serve_groups(
         self, groups: dict[tuple[str, str], list[int]], items: list[RequestItem],
