@@ -93,3 +93,18 @@ def test_an_output_with_a_cycle_is_refused_in_words_and_deep_plain_output_still_
     body, content_type = encode_output(deep)
     assert body == b"[" * 201 + b"]" * 201
     assert content_type == "application/json"
+
+
+def test_content_types_are_parsed_once_each_and_their_memory_is_bounded() -> None:
+    from mserve_worker import payload
+
+    sent = "application/json; charset=utf-16"
+    body = '{"x": "é"}'.encode("utf-16")
+    for _ in range(2):  # the second is answered from what the first parsed
+        assert payload.decode_request(sent, (), body, {}) == {"body": {"x": "é"}}
+    assert payload.decode_request("text/plain; charset=latin-1", (), b"\xe9", {}) == {"body": "é"}
+    with pytest.raises(PayloadError, match="unknown charset 'nope' in Content-Type"):
+        payload.decode_request("application/json; charset=nope", (), b"{}", {})
+    for i in range(3 * payload._PARSED_TYPES_KEPT):  # clients choose them: no unbounded growth
+        assert payload.decode_request(f"application/x-{i}+json", (), b"[1]", {}) == {"body": [1]}
+    assert len(payload._PARSED_TYPES) <= payload._PARSED_TYPES_KEPT
