@@ -148,7 +148,10 @@ class Metrics:
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, got {max_entries}")
         self._entries: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_entries)
-        self._request_ids: dict[int, str] = {}
+        # None: not read yet this batch, asked of ``_ids_of`` (the context's) when a metric names
+        # a request; most batches record no per-request metric
+        self._request_ids: Mapping[int, str] | None = {}
+        self._ids_of: Callable[[], Mapping[int, str]] | None = None
         self._cache: dict[tuple[str, str], CachedMetric] = {}
         self.dropped = 0
 
@@ -292,12 +295,15 @@ class Metrics:
             )
         number = int(value) if isinstance(value, numbers.Integral) else float(value)
         if idx is not None:
-            if idx not in self._request_ids:
+            ids = self._request_ids
+            if ids is None:
+                ids = self._request_ids = dict(self._ids_of()) if self._ids_of else {}
+            if idx not in ids:
                 raise IndexError(
                     f"metric {name!r}: idx {idx!r} is not a request of this batch "
-                    f"(batch has {len(self._request_ids)} requests)"
+                    f"(batch has {len(ids)} requests)"
                 )
-            request_id = self._request_ids[idx]
+            request_id = ids[idx]
         entry = {
             "name": name,
             "value": number,
@@ -438,8 +444,11 @@ class Context:
             dict(model_yaml_config) if model_yaml_config else {}
         )
         self.metrics = Metrics() if metrics is None else metrics
-        self.request_ids: dict[int, str] = {}
-        self.request_processor: list[RequestProcessor] = []
+        # The current batch; its request processors and id map are made when first read (most
+        # handlers read neither: a batch then costs no object per request here).
+        self._batch: Sequence[Any] = ()
+        self._processors: list[RequestProcessor] | None = []
+        self._ids: dict[int, str] | None = {}
         # Generative and stateful handlers (TorchServe's): per-request state kept between the
         # steps of continuous batching, and one callable per request saying whether it is done
         # (mserve_worker/continuous.py).
@@ -457,13 +466,51 @@ class Context:
         Clears every response status, header and content type the previous batch set.
         """
         self.operation = operation
-        self.request_processor = [
-            RequestProcessor(r.request_id, partial(getattr, r, "headers"), getattr(r, "body", b""))
-            for r in requests
-        ]
-        self.request_ids = {i: r.request_id for i, r in enumerate(self.request_processor)}
-        if isinstance(self.metrics, Metrics):
-            self.metrics.set_request_ids(self.request_ids)
+        self._batch = requests if type(requests) is list else list(requests)
+        self._processors = None
+        self._ids = None
+        metrics = self.metrics
+        if isinstance(metrics, Metrics):
+            metrics._request_ids = None  # read from request_ids when a metric names a request
+            metrics._ids_of = self._current_ids
+
+    @property
+    def request_processor(self) -> list[RequestProcessor]:
+        """One :class:`RequestProcessor` per request of the batch, made at the first read."""
+        processors = self._processors
+        if processors is None:
+            processors = self._processors = [
+                RequestProcessor(
+                    r.request_id, partial(getattr, r, "headers"), getattr(r, "body", b"")
+                )
+                for r in self._batch
+            ]
+        return processors
+
+    @request_processor.setter
+    def request_processor(self, value: list[RequestProcessor]) -> None:
+        self._processors = value
+
+    @property
+    def request_ids(self) -> dict[int, str]:
+        """``{index in the batch: request id}``, TorchServe's map, made at the first read."""
+        ids = self._ids
+        if ids is None:
+            ids = self._ids = {i: r.request_id for i, r in enumerate(self._batch)}
+        return ids
+
+    @request_ids.setter
+    def request_ids(self, value: dict[int, str]) -> None:
+        self._ids = value
+
+    def _current_ids(self) -> Mapping[int, str]:
+        return self.request_ids
+
+    def _touched(self, idx: int) -> RequestProcessor | None:
+        """Request ``idx``'s processor when the handler made them (it read or set something per
+        request); None when it did not: status 200, no header, no content type set."""
+        processors = self._processors
+        return None if processors is None else processors[idx]
 
     def _request(self, idx: int) -> RequestProcessor:
         count = len(self.request_processor)

@@ -136,6 +136,23 @@ class RequestItem:
     def headers(self, value: list[list[str]]) -> None:
         self._headers = value
 
+    def last_header_is(self, name: str) -> bool:
+        """Whether the last header is ``name`` (exact spelling); a packed entry's string is
+        looked at where it ends, not split (the server appends ``traceparent`` last)."""
+        if self._headers is not None:
+            return bool(self._headers) and self._headers[-1][0] == name
+        head = self._head
+        end = head.rfind(PACK_SEP)
+        start = head.rfind(PACK_SEP, 0, end) + 1
+        return end - start == len(name) and head.startswith(name, start)
+
+    def may_have_header(self, lower_name: str) -> bool:
+        """False when no header is named ``lower_name`` in any case: a packed entry's string is
+        searched, not split; True means look (a value may hold the name too)."""
+        if self._headers is not None:
+            return True
+        return lower_name in self._head.lower()
+
     def _key(self) -> tuple[Any, ...]:
         return (self.request_id, self.content_type, self.headers, self.body, self.params,
                 self.op, self.api, self.cached)  # fmt: skip
@@ -265,12 +282,20 @@ class Decoder:
         if self._error is not None:
             raise ProtocolError(f"decoder stopped after an earlier error: {self._error}")
         frames: list[Frame] = []
-        with memoryview(data) as raw, raw.cast("B") as view:
-            try:
-                self._consume(view, frames)
-            except ProtocolError as exc:
-                self._error = exc
-                raise
+        try:
+            if (
+                type(data) is memoryview
+                and data.ndim == 1
+                and data.format == "B"
+                and (data.c_contiguous)
+            ):  # a recv buffer's view (runtime.Channel): read as it is, no view of our own
+                self._consume(data, frames)
+            else:
+                with memoryview(data) as raw, raw.cast("B") as view:
+                    self._consume(view, frames)
+        except ProtocolError as exc:
+            self._error = exc
+            raise
         return frames
 
     def _consume(self, view: memoryview, frames: list[Frame]) -> None:
@@ -946,6 +971,7 @@ def _fast_split(
     ):
         return None
     view = memoryview(payload)
+    whole = len(view)
     bodies = []
     offset = 0
     for entry in entries:
@@ -957,9 +983,10 @@ def _fast_split(
             return None
         if type(size) is not int or size < 0:
             return None
-        bodies.append(view[offset : offset + size])
+        # a lone body is the whole payload: the view itself, not a slice of it
+        bodies.append(view if size == whole and not offset else view[offset : offset + size])
         offset += size
-    if offset != len(view):
+    if offset != whole:
         return None
     return batch_id, entries, bodies
 

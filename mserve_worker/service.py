@@ -186,7 +186,9 @@ class HandlerService:
         traced = tracing.traced_by_server(items)
         phases: list[tracing.Phase] | None = [] if traced else None
         context._mserve_phases = phases  # type: ignore[attr-defined]  # BaseHandler's record
-        restore = self._otel.enter(items[0]) if items and (traced or self._otel_wanted) else None
+        # without the server tracing, a client's traceparent still parents the handler's spans
+        # where opentelemetry is installed (looked for once): enter() is None otherwise
+        restore = self._otel.enter(items[0]) if items else None
         started = time.perf_counter()
         try:
             failure = self._serve_groups(groups, items, decoded, prepared, responses, stream)
@@ -207,15 +209,9 @@ class HandlerService:
         handler_ms = int((time.perf_counter() - started) * 1e6 + 0.5) / 1000 if groups else None
         metrics = context.metrics
         recorded = None
-        if isinstance(metrics, Metrics) and len(metrics):  # NaN and infinities are not JSON
+        if isinstance(metrics, Metrics) and metrics._entries:  # NaN and infinities are not JSON
             recorded = [m for m in metrics.drain() if math.isfinite(m["value"])]
         return [r for r in responses if r is not None], handler_ms, recorded
-
-    @property
-    def _otel_wanted(self) -> bool:
-        """Without the server tracing, a client's traceparent still parents the handler's
-        spans where opentelemetry is installed (looked for once)."""
-        return self._otel.available()
 
     def _serve_groups(
         self, groups: dict[tuple[str, str], list[int]], items: list[RequestItem],
@@ -369,8 +365,8 @@ def _serve_group(
             error = next(broken[k] for k in range(first, j) if k in broken)
             responses[i] = _failed(error, i, stream)
             continue
-        request = context._request(first)  # the checked lookup, once per request
         if api and prepared and not _streamed(stream, i):
+            request = context._request(first)
             if split is None or split.rows is None:
                 output = outputs[first]
             else:  # a split request: it fails as its first failed instance does
@@ -389,10 +385,10 @@ def _serve_group(
                 size = str(len(responses[i].body))
                 responses[i] = ResponseItem(413, b"", "", [[TOO_LARGE_HEADER, size]])
             continue
+        request = context._touched(first)  # None: the handler set nothing per request
+        override = "" if request is None else request.get_response_content_type() or ""
         try:
-            body, content_type = encode_output(
-                outputs[first], request.get_response_content_type() or ""
-            )
+            body, content_type = encode_output(outputs[first], override)
         except PayloadError as exc:
             print(f"request {items[i].request_id}: {exc}", file=sys.stderr)
             responses[i] = _failed(str(exc), i, stream)
@@ -400,8 +396,12 @@ def _serve_group(
         if max_response_bytes is not None and len(body) > max_response_bytes:
             responses[i] = ResponseItem(413, b"", "", [[TOO_LARGE_HEADER, str(len(body))]])
             continue
-        headers = request.response_header_pairs()
-        responses[i] = ResponseItem(request.get_response_status_code(), body, content_type, headers)
+        if request is None:
+            responses[i] = ResponseItem(200, body, content_type, [])
+        else:
+            headers = request.response_header_pairs()
+            status = request.get_response_status_code()
+            responses[i] = ResponseItem(status, body, content_type, headers)
         if logged and not isinstance(outputs[first], (bytes, bytearray, memoryview, str)):
             responses[i].json_body = True  # encoded here: the server's log need not parse it
     return None

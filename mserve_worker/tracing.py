@@ -23,11 +23,18 @@ def traced_by_server(items: Sequence[Any]) -> bool:
     request's headers (one look, no scan)."""
     if not items:
         return False
-    headers = items[0].headers
+    first = items[0]
+    last_header_is = getattr(first, "last_header_is", None)
+    if last_header_is is not None:  # a RequestItem: its packed headers stay packed
+        return bool(last_header_is("traceparent"))
+    headers = first.headers
     return type(headers) is list and bool(headers) and headers[-1][0] == "traceparent"
 
 
 def header(item: Any, name: str) -> str | None:
+    may_have = getattr(item, "may_have_header", None)
+    if may_have is not None and not may_have(name):  # most requests carry no trace context
+        return None
     for key, value in item.headers:
         if key.lower() == name:
             return value  # type: ignore[no-any-return]
