@@ -1,22 +1,22 @@
-"""Continuous batching, worker side: which requests of a step go on, and cleaning up after the
-ones the server dropped.
+"""Continuous batching, worker side: the worker runs the steps itself.
 
-The server calls the handler step after step (server/models/continuous.py). After each call
-the handler's ``context.stopping_criteria`` (TorchServe's: one callable per request, given that
-request's result) says, per request: ``False`` it goes on (its result is one chunk of its
-stream), ``True`` this was its last chunk, ``None`` its result is its whole answer. A request
-that goes on gets TorchServe's ``ts_stream_next: true`` response header, which the server reads.
-
-A request that went on and is missing from the next step was dropped by the server: its client
-went away or its deadline passed. Its state is then cleaned up as a TorchServe handler does when
-it finishes: its stopping criterion's ``clean_up()`` when it has one (TorchServe's vLLM
-handler), else its ``context.cache`` entry (keyed by request id) is removed.
-
-The worker runs the steps itself (:func:`run`), back to back while any request generates: a
-step never waits for the server. Between two steps it takes what the server sent meanwhile: new
+:func:`run` calls the handler step after step, back to back while any request generates: a step
+never waits for the server. Between two steps it takes what the server sent meanwhile: new
 requests (BATCH frames; the server sends no more than ``batchSize`` minus those generating) and
 CANCELs of requests whose clients left or whose deadline passed. Each step's answers go back in
-one STEP frame that names each request by the BATCH frame that brought it and its place there.
+one STEP frame that names each request by the BATCH frame that brought it and its place there
+(docs/protocol.md, Continuous batching).
+
+After each call the handler's ``context.stopping_criteria`` (TorchServe's: one callable per
+request, given that request's result) says, per request: ``False`` it goes on (its result is one
+chunk of its stream), ``True`` this was its last chunk, ``None`` its result is its whole answer.
+A request that goes on gets TorchServe's ``ts_stream_next: true`` response header, which the
+server reads, and comes back in the next step as TorchServe's request "cached in the backend".
+
+A request that went on and is missing from the next step was cancelled by the server: its
+client went away or its deadline passed. Its state is then cleaned up as a TorchServe handler
+does when it finishes: its stopping criterion's ``clean_up()`` when it has one (TorchServe's vLLM
+handler), else its ``context.cache`` entry (keyed by request id) is removed.
 
 Runs inside the model's own environment: standard library only, Python 3.8.
 """
