@@ -70,7 +70,11 @@ class Steps:
             criterion = _criterion(criteria, idx)
             stop = None if criterion is None else criterion(outputs[idx])
             if stop is False:
-                context.set_response_header(idx, NEXT_HEADER, "true")
+                request = context._request(idx)
+                if request._response_headers:  # the handler set some: one per name, any case
+                    request.add_response_property(NEXT_HEADER, "true")
+                else:  # the usual case, once per request per step: no name to compare
+                    request._response_headers[NEXT_HEADER] = "true"
                 self.running[request_id] = criterion
             else:
                 self.running.pop(request_id, None)

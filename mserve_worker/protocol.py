@@ -625,7 +625,7 @@ def result_frame(
             if texts is not None:
                 texts.append(
                     f'{{"status":{status},"content_type":{_quote(content_type)},'
-                    f'"headers":{_encode_json(headers) if headers else "[]"},"size":{size}'
+                    f'"headers":{_pairs_text(headers)},"size":{size}'
                     f"{_JSON_FLAG if item.json_body is True else ''}}}"
                 )
             bodies.append(body)  # a lone bytes body becomes the payload as it is, by b"".join
@@ -654,6 +654,17 @@ def result_frame(
         timing = "" if handler_ms is None else f',"handler_ms":{handler_ms!r}'
         text = f'{{"batch_id":{batch_id},"responses":[{",".join(texts)}]{timing}}}'
     return Frame(_RESULT, meta, b"".join(bodies), text)
+
+
+def _pairs_text(pairs: list[list[str]]) -> str:
+    """Checked ``[name, value]`` pairs as JSON; one pair (a streamed step's marker, a sequence
+    id) by hand, cheaper than the encoder's call."""
+    if not pairs:
+        return "[]"
+    if len(pairs) == 1:
+        name, value = pairs[0]
+        return f"[[{_quote(name)},{_quote(value)}]]"
+    return _encode_json(pairs)
 
 
 def checked_response(item: ResponseItem, where: str) -> tuple[dict[str, Any], memoryview]:
@@ -1110,10 +1121,15 @@ def step_frame(step_id: int, members: Sequence[Sequence[int]], reply: Frame) -> 
     _check_uint(step_id, "STEP step")
     meta = dict(reply.meta)
     meta["batch_id"] = step_id
-    meta["members"] = [[int(b), int(i)] for b, i in members]
+    pairs = meta["members"] = [[int(b), int(i)] for b, i in members]
+    text = None
     if reply.kind is not _RESULT:
         meta["failed"] = True
-    return Frame(Kind.STEP, meta, reply.payload)
+    elif reply.meta_text is not None and reply.meta["batch_id"] == step_id:
+        # the RESULT's own text with the members added: no second encoding of the answers
+        listed = ",".join(f"[{b},{i}]" for b, i in pairs)
+        text = f'{reply.meta_text[:-1]},"members":[{listed}]}}'
+    return Frame(Kind.STEP, meta, reply.payload, text)
 
 
 def parse_step(frame: Frame) -> tuple[list[tuple[int, int]], list[ResponseItem] | None]:
