@@ -549,8 +549,11 @@ class Worker(asyncio.Protocol):
             if len(self.buf) < 4 + n:
                 return
             body, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
-            waiting.popleft().write(b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\n"
-                                    b"Content-Length: %d\\r\\n\\r\\n%b" % (len(body), body))
+            client = waiting.popleft()
+            if client.is_closing():  # the load generator left (the end of a run)
+                continue
+            client.write(b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\n"
+                         b"Content-Length: %d\\r\\n\\r\\n%b" % (len(body), body))
 
 class Echo(asyncio.Protocol):
     def connection_made(self, transport):
