@@ -130,7 +130,8 @@ class _Feed:
                     self.wakeup = self.queue.new_future()
                     await self.wakeup
         finally:
-            worker.on_step(None)
+            # a step still under way when the pump ends (its requests all left) is no breach
+            worker.on_step(_ignore)
             worker.on_withdraw(None)
             worker.on_lost(None)
             if self.timer is not None:
@@ -322,6 +323,10 @@ class _Feed:
         fail_jobs(jobs, WorkerTimeout(message))
         self.worker.timed_out = True
         self._lose(message, kill=True)
+
+
+def _ignore(frame: Frame) -> None:
+    """A STEP or CHUNK that comes after the pump ended: nobody waits for its answers."""
 
 
 def _distinct_ids(running: list[Job], new: list[Job]) -> None:
