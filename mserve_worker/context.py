@@ -108,10 +108,12 @@ class RequestProcessor:
         if name.lower() == _CONTENT_TYPE:
             self._content_type = str(value)
             return
-        for existing in list(self._response_headers):
-            if existing.lower() == name.lower():
-                del self._response_headers[existing]
-        self._response_headers[name] = str(value)
+        headers = self._response_headers
+        if headers:  # one per name, whatever its case (none yet: the usual case, no scan)
+            lower = name.lower()
+            for existing in [k for k in headers if k.lower() == lower]:
+                del headers[existing]
+        headers[name] = str(value)
 
     def get_response_headers(self) -> dict[str, str]:
         """Response headers the handler set, without ``Content-Type`` (see content type)."""

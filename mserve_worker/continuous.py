@@ -70,11 +70,7 @@ class Steps:
             criterion = _criterion(criteria, idx)
             stop = None if criterion is None else criterion(outputs[idx])
             if stop is False:
-                request = context._request(idx)
-                if request._response_headers:  # the handler set some: one per name, any case
-                    request.add_response_property(NEXT_HEADER, "true")
-                else:  # the usual case, once per request per step: no name to compare
-                    request._response_headers[NEXT_HEADER] = "true"
+                context.set_response_header(idx, NEXT_HEADER, "true")
                 self.running[request_id] = criterion
             else:
                 self.running.pop(request_id, None)
@@ -91,13 +87,13 @@ class Loop:
     """The requests of a worker's continuous-batching loop: those generating and those that
     joined since the last step."""
 
-    def __init__(self, service: HandlerService) -> None:
+    def __init__(self, service: HandlerService, send: Any) -> None:
         self.service = service
+        self.send = send  # the channel's send, for chunks sent in the middle of a step
         self.running: list[_Member] = []
         self.joining: list[_Member] = []
         self.steps = 0
         self.members: list[list[int]] = []  # [batch_id, index] of each request of the step
-        self.send: Any = None  # the channel's send, for chunks sent in the middle of a step
 
     @property
     def busy(self) -> bool:
@@ -166,8 +162,7 @@ class Loop:
 def run(channel: Channel, service: HandlerService) -> None:
     """Serve a continuous-batching handler until the server closes the channel: block while
     nothing generates, else take what arrived and run the next step at once."""
-    loop = Loop(service)
-    loop.send = channel.send
+    loop = Loop(service, channel.send)
     streaming.install(streaming.Stream(loop.send_chunk), service.context)
     while True:
         if not loop.busy:

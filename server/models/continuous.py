@@ -48,6 +48,13 @@ def _no_pause() -> None:
     """A step's chunks need no back-pressure on the worker: one chunk per request per step."""
 
 
+def _open_stream(job: Job, status: int, content_type: str, headers: list[list[str]]) -> ChunkStream:
+    """The first chunk of ``job``'s answer: its stream, which its caller now gets."""
+    stream = job.stream = ChunkStream(status, content_type, headers, _no_pause, _no_pause)
+    job.future.set_result(stream)  # type: ignore[arg-type]
+    return stream
+
+
 class ContinuousPump(BatchPump):
     """One model's continuous-batching handler on one worker."""
 
@@ -86,10 +93,7 @@ class ContinuousPump(BatchPump):
                 job.future.set_result(result)
             return False
         if stream is None:
-            stream = job.stream = ChunkStream(
-                result.status, result.content_type, result.headers, _no_pause, _no_pause
-            )
-            job.future.set_result(stream)  # type: ignore[arg-type]
+            stream = _open_stream(job, result.status, result.content_type, result.headers)
         stream.push(bytes(result.body))
         return True
 
@@ -267,12 +271,10 @@ class _Feed:
             if entry is None or entry[0].gone():
                 continue
             job = entry[0]
-            if job.stream is None:
-                job.stream = ChunkStream(
-                    chunk.status or 200, chunk.content_type, chunk.headers, _no_pause, _no_pause
-                )
-                job.future.set_result(job.stream)  # type: ignore[arg-type]
-            job.stream.push(bytes(chunk.body))
+            stream = job.stream
+            if stream is None:
+                stream = _open_stream(job, chunk.status or 200, chunk.content_type, chunk.headers)
+            stream.push(bytes(chunk.body))
 
     def _withdrawn(self, batch: Batch, request_id: str) -> None:
         """:meth:`Job.cancel` of one of this worker's requests: it leaves now."""
