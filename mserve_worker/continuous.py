@@ -51,6 +51,10 @@ class Steps:
 
     def __init__(self) -> None:
         self.running: dict[str, Any] = {}  # request id -> its stopping criterion
+        # the last call's ts_stream_next values by row, for rows whose answer the handler set
+        # nothing on: the service adds the header to the answer itself (see ``mark``), which
+        # spares a request processor per request per step
+        self.marks: dict[int, str] = {}
 
     def begin(self, items: Sequence[Any], cancelled: Collection[str], context: Any) -> None:
         """A step starts with ``items``: clean up what went on last step and is not here."""
@@ -65,17 +69,31 @@ class Steps:
         the requests that go on. Raises what a criterion raises (the call then fails)."""
         criteria = getattr(context, "stopping_criteria", None)
         ids = context.request_ids
+        marks = self.marks
+        marks.clear()
         for idx in range(len(outputs)):
             request_id = ids.get(idx)
             criterion = _criterion(criteria, idx)
             stop = None if criterion is None else criterion(outputs[idx])
             if stop is False:
-                context.set_response_header(idx, NEXT_HEADER, "true")
+                marks[idx] = "true"
                 self.running[request_id] = criterion
             else:
                 self.running.pop(request_id, None)
                 if stop is True:
-                    context.set_response_header(idx, NEXT_HEADER, "false")
+                    marks[idx] = "false"
+
+    def mark(self, context: Any, everywhere: bool) -> None:
+        """Set the last call's ts_stream_next headers through the context, as a handler sets a
+        header, when the answers are built from request processors: ``everywhere`` (v1/v2
+        answers), or the handler made them (it read or set something per request). Otherwise
+        the marks stay for the service to add to the answers it builds."""
+        marks = self.marks
+        if not marks or not (everywhere or context._touched(0) is not None):
+            return
+        for idx, value in marks.items():
+            context.set_response_header(idx, NEXT_HEADER, value)
+        marks.clear()
 
 
 # A request of the loop: the BATCH frame that brought it, its place there, and the item the

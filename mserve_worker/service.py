@@ -349,6 +349,10 @@ def _serve_group(
         except Exception as exc:  # a stopping criterion is the handler's code
             traceback.print_exc()
             return {"error": _error_text(exc), "traceback": traceback.format_exc()}
+        steps.mark(context, bool(prepared))  # v1/v2 answers read their request's processor
+        marks = steps.marks
+    else:
+        marks = None
     broken: dict[int, str] | None = None
     if stream is not None:
         iterators = streaming.iterators_in(outputs)
@@ -397,7 +401,9 @@ def _serve_group(
             responses[i] = ResponseItem(413, b"", "", [[TOO_LARGE_HEADER, str(len(body))]])
             continue
         if request is None:
-            responses[i] = ResponseItem(200, body, content_type, [])
+            mark = marks.get(first) if marks else None
+            headers = [] if mark is None else [[continuous.NEXT_HEADER, mark]]
+            responses[i] = ResponseItem(200, body, content_type, headers)
         else:
             headers = request.response_header_pairs()
             status = request.get_response_status_code()

@@ -39,11 +39,39 @@ def test_false_goes_on_true_is_the_last_chunk_none_a_whole_answer() -> None:
     context.stopping_criteria = [Criterion(False), Criterion(True), Criterion(None)]
     steps = Steps()
     steps.judge(context, ["x", "y", "z", "w"])
+    # no criterion (3): done after one call
+    assert steps.marks == {0: "true", 1: "false"}
+    assert list(steps.running) == ["a"]
+    steps.mark(context, everywhere=True)  # answers built from request processors (v1/v2)
     assert context.get_response_headers(0) == {NEXT_HEADER: "true"}
     assert context.get_response_headers(1) == {NEXT_HEADER: "false"}
     assert context.get_response_headers(2) == {}
-    assert context.get_response_headers(3) == {}  # no criterion: done after one call
-    assert list(steps.running) == ["a"]
+    assert context.get_response_headers(3) == {}
+
+
+def test_the_marks_go_through_the_context_where_the_handler_set_headers() -> None:
+    """A handler that set headers itself (its own ts_stream_next too) gets its answers from
+    its request processors: the criteria's verdict replaces its marker, its headers stay."""
+    context = _context("a", "b")
+    context.set_response_header(0, "X-Model", "gen")
+    context.set_response_header(1, "TS_STREAM_NEXT", "true")
+    context.stopping_criteria = [Criterion(False), Criterion(True)]
+    steps = Steps()
+    steps.judge(context, ["x", "y"])
+    steps.mark(context, everywhere=False)
+    assert context.get_response_headers(0) == {"X-Model": "gen", NEXT_HEADER: "true"}
+    assert context.get_response_headers(1) == {NEXT_HEADER: "false"}
+    assert steps.marks == {}
+
+
+def test_untouched_answers_keep_their_marks_for_the_service() -> None:
+    context = _context("a")
+    context.stopping_criteria = [Criterion(False)]
+    steps = Steps()
+    steps.judge(context, ["x"])
+    steps.mark(context, everywhere=False)
+    assert context._touched(0) is None  # no request processor made for the marker
+    assert steps.marks == {0: "true"}
 
 
 def test_a_request_the_server_dropped_is_cleaned_up_at_the_next_call() -> None:
