@@ -83,6 +83,8 @@ class ChunkStream:
     def finish(self, last: bytes) -> None:
         if self.finished:
             return
+        if last:  # the client gets it as one chunk more
+            self.chunks_in += 1
         self.bytes_in += len(last)
         self._close(("end", last))
 

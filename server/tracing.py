@@ -292,12 +292,16 @@ class RequestTrace:
         else:
             worker, batch = job.sent  # type: ignore[misc]
             sent = tracing.mono_ns(job.sent_at)
-            meta = _result_meta(batch)
+            meta = job.handled
+            if meta is None:
+                meta = _result_meta(batch)
+                size = len(batch.jobs) if batch.jobs is not None else 1
+            else:  # a continuous-batching step: the requests it held
+                size = meta["batch_size"]
             children = (
                 tracing.mono_ns(job.enqueued_at),
                 tracing.mono_ns(self.popped) if self.popped else sent, sent, answered,
-                str(worker.id), len(batch.jobs) if batch.jobs is not None else 1,
-                meta.get("handler_ms"), meta.get("phases"), streamed,
+                str(worker.id), size, meta.get("handler_ms"), meta.get("phases"), streamed,
             )  # fmt: skip
         tracing.sink.put((
             "q", self.name, self.trace_id, self.span_id, self.parent_id, self.tracestate,

@@ -29,8 +29,8 @@ class Job:
     """One request on a model's queue (a plain class with slots: one is made per request)."""
 
     __slots__ = (
-        "cancelled", "enqueued_at", "future", "item", "retried", "sent", "sent_at", "stream",
-        "trace",
+        "cancelled", "enqueued_at", "future", "handled", "item", "retried", "sent", "sent_at",
+        "stream", "trace",
     )  # fmt: skip
 
     def __init__(self, item: RequestItem, future: asyncio.Future[ResponseItem]) -> None:
@@ -43,6 +43,9 @@ class Job:
         # its streamed response, once the worker sent a first chunk (the future holds it too)
         self.stream: ChunkStream | None = None
         self.trace: RequestTrace | None = None  # its server span, while tracing is on
+        # a traced request's handler call that gave its first answer ({handler_ms, phases,
+        # batch_size}), where no RESULT of its batch says it: a continuous-batching step
+        self.handled: dict[str, Any] | None = None
         self.cancelled: str | None = None  # why it was cancelled: see CANCEL_REASONS
 
     def cancel(self, reason: str = "client", error: MserveError | None = None) -> bool:

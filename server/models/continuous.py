@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from mserve_worker import protocol
 from mserve_worker.protocol import Frame, Kind, ResponseItem
@@ -241,12 +242,16 @@ class _Feed:
             return
         started = time.perf_counter()
         whole = []  # answered in one piece (done in their first step, or refused)
+        handled = None
         for key, result in zip(members, results, strict=True):
             entry = self.members.get(key)
             if entry is None:  # dropped meanwhile: the worker leaves it out of the next step
                 continue
             job = entry[0]
             jobs.append(job)
+            if job.trace is not None and job.handled is None:  # its span's handler: this step
+                handled = handled or _handled(frame.meta, len(members))
+                job.handled = handled
             if pump._answer(job, result):
                 continue
             del self.members[key]
@@ -325,6 +330,11 @@ class _Feed:
         fail_jobs(jobs, WorkerTimeout(message))
         self.worker.timed_out = True
         self._lose(message, kill=True)
+
+
+def _handled(meta: dict[str, Any], size: int) -> dict[str, Any]:
+    """What a traced request's span says of the step that gave its first answer."""
+    return {"handler_ms": meta.get("handler_ms"), "phases": meta.get("phases"), "batch_size": size}
 
 
 def _ignore(frame: Frame) -> None:

@@ -27,7 +27,7 @@ from server.errors import ConfigError
 from server.rpc.protos import inference_pb2 as ipb
 from server.rpc.protos import inference_pb2_grpc
 from server.tracing import trace_settings
-from tests.server.conftest import Server, wait_until
+from tests.server.conftest import HANDLERS, Server, wait_until
 from tests.server.conftest import http as http_request
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -235,6 +235,45 @@ def test_rest_grpc_and_streamed_requests_are_traced_under_the_clients_span(trace
     line = next(x for x in lines if x.get("request_id") == "client-id-1")
     assert line["trace_id"] == TRACE_ID and line["model"] == "echo" and line["status"] == 200
     assert line["worker"].isdigit() and line["latency_ms"] >= 0
+
+
+def test_a_continuous_batching_requests_handler_span_is_the_step_of_its_first_token(
+    make_archive, start_server
+) -> None:
+    """The worker runs the steps itself: a streamed request's handler span and its phases are
+    those of the step that gave its first chunk (its time to first token), the batch size that
+    step's requests."""
+    receiver = Receiver()
+    generator = HANDLERS / "generator"
+    make_archive("generator", "generator:Generator", "gen", "--config-file",
+                 str(generator / "model-config.yaml"))  # fmt: skip
+    server = start_server("gen=gen.mar", config={"otel_endpoint": receiver.url})
+    try:
+        trace = "8" * 32
+        reply = server.predict("gen", {"name": "a", "tokens": 4, "sleep": 0.05},
+                               headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"})  # fmt: skip
+        assert reply.status == 200, reply.body
+        assert [json.loads(x)["token"] for x in reply.body.splitlines()] == [
+            "a:0",
+            "a:1",
+            "a:2",
+            "a:3",
+        ]
+        names = {"POST /predictions", "mserve.worker", "mserve.handler", "mserve.preprocess",
+                 "mserve.inference", "mserve.postprocess", "mserve.stream"}  # fmt: skip
+        spans = receiver.wait_trace(trace, names)
+        root, worker = spans["POST /predictions"], spans["mserve.worker"]
+        handler, inference = spans["mserve.handler"], spans["mserve.inference"]
+        assert handler["parent"] == worker["span_id"]
+        assert inference["parent"] == handler["span_id"]
+        assert root["attrs"]["mserve.batch_size"] == 1
+        # one step (its 0.05 s sleep), not the four (>= 0.2 s); the stream holds the others
+        assert 0.045e9 <= inference["end"] - inference["start"] <= handler["end"] - handler["start"]
+        assert handler["end"] - handler["start"] < 0.15e9
+        assert handler["end"] <= worker["end"] <= spans["mserve.stream"]["start"] + 1e6
+        assert spans["mserve.stream"]["attrs"]["mserve.chunks"] == 4
+    finally:
+        receiver.server.shutdown()
 
 
 def _exporters(server: Server) -> list[psutil.Process]:
