@@ -1,6 +1,6 @@
 """Generation benchmark: tokens/s and time to first token of examples/tiny_lm, side by side.
 
-Usage: python scripts/bench_generate.py [--tokens 64] [--streams 1,8,32] [--rounds 2]
+Usage: python scripts/bench_generate.py [--tokens 64] [--streams 1,8,32] [--rounds 10]
                                         [--modes continuous,static,one,bare,litserve]
                                         [--model-dim 64] [--model-layers 2]
 
@@ -19,8 +19,11 @@ answer has the same length), ``--rounds`` times per level:
 - ``litserve``: LitServe's continuous batching loop (``ContinuousBatchingLoop``, the API's
   ``step``) on the same model, when ``litserve`` is installed.
 
-Per row: tokens/s over all streams (total tokens / wall time of the round, from the moment all
-requests are sent), and time to first token p50/p99 over every stream of every round. mserve's
+Every mode is up for the whole run and the modes take turns, round by round (their order
+rotating), so that the shared machine's drifting speed (it moves by a third over minutes here)
+weighs on each alike; the goals' ratios are the medians of each round's ratio. Per row: tokens/s
+over all streams (total tokens / wall time of the round, from the moment all requests are
+sent), and time to first token p50/p99 over every stream of every round. mserve's
 rows stream through TorchServe's path (``/predictions``), each chunk one token. The clients are
 one asyncio loop in this process (a connection per stream, every request of a round sent in one
 go), cheap next to the server they measure.
@@ -242,64 +245,100 @@ def lengths(streams: int, tokens: int, mixed: bool) -> list[int]:
     return [rng.randint(max(1, tokens // 4), tokens * 7 // 4) for _ in range(streams)]
 
 
-def measure(host: str, port: int, path: str, bodies: list[dict[str, Any]],
-            headers: dict[str, str], streams: int, rounds: int,
-            cpu: Callable[[], tuple[float, float, float]]) -> dict[str, float]:  # fmt: skip
-    firsts, rates = [], []
-    cpu_at, tokens_total = cpu(), 0
-    for r in range(rounds + 1):  # the first round warms up (torch's first calls are slow)
-        out = _run(_round(host, port, path, bodies, headers))
-        if len(out) != streams or any(n == 0 for *_, n in out):
-            raise SystemExit(f"{path}: {streams - len(out)} streams failed, {out}")
-        if r == 0:
-            cpu_at = cpu()
-            continue
-        wall = max(end for _, end, _ in out)
-        rates.append(sum(n for *_, n in out) / wall)
-        tokens_total += sum(n for *_, n in out)
-        firsts += [f for f, _, _ in out]
-    return _row(rates, firsts, cpu_at, cpu(), tokens_total)
+Stream = tuple[float, float, int]  # (first token s, end s, tokens) of one stream
 
 
-def _row(rates: list[float], firsts: list[float], cpu_at: tuple[float, ...],
-         cpu_end: tuple[float, ...], tokens: int) -> dict[str, float]:  # fmt: skip
-    firsts = sorted(firsts)
-    p99 = firsts[min(len(firsts) - 1, round(0.99 * (len(firsts) - 1)))]
-    used = [(b - a) / tokens * 1e6 for a, b in zip(cpu_at, cpu_end, strict=True)]
-    return {"tok_s": statistics.median(rates), "ttft_p50": statistics.median(firsts),
-            "ttft_p99": p99, "cpu_server": used[0], "cpu_worker": used[1],
-            "cpu_client": used[2]}  # fmt: skip
+class Mode:
+    """One way of serving the model, up for the whole run: ``round`` sends every stream of a
+    round at once and returns each one's timings; ``cpu`` reads the CPU seconds so far (see
+    ``cpu_of``)."""
+
+    def __init__(self, name: str, cpu: Callable[[], tuple[float, float, float]],
+                 stop: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+        self.name, self.cpu, self.stop = name, cpu, stop
+
+    def round(self, bodies: list[dict[str, Any]]) -> list[Stream]:
+        raise NotImplementedError
 
 
-def bare(weights: Path, sizes: list[int], rounds: int) -> dict[str, float]:
-    """The ceiling: all streams prefilled in one forward, then decoded together (the
-    handler's batched calls), each leaving the batch when it has its ``sizes[i]`` tokens."""
-    import torch
+class Served(Mode):
+    """A server answering ``path`` (mserve's or LitServe's)."""
 
-    sys.path[:0] = [str(EXAMPLE), str(REPO / "mserve_worker" / "compat")]
-    from handler import _Engine, _State
-    from model import load
+    def __init__(self, name: str, host: str, port: int, path: str, pid: int,
+                 stop: Callable[[], None]) -> None:  # fmt: skip
+        super().__init__(name, cpu_of(pid), stop)
+        self.host, self.port, self.path, self.pid = host, port, path, pid
 
-    torch.set_num_threads(1)
-    engine = _Engine(load(weights), len(sizes))
-    firsts, rates = [], []
-    cpu = cpu_of(None)
-    cpu_at = cpu()
-    for r in range(rounds + 1):  # the first round warms up
-        if r == 1:
-            firsts, rates = [], []
-            cpu_at = cpu()
+    def round(self, bodies: list[dict[str, Any]]) -> list[Stream]:
+        out = _run(_round(self.host, self.port, self.path, bodies, {}))
+        if len(out) != len(bodies) or any(n == 0 for *_, n in out):
+            raise SystemExit(f"{self.path}: {len(bodies) - len(out)} streams failed, {out}")
+        return out
+
+
+class Bare(Mode):
+    """The ceiling: the same model in a bare batched decode loop in this process, no server.
+    A round's streams are prefilled in one forward, then decoded together (the handler's
+    batched calls), each leaving the batch when it has its tokens."""
+
+    def __init__(self, weights: Path, slots: int) -> None:
+        import torch
+
+        sys.path[:0] = [str(EXAMPLE), str(REPO / "mserve_worker" / "compat")]
+        from handler import _Engine, _State
+        from model import load
+
+        torch.set_num_threads(1)
+        super().__init__("bare", cpu_of(None))
+        self.engine, self.state = _Engine(load(weights), slots), _State
+
+    def round(self, bodies: list[dict[str, Any]]) -> list[Stream]:
         t0 = time.perf_counter()
-        states = [_State({"prompt": PROMPT, "max_tokens": n, "ignore_eos": True, "seed": 0})
-                  for n in sizes]  # fmt: skip
-        engine.start(states)
-        firsts += [time.perf_counter() - t0] * len(states)
+        states = [self.state({**body, "seed": 0}) for body in bodies]
+        self.engine.start(states)
+        first = time.perf_counter() - t0
+        ends = {id(s): first for s in states if s.slot < 0}  # done in one token
         live = [s for s in states if s.slot >= 0]  # a finished one gave its slot back
         while live:
-            engine.step(live)
+            self.engine.step(live)
+            now = time.perf_counter() - t0
+            ends.update((id(s), now) for s in live if s.slot < 0)
             live = [s for s in live if s.slot >= 0]
-        rates.append(sum(s.made for s in states) / (time.perf_counter() - t0))
-    return _row(rates, firsts, cpu_at, cpu(), sum(min(n, 256) for n in sizes) * rounds)
+        return [(first, ends[id(s)], s.made) for s in states]
+
+
+def measure(modes: list[Mode], bodies: list[dict[str, Any]], rounds: int,
+            ) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Every mode's row at one level, the modes taking turns round by round (their order
+    rotating), so that the machine's drifting speed weighs on each alike: a warm-up round each
+    (torch's first calls are slow), then ``rounds`` measured ones."""
+    for mode in modes:
+        mode.round(bodies)
+    taken: dict[str, dict[str, Any]] = {
+        m.name: {"rates": [], "firsts": [], "cpu": [0.0, 0.0, 0.0], "tokens": 0} for m in modes
+    }
+    for r in range(rounds):
+        for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
+            before = mode.cpu()
+            out = mode.round(bodies)
+            after = mode.cpu()
+            row = taken[mode.name]
+            tokens = sum(n for *_, n in out)
+            row["rates"].append(tokens / max(end for _, end, _ in out))
+            row["firsts"] += [first for first, _, _ in out]
+            row["cpu"] = [u + b - a for u, a, b in zip(row["cpu"], before, after, strict=True)]
+            row["tokens"] += tokens
+    return {name: _row(**row) for name, row in taken.items()}
+
+
+def _row(rates: list[float], firsts: list[float], cpu: list[float], tokens: int,
+         ) -> dict[str, Any]:  # fmt: skip
+    firsts = sorted(firsts)
+    p99 = firsts[min(len(firsts) - 1, round(0.99 * (len(firsts) - 1)))]
+    used = [seconds / tokens * 1e6 for seconds in cpu]
+    return {"tok_s": statistics.median(rates), "rates": rates,
+            "ttft_p50": statistics.median(firsts), "ttft_p99": p99, "cpu_server": used[0],
+            "cpu_worker": used[1], "cpu_client": used[2]}  # fmt: skip
 
 
 def bodies(streams: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -307,8 +346,7 @@ def bodies(streams: int, args: argparse.Namespace) -> list[dict[str, Any]]:
             for n in lengths(streams, args.tokens, args.lengths == "mixed")]  # fmt: skip
 
 
-def serve_mode(work: Path, mode: str, weights: Path, args: argparse.Namespace,
-               levels: list[int]) -> dict[int, dict[str, float]]:  # fmt: skip
+def serve_mode(work: Path, mode: str, weights: Path) -> Served:
     config = {"minWorkers": 1, "maxWorkers": 1, "responseTimeout": 600,
               "generative": {"context_length": 256}, "handler": {"threads": 1},
               "batchSize": {"continuous": 32, "static": 8, "one": 1}[mode],
@@ -322,16 +360,11 @@ def serve_mode(work: Path, mode: str, weights: Path, args: argparse.Namespace,
             "-c", work / f"{mode}.yaml", "-f")  # fmt: skip
     server = Server(work, {"grpc": False, "disable_token_authorization": True},
                     [f"tiny_lm_{mode}=tiny_lm_{mode}.mar"], name=mode)  # fmt: skip
-    try:
-        return {c: measure(server.host, server.port, f"/predictions/tiny_lm_{mode}",
-                           bodies(c, args), {}, c, args.rounds, cpu_of(server.pid))
-                for c in levels}  # fmt: skip
-    finally:
-        server.stop()
+    return Served(mode, server.host, server.port, f"/predictions/tiny_lm_{mode}", server.pid,
+                  server.stop)  # fmt: skip
 
 
-def litserve_mode(work: Path, weights: Path, args: argparse.Namespace,
-                  levels: list[int]) -> dict[int, dict[str, float]] | str:  # fmt: skip
+def litserve_mode(work: Path, weights: Path) -> Served | str:
     try:
         import litserve  # noqa: F401
     except ImportError:
@@ -359,10 +392,10 @@ def litserve_mode(work: Path, weights: Path, args: argparse.Namespace,
 
     try:
         wait_until(up, 120, "LitServe to start")
-        return {c: measure("127.0.0.1", port, "/predict", bodies(c, args), {}, c, args.rounds,
-                           cpu_of(proc.pid)) for c in levels}  # fmt: skip
-    finally:
+    except BaseException:
         stop_group(proc)
+        raise
+    return Served("litserve", "127.0.0.1", port, "/predict", proc.pid, lambda: stop_group(proc))
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
@@ -380,7 +413,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--streams", default="1,8,32")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--lengths", choices=("mixed", "fixed"), default="mixed",
                         help="answer lengths: drawn around --tokens (as real answers vary), or"
                         " all --tokens long")  # fmt: skip
@@ -390,8 +423,12 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(x) for x in args.streams.split(",")]
     load_start = os.getloadavg()[0]
-    modes = args.modes.split(",")
-    results: dict[str, dict[int, dict[str, float]] | str] = {}
+    names = args.modes.split(",")
+    unknown = set(names) - {"continuous", "static", "one", "bare", "litserve"}
+    if unknown:
+        raise SystemExit(f"unknown mode(s) {sorted(unknown)}")
+    results: dict[str, dict[int, dict[str, Any]] | str] = {}
+    modes: list[Mode] = []
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
         work = Path(tmp)
         size = [f"--{k}={v}" for k, v in (("dim", args.model_dim), ("layers", args.model_layers))
@@ -400,21 +437,30 @@ def main() -> None:
                         str(work / "tiny_lm.pt"), *size],
                        check=True, capture_output=True)  # fmt: skip
         weights = work / "tiny_lm.pt"
-        for mode in modes:
-            print(f"running {mode} ...", file=sys.stderr, flush=True)
-            if mode == "continuous" and not continuous_available():
-                results[mode] = "not available: this server has no continuousBatching yet"
-            elif mode in ("continuous", "static", "one"):
-                results[mode] = serve_mode(work, mode, weights, args, levels)
-            elif mode == "bare":
-                results[mode] = {
-                    c: bare(weights, lengths(c, args.tokens, args.lengths == "mixed"), args.rounds)
-                    for c in levels
-                }
-            elif mode == "litserve":
-                results[mode] = litserve_mode(work, weights, args, levels)
-            else:
-                raise SystemExit(f"unknown mode {mode!r}")
+        try:
+            for name in names:  # every mode up at once: the rounds take turns
+                print(f"starting {name} ...", file=sys.stderr, flush=True)
+                if name == "continuous" and not continuous_available():
+                    results[name] = "not available: this server has no continuousBatching yet"
+                elif name == "bare":
+                    modes.append(Bare(weights, max(levels)))
+                elif name == "litserve":
+                    mode = litserve_mode(work, weights)
+                    if isinstance(mode, str):
+                        results[name] = mode
+                    else:
+                        modes.append(mode)
+                else:
+                    modes.append(serve_mode(work, name, weights))
+            for level in levels:
+                print(f"{level} streams ...", file=sys.stderr, flush=True)
+                rows = measure(modes, bodies(level, args), args.rounds)
+                for name, row in rows.items():
+                    results.setdefault(name, {})[level] = row  # type: ignore[index]
+        finally:
+            for mode in modes:
+                mode.stop()
+    results = {name: results[name] for name in names if name in results}
     load_end = os.getloadavg()[0]
     print(
         f"{args.tokens} tokens per stream ({args.lengths}), {args.rounds} rounds (medians); TTFT"
@@ -442,12 +488,16 @@ def goals(results: dict[str, Any], levels: list[int]) -> None:
         return
     cont = rows["continuous"][top]
     lines = []
-    if "bare" in rows:
-        lines.append(f"tokens/s vs the bare loop: {cont['tok_s'] / rows['bare'][top]['tok_s']:.2f}"
-                     " (goal >= 0.8)")  # fmt: skip
-    if "static" in rows:
-        ratio = cont["tok_s"] / rows["static"][top]["tok_s"]
-        lines.append(f"tokens/s vs static batching: {ratio:.2f}x (goal >= 2)")
+    for other, what, goal in (("bare", "the bare loop", ">= 0.8"), ("static", "static batching",
+                                                                     ">= 2")):  # fmt: skip
+        if other in rows:  # each round's ratio: the two ran one after the other
+            ratios = sorted(
+                a / b for a, b in zip(cont["rates"], rows[other][top]["rates"], strict=True)
+            )
+            lines.append(
+                f"tokens/s vs {what}: {statistics.median(ratios):.2f}x, median of the rounds'"
+                f" ratios ({', '.join(f'{r:.2f}' for r in ratios)}; goal {goal})"
+            )
     if 1 in rows["continuous"]:
         alone = rows["continuous"][1]["ttft_p99"]
         lines.append(f"TTFT p99 vs a lone request's: {cont['ttft_p99'] / alone:.1f}x (goal <= 2)")
