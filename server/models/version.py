@@ -22,6 +22,7 @@ from mserve_worker.protocol import RequestItem
 from server.devices import GpuPlan, shown_gpu_id, worker_env_for
 from server.errors import (
     HandlerLoadFailed,
+    InternalError,
     InvalidModel,
     LoadFailed,
     MserveError,
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _worker_ids = itertools.count(9000)  # TorchServe numbers workers from 9000
+# what one worker's life in a slot ended with, besides the backoff to restart with
+_RETIRED, _FIRST_START_FAILED = object(), object()
 BACKOFF_START_S = 0.5
 # A slot's lane (sequence batching) holds at most one request per sequence bound to it:
 # maxNumSequence bounds it, not a size of its own.
@@ -360,60 +363,38 @@ class ModelVersion:
             self._fail_queued(ServiceUnavailable(f"model {self.label} has failed"))
 
     async def _run_slot(self, slot: _Slot) -> None:
+        """Keep a worker running in ``slot`` until it retires or the model fails: start one,
+        serve it, restart it with backoff when it dies. A failure of the supervision itself (a
+        bug of ours, never the handler's) is logged with its traceback and handled as a worker
+        failure: a start waiting on the slot gets it at once, otherwise the slot starts over
+        after the backoff, so it neither hangs a registration nor leaves a model a worker short
+        without a word."""
         backoff = BACKOFF_START_S
         gpu = self.gpus.draw()  # once per slot: a restarted worker keeps its GPU
         while not slot.retire.is_set() and self.failed is None:
-            worker_id = str(next(_worker_ids))
-            worker = Worker(worker_id, self.label, gpu, self._spec(worker_id, gpu))
-            slot.worker = worker
             try:
-                try:
-                    await worker.start(self.settings.startup_timeout_s, self.launcher)
-                except OSError as exc:  # the interpreter could not even be started
+                outcome = await self._run_worker(slot, gpu, backoff)
+            except Exception as exc:
+                log.exception("model %s: unexpected error supervising a worker", self.label)
+                error = InternalError(
+                    f"internal error supervising a worker of {self.label}: {exc!r}"
+                )
+                worker = slot.worker
+                if worker is not None and worker.state is not WorkerState.STOPPED:
                     await worker.kill()
-                    raise HandlerLoadFailed(
-                        f"cannot start a worker for {self.label} with {self.python}: {exc}"
-                    ) from exc
-            except InvalidModel as exc:
-                log.error("model %s: %s", self.label, exc.message)
-                self.last_output = worker.tail()
                 if slot.first_start is not None and not slot.first_start.done():
-                    slot.first_start.set_exception(exc)
+                    slot.first_start.set_exception(error)
                     return
-                self._note_failure(exc.message)
+                self._note_failure(error.message)
                 await self._sleep_unless_retired(slot, backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
                 continue
-            if slot.first_start is not None and not slot.first_start.done():
-                slot.first_start.set_result(None)
-            if self.stats.metrics is not None and worker.load_ms is not None:
-                self.stats.metrics.worker_loaded(self.name, self.version, worker.id, worker.load_ms)
-            serving_since = time.monotonic()
-            queue, others_serve = self.queue, lambda: bool(self.slots)
-            if slot.lane is not None:  # a lane's requests wait for this slot alone
-                queue, others_serve = slot.lane, lambda: False
-            pump = (ContinuousPump if self.settings.continuous_batching else BatchPump)(
-                self.label,
-                queue,
-                self.settings,
-                self.stats,
-                others_serve,
-                self.inference_log,
-            )
-            ended = await pump.serve(worker, slot.retire)
-            if ended is None:
-                break  # retired
-            self.last_output = worker.tail()
-            if worker.timed_out:
-                # we killed it for a slow or hung batch: the worker itself was fine, so it is
-                # replaced at once and not counted towards marking the model failed
-                log.warning("model %s: %s; starting a replacement", self.label, ended)
-                continue
-            if time.monotonic() - serving_since >= BACKOFF_RESET_AFTER_S:
-                backoff = BACKOFF_START_S
-            log.warning("model %s: %s; restarting in %.1f s", self.label, ended, backoff)
-            await self._sleep_unless_retired(slot, backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            if outcome is _FIRST_START_FAILED:
+                return  # the caller waiting on it removes the slot
+            if outcome is _RETIRED:
+                break
+            assert isinstance(outcome, float)
+            backoff = outcome
         if slot.worker is not None and slot.worker.state is not WorkerState.STOPPED:
             await slot.worker.stop(5.0)
         if slot.lane is not None and self.sequences is not None and slot not in self.slots:
@@ -421,6 +402,60 @@ class ModelVersion:
         others = [s for s in self._retiring if s is not slot and s.task and not s.task.done()]
         if not self.slots and not others:  # the last worker is gone: nobody will run these
             self._fail_queued(ServiceUnavailable(f"model {self.label} has no workers left"))
+
+    async def _run_worker(self, slot: _Slot, gpu: str | None, backoff: float) -> float | object:
+        """One worker's life in ``slot``: started, served until it retires or is lost. Returns
+        the backoff to restart with, ``_RETIRED``, or ``_FIRST_START_FAILED``."""
+        worker_id = str(next(_worker_ids))
+        worker = Worker(worker_id, self.label, gpu, self._spec(worker_id, gpu))
+        slot.worker = worker
+        try:
+            try:
+                await worker.start(self.settings.startup_timeout_s, self.launcher)
+            except OSError as exc:  # the interpreter could not even be started
+                await worker.kill()
+                raise HandlerLoadFailed(
+                    f"cannot start a worker for {self.label} with {self.python}: {exc}"
+                ) from exc
+        except InvalidModel as exc:
+            log.error("model %s: %s", self.label, exc.message)
+            self.last_output = worker.tail()
+            if slot.first_start is not None and not slot.first_start.done():
+                slot.first_start.set_exception(exc)
+                return _FIRST_START_FAILED
+            self._note_failure(exc.message)
+            await self._sleep_unless_retired(slot, backoff)
+            return min(backoff * 2, BACKOFF_MAX_S)
+        if slot.first_start is not None and not slot.first_start.done():
+            slot.first_start.set_result(None)
+        if self.stats.metrics is not None and worker.load_ms is not None:
+            self.stats.metrics.worker_loaded(self.name, self.version, worker.id, worker.load_ms)
+        serving_since = time.monotonic()
+        queue, others_serve = self.queue, lambda: bool(self.slots)
+        if slot.lane is not None:  # a lane's requests wait for this slot alone
+            queue, others_serve = slot.lane, lambda: False
+        pump = (ContinuousPump if self.settings.continuous_batching else BatchPump)(
+            self.label,
+            queue,
+            self.settings,
+            self.stats,
+            others_serve,
+            self.inference_log,
+        )
+        ended = await pump.serve(worker, slot.retire)
+        if ended is None:
+            return _RETIRED
+        self.last_output = worker.tail()
+        if worker.timed_out:
+            # we killed it for a slow or hung batch: the worker itself was fine, so it is
+            # replaced at once and not counted towards marking the model failed
+            log.warning("model %s: %s; starting a replacement", self.label, ended)
+            return backoff
+        if time.monotonic() - serving_since >= BACKOFF_RESET_AFTER_S:
+            backoff = BACKOFF_START_S
+        log.warning("model %s: %s; restarting in %.1f s", self.label, ended, backoff)
+        await self._sleep_unless_retired(slot, backoff)
+        return min(backoff * 2, BACKOFF_MAX_S)
 
     async def _sleep_unless_retired(self, slot: _Slot, delay_s: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

@@ -103,3 +103,93 @@ def test_restart_backoff_doubles_and_starts_again_after_a_worker_served_a_while(
     finally:
         logging.getLogger("server.models.version").removeHandler(handler)
     assert delays == ["0.2 s", "0.4 s", "0.8 s", "0.2 s", "0.2 s"]
+
+
+def test_a_supervision_error_fails_the_waiting_start_at_once_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug of ours while starting a worker (an exception no start path expects) reaches the
+    registration that waits on it, with its traceback in the log, instead of killing the slot
+    silently and leaving the registration waiting forever."""
+    import sys
+
+    from server.errors import InternalError
+    from server.workers.process import Worker
+
+    async def broken_start(self: Worker, timeout_s: float, launcher: Launcher) -> None:
+        raise RuntimeError("injected by the test")
+
+    monkeypatch.setattr(Worker, "start", broken_start)
+
+    async def scenario() -> InternalError:
+        launcher = Launcher(use_templates=False)
+        model = _model(sys.executable, launcher)
+        try:
+            with pytest.raises(InternalError) as info:
+                await asyncio.wait_for(model.scale(1, 1, synchronous=True), 30)
+            assert model.slots == []
+            return info.value
+        finally:
+            await model.stop(5)
+            await launcher.close()
+
+    error = asyncio.run(scenario())
+    assert error.status == 500
+    assert "internal error supervising a worker of probe:1.0" in error.message
+    assert "injected by the test" in error.message
+    logged = [r for r in caplog.records if "unexpected error supervising" in r.getMessage()]
+    assert logged and logged[0].exc_info is not None  # the traceback, for the bug report
+
+
+def test_a_supervision_error_after_the_start_restarts_the_slot_with_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same failure once the model serves: the slot kills what it held, waits the
+    backoff and starts a new worker, which serves."""
+    import json
+    import os
+    import sys
+
+    import server.models.version as model_module
+    from mserve_worker.protocol import RequestItem
+    from server.models.pump import BatchPump
+    from server.workers.process import WorkerState
+
+    monkeypatch.setattr(model_module, "BACKOFF_START_S", 0.1)
+    serve = BatchPump.serve
+    calls = []
+
+    async def serve_once_broken(self: BatchPump, worker, retire):  # type: ignore[no-untyped-def]
+        calls.append(worker.pid)
+        if len(calls) == 1:
+            raise RuntimeError("injected by the test")
+        return await serve(self, worker, retire)
+
+    monkeypatch.setattr(BatchPump, "serve", serve_once_broken)
+
+    async def scenario() -> dict:
+        launcher = Launcher(use_templates=False)
+        model = _model(sys.executable, launcher)
+        try:
+            await asyncio.wait_for(model.scale(1, 1, synchronous=True), 30)
+            for _ in range(300):  # until the replacement serves
+                worker = model.slots[0].worker
+                if len(calls) == 2 and worker is not None and worker.state is WorkerState.READY:
+                    break
+                await asyncio.sleep(0.05)
+            first = calls[0]
+            assert first is not None
+            with pytest.raises(ProcessLookupError):  # the first worker was killed
+                for _ in range(100):
+                    os.kill(first, 0)
+                    await asyncio.sleep(0.05)
+            job = model.enqueue(RequestItem("r1", "application/json", [], b"{}"))
+            answer = await asyncio.wait_for(job.future, 30)
+            assert answer.status == 200
+            return json.loads(bytes(answer.body))
+        finally:
+            await model.stop(5)
+            await launcher.close()
+
+    report = asyncio.run(scenario())
+    assert report["pid"] == calls[1] != calls[0]
