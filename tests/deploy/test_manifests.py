@@ -316,6 +316,9 @@ def test_dockerfile() -> None:
     assert exposed == bound
     (volumes,) = docker.all("VOLUME")
     assert {config.model_store, config.run_dir} == set(volumes)
+    # traces work in the image: the package goes in with its otel extra
+    runs = " ".join(" ".join(value) for value in docker.all("RUN"))
+    assert 'pip install "/tmp/mserve-src[otel]"' in runs
 
 
 def test_hadolint_is_clean() -> None:
