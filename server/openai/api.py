@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from mserve_worker.protocol import RequestItem, ResponseItem
+from server import tracing
 from server.errors import InternalError, ModelNotFound, MserveError, ServiceUnavailable
 from server.http import JSON, ChunkedAnswer, Connection, Request, json_answer
 from server.metrics import Metrics
@@ -44,7 +45,7 @@ from server.openai.request import (
     read_body,
 )
 from server.streaming import ChunkStream
-from server.tracing import client_request_id, trace_id_of
+from server.tracing import RequestTrace, client_request_id, trace_id_of
 
 log = logging.getLogger(__name__)
 
@@ -84,16 +85,22 @@ class OpenAIAPI:
         if op == "embedding":
             if not declared.embeddings:
                 raise self._not_for(model, "embeddings", "embeddings: true")
-            work: Awaitable[None] = self._embed(conn, req, model, embedding(body))
+            parsed: Completion | Embedding = embedding(body)
         else:
             if not declared.chat:
                 raise self._not_for(model, "completions", "chat: true")
-            work = self._complete(conn, req, model, declared, completion(op, body, declared))
+            parsed = completion(op, body, declared)
+        span = _Span(req, rid, model, op)  # traced from here: a refusal above has no span
+        req.tag = (rid, span.trace_id, model.name, model.version, "")
+        if isinstance(parsed, Embedding):
+            work: Awaitable[None] = self._embed(conn, req, model, parsed, span)
+        else:
+            work = self._complete(conn, req, model, declared, parsed, span)
         model.stats.arrived(False)
         task = asyncio.ensure_future(work)
         conn.api.tasks.add(task)  # type: ignore[arg-type]  # held until done
         req.future = task  # a client that leaves cancels it (server/http/connection.py)
-        task.add_done_callback(functools.partial(self._done, conn, req, model))
+        task.add_done_callback(functools.partial(self._done, conn, req, model, span))
 
     # --- models ---------------------------------------------------------------------------
 
@@ -145,35 +152,49 @@ class OpenAIAPI:
     # --- the task ------------------------------------------------------------------------
 
     def _done(
-        self, conn: Connection, req: Request, model: ModelVersion, task: asyncio.Future[None]
-    ) -> None:
+        self, conn: Connection, req: Request, model: ModelVersion, span: _Span,
+        task: asyncio.Future[None],
+    ) -> None:  # fmt: skip
         conn.api.tasks.discard(task)  # type: ignore[arg-type]
         if task.cancelled():  # the client left (nothing is written), or the server stops
             if req.out is None:
                 conn.answer_error(req, ServiceUnavailable("the server is shutting down"))
             self.metrics.answered(model, 499, None)
+            span.finish(499, "the client went away")
             return
         error = task.exception()
         if error is None:
+            span.finish(span.status, span.error)
             return
         if not isinstance(error, MserveError):
             log.error("unexpected error answering %s", model.label, exc_info=error)
             error = InternalError("internal server error; see the server log")
         self.metrics.answered(model, error.status, None)
+        span.finish(error.status, error.message)
         if req.out is None:  # nothing sent yet
             conn.answer_error(req, error)
 
     @staticmethod
     def _enqueue(
-        model: ModelVersion, req: Request, i: int, count: int, content_type: str, body: bytes
-    ) -> Job:
-        """Job ``i`` of ``count`` for request ``req`` (named by its id, see the module's doc)."""
+        model: ModelVersion, req: Request, i: int, count: int, content_type: str, body: bytes,
+        span: _Span,
+    ) -> Job:  # fmt: skip
+        """Job ``i`` of ``count`` for request ``req`` (named by its id, see the module's doc).
+        Traced, every job's handler sees the request's span as its parent, and the first job's
+        times make the span's children (queue, batch, worker, handler)."""
         rid = req.tag[0] if req.tag is not None else ""
         item = RequestItem(
             request_id=rid if count == 1 else f"{rid}.{i}", content_type=content_type,
             headers=[], body=body,
         )  # fmt: skip
-        return model.enqueue(item)
+        trace = span.trace
+        if trace is None:
+            return model.enqueue(item)
+        trace.pass_on(item.headers)
+        job = model.enqueue(item, trace if i == 0 else None)
+        if i == 0:
+            span.job = job
+        return job
 
     @staticmethod
     def _answer_json(conn: Connection, req: Request, payload: dict[str, Any]) -> None:
@@ -204,7 +225,7 @@ class OpenAIAPI:
 
     async def _complete(
         self, conn: Connection, req: Request, model: ModelVersion, declared: Generative,
-        request: Completion,
+        request: Completion, span: _Span,
     ) -> None:  # fmt: skip
         started = time.perf_counter()
         jobs: list[Job] = []
@@ -212,7 +233,7 @@ class OpenAIAPI:
         try:
             for i in range(request.n):
                 body = request.handler_body(declared, i)
-                jobs.append(self._enqueue(model, req, i, request.n, *body))
+                jobs.append(self._enqueue(model, req, i, request.n, *body, span))
             choices = [Choice(i, request.stop, request.max_tokens) for i in range(request.n)]
             meta = _Meta(request, model.name, "chatcmpl-" if request.kind == "chat" else "cmpl-")
             meta.request_id = req.tag[0] if req.tag is not None else ""
@@ -222,7 +243,7 @@ class OpenAIAPI:
                 # stream is taken as its first piece comes (see _first), so the choices read so
                 # far hold at most BACKLOG_BYTES each until the last one begins
                 firsts = [await self._first(model, job) for job in jobs]
-                await self._stream(conn, req, model, meta, choices, firsts, started)
+                await self._stream(conn, req, model, meta, choices, firsts, started, span)
                 return
 
             async def collect(choice: Choice, job: Job) -> None:
@@ -237,10 +258,11 @@ class OpenAIAPI:
             if choices:  # what was generated, a stream cut short included
                 counted = usage(choices)
                 self.metrics.tokens(model, counted["prompt_tokens"], counted["completion_tokens"])
+                span.usage(counted["prompt_tokens"], counted["completion_tokens"])
 
     async def _stream(
         self, conn: Connection, req: Request, model: ModelVersion, meta: _Meta,
-        choices: list[Choice], firsts: list[AsyncIterator[bytes]], started: float,
+        choices: list[Choice], firsts: list[AsyncIterator[bytes]], started: float, span: _Span,
     ) -> None:  # fmt: skip
         source = _Source(asyncio.current_task())
         status = {"ok": False}
@@ -258,6 +280,7 @@ class OpenAIAPI:
 
         async def send(payload: dict[str, Any]) -> None:
             await source.writable.wait()
+            span.chunk()
             answer.chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
         try:
@@ -275,6 +298,7 @@ class OpenAIAPI:
             answer.chunk(b"data: " + json.dumps({"error": body}).encode() + b"\n\n")
             answer.end(b"")
             self.metrics.answered(model, error.status, None)
+            span.status, span.error = error.status, error.message
             return
         if meta.request.include_usage:
             await send({**meta.chunk([]), "usage": usage(choices)})
@@ -282,14 +306,15 @@ class OpenAIAPI:
         self.metrics.answered(model, 200, time.perf_counter() - started)
 
     async def _embed(
-        self, conn: Connection, req: Request, model: ModelVersion, request: Embedding
-    ) -> None:
+        self, conn: Connection, req: Request, model: ModelVersion, request: Embedding,
+        span: _Span,
+    ) -> None:  # fmt: skip
         started = time.perf_counter()
         jobs = []
         try:
             for i, text in enumerate(request.inputs):
                 body = json.dumps({"kind": "embedding", "input": text}).encode()
-                jobs.append(self._enqueue(model, req, i, len(request.inputs), JSON, body))
+                jobs.append(self._enqueue(model, req, i, len(request.inputs), JSON, body, span))
             data, prompt = [], 0
             for i, job in enumerate(jobs):
                 first = await self._first(model, job)
@@ -305,6 +330,7 @@ class OpenAIAPI:
                 "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
             })  # fmt: skip
             self.metrics.tokens(model, prompt, 0)
+            span.usage(prompt, None)
             self.metrics.answered(model, 200, time.perf_counter() - started)
         finally:
             for job in jobs:
@@ -393,6 +419,51 @@ async def _stream_choice(
         if text:
             await send(meta.chunk([meta.delta(choice.index, {"content": text}, text)]))
     await send(meta.chunk([meta.delta(choice.index, {}, "", choice.finish_reason)]))
+
+
+# OpenTelemetry's GenAI names for the operations (gen_ai.operation.name)
+_OPERATIONS = {"chat": "chat", "completion": "text_completion", "embedding": "embeddings"}
+
+
+class _Span:
+    """One OpenAI request's server span while tracing is on (server/tracing.py; a no-op
+    otherwise): its first choice's job gives the children, a streamed answer its
+    ``mserve.stream`` span, the usage OpenTelemetry's ``gen_ai.usage.*`` attributes."""
+
+    def __init__(self, req: Request, request_id: str, model: ModelVersion, op: str) -> None:
+        tracer = tracing.current
+        self.trace: RequestTrace | None = None
+        if tracer is None:
+            self.trace_id = trace_id_of(req.known.get("traceparent"))
+        else:
+            self.trace = tracer.begin(
+                f"{req.method} /{'/'.join(req.parts)}", req.known, request_id, model.name,
+                model.version, req.started,
+                {"http.request.method": req.method, "gen_ai.request.model": model.name,
+                 "gen_ai.operation.name": _OPERATIONS.get(op, op)},
+            )  # fmt: skip
+            self.trace_id = self.trace.trace_id
+        self.job: Job | None = None
+        self.status, self.error = 200, None  # a stream that broke after its 200 says so
+        self.first = 0.0  # perf_counter time of the first event streamed
+        self.chunks = 0
+
+    def chunk(self) -> None:
+        if self.trace is not None:
+            self.chunks += 1
+            if self.chunks == 1:
+                self.first = time.perf_counter()
+
+    def usage(self, prompt: int, completion: int | None) -> None:
+        if self.trace is not None:
+            self.trace.attributes["gen_ai.usage.input_tokens"] = prompt
+            if completion is not None:
+                self.trace.attributes["gen_ai.usage.output_tokens"] = completion
+
+    def finish(self, status: int, error: str | None) -> None:
+        if self.trace is not None:
+            stream = (self.first, self.chunks) if self.chunks else None
+            self.trace.finish(self.job, status, error, stream)
 
 
 class _Meta:

@@ -237,28 +237,26 @@ def test_rest_grpc_and_streamed_requests_are_traced_under_the_clients_span(trace
     assert line["worker"].isdigit() and line["latency_ms"] >= 0
 
 
-def test_a_continuous_batching_requests_handler_span_is_the_step_of_its_first_token(
-    make_archive, start_server
-) -> None:
-    """The worker runs the steps itself: a streamed request's handler span and its phases are
-    those of the step that gave its first chunk (its time to first token), the batch size that
-    step's requests."""
+def test_generative_requests_spans(make_archive, start_server) -> None:
+    """A continuous-batching request's handler span and phases are those of the step that gave
+    its first chunk (its time to first token; the worker runs the steps itself), the batch
+    size that step's requests. An OpenAI streamed chat is traced as a prediction is: its
+    server span (with OpenTelemetry's gen_ai attributes and its usage) under the client's, the
+    queue, worker and handler spans of its job, and its stream's events."""
     receiver = Receiver()
     generator = HANDLERS / "generator"
     make_archive("generator", "generator:Generator", "gen", "--config-file",
                  str(generator / "model-config.yaml"))  # fmt: skip
-    server = start_server("gen=gen.mar", config={"otel_endpoint": receiver.url})
+    make_archive("generative", "lm:handle", "chat", "--config-file",
+                 str(HANDLERS / "generative" / "chat.yaml"))  # fmt: skip
+    server = start_server("gen=gen.mar", "chat=chat.mar", config={"otel_endpoint": receiver.url})
     try:
         trace = "8" * 32
         reply = server.predict("gen", {"name": "a", "tokens": 4, "sleep": 0.05},
                                headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"})  # fmt: skip
         assert reply.status == 200, reply.body
-        assert [json.loads(x)["token"] for x in reply.body.splitlines()] == [
-            "a:0",
-            "a:1",
-            "a:2",
-            "a:3",
-        ]
+        tokens = [json.loads(x)["token"] for x in reply.body.splitlines()]
+        assert tokens == ["a:0", "a:1", "a:2", "a:3"]
         names = {"POST /predictions", "mserve.worker", "mserve.handler", "mserve.preprocess",
                  "mserve.inference", "mserve.postprocess", "mserve.stream"}  # fmt: skip
         spans = receiver.wait_trace(trace, names)
@@ -268,10 +266,37 @@ def test_a_continuous_batching_requests_handler_span_is_the_step_of_its_first_to
         assert inference["parent"] == handler["span_id"]
         assert root["attrs"]["mserve.batch_size"] == 1
         # one step (its 0.05 s sleep), not the four (>= 0.2 s); the stream holds the others
-        assert 0.045e9 <= inference["end"] - inference["start"] <= handler["end"] - handler["start"]
-        assert handler["end"] - handler["start"] < 0.15e9
+        handled = handler["end"] - handler["start"]
+        assert 0.045e9 <= inference["end"] - inference["start"] <= handled < 0.15e9
         assert handler["end"] <= worker["end"] <= spans["mserve.stream"]["start"] + 1e6
         assert spans["mserve.stream"]["attrs"]["mserve.chunks"] == 4
+
+        import openai
+
+        client = openai.OpenAI(base_url=server.url("inference", "/openai/v1"), api_key="none",
+                               max_retries=0, timeout=30)  # fmt: skip
+        chat_trace = "9" * 32
+        events = list(client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "say: one two three"}],
+            stream=True, stream_options={"include_usage": True},
+            extra_headers={"traceparent": f"00-{chat_trace}-{CLIENT_SPAN}-01"},
+        ))  # fmt: skip
+        used = events[-1].usage
+        assert used is not None and used.completion_tokens > 0
+        names = {"POST /openai/v1/chat/completions", "mserve.queue", "mserve.worker",
+                 "mserve.handler", "mserve.stream"}  # fmt: skip
+        spans = receiver.wait_trace(chat_trace, names)
+        root = spans["POST /openai/v1/chat/completions"]
+        assert root["parent"] == CLIENT_SPAN
+        assert root["attrs"]["gen_ai.operation.name"] == "chat"
+        assert root["attrs"]["gen_ai.request.model"] == "chat"
+        assert root["attrs"]["gen_ai.usage.input_tokens"] == used.prompt_tokens
+        assert root["attrs"]["gen_ai.usage.output_tokens"] == used.completion_tokens
+        assert root["attrs"]["http.response.status_code"] == 200
+        for child in ("mserve.queue", "mserve.worker", "mserve.stream"):
+            assert spans[child]["parent"] == root["span_id"], child
+        assert spans["mserve.handler"]["parent"] == spans["mserve.worker"]["span_id"]
+        assert spans["mserve.stream"]["attrs"]["mserve.chunks"] == len(events)
     finally:
         receiver.server.shutdown()
 
