@@ -141,7 +141,8 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
             try:
                 if not sequence:
                     raise BadRequest("parameter 'sequenceId' is required for StreamPredictions2")
-                async with contextlib.aclosing(self._answer(request, context)) as answer:
+                answering = self._answer(request, context, echo_id=False)
+                async with contextlib.aclosing(answering) as answer:
                     async for chunk in answer:
                         yield pb.PredictionResponse(prediction=chunk, sequenceId=sequence)
             except MserveError as exc:
@@ -154,11 +155,17 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
             yield pb.PredictionResponse(sequenceId=sequence, status=failed)
 
     async def _answer(
-        self, request: pb.PredictionsRequest, context: aio.ServicerContext
+        self, request: pb.PredictionsRequest, context: aio.ServicerContext, echo_id: bool = True
     ) -> AsyncIterator[bytes]:
         """Queue the request and yield its answer's bytes (one piece, or each chunk of a
         streamed answer); raises the error that answers it instead. The call's metadata may
-        carry ``x-request-id`` and W3C ``traceparent`` / ``tracestate``, as REST headers do."""
+        carry ``x-request-id`` and W3C ``traceparent`` / ``tracestate``, as REST headers do;
+        the request's id goes back in the call's trailing metadata (``echo_id``: a call of one
+        request), errors included, as REST's ``X-Request-Id`` header does."""
+        meta = _metadata(context)
+        rid = client_request_id(meta.get("x-request-id")) or request_id()
+        if echo_id:
+            context.set_trailing_metadata((("x-request-id", rid),))
         if not request.model_name:
             raise BadRequest("parameter 'model_name' is required")
         version = request.model_version or None
@@ -168,8 +175,6 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         content_type, body = form(request.input)
         # the sequence id under the server's ts_header_key_sequence_id
         headers = [[model.sequence_headers[0], request.sequenceId]] if request.sequenceId else []
-        meta = _metadata(context)
-        rid = client_request_id(meta.get("x-request-id")) or request_id()
         item = RequestItem(request_id=rid, content_type=content_type, headers=headers, body=body)
         trace = None
         tracer = tracing.current

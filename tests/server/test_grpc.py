@@ -5,6 +5,7 @@ management, status codes, token authorization, model API control, TLS, gRPC off.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -185,6 +186,26 @@ def test_ping_predictions_streams_and_errors(make_archive, start_server, channel
         ("", Code.INVALID_ARGUMENT.value[0],
          "parameter 'sequenceId' is required for StreamPredictions2"),
     ]  # fmt: skip
+
+    # the request's id comes back in the trailing metadata (the client's, else ours), errors
+    # included, as REST's X-Request-Id header does
+    def echoed(call: Any) -> str:
+        return dict(call.trailing_metadata())["x-request-id"]
+
+    _, call = inference.Predictions.with_call(
+        _predict("io", b"x"), metadata=[("x-request-id", "grpc-id-1")], timeout=TIMEOUT_S
+    )
+    assert echoed(call) == "grpc-id-1"
+    _, call = inference.Predictions.with_call(_predict("io", b"x"), timeout=TIMEOUT_S)
+    assert re.fullmatch(r"[0-9a-f]{32}", echoed(call))
+    with pytest.raises(grpc.RpcError) as failed_call:
+        inference.Predictions(_predict("nope", b"x"), metadata=[("x-request-id", "grpc-id-2")],
+                              timeout=TIMEOUT_S)  # fmt: skip
+    assert echoed(failed_call.value) == "grpc-id-2"
+    stream = inference.StreamPredictions(
+        _predict("io", b"stream:2"), metadata=[("x-request-id", "grpc-id-3")], timeout=TIMEOUT_S
+    )
+    assert len(list(stream)) >= 2 and echoed(stream) == "grpc-id-3"
 
     # gRPC answers count in TorchServe's metrics like REST ones
     metrics = server.cli("--status")  # the server is alive and well after all that
