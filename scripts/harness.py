@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -29,6 +30,16 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 600  # a start that also builds a model's environment or warms torch
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+# A benchmark killed with SIGTERM (``timeout 600 python scripts/bench_...``, a CI job's end) ends
+# as on Ctrl-C: its finally blocks run and stop the servers and workers it started, which would
+# otherwise live on and skew every later run.
+signal.signal(signal.SIGTERM, _stop_on_sigterm)
 
 
 def run(cmd: list[Any], **kw: Any) -> subprocess.CompletedProcess[str]:
