@@ -241,6 +241,10 @@ class Metrics:
         # and +Inf, then the sum; cumulated at scrape (collect). A prometheus_client Histogram
         # costs a lock and two inc() calls per observation, on the frontend's hot path.
         self._latency: dict[str, list[float]] = {}
+        # mserve_time_to_first_token_seconds{model}: the same rows for streamed answers, from
+        # the request's arrival to its first chunk going out (every API: a generative model's
+        # time to first token)
+        self._first_token: dict[str, list[float]] = {}
         # loading on demand, idle unloads and evictions (server/models/residency.py)
         self.model_loads = Counter(
             "mserve_model_loads", "Workers started for a model that had none (on demand)",
@@ -336,11 +340,7 @@ class Metrics:
         tally[0] += 1
         if seconds is None:
             return
-        row = self._latency.get(model.name)
-        if row is None:
-            row = self._latency[model.name] = [0.0] * (len(LATENCY_BUCKETS) + 2)
-        row[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1  # the first bound >= it: "le"
-        row[-1] += seconds
+        _observe(self._latency, model.name, seconds)
         if counts is None or job is None:
             return
         queue_s = job.sent_at - job.enqueued_at if job.sent_at else 0.0
@@ -355,6 +355,10 @@ class Metrics:
             self.log_ts("ts_inference_latency_microseconds", "Microseconds", seconds * 1e6, dims)
             self.log_ts("ts_queue_latency_microseconds", "Microseconds", queue_s * 1e6, dims)
             self.log_ts("QueueTime", "Milliseconds", self.queue_ms, ())
+
+    def first_chunk(self, model: ObservedModel, seconds: float) -> None:
+        """A streamed answer's first chunk went out ``seconds`` after its request arrived."""
+        _observe(self._first_token, model.name, seconds)
 
     def tokens(self, model: ObservedModel, prompt: int, generated: int) -> None:
         """A generative request's usage (what its answer reported, or a stream's so far)."""
@@ -531,6 +535,7 @@ class Metrics:
             *(GaugeMetricFamily(n, "") for n in gauges),
             *(CounterMetricFamily(n, "") for n in counters),
             self._latency_family(),
+            self._first_token_family(),
         ]
 
     def collect(self) -> Any:
@@ -578,6 +583,8 @@ class Metrics:
         yield floor
         yield capacity
         yield self._latency_family()
+        if self._first_token:
+            yield self._first_token_family()
         if self._tokens:
             yield from self._token_families()
         if self._certificates:
@@ -630,17 +637,17 @@ class Metrics:
     def _latency_family(self) -> HistogramMetricFamily:
         """``mserve_request_latency_seconds``, as a prometheus_client Histogram with its default
         buckets would write it."""
-        family = HistogramMetricFamily(
+        return _histogram(
             "mserve_request_latency_seconds", "Inference latency, frontend to frontend",
-            labels=["model"],
+            self._latency,
         )  # fmt: skip
-        for name, row in self._latency.items():
-            buckets, total = [], 0.0
-            for bound, count in zip(_LATENCY_LE, row[:-1], strict=True):
-                total += count
-                buckets.append((bound, total))
-            family.add_metric([name], buckets, row[-1])
-        return family
+
+    def _first_token_family(self) -> HistogramMetricFamily:
+        return _histogram(
+            "mserve_time_to_first_token_seconds",
+            "Streamed answers: from the request's arrival to its first chunk sent",
+            self._first_token,
+        )
 
     def _count_answers(self) -> None:
         """Add the answers counted since the last scrape to ``mserve_requests_total``."""
@@ -722,3 +729,27 @@ class MetricsAPI:
         content_type = "text/plain; version=0.0.4; charset=utf-8"
         body = self.metrics.exposition(names)
         conn.answer(req, 200, [["Content-Type", content_type]], body)
+
+
+def _observe(rows: dict[str, list[float]], name: str, seconds: float) -> None:
+    """One observation in ``name``'s row: a count per LATENCY_BUCKETS bound and +Inf, then the
+    sum (cumulated at scrape, see _histogram)."""
+    row = rows.get(name)
+    if row is None:
+        row = rows[name] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+    row[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1  # the first bound >= it: "le"
+    row[-1] += seconds
+
+
+def _histogram(
+    name: str, documentation: str, rows: dict[str, list[float]]
+) -> HistogramMetricFamily:
+    """Per-model rows as a prometheus_client Histogram with its default buckets writes them."""
+    family = HistogramMetricFamily(name, documentation, labels=["model"])
+    for model, row in rows.items():
+        buckets, total = [], 0.0
+        for bound, count in zip(_LATENCY_LE, row[:-1], strict=True):
+            total += count
+            buckets.append((bound, total))
+        family.add_metric([model], buckets, row[-1])
+    return family

@@ -273,6 +273,7 @@ class OpenAIAPI:
         def too_large() -> MserveError:
             return OpenAIError(500, "the stream is too large to hold for an HTTP/1.0 client")
 
+        sent = [False]
         answer = ChunkedAnswer(
             conn, req, 200, [*SSE_HEADERS, ["X-Request-Id", meta.request_id]], source,
             self.max_response_bytes, too_large, done,
@@ -280,6 +281,9 @@ class OpenAIAPI:
 
         async def send(payload: dict[str, Any]) -> None:
             await source.writable.wait()
+            if not sent[0]:  # the answer's first token
+                sent[0] = True
+                self.metrics.first_chunk(model, time.perf_counter() - req.started)
             span.chunk()
             answer.chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
 

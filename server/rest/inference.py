@@ -205,6 +205,7 @@ class InferenceAPI:
             raise
 
         first_chunk = time.perf_counter()
+        self.metrics.first_chunk(model, first_chunk - req.started)
 
         def done(status: int, ok: bool) -> None:
             if ok:

@@ -211,6 +211,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
             result = await self._wait(model, job)
             if type(result) is ChunkStream:
                 first_chunk = time.perf_counter()
+                self.metrics.first_chunk(model, first_chunk - started)
                 async with contextlib.aclosing(result.chunks()) as chunks:
                     async for chunk in chunks:
                         yield ResponseItem(

@@ -340,3 +340,22 @@ def test_helm_lint_is_clean() -> None:
     out = subprocess.run([str(helm_path()), "lint", "--strict", str(CHART)],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_grafana_dashboard_lays_out_on_its_grid() -> None:
+    """Every panel has whole-number x, y, w, h on Grafana's 24-column grid, none overlapping and
+    every one with a title (a description once landed in a panel's width, which Grafana cannot
+    lay out); its queries are checked against a real Prometheus in
+    tests/server/test_prometheus_kit.py."""
+    import json
+
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "mserve-dashboard.json").read_text())
+    taken: dict[tuple[int, int], str] = {}
+    for panel in dashboard["panels"]:
+        grid, title = panel["gridPos"], panel["title"]
+        assert title and all(type(grid[k]) is int for k in "xywh"), (title, grid)
+        assert grid["w"] > 0 and grid["h"] > 0 and grid["x"] + grid["w"] <= 24, (title, grid)
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in taken, f"{title} overlaps {taken[(x, y)]}"
+                taken[(x, y)] = title

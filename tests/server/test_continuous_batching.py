@@ -30,7 +30,15 @@ def tokens(stream: RawStream) -> list[dict[str, Any]]:
 
 
 def test_each_step_is_one_chunk_and_the_stream_ends_when_the_criteria_say(gen) -> None:
-    stream = RawStream(gen, "gen", {"name": "a", "tokens": 3})
+    first = "mserve_time_to_first_token_seconds"
+
+    def timed() -> list[float]:  # answers counted so far: all, within 0.1 s, within 0.5 s
+        return [metric(gen, f"{first}_count", model="gen"),
+                metric(gen, f"{first}_bucket", model="gen", le="0.1"),
+                metric(gen, f"{first}_bucket", model="gen", le="0.5")]  # fmt: skip
+
+    before = timed()
+    stream = RawStream(gen, "gen", {"name": "a", "tokens": 3, "sleep": 0.2})
     try:
         assert stream.status == 200
         assert stream.headers["transfer-encoding"] == "chunked"
@@ -40,6 +48,8 @@ def test_each_step_is_one_chunk_and_the_stream_ends_when_the_criteria_say(gen) -
         stream.close()
     assert [t["token"] for t in got] == ["a:0", "a:1", "a:2"]
     assert all(t["batch"] == ["a"] for t in got)
+    # its time to first token: one step (>= 0.2 s), not the three the whole answer took (0.6)
+    assert [a - b for a, b in zip(timed(), before, strict=True)] == [1, 0, 1]
 
 
 def test_a_one_step_request_gets_a_plain_answer(gen) -> None:

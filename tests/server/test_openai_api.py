@@ -422,3 +422,5 @@ def test_token_counters_follow_the_usage(server: Server, client: openai.OpenAI) 
     assert after[1] - before[1] == whole.usage.completion_tokens + streamed.completion_tokens == 7
     text = httpx.get(server.url("metrics", "/metrics"), timeout=10).text
     assert 'mserve_generated_tokens_total{model="gen",version="1.0"}' in text
+    # the stream's first token is timed; the whole answer is not a stream
+    assert _counter(server, "mserve_time_to_first_token_seconds_count", "gen") >= 1

@@ -159,7 +159,8 @@ def loaded_server(
 
 def _load(server: Server, cert: Path, seconds: float) -> None:
     """Requests for a while: answers, a 404 (a model that does not exist), the failed model's
-    errors and a generative model's completions (its tokens), over https."""
+    errors and a generative model's completions (its tokens; streamed, its time to first
+    token), over https."""
     context = ssl.create_default_context(cafile=str(cert))
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -170,10 +171,13 @@ def _load(server: Server, cert: Path, seconds: float) -> None:
                 urllib.request.urlopen(req, timeout=10, context=context).read()
             except urllib.error.HTTPError as exc:
                 exc.read()
-        body = json.dumps({"model": "gen", "prompt": "hi", "max_tokens": 3}).encode()
-        req = urllib.request.Request(server.url("inference", "/openai/v1/completions"), body,
-                                     {"Content-Type": "application/json"}, method="POST")  # fmt: skip
-        assert json.loads(urllib.request.urlopen(req, timeout=10, context=context).read())["usage"]
+        for stream in (False, True):  # whole (its tokens), streamed (its time to first token)
+            body = json.dumps({"model": "gen", "prompt": "hi", "max_tokens": 3,
+                               "stream": stream}).encode()  # fmt: skip
+            req = urllib.request.Request(server.url("inference", "/openai/v1/completions"), body,
+                                         {"Content-Type": "application/json"}, method="POST")  # fmt: skip
+            answer = urllib.request.urlopen(req, timeout=10, context=context).read()
+            assert answer.endswith(b"data: [DONE]\n\n") if stream else json.loads(answer)["usage"]
         time.sleep(0.02)
 
 
