@@ -267,7 +267,7 @@ class Served(Mode):
     def __init__(self, name: str, host: str, port: int, path: str, pid: int,
                  stop: Callable[[], None]) -> None:  # fmt: skip
         super().__init__(name, cpu_of(pid), stop)
-        self.host, self.port, self.path, self.pid = host, port, path, pid
+        self.host, self.port, self.path = host, port, path
 
     def round(self, bodies: list[dict[str, Any]]) -> list[Stream]:
         out = _run(_round(self.host, self.port, self.path, bodies, {}))

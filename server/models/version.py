@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import itertools
 import logging
@@ -49,8 +50,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _worker_ids = itertools.count(9000)  # TorchServe numbers workers from 9000
-# what one worker's life in a slot ended with, besides the backoff to restart with
-_RETIRED, _FIRST_START_FAILED = object(), object()
+
+
+class _Ended(enum.Enum):
+    """How one worker's life in a slot ended, when not with a backoff to restart after."""
+
+    RETIRED = "retired"
+    FIRST_START_FAILED = "first start failed"  # the caller waiting on it removes the slot
+
+
 BACKOFF_START_S = 0.5
 # A slot's lane (sequence batching) holds at most one request per sequence bound to it:
 # maxNumSequence bounds it, not a size of its own.
@@ -389,11 +397,10 @@ class ModelVersion:
                 await self._sleep_unless_retired(slot, backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
                 continue
-            if outcome is _FIRST_START_FAILED:
-                return  # the caller waiting on it removes the slot
-            if outcome is _RETIRED:
+            if outcome is _Ended.FIRST_START_FAILED:
+                return
+            if outcome is _Ended.RETIRED:
                 break
-            assert isinstance(outcome, float)
             backoff = outcome
         if slot.worker is not None and slot.worker.state is not WorkerState.STOPPED:
             await slot.worker.stop(5.0)
@@ -403,9 +410,9 @@ class ModelVersion:
         if not self.slots and not others:  # the last worker is gone: nobody will run these
             self._fail_queued(ServiceUnavailable(f"model {self.label} has no workers left"))
 
-    async def _run_worker(self, slot: _Slot, gpu: str | None, backoff: float) -> float | object:
+    async def _run_worker(self, slot: _Slot, gpu: str | None, backoff: float) -> float | _Ended:
         """One worker's life in ``slot``: started, served until it retires or is lost. Returns
-        the backoff to restart with, ``_RETIRED``, or ``_FIRST_START_FAILED``."""
+        the backoff to restart with, or how it ended otherwise."""
         worker_id = str(next(_worker_ids))
         worker = Worker(worker_id, self.label, gpu, self._spec(worker_id, gpu))
         slot.worker = worker
@@ -422,7 +429,7 @@ class ModelVersion:
             self.last_output = worker.tail()
             if slot.first_start is not None and not slot.first_start.done():
                 slot.first_start.set_exception(exc)
-                return _FIRST_START_FAILED
+                return _Ended.FIRST_START_FAILED
             self._note_failure(exc.message)
             await self._sleep_unless_retired(slot, backoff)
             return min(backoff * 2, BACKOFF_MAX_S)
@@ -444,7 +451,7 @@ class ModelVersion:
         )
         ended = await pump.serve(worker, slot.retire)
         if ended is None:
-            return _RETIRED
+            return _Ended.RETIRED
         self.last_output = worker.tail()
         if worker.timed_out:
             # we killed it for a slow or hung batch: the worker itself was fine, so it is

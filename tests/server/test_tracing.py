@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import openai
 import psutil
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
@@ -270,8 +271,6 @@ def test_generative_requests_spans(make_archive, start_server) -> None:
         assert 0.045e9 <= inference["end"] - inference["start"] <= handled < 0.15e9
         assert handler["end"] <= worker["end"] <= spans["mserve.stream"]["start"] + 1e6
         assert spans["mserve.stream"]["attrs"]["mserve.chunks"] == 4
-
-        import openai
 
         client = openai.OpenAI(base_url=server.url("inference", "/openai/v1"), api_key="none",
                                max_retries=0, timeout=30)  # fmt: skip
