@@ -180,8 +180,14 @@ def _landlock(libc: ctypes.CDLL, abi: int, policy: dict) -> dict:
             if _add_path(libc, ruleset, path, handled_fs):
                 granted["write"].append(path)
         _add_path(libc, ruleset, "/dev/shm", handled_fs)  # torch shares tensors through it
+        # a kernel before Landlock ABI 5 has no ioctl right, and refuses a rule that names one
         for path in [*SYSTEM_DEVICES, *policy.get("devices", [])]:
-            _add_path(libc, ruleset, path, _DEVICE)
+            _add_path(libc, ruleset, path, _DEVICE & handled_fs)
+        if policy.get("devices"):
+            # CUDA's initialisation names the threads it starts (opens /proc/self/task/<tid>/comm
+            # to write, truncating) and fails with error 304 when it cannot. "self" is this
+            # worker, resolved now: its own threads only, not the rest of /proc.
+            _add_path(libc, ruleset, "/proc/self", (_READ | _WRITE_FILE | _TRUNCATE) & handled_fs)
         if abi >= 4:
             for port in policy.get("connect", []):
                 _add_port(libc, ruleset, port, _NET_CONNECT)

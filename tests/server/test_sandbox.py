@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from server.config import ServerConfig
 from server.errors import ConfigError, InvalidModel
 from server.workers.sandbox import Sandbox
 from server.workers.sandbox_users import UidMap
+from tests.conftest import REPO
 from tests.server.conftest import Server, http
 
 needs_landlock = pytest.mark.skipif(landlock_abi() < 4, reason="needs Landlock ABI 4+ (Linux)")
@@ -303,3 +305,59 @@ def test_uids_are_recorded_and_a_full_range_is_named(tmp_path: Path) -> None:
     assert "sandbox_uid_range 300000-300001 has no uid left for model c (2 models hold" in (
         err.value.message
     )
+
+
+# A confined process that names a thread of its own through procfs, as CUDA's driver does while
+# it initialises (cuInit fails with error 304 when it cannot), then tries a write the sandbox
+# forbids. Landlock is for life: each case runs in a process of its own.
+_THREAD_NAMING = """
+import json, sys, threading
+from mserve_worker import confine
+
+abi, devices, forbidden = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+libc = confine._libc()
+assert libc.prctl(confine._PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+confine._landlock(libc, abi, {"read": [], "write": [], "devices": devices})
+seen = {}
+
+def name_myself():
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as comm:
+            comm.write("cuda-like")
+        seen["named"] = True
+    except OSError as exc:
+        seen["named"] = exc.strerror
+
+thread = threading.Thread(target=name_myself)
+thread.start()
+thread.join()
+with open("/dev/null", "w") as null:  # a device every worker may use
+    null.write("x")
+try:
+    open(forbidden, "a").close()
+    seen["forbidden"] = "written"
+except OSError as exc:
+    seen["forbidden"] = exc.strerror
+print(json.dumps(seen))
+"""
+
+
+@needs_landlock
+def test_gpu_workers_can_start_cuda_on_every_landlock_abi(tmp_path: Path) -> None:
+    """Checked on an H100 (scripts/check_gpu.py): CUDA's initialisation needs to name its
+    threads, so a GPU worker may write its own /proc/self, a CPU worker may not; and a kernel
+    with an older Landlock (no ioctl right before ABI 5) takes the same rules instead of refusing
+    every worker's device rules (this kernel's ABI and every older one, as those kernels get)."""
+    forbidden = tmp_path / "not-granted.txt"
+    forbidden.write_text("")
+    gpu = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"]  # those there, as the server says
+    for abi in sorted({1, 2, 3, 4, 5, landlock_abi()} & set(range(1, landlock_abi() + 1))):
+        for devices, named in ((gpu, True), ([], "Permission denied")):
+            out = subprocess.run(
+                [sys.executable, "-c", _THREAD_NAMING, str(abi), json.dumps(devices),
+                 str(forbidden)],
+                capture_output=True, text=True, timeout=60, cwd=REPO,
+            )  # fmt: skip
+            assert out.returncode == 0, (abi, devices, out.stderr)
+            seen = json.loads(out.stdout)
+            assert seen == {"named": named, "forbidden": "Permission denied"}, (abi, devices)
