@@ -2,7 +2,7 @@
 
 Usage: python scripts/bench_generate.py [--tokens 64] [--streams 1,8,32] [--rounds 10]
                                         [--modes continuous,static,one,bare,litserve]
-                                        [--model-dim 64] [--model-layers 2]
+                                        [--model-dim 64] [--model-layers 2] [--device cpu]
 
 Each mode serves the same model (examples/tiny_lm, seed-0 weights, one worker, one thread) and
 answers ``--streams`` concurrent streams of ``--tokens`` tokens each (``ignore_eos``: every
@@ -281,7 +281,7 @@ class Bare(Mode):
     A round's streams are prefilled in one forward, then decoded together (the handler's
     batched calls), each leaving the batch when it has its tokens."""
 
-    def __init__(self, weights: Path, slots: int) -> None:
+    def __init__(self, weights: Path, slots: int, device: str) -> None:
         import torch
 
         sys.path[:0] = [str(EXAMPLE), str(REPO / "mserve_worker" / "compat")]
@@ -290,7 +290,7 @@ class Bare(Mode):
 
         torch.set_num_threads(1)
         super().__init__("bare", cpu_of(None))
-        self.engine, self.state = _Engine(load(weights), slots), _State
+        self.engine, self.state = _Engine(load(weights, device), slots), _State
 
     def round(self, bodies: list[dict[str, Any]]) -> list[Stream]:
         t0 = time.perf_counter()
@@ -346,7 +346,7 @@ def bodies(streams: int, args: argparse.Namespace) -> list[dict[str, Any]]:
             for n in lengths(streams, args.tokens, args.lengths == "mixed")]  # fmt: skip
 
 
-def serve_mode(work: Path, mode: str, weights: Path) -> Served:
+def serve_mode(work: Path, mode: str, weights: Path, device: str) -> Served:
     config = {"minWorkers": 1, "maxWorkers": 1, "responseTimeout": 600,
               "generative": {"context_length": 256}, "handler": {"threads": 1},
               "batchSize": {"continuous": 32, "static": 8, "one": 1}[mode],
@@ -358,7 +358,9 @@ def serve_mode(work: Path, mode: str, weights: Path) -> Served:
             "--model-file", EXAMPLE / "model.py",
             "--handler", f"{EXAMPLE / 'handler.py'}:TinyLMHandler",
             "-c", work / f"{mode}.yaml", "-f")  # fmt: skip
-    server = Server(work, {"grpc": False, "disable_token_authorization": True},
+    # on cpu, a machine's GPUs stay out of it; on cuda, the server finds them (its worker's cuda:0)
+    gpus = {"number_of_gpu": 0} if device == "cpu" else {}
+    server = Server(work, {"grpc": False, "disable_token_authorization": True, **gpus},
                     [f"tiny_lm_{mode}=tiny_lm_{mode}.mar"], name=mode)  # fmt: skip
     return Served(mode, server.host, server.port, f"/predictions/tiny_lm_{mode}", server.pid,
                   server.stop)  # fmt: skip
@@ -420,6 +422,13 @@ def main() -> None:
     parser.add_argument("--modes", default="continuous,static,one,bare,litserve")
     parser.add_argument("--model-dim", type=int, help="the model's width (default 64)")
     parser.add_argument("--model-layers", type=int, help="the model's blocks (default 2)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where every mode runs the model: cuda is the machine's first GPU"
+        " (the servers' one worker is given it; the bare loop uses cuda:0)",
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.streams.split(",")]
     load_start = os.getloadavg()[0]
@@ -443,7 +452,9 @@ def main() -> None:
                 if name == "continuous" and not continuous_available():
                     results[name] = "not available: this server has no continuousBatching yet"
                 elif name == "bare":
-                    modes.append(Bare(weights, max(levels)))
+                    modes.append(Bare(weights, max(levels), args.device))
+                elif name == "litserve" and args.device != "cpu":
+                    results[name] = "CPU only here"
                 elif name == "litserve":
                     mode = litserve_mode(work, weights)
                     if isinstance(mode, str):
@@ -451,7 +462,7 @@ def main() -> None:
                     else:
                         modes.append(mode)
                 else:
-                    modes.append(serve_mode(work, name, weights))
+                    modes.append(serve_mode(work, name, weights, args.device))
             for level in levels:
                 print(f"{level} streams ...", file=sys.stderr, flush=True)
                 rows = measure(modes, bodies(level, args), args.rounds)
@@ -467,7 +478,7 @@ def main() -> None:
         " in ms; CPU in us per token: the server process, its workers, the clients (this process)"
     )
     print(f"{os.cpu_count()} CPUs, load average {load_start:.1f} at the start, {load_end:.1f}"
-          " at the end")  # fmt: skip
+          f" at the end; the model on {args.device}")  # fmt: skip
     print(f"{'mode':<11}{'streams':>8}{'tokens/s':>11}{'TTFT p50':>10}{'TTFT p99':>10}"
           f"{'server':>8}{'worker':>8}{'client':>8}")  # fmt: skip
     for mode, rows in results.items():

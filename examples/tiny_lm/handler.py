@@ -105,6 +105,7 @@ class _Engine:
 
     def __init__(self, model: TinyLM, slots: int) -> None:
         self.model = model
+        self.bias = BIAS.to(model.device)
         self.cache = model.new_cache(max(1, slots))
         self.held: list[_State] = []  # held[i] is in slot i
 
@@ -149,12 +150,13 @@ class _Engine:
             self.held[slot] = last
 
     def _sample(self, states: list[_State], logits: torch.Tensor) -> list[dict[str, Any]]:
-        bias = BIAS[torch.tensor([s.ignore_eos for s in states], dtype=torch.long)]
+        device = logits.device
+        rows = torch.tensor([s.ignore_eos for s in states], dtype=torch.long, device=device)
         tokens = sample(
-            logits + bias,
-            torch.tensor([s.temperature for s in states]),
-            torch.tensor([s.top_p for s in states]),
-            torch.tensor([s.random.random() for s in states]),
+            logits + self.bias[rows],
+            torch.tensor([s.temperature for s in states], device=device),
+            torch.tensor([s.top_p for s in states], device=device),
+            torch.tensor([s.random.random() for s in states], device=device),
         ).tolist()
         pieces = []
         for state, token in zip(states, tokens, strict=True):
@@ -230,7 +232,11 @@ class TinyLMHandler(BaseHandler):
         self.context = context
         properties = context.system_properties
         weights = os.path.join(properties["model_dir"], context.manifest["model"]["serializedFile"])
-        self.model = load(weights)
+        # the GPU the server gave this worker (its cuda:0 inside it), as TorchServe's handlers pick
+        gpu_id = properties.get("gpu_id")
+        on_gpu = gpu_id is not None and torch.cuda.is_available()
+        self.device = torch.device(f"cuda:{gpu_id}" if on_gpu else "cpu")
+        self.model = load(weights, self.device)
         self.initialized = True
         context.cache = {}
         self.continuous = bool(context.model_yaml_config.get("continuousBatching"))

@@ -35,10 +35,12 @@ class KVCache:
     instead of growing a tensor per request. Zeroed: positions past a request's length are
     masked out, and a masked zero adds nothing (a masked NaN would)."""
 
-    def __init__(self, layers: int, heads: int, head_dim: int, slots: int) -> None:
+    def __init__(
+        self, layers: int, heads: int, head_dim: int, slots: int, device: torch.device
+    ) -> None:
         shape = (slots, heads, CONTEXT, head_dim)
-        self.keys = [torch.zeros(shape) for _ in range(layers)]
-        self.values = [torch.zeros(shape) for _ in range(layers)]
+        self.keys = [torch.zeros(shape, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, device=device) for _ in range(layers)]
 
     @property
     def slots(self) -> int:
@@ -99,26 +101,33 @@ class TinyLM(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, VOCAB, bias=False)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are: the cache and every step's inputs are made there."""
+        return self.head.weight.device
+
     def new_cache(self, slots: int) -> KVCache:
-        return KVCache(len(self.blocks), self.heads, HEAD_DIM, slots)
+        return KVCache(len(self.blocks), self.heads, HEAD_DIM, slots, self.device)
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], slots: list[int], cache: KVCache) -> torch.Tensor:
         """Several new requests in one forward: each prompt's keys and values written into its
         slot, the logits of each one's next token out [B, VOCAB]. The prompts are right-padded
         to the longest; the mask is causal and hides the padding."""
-        lengths = torch.tensor([len(p) for p in prompts])
-        t = int(lengths.max())
-        tokens = torch.tensor([p + [EOS] * (t - len(p)) for p in prompts])
-        steps = torch.arange(t)
+        device = self.device
+        sizes = [len(p) for p in prompts]
+        t = max(sizes)
+        lengths = torch.tensor(sizes, device=device)
+        tokens = torch.tensor([p + [EOS] * (t - len(p)) for p in prompts], device=device)
+        steps = torch.arange(t, device=device)
         mask = (steps[None, :, None] >= steps[None, None, :]) & (
             steps[None, None, :] < lengths[:, None, None]
         )  # [B, query, key]: causal, and no key past the prompt's end
         x = self.embed(tokens) + self.pos(steps)[None]
-        where = torch.tensor(slots)
+        where = torch.tensor(slots, device=device)
         for i, block in enumerate(self.blocks):
             x = block(x, mask[:, None], cache.keys[i], cache.values[i], where, None, t, where)
-        last = x[torch.arange(len(prompts)), lengths - 1]
+        last = x[torch.arange(len(prompts), device=device), lengths - 1]
         return self.head(self.norm(last))
 
     @torch.no_grad()
@@ -132,26 +141,28 @@ class TinyLM(nn.Module):
         from the positions hiding what lies past each one's length. Slots in ascending
         contiguous order are read in place (at 32 requests a step costs ~half what gathering
         them does); any others are gathered."""
-        where, at = torch.tensor(slots), torch.tensor(positions)
+        device = self.device
+        where = torch.tensor(slots, device=device)
+        at = torch.tensor(positions, device=device)
         first = slots[0]
         contiguous = slots == list(range(first, first + len(slots)))
         rows: torch.Tensor | slice = slice(first, first + len(slots)) if contiguous else where
         span = max(positions) + 1
-        mask = (torch.arange(span)[None] <= at[:, None])[:, None, None]  # [B, 1, 1, span]
-        x = (self.embed(torch.tensor(tokens)) + self.pos(at))[:, None]
+        mask = (torch.arange(span, device=device)[None] <= at[:, None])[:, None, None]
+        x = (self.embed(torch.tensor(tokens, device=device)) + self.pos(at))[:, None]
         for i, block in enumerate(self.blocks):
             x = block(x, mask, cache.keys[i], cache.values[i], where, at, span, rows)
         return self.head(self.norm(x[:, 0]))
 
 
-def load(path: str | Path) -> TinyLM:
-    """The model in the weights at ``path``, its width and depth read from them."""
+def load(path: str | Path, device: str | torch.device = "cpu") -> TinyLM:
+    """The model in the weights at ``path`` on ``device``, its width and depth read from them."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     dim = state["embed.weight"].shape[1]
     layers = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
     model = TinyLM(dim, layers)
     model.load_state_dict(state)
-    return model.eval()
+    return model.to(device).eval()
 
 
 def sample(
