@@ -139,6 +139,34 @@ class Channel:
                 self.pending.append(frame)
 
 
+def _gpu_unusable() -> str | None:
+    """Why this worker, given a GPU, cannot use it, as torch tells (when torch is imported): a
+    handler that finds no CUDA quietly runs on the CPU (TorchServe's handlers fall back), and
+    its operator should hear of it. Asked once the handler loaded; on a CUDA build of torch
+    this starts CUDA's driver as TorchServe's BaseHandler does, which a model that leaves the
+    GPU alone avoids with ``deviceType: cpu`` (no GPU given, nothing asked)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None:
+        return None
+    version = getattr(torch, "__version__", "?")
+    build = getattr(torch, "version", None)
+    if getattr(build, "cuda", None) is None and getattr(build, "hip", None) is None:
+        return (
+            f"torch {version} is a CPU-only build: the model's environment needs a CUDA build"
+            " of torch"
+        )
+    try:
+        if cuda.is_available():
+            return None
+    except Exception as exc:  # a broken install: say so rather than fail the worker
+        return f"torch.cuda.is_available() raised {exc!r}"
+    return (
+        f"torch {version} finds no usable GPU (torch.cuda.is_available() is False; the"
+        " worker's log has CUDA's own reason)"
+    )
+
+
 def _load(init: dict, channel: Channel, sandbox: dict | None = None) -> HandlerService | None:
     """The service, READY sent (with how the worker was confined, ``sandbox``); None when the
     handler failed to load (LOAD_FAILED sent)."""
@@ -155,6 +183,10 @@ def _load(init: dict, channel: Channel, sandbox: dict | None = None) -> HandlerS
     ready = {"load_s": service.load_s, "style": service.style, "imports": service.imports}
     if sandbox is not None:
         ready["sandbox"] = sandbox
+    if init.get("gpu_id") is not None:
+        unusable = _gpu_unusable()
+        if unusable:
+            ready["gpu_unusable"] = unusable
     channel.send(Frame(Kind.READY, ready))
     return service
 

@@ -297,6 +297,10 @@ class Worker:
             "worker %s of %s ready in %.2f s (handler style %s)",
             self.id, self.model_label, time.time() - self.started_at, self.style,
         )  # fmt: skip
+        unusable = reply.meta.get("gpu_unusable")
+        if isinstance(unusable, str):
+            log.warning("worker %s of %s was given GPU %s but cannot use it: %s",
+                        self.id, self.model_label, self.gpu, unusable)  # fmt: skip
         if "imports" not in reply.meta:
             return None
         try:

@@ -184,3 +184,23 @@ def test_cuda_visible_devices_of_the_server_maps_gpus_to_physical_ids(
     else:
         raise AssertionError("the forked worker took no request")
     assert (report["cuda_visible_devices"], report["gpu_id"]) == ("6", 0)
+
+
+def test_a_worker_that_cannot_use_its_gpu_says_why(make_archive, start_server) -> None:
+    """A handler that finds no CUDA runs on the CPU without a word (TorchServe's fall back):
+    the server warns, naming the worker, its GPU and torch's reason (here a CPU-only torch, the
+    usual cause; on an H100 it was the sandbox keeping CUDA from starting)."""
+    make_archive("torch_import", "torchy:handle", "torchy")
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("torchy=torchy.mar", "probe=probe.mar", config={"number_of_gpu": 1})
+    assert server.predict("torchy", {}).status == 200
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    warned = [line for line in log.splitlines() if "cannot use it" in line]
+    assert len(warned) == 1, warned  # the probe's worker imports no torch: nothing to say
+    assert "WARNING" in warned[0] and "of torchy:1.0 was given GPU 0 but cannot use it" in warned[0]
+    import torch
+
+    if torch.version.cuda is None:
+        assert f"torch {torch.__version__} is a CPU-only build" in warned[0]
+    else:  # a CUDA build on a machine whose server was told of a GPU that is not there
+        assert "finds no usable GPU" in warned[0]
