@@ -37,7 +37,7 @@ from server.streaming import ChunkStream
 from server.tracing import CLIENT_GONE, RequestTrace, client_request_id
 
 
-def _metadata(context: aio.ServicerContext) -> dict[str, str]:
+def request_metadata(context: aio.ServicerContext) -> dict[str, str]:
     """The call's metadata that this server reads (request id, trace context), by name."""
     wanted = ("x-request-id", "traceparent", "tracestate")
     found: dict[str, str] = {}
@@ -162,7 +162,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         carry ``x-request-id`` and W3C ``traceparent`` / ``tracestate``, as REST headers do;
         the request's id goes back in the call's trailing metadata (``echo_id``: a call of one
         request), errors included, as REST's ``X-Request-Id`` header does."""
-        meta = _metadata(context)
+        meta = request_metadata(context)
         rid = client_request_id(meta.get("x-request-id")) or request_id()
         if echo_id:
             context.set_trailing_metadata((("x-request-id", rid),))

@@ -31,11 +31,12 @@ from server.errors import BadRequest, InternalError, MserveError, ResponseTooLar
 from server.models.registry import Registry
 from server.rest.inference import model_metadata, request_id, server_metadata
 from server.rpc import status
-from server.rpc.inference import HandlerStatus, InferenceService
+from server.rpc.inference import HandlerStatus, InferenceService, request_metadata
 from server.rpc.oip_messages import request_body, response
 from server.rpc.protos import oip_pb2 as pb
 from server.rpc.protos import oip_pb2_grpc
 from server.rpc.server import AddService, abort
+from server.tracing import client_request_id
 
 SERVICE = "inference.GRPCInferenceService"
 TORCHSERVE_SERVICE = "org.pytorch.serve.grpc.openinference.GRPCInferenceService"
@@ -123,8 +124,12 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: aio.ServicerContext
     ) -> pb.ModelInferResponse:
+        # the client's x-request-id (or ours) names the request, and goes back in the trailing
+        # metadata, errors included, as REST's X-Request-Id header and TorchServe's calls do
+        rid = client_request_id(request_metadata(context).get("x-request-id")) or request_id()
+        context.set_trailing_metadata((("x-request-id", rid),))
         try:
-            return await self._infer(request)
+            return await self._infer(request, rid)
         except MserveError as exc:
             await abort(context, exc, self.registry.redact)
         except HandlerStatus as exc:
@@ -138,7 +143,7 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
         answered with its ``error_message`` and the stream goes on."""
         async for request in requests:
             try:
-                answer = await self._infer(request)
+                answer = await self._infer(request, request_id())
             except MserveError as exc:
                 text = self.registry.redact(exc.message)
             except HandlerStatus as exc:
@@ -148,7 +153,7 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
                 continue
             yield pb.ModelStreamInferResponse(error_message=status.message(text))
 
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def _infer(self, request: pb.ModelInferRequest, rid: str) -> pb.ModelInferResponse:
         """Queue the request in its REST form and read the worker's answer back; raises the
         error that answers it instead."""
         version = request.model_version or None
@@ -158,7 +163,7 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
         body, header = request_body(request)
         headers = [] if header is None else [[HEADER_LENGTH, str(header)]]
         item = RequestItem(
-            request_id=request_id(),
+            request_id=rid,
             content_type="application/json" if header is None else "application/octet-stream",
             headers=headers,
             body=body,

@@ -82,7 +82,7 @@ def _refused(call, *args, **kwargs) -> tuple[str, str]:
 
 
 def _typed_request(x: np.ndarray, **fields) -> service_pb2.ModelInferRequest:
-    request = service_pb2.ModelInferRequest(model_name="mlp", **fields)
+    request = service_pb2.ModelInferRequest(**{"model_name": "mlp", **fields})
     entry = request.inputs.add(name="input__0", datatype="FP32", shape=list(x.shape))
     entry.contents.fp32_contents.extend(x.ravel().tolist())
     return request
@@ -132,8 +132,19 @@ def test_infer_with_raw_and_typed_contents_equals_the_model_run_here(serve, mlp,
 
     # typed contents (tritonclient always sends raw ones: its stub, as a KServe client would)
     stub = _stub(server, channels)
-    answer = stub.ModelInfer(_typed_request(x, id="typed"), timeout=TIMEOUT_S)
+    answer, call = stub.ModelInfer.with_call(
+        _typed_request(x, id="typed"), metadata=[("x-request-id", "oip-1")], timeout=TIMEOUT_S
+    )
     assert answer.id == "typed"
+    # the call's request id comes back in the trailing metadata (the client's, else ours),
+    # errors included, as REST's X-Request-Id header does
+    assert dict(call.trailing_metadata())["x-request-id"] == "oip-1"
+    _, call = stub.ModelInfer.with_call(_typed_request(x), timeout=TIMEOUT_S)
+    assert len(dict(call.trailing_metadata())["x-request-id"]) == 32
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ModelInfer(_typed_request(x, model_name="nosuch"),
+                        metadata=[("x-request-id", "oip-2")], timeout=TIMEOUT_S)  # fmt: skip
+    assert dict(refused.value.trailing_metadata())["x-request-id"] == "oip-2"
     (output,) = answer.outputs
     assert (output.name, output.datatype, list(output.shape)) == ("output__0", "FP32", [3, 10])
     typed = np.frombuffer(answer.raw_output_contents[0], dtype="<f4").reshape(3, 10)
