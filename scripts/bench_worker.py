@@ -7,7 +7,10 @@ Usage: python scripts/bench_worker.py [--models echo,mlp] [--batches 1,8] [--rou
 A real worker (``python -m mserve_worker.runtime --fd N``: the runtime's socket loop, the
 service, the codec) gets INIT for the model as the server sends it, then BATCH frames of 1 or
 ``batch`` requests one after another (one in flight: each batch costs one recv and one send), with
-the headers a client like wrk sends; every RESULT is checked (200, one answer per request). The
+the headers a client like wrk sends; every RESULT is checked (200, one answer per request). With
+one in flight the worker waits, idle, for every batch, and a CPU woken from idle runs the next
+forward slower (scripts/bench_interference.py: 1.25x after 0.15 ms here); ``--in-flight 2``
+keeps the next batch in its socket, as the server's pump does under load. The
 floor is the same handler, loaded the same way, called in a plain loop on the same body with JSON
 in and out (``json.loads`` each body, ``handle([{"body": ...}], context)``, ``json.dumps`` each
 answer): what the handler itself costs, which no worker can avoid. Worker minus floor is what
@@ -83,6 +86,8 @@ def _init(model: str, folder: Path, handler: str, manifest: dict, batch: int) ->
 class Worker:
     """A real worker process on a socket pair, INIT sent and READY read."""
 
+    in_flight = 1  # batches sent before the first answer is read (--in-flight)
+
     def __init__(self, python: list[str], init: dict[str, Any], log: Path) -> None:
         parent, child = socket.socketpair()
         self.sock = parent
@@ -116,16 +121,26 @@ class Worker:
         return self.frames.pop(0)
 
     def drive(self, batches: int, items: list[RequestItem]) -> None:
-        """``batches`` BATCH frames of ``items``, one in flight; every answer must be 200."""
+        """``batches`` BATCH frames of ``items``, ``in_flight`` of them sent before the first
+        answer is read (then one sent per answer); every answer must be 200."""
+        sent = 0
+        for _ in range(min(self.in_flight, batches)):
+            self._send_batch(items)
+            sent += 1
         for _ in range(batches):
-            self.batch_id += 1
-            self._send(protocol.batch_frame(self.batch_id, items, check=False))
             reply = self._receive()
+            if sent < batches:
+                self._send_batch(items)
+                sent += 1
             if reply.kind != Kind.RESULT:
                 raise SystemExit(f"batch failed: {reply.meta}")
             _, responses = protocol.parse_result(reply)
             if len(responses) != len(items) or any(r.status != 200 for r in responses):
                 raise SystemExit(f"bad answers: {[r.status for r in responses]}")
+
+    def _send_batch(self, items: list[RequestItem]) -> None:
+        self.batch_id += 1
+        self._send(protocol.batch_frame(self.batch_id, items, check=False))
 
     def stop(self) -> None:
         self.sock.close()
@@ -235,7 +250,7 @@ def callgrind_rows(work: Path, cases: list[tuple[str, int]], requests: int) -> N
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     print(f"instructions per request (callgrind, user space, {requests} requests after a "
-          f"warm-up, one batch in flight)")  # fmt: skip
+          f"warm-up, {Worker.in_flight} batch(es) in flight)")  # fmt: skip
     for model, batch in cases:
         folder, handler, manifest = model_dir(work, model)
         init = _init(model, folder, handler, manifest, batch)
@@ -289,11 +304,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keep", action="store_true",
                         help="keep the work folder (callgrind, cProfile files, logs)")  # fmt: skip
+    parser.add_argument("--in-flight", type=int, default=1,
+                        help="batches in the worker's socket at once (the server keeps 2-8;"
+                        " with 1 the worker waits for every batch, idle)")  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--callgrind", action="store_true", help="instructions per request")
     mode.add_argument("--cprofile", action="store_true", help="where the worker's time goes")
     args = parser.parse_args()
     requests = args.requests or (2000 if args.callgrind else 5000)
+    Worker.in_flight = max(1, args.in_flight)
     models = [m for m in args.models.split(",") if m]
     for model in models:
         if model not in BODIES:
