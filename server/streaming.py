@@ -63,6 +63,20 @@ class ChunkStream:
         # what arrived before a consumer: ("chunk", bytes) / ("end", bytes) / ("fail", error)
         self._backlog: collections.deque[tuple[str, object]] = collections.deque()
         self._backlog_bytes = 0
+        # the answer kept for the inference log (record_to), and who gets it when it ends
+        self._kept: bytearray | None = None
+        self._keep_limit = 0
+        self._on_end: Callable[[ChunkStream, bytes, MserveError | None], None] | None = None
+
+    def record_to(
+        self, limit: int, on_end: Callable[[ChunkStream, bytes, MserveError | None], None]
+    ) -> None:
+        """Keep the answer's first ``limit`` bytes as they pass and give them to ``on_end``
+        once the stream ends, finished, broken (with its error) or cancelled (``cancelled``
+        set): a sampled request's inference log record. Chunks are still never held back."""
+        self._kept = bytearray()
+        self._keep_limit = limit
+        self._on_end = on_end
 
     # worker side (the model) ----------------------------------------------------------------
 
@@ -71,6 +85,8 @@ class ChunkStream:
             return
         self.chunks_in += 1
         self.bytes_in += len(data)
+        if self._kept is not None:
+            self._keep(data)
         consumer = self._consumer
         if consumer is not None:
             consumer.chunk(data)
@@ -86,12 +102,16 @@ class ChunkStream:
         if last:  # the client gets it as one chunk more
             self.chunks_in += 1
         self.bytes_in += len(last)
+        if self._kept is not None:
+            self._keep(last)
         self._close(("end", last))
+        self._ended(None)
 
     def fail(self, error: MserveError) -> None:
         if self.finished:
             return
         self._close(("fail", error))
+        self._ended(error)
 
     # consumer side (a frontend) -------------------------------------------------------------
 
@@ -130,6 +150,7 @@ class ChunkStream:
             self.resume()
             if self._on_cancel is not None:
                 self._on_cancel()
+            self._ended(None)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The chunks as an async iterator, the last one included when it is not empty; raises
@@ -149,6 +170,18 @@ class ChunkStream:
                 self.cancel()
 
     # internals ------------------------------------------------------------------------------
+
+    def _keep(self, data: bytes) -> None:
+        assert self._kept is not None
+        room = self._keep_limit - len(self._kept)
+        if room > 0:
+            self._kept += data[:room]
+
+    def _ended(self, error: MserveError | None) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            kept, self._kept = self._kept, None
+            on_end(self, bytes(kept or b""), error)
 
     def _close(self, event: tuple[str, object]) -> None:
         consumer = self._consumer

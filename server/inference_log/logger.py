@@ -14,12 +14,16 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mserve_worker.protocol import RequestItem, ResponseItem
+from server.errors import MserveError
 from server.inference_log.policy import LogPolicy, safe_url
 from server.inference_log.records import Record
 from server.inference_log.sinks import Sink
+
+if TYPE_CHECKING:
+    from server.streaming import ChunkStream
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ class Delivery:
     retries: int = 3  # more tries of a failed send, after 0.2 s, 0.4 s, 0.8 s ...
     backoff_s: float = 0.2
     backoff_max_s: float = 5.0
+    max_stream_bytes: int = 6_553_500  # of a streamed answer, what a record keeps
 
 
 class _Queue:
@@ -99,6 +104,25 @@ class InferenceLogger:
                 self._offer(item, result.status, result.content_type, result.body, error,
                             enqueued_at[i], extra if isinstance(extra, dict) else None,
                             result.json_body)  # fmt: skip
+
+    def stream(self, item: RequestItem, enqueued_at: float, stream: ChunkStream) -> None:
+        """A request's answer started streaming: when it is sampled, its record is made once
+        the stream ends, with the answer's chunks joined (its first ``max_stream_bytes``; none
+        kept when only requests are logged), a broken stream's error, and 499 for a client
+        that went away."""
+        if not self._sampled():
+            return
+
+        def ended(stream: ChunkStream, body: bytes, error: MserveError | None) -> None:
+            if stream.cancelled:
+                status, message = 499, "the client went away before the answer ended"
+            elif error is not None:
+                status, message = error.status, error.message
+            else:
+                status, message = stream.status, None
+            self._offer(item, status, stream.content_type, body, message, enqueued_at, None)
+
+        stream.record_to(self.delivery.max_stream_bytes if self.policy.responses else 0, ended)
 
     def failed(self, items: Sequence[RequestItem], enqueued_at: Sequence[float],
                status: int, message: str) -> None:  # fmt: skip
@@ -282,6 +306,7 @@ def build(
         queue_size=config.inference_log_queue_size,
         flush_s=config.inference_log_flush_s,
         retries=config.inference_log_retries,
+        max_stream_bytes=config.max_response_size_bytes,
     )
     where = ", ".join(
         s.name + (f" {safe_url(policy.url)}" if s.name == "cloudevents" and policy.url else "")

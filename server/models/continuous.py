@@ -19,8 +19,8 @@ A step that the worker does not answer within ``responseTimeout`` means a hung h
 worker is killed and replaced, and its requests get a 504.
 
 The model's inference log (server/inference_log/) gets what the ordinary pump gives it: each
-request answered whole (done in its first step, or refused there) and each failed call. A
-streamed answer is not logged, here as there: its body is never whole in the server.
+request answered whole (done in its first step, or refused there), each failed call, and each
+streamed answer when its stream ends (its chunks joined).
 """
 
 from __future__ import annotations
@@ -49,9 +49,14 @@ def _no_pause() -> None:
     """A step's chunks need no back-pressure on the worker: one chunk per request per step."""
 
 
-def _open_stream(job: Job, status: int, content_type: str, headers: list[list[str]]) -> ChunkStream:
-    """The first chunk of ``job``'s answer: its stream, which its caller now gets."""
+def _open_stream(
+    pump: BatchPump, job: Job, status: int, content_type: str, headers: list[list[str]]
+) -> ChunkStream:
+    """The first chunk of ``job``'s answer: its stream, which its caller now gets (and the
+    model's inference log, when it samples the request)."""
     stream = job.stream = ChunkStream(status, content_type, headers, _no_pause, _no_pause)
+    if pump.inference_log is not None:
+        pump.inference_log.stream(job.item, job.enqueued_at, stream)
     job.future.set_result(stream)  # type: ignore[arg-type]
     return stream
 
@@ -94,7 +99,7 @@ class ContinuousPump(BatchPump):
                 job.future.set_result(result)
             return False
         if stream is None:
-            stream = _open_stream(job, result.status, result.content_type, result.headers)
+            stream = _open_stream(self, job, result.status, result.content_type, result.headers)
         stream.push(bytes(result.body))
         return True
 
@@ -278,7 +283,9 @@ class _Feed:
             job = entry[0]
             stream = job.stream
             if stream is None:
-                stream = _open_stream(job, chunk.status or 200, chunk.content_type, chunk.headers)
+                stream = _open_stream(
+                    self.pump, job, chunk.status or 200, chunk.content_type, chunk.headers
+                )
             stream.push(bytes(chunk.body))
 
     def _withdrawn(self, batch: Batch, request_id: str) -> None:

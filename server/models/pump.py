@@ -311,8 +311,8 @@ class BatchPump:
         return None
 
     def _log_settled(self, live: list[Job], results: list[Any], batch: Batch) -> None:
-        """Hand an answered batch to the model's inference log (streamed answers are not
-        logged: their body never is whole here)."""
+        """Hand an answered batch to the model's inference log (a streamed answer is logged
+        when its stream ends, from the ChunkStream)."""
         assert self.inference_log is not None
         reply = batch.future.result()
         jobs = [(j, r) for j, r in zip(live, results, strict=True) if j.stream is None]
@@ -349,6 +349,8 @@ class BatchPump:
                     worker.pause_reading, worker.resume_reading,
                     functools.partial(worker.stop_streaming, batch, job.item.request_id),
                 )  # fmt: skip
+                if self.inference_log is not None:
+                    self.inference_log.stream(job.item, job.enqueued_at, stream)
                 if job.future.done():  # its caller left before the first chunk: stop it
                     stream.cancel()
                 else:

@@ -206,8 +206,8 @@ def test_the_inference_log_records_whole_answers_and_failed_calls(
     make_archive, start_server
 ) -> None:
     """Continuous batching feeds the model's inference log as the ordinary pump does: a request
-    answered in its first step and a call that raised are recorded; a streamed answer is not
-    (its body is never whole in the server)."""
+    answered in its first step, a call that raised, and a streamed answer once it ends (its
+    steps' pieces joined)."""
     make_archive("generator", "generator:Generator", "gen", "--config-file", CONFIG)
     server = start_server(config={"inference_log_flush_s": 0.05})
     params = "url=gen.mar&model_name=logged&initial_workers=1&inference_log=all"
@@ -220,15 +220,24 @@ def test_the_inference_log_records_whole_answers_and_failed_calls(
         stream.close()
     raised = server.predict("logged", {"name": "boom", "tokens": 3, "raise_at": 0})
     assert (one.status, raised.status) == (200, 500)
+    gone = RawStream(server, "logged", {"name": "gone", "tokens": 200})
+    try:
+        assert gone.next_chunk()  # its first token, then the client leaves
+    finally:
+        gone.close()
     path = server.run_dir / "inference_log" / "logged" / "1.0.jsonl"
 
     def lines() -> list[dict[str, Any]]:
         return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
-    wait_for(lambda: len(lines()) >= 2, "two records")
-    time.sleep(0.2)  # a third (the stream's) would have come by now
+    wait_for(lambda: len(lines()) >= 4, "four records")
     got = {line["request"]["name"]: line for line in lines()}
-    assert sorted(got) == ["boom", "one"]
+    assert sorted(got) == ["boom", "gone", "one", "streamed"]
+    assert got["gone"]["status"] == 499 and "client went away" in got["gone"]["error"]
+    assert "gone:0" in got["gone"]["resp"] and "gone:199" not in got["gone"]["resp"]
+    assert got["streamed"]["status"] == 200
+    pieces = [json.loads(x)["token"] for x in got["streamed"]["resp"].splitlines()]
+    assert pieces == ["streamed:0", "streamed:1", "streamed:2"]
     assert got["one"]["request_id"] == one.headers["X-Request-Id"]
     assert got["one"]["status"] == 200 and "one:0" in str(got["one"]["resp"])
     assert got["boom"]["status"] == 500 and "boom in boom" in got["boom"]["error"]

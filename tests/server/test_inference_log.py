@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from http.client import IncompleteRead
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -436,3 +437,32 @@ def test_a_handler_content_type_cannot_break_the_events_headers() -> None:
     response = encoder.events(record, False, True)[0]
     assert response.headers["content-type"] == "application/octet-stream"
     assert "forged" not in str(list(response.headers.items()))
+
+
+def test_streamed_answers_are_logged_when_they_end(make_archive, start_server) -> None:
+    """A streamed answer's record is made when its stream ends: its chunks joined, or a broken
+    stream's error and what it had sent (continuous batching's streams:
+    tests/server/test_continuous_batching.py)."""
+    make_archive("streaming", "gen_stream:handle", "gen")
+    server = start_server(config={"inference_log_flush_s": 0.2})
+    params = "url=gen.mar&initial_workers=1&synchronous=true&inference_log=all"
+    assert server.manage("POST", f"/models?{params}").status == 200
+
+    whole = server.predict("gen", {"name": "a", "parts": 3})
+    with pytest.raises(IncompleteRead):  # the answer breaks off, as it should
+        server.predict("gen", {"name": "b", "parts": 3, "fail_after": 1},
+                       headers={"X-Request-ID": "broken-1"})  # fmt: skip
+    assert whole.status == 200
+
+    def records(model: str, count: int) -> list[dict[str, Any]]:
+        path = server.run_dir / "inference_log" / model / "1.0.jsonl"
+        wait_until(lambda: len(_lines(path, missing_ok=True)) >= count, 10, f"{model}'s records")
+        return _lines(path)
+
+    by_id = {line["request_id"]: line for line in records("gen", 2)}
+    record = by_id[whole.headers["X-Request-Id"]]
+    assert (record["status"], record["request"]) == (200, {"name": "a", "parts": 3})
+    assert record["resp"] == whole.body.decode() == "a:0;a:1;a:2;"
+    record = by_id["broken-1"]
+    assert record["status"] == 500 and "b failed after 1 parts" in record["error"]
+    assert record["resp"] == "b:0;"  # what the client got before it broke
