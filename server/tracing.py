@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from random import getrandbits
 from typing import TYPE_CHECKING, Any
 
-from server.errors import ConfigError
+from server.errors import ConfigError, MserveError
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -179,6 +179,17 @@ class Tracing:
             {"mserve.model": model, "mserve.model_version": version,
              "mserve.request_id": request_id, **(attributes or {})},
         )  # fmt: skip
+
+    def refused(
+        self, name: str, carrier: Mapping[str, str], request_id: str, model: str,
+        version: str, started: float, attributes: Mapping[str, Any], error: MserveError,
+    ) -> str:  # fmt: skip
+        """The span of a request refused before it was queued (no such model, say): begun and
+        ended with its error at once, as an HTTP server's instrumentation makes a span for every
+        request; its trace id (32 hex digits)."""
+        trace = self.begin(name, carrier, request_id, model, version, started, attributes)
+        trace.finish(None, error.status, error.message)
+        return trace.trace_id
 
     @contextlib.contextmanager
     def span(self, name: str, attributes: Mapping[str, Any]) -> Iterator[None]:

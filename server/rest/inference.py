@@ -114,11 +114,15 @@ class InferenceAPI:
         self, conn: Connection, req: Request, name: str, version: str | None, op: str,
         api: str = "",
     ) -> None:  # fmt: skip
-        model = self.registry.get(name, version)
-        counts = model.stats.arrived(version is not None)
         known = req.known
         rid = known.get("x-request-id")
         rid = (client_request_id(rid) if rid is not None else None) or request_id()
+        try:
+            model = self.registry.get(name, version)
+        except MserveError as exc:  # no such model or version: refused, named all the same
+            self._refused(req, rid, name, version, exc)
+            raise
+        counts = model.stats.arrived(version is not None)
         item = RequestItem(
             request_id=rid,
             content_type=known.get("content-type") or "",
@@ -151,6 +155,22 @@ class InferenceAPI:
         job.future.add_done_callback(
             functools.partial(self._answered, conn, req, model, job, counts)
         )
+
+    def _refused(
+        self, req: Request, rid: str, name: str, version: str | None, error: MserveError
+    ) -> None:
+        """A prediction refused before it is queued still has its id (its error answer's
+        ``X-Request-Id``, the access log) and, when tracing, its span with the error, as an
+        HTTP server's instrumentation makes one for every request."""
+        tracer = tracing.current
+        if tracer is None:
+            trace_id = trace_id_of(req.known.get("traceparent"))
+        else:
+            trace_id = tracer.refused(
+                f"{req.method} {route_name(req.parts)}", req.known, rid, name, version or "",
+                req.started, {"http.request.method": req.method}, error,
+            )  # fmt: skip
+        req.tag = (rid, trace_id, "", "", "")
 
     def _answered(
         self, conn: Connection, req: Request, model: ModelVersion, job: Job,

@@ -166,12 +166,20 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         rid = client_request_id(meta.get("x-request-id")) or request_id()
         if echo_id:
             context.set_trailing_metadata((("x-request-id", rid),))
-        if not request.model_name:
-            raise BadRequest("parameter 'model_name' is required")
-        version = request.model_version or None
-        model = self.registry.get(request.model_name, version)
-        counts = model.stats.arrived(version is not None)
         started = time.perf_counter()
+        version = request.model_version or None
+        try:
+            if not request.model_name:
+                raise BadRequest("parameter 'model_name' is required")
+            model = self.registry.get(request.model_name, version)
+        except MserveError as exc:  # refused before it is queued: its span all the same
+            if tracing.current is not None:
+                tracing.current.refused(
+                    f"gRPC {SERVICE}", meta, rid, request.model_name, version or "", started,
+                    {"rpc.system": "grpc"}, exc,
+                )  # fmt: skip
+            raise
+        counts = model.stats.arrived(version is not None)
         content_type, body = form(request.input)
         # the sequence id under the server's ts_header_key_sequence_id
         headers = [[model.sequence_headers[0], request.sequenceId]] if request.sequenceId else []

@@ -192,6 +192,23 @@ def test_rest_grpc_and_streamed_requests_are_traced_under_the_clients_span(trace
     assert failed["parent"] == ""  # a root span
     assert failed["attrs"]["http.response.status_code"] >= 500
 
+    # refused before it is queued (no such model): its id answered, its span made, an error
+    refused_trace = "4" * 32
+    reply = server.predict(
+        "nosuch",
+        {},
+        headers={
+            "traceparent": f"00-{refused_trace}-{CLIENT_SPAN}-01",
+            "X-Request-ID": "refused-1",
+        },
+    )
+    assert reply.status == 404 and _header(reply, "x-request-id") == "refused-1"
+    refused = receiver.wait_trace(refused_trace, {"POST /predictions"})["POST /predictions"]
+    assert refused["parent"] == CLIENT_SPAN and refused["status"] == 2
+    assert refused["attrs"]["http.response.status_code"] == 404
+    assert refused["attrs"]["mserve.model"] == "nosuch"
+    assert refused["attrs"]["mserve.request_id"] == "refused-1"
+
     # streamed over REST: a stream span under the server span
     stream_trace = "5" * 32
     reply = server.predict("echo", {"stream": 3},
@@ -224,6 +241,17 @@ def test_rest_grpc_and_streamed_requests_are_traced_under_the_clients_span(trace
         ))  # fmt: skip
         assert chunks
         spans = receiver.wait_trace(streamed_trace, {"mserve.stream"})
+        refused_trace = "8" * 32
+        with pytest.raises(grpc.RpcError):
+            stub.Predictions(
+                ipb.PredictionsRequest(model_name="nosuch", input={"data": b"{}"}),
+                metadata=[("traceparent", f"00-{refused_trace}-{CLIENT_SPAN}-01")], timeout=30,
+            )  # fmt: skip
+        wait_until(lambda: any(s["trace_id"] == refused_trace for s in receiver.spans), 20,
+                   "the refused gRPC call's span")  # fmt: skip
+        refused = next(s for s in receiver.spans if s["trace_id"] == refused_trace)
+        assert refused["name"].startswith("gRPC ") and refused["status"] == 2
+        assert refused["attrs"]["mserve.model"] == "nosuch"
 
     # the model's load was traced too
     wait_until(lambda: any(s["name"] == "mserve.model.load" for s in receiver.spans), 20,
