@@ -43,7 +43,8 @@ class Delivery:
     retries: int = 3  # more tries of a failed send, after 0.2 s, 0.4 s, 0.8 s ...
     backoff_s: float = 0.2
     backoff_max_s: float = 5.0
-    max_stream_bytes: int = 6_553_500  # of a streamed answer, what a record keeps
+    max_stream_bytes: int = 6_553_500  # of a streamed answer, what a record keeps (build():
+    # the server's max_response_size_bytes)
 
 
 class _Queue:
