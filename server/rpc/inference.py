@@ -47,6 +47,23 @@ def request_metadata(context: aio.ServicerContext) -> dict[str, str]:
     return found
 
 
+def request_trace(
+    name: str, meta: dict[str, str], model: ModelVersion, item: RequestItem, started: float
+) -> RequestTrace | None:
+    """A call's server span while tracing is on (its context passed on to the handler in the
+    request's headers), else None; the handler sees the client's context all the same."""
+    tracer = tracing.current
+    if tracer is None:
+        if "traceparent" in meta:
+            item.headers += [[k, meta[k]] for k in ("tracestate", "traceparent") if k in meta]
+        return None
+    trace = tracer.begin(
+        name, meta, item.request_id, model.name, model.version, started, {"rpc.system": "grpc"}
+    )
+    trace.pass_on(item.headers)
+    return trace
+
+
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 PING = f"/{SERVICE}/Ping"  # a probe: needs no key
 
@@ -184,16 +201,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         # the sequence id under the server's ts_header_key_sequence_id
         headers = [[model.sequence_headers[0], request.sequenceId]] if request.sequenceId else []
         item = RequestItem(request_id=rid, content_type=content_type, headers=headers, body=body)
-        trace = None
-        tracer = tracing.current
-        if tracer is not None:
-            trace = tracer.begin(
-                f"gRPC {SERVICE}",
-                meta, rid, model.name, model.version, started, {"rpc.system": "grpc"},
-            )  # fmt: skip
-            trace.pass_on(item.headers)
-        elif "traceparent" in meta:  # the handler sees the client's context all the same
-            item.headers += [[k, meta[k]] for k in ("tracestate", "traceparent") if k in meta]
+        trace = request_trace(f"gRPC {SERVICE}", meta, model, item, started)
         answer_run = self.run(model, item, counts, started, trace)
         async with contextlib.aclosing(answer_run) as answer:
             async for piece in answer:

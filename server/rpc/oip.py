@@ -31,7 +31,12 @@ from server.errors import BadRequest, InternalError, MserveError, ResponseTooLar
 from server.models.registry import Registry
 from server.rest.inference import model_metadata, request_id, server_metadata
 from server.rpc import status
-from server.rpc.inference import HandlerStatus, InferenceService, request_metadata
+from server.rpc.inference import (
+    HandlerStatus,
+    InferenceService,
+    request_metadata,
+    request_trace,
+)
 from server.rpc.oip_messages import request_body, response
 from server.rpc.protos import oip_pb2 as pb
 from server.rpc.protos import oip_pb2_grpc
@@ -126,10 +131,11 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         # the client's x-request-id (or ours) names the request, and goes back in the trailing
         # metadata, errors included, as REST's X-Request-Id header and TorchServe's calls do
-        rid = client_request_id(request_metadata(context).get("x-request-id")) or request_id()
+        meta = request_metadata(context)
+        rid = client_request_id(meta.get("x-request-id")) or request_id()
         context.set_trailing_metadata((("x-request-id", rid),))
         try:
-            return await self._infer(request, rid)
+            return await self._infer(request, rid, meta)
         except MserveError as exc:
             await abort(context, exc, self.registry.redact)
         except HandlerStatus as exc:
@@ -141,9 +147,10 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Triton's stream: each request in turn, one answer each; a request that fails is
         answered with its ``error_message`` and the stream goes on."""
+        meta = request_metadata(context)  # the call's trace context: each request's parent
         async for request in requests:
             try:
-                answer = await self._infer(request, request_id())
+                answer = await self._infer(request, request_id(), meta)
             except MserveError as exc:
                 text = self.registry.redact(exc.message)
             except HandlerStatus as exc:
@@ -153,7 +160,9 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
                 continue
             yield pb.ModelStreamInferResponse(error_message=status.message(text))
 
-    async def _infer(self, request: pb.ModelInferRequest, rid: str) -> pb.ModelInferResponse:
+    async def _infer(
+        self, request: pb.ModelInferRequest, rid: str, meta: dict[str, str]
+    ) -> pb.ModelInferResponse:
         """Queue the request in its REST form and read the worker's answer back; raises the
         error that answers it instead."""
         version = request.model_version or None
@@ -169,8 +178,10 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
             body=body,
             api="v2",
         )
+        trace = request_trace(f"gRPC {SERVICE}", meta, model, item, started)
         pieces, size, first = [], 0, None
-        async with contextlib.aclosing(self.queue.run(model, item, counts, started)) as answer:
+        run = self.queue.run(model, item, counts, started, trace)
+        async with contextlib.aclosing(run) as answer:
             async for piece in answer:
                 first = first or piece
                 pieces.append(piece.body)

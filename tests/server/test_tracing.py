@@ -266,6 +266,42 @@ def test_rest_grpc_and_streamed_requests_are_traced_under_the_clients_span(trace
     assert line["worker"].isdigit() and line["latency_ms"] >= 0
 
 
+def test_open_inference_protocol_grpc_calls_are_traced(make_archive, start_server) -> None:
+    """KServe's and Triton's gRPC ModelInfer: the call's traceparent parents its server span,
+    whose children are the request's queue, batch and worker, as for TorchServe's APIs."""
+    # Triton's client's messages (as tests/server/test_oip_grpc.py): ours define the same
+    # proto names, which one process's descriptor pool takes only once
+    grpc_client = pytest.importorskip("tritonclient.grpc")
+    oip_pb2, oip_pb2_grpc = grpc_client.service_pb2, grpc_client.service_pb2_grpc
+
+    receiver = Receiver()
+    try:
+        make_archive("oip_models", "echo_tensors:handle", "tensors",
+                     "--config-file", str(HANDLERS / "oip_models" / "echo_config.yaml"))  # fmt: skip
+        server = start_server("tensors=tensors.mar", config={"otel_endpoint": receiver.url})
+        host, port = server.status["grpc_inference"].rsplit(":", 1)
+        request = oip_pb2.ModelInferRequest(model_name="tensors", id="oip-traced")
+        entry = request.inputs.add(name="x", datatype="INT32", shape=[2])
+        entry.contents.int_contents.extend([1, 2])
+        trace = "9" * 32
+        with grpc.insecure_channel(f"{host}:{port}") as channel:
+            answer = oip_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+                request, metadata=[("traceparent", f"00-{trace}-{CLIENT_SPAN}-01"),
+                                   ("x-request-id", "oip-rid")], timeout=30,
+            )  # fmt: skip
+        assert answer.id == "oip-traced" and answer.outputs[0].name == "x"
+        name = "gRPC inference.GRPCInferenceService"
+        spans = receiver.wait_trace(trace, {name, "mserve.queue", "mserve.worker"})
+        root = spans[name]
+        assert root["parent"] == CLIENT_SPAN and root["status"] != 2
+        assert root["attrs"]["mserve.model"] == "tensors"
+        assert root["attrs"]["mserve.request_id"] == "oip-rid"
+        for child in ("mserve.queue", "mserve.worker"):
+            assert spans[child]["parent"] == root["span_id"], child
+    finally:
+        receiver.server.shutdown()
+
+
 def test_generative_requests_spans(make_archive, start_server) -> None:
     """A continuous-batching request's handler span and phases are those of the step that gave
     its first chunk (its time to first token; the worker runs the steps itself), the batch
