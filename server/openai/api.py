@@ -78,19 +78,26 @@ class OpenAIAPI:
                 raise OpenAIError(404, error.message, "model", "model_not_found") from None
             conn.answer_json(req, 200, self._card(model))
             return
-        body = read_body(op, req.body)
-        model, declared = self._model(body["model"])
         rid = client_request_id(req.known.get("x-request-id")) or self.new_id()
-        req.tag = (rid, trace_id_of(req.known.get("traceparent")), model.name, model.version, "")
-        if op == "embedding":
-            if not declared.embeddings:
-                raise self._not_for(model, "embeddings", "embeddings: true")
-            parsed: Completion | Embedding = embedding(body)
-        else:
-            if not declared.chat:
-                raise self._not_for(model, "completions", "chat: true")
-            parsed = completion(op, body, declared)
-        span = _Span(req, rid, model, op)  # traced from here: a refusal above has no span
+        asked = ""
+        try:
+            body = read_body(op, req.body)
+            asked = body["model"]
+            model, declared = self._model(asked)
+            req.tag = (rid, trace_id_of(req.known.get("traceparent")), model.name, model.version,
+                       "")  # fmt: skip
+            if op == "embedding":
+                if not declared.embeddings:
+                    raise self._not_for(model, "embeddings", "embeddings: true")
+                parsed: Completion | Embedding = embedding(body)
+            else:
+                if not declared.chat:
+                    raise self._not_for(model, "completions", "chat: true")
+                parsed = completion(op, body, declared)
+        except MserveError as error:  # refused before it is queued: its span all the same
+            self._refused(req, rid, asked, op, error)
+            raise
+        span = _Span(req, rid, model, op)
         req.tag = (rid, span.trace_id, model.name, model.version, "")
         if isinstance(parsed, Embedding):
             work: Awaitable[None] = self._embed(conn, req, model, parsed, span)
@@ -101,6 +108,21 @@ class OpenAIAPI:
         conn.api.tasks.add(task)  # type: ignore[arg-type]  # held until done
         req.future = task  # a client that leaves cancels it (server/http/connection.py)
         task.add_done_callback(functools.partial(self._done, conn, req, model, span))
+
+    def _refused(self, req: Request, rid: str, asked: str, op: str, error: MserveError) -> None:
+        """A call refused before it is queued (unknown model, bad parameter): its error
+        answer's ``X-Request-Id`` and, while tracing, its server span, ended with the error."""
+        tracer = tracing.current
+        if tracer is None:
+            trace_id = trace_id_of(req.known.get("traceparent"))
+        else:
+            trace_id = tracer.refused(
+                f"{req.method} /{'/'.join(req.parts)}", req.known, rid, asked, "", req.started,
+                {"http.request.method": req.method, "gen_ai.request.model": asked,
+                 "gen_ai.operation.name": _OPERATIONS.get(op, op)}, error,
+            )  # fmt: skip
+        model, version = req.tag[2:4] if req.tag is not None else ("", "")
+        req.tag = (rid, trace_id, model, version, "")
 
     # --- models ---------------------------------------------------------------------------
 

@@ -360,6 +360,22 @@ def test_generative_requests_spans(make_archive, start_server) -> None:
             assert spans[child]["parent"] == root["span_id"], child
         assert spans["mserve.handler"]["parent"] == spans["mserve.worker"]["span_id"]
         assert spans["mserve.stream"]["attrs"]["mserve.chunks"] == len(events)
+
+        # refused before it is queued (no such model): its span all the same, with the error
+        refused_trace = "7" * 32
+        with pytest.raises(openai.NotFoundError) as refused:
+            client.chat.completions.create(
+                model="nosuch", messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"traceparent": f"00-{refused_trace}-{CLIENT_SPAN}-01",
+                               "X-Request-ID": "openai-refused"},
+            )  # fmt: skip
+        assert refused.value.response.headers["x-request-id"] == "openai-refused"
+        name = "POST /openai/v1/chat/completions"
+        root = receiver.wait_trace(refused_trace, {name})[name]
+        assert root["parent"] == CLIENT_SPAN and root["status"] == 2
+        assert root["attrs"]["http.response.status_code"] == 404
+        assert root["attrs"]["gen_ai.request.model"] == "nosuch"
+        assert root["attrs"]["mserve.request_id"] == "openai-refused"
     finally:
         receiver.server.shutdown()
 
