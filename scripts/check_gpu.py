@@ -184,7 +184,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work dir (its logs)")
     args = parser.parse_args()
     if shutil.which("nvidia-smi") is None:
-        raise SystemExit(2)  # nothing to check here
+        print("no nvidia-smi on PATH: no NVIDIA GPU to check here", file=sys.stderr)
+        sys.exit(2)
     gpus = smi("--query-gpu=index,name,memory.total")
     print(f"GPUs: {gpus}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="check-gpu-"))

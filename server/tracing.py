@@ -180,17 +180,6 @@ class Tracing:
              "mserve.request_id": request_id, **(attributes or {})},
         )  # fmt: skip
 
-    def refused(
-        self, name: str, carrier: Mapping[str, str], request_id: str, model: str,
-        version: str, started: float, attributes: Mapping[str, Any], error: MserveError,
-    ) -> str:  # fmt: skip
-        """The span of a request refused before it was queued (no such model, say): begun and
-        ended with its error at once, as an HTTP server's instrumentation makes a span for every
-        request; its trace id (32 hex digits)."""
-        trace = self.begin(name, carrier, request_id, model, version, started, attributes)
-        trace.finish(None, error.status, error.message)
-        return trace.trace_id
-
     @contextlib.contextmanager
     def span(self, name: str, attributes: Mapping[str, Any]) -> Iterator[None]:
         """A span around server work that is no request (a model load, an environment build):
@@ -330,6 +319,20 @@ def _result_meta(batch: Any) -> dict[str, Any]:
 
 # The server's tracing, set once at start by setup(); None: off (the request path checks it).
 current: Tracing | None = None
+
+
+def refused(
+    name: str, carrier: Mapping[str, str], request_id: str, model: str, version: str,
+    started: float, attributes: Mapping[str, Any], error: MserveError,
+) -> str:  # fmt: skip
+    """A request refused before it was queued (no such model, say): while tracing, its server
+    span, begun and ended with its error at once, as an HTTP server's instrumentation makes one
+    for every request; its trace id either way (the client's, when not tracing; "" if none)."""
+    if current is None:
+        return trace_id_of(carrier.get("traceparent"))
+    trace = current.begin(name, carrier, request_id, model, version, started, attributes)
+    trace.finish(None, error.status, error.message)
+    return trace.trace_id
 
 
 def setup(config: ServerConfig, environ: Mapping[str, str] | None = None) -> Tracing | None:

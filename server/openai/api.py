@@ -112,15 +112,11 @@ class OpenAIAPI:
     def _refused(self, req: Request, rid: str, asked: str, op: str, error: MserveError) -> None:
         """A call refused before it is queued (unknown model, bad parameter): its error
         answer's ``X-Request-Id`` and, while tracing, its server span, ended with the error."""
-        tracer = tracing.current
-        if tracer is None:
-            trace_id = trace_id_of(req.known.get("traceparent"))
-        else:
-            trace_id = tracer.refused(
-                f"{req.method} /{'/'.join(req.parts)}", req.known, rid, asked, "", req.started,
-                {"http.request.method": req.method, "gen_ai.request.model": asked,
-                 "gen_ai.operation.name": _OPERATIONS.get(op, op)}, error,
-            )  # fmt: skip
+        trace_id = tracing.refused(
+            f"{req.method} /{'/'.join(req.parts)}", req.known, rid, asked, "", req.started,
+            {"http.request.method": req.method, "gen_ai.request.model": asked,
+             "gen_ai.operation.name": _OPERATIONS.get(op, op)}, error,
+        )  # fmt: skip
         model, version = req.tag[2:4] if req.tag is not None else ("", "")
         req.tag = (rid, trace_id, model, version, "")
 

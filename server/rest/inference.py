@@ -162,14 +162,10 @@ class InferenceAPI:
         """A prediction refused before it is queued still has its id (its error answer's
         ``X-Request-Id``, the access log) and, when tracing, its span with the error, as an
         HTTP server's instrumentation makes one for every request."""
-        tracer = tracing.current
-        if tracer is None:
-            trace_id = trace_id_of(req.known.get("traceparent"))
-        else:
-            trace_id = tracer.refused(
-                f"{req.method} {route_name(req.parts)}", req.known, rid, name, version or "",
-                req.started, {"http.request.method": req.method}, error,
-            )  # fmt: skip
+        trace_id = tracing.refused(
+            f"{req.method} {route_name(req.parts)}", req.known, rid, name, version or "",
+            req.started, {"http.request.method": req.method}, error,
+        )  # fmt: skip
         req.tag = (rid, trace_id, "", "", "")
 
     def _answered(

@@ -190,11 +190,10 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
                 raise BadRequest("parameter 'model_name' is required")
             model = self.registry.get(request.model_name, version)
         except MserveError as exc:  # refused before it is queued: its span all the same
-            if tracing.current is not None:
-                tracing.current.refused(
-                    f"gRPC {SERVICE}", meta, rid, request.model_name, version or "", started,
-                    {"rpc.system": "grpc"}, exc,
-                )  # fmt: skip
+            tracing.refused(
+                f"gRPC {SERVICE}", meta, rid, request.model_name, version or "", started,
+                {"rpc.system": "grpc"}, exc,
+            )  # fmt: skip
             raise
         counts = model.stats.arrived(version is not None)
         content_type, body = form(request.input)
