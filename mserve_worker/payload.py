@@ -33,6 +33,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from . import fastjson
 from .protocol import json_encoder
 
 OCTET_STREAM = "application/octet-stream"
@@ -166,6 +167,9 @@ def _decode_json(raw: bytes, charset: str | None, content_type: str) -> Any:
         if charset:
             return json.loads(_decode_with(raw, charset, "strict", content_type))
         if raw[:1] in _JSON_OPENERS and raw[1:2] != b"\0":  # UTF-8, as json.loads would detect
+            value = fastjson.decode(raw)
+            if value is not fastjson.NOT_DECODED:
+                return value
             text = raw.decode("utf-8", "surrogatepass")  # raises as json.loads would
             try:
                 value, end = _JSON_SCAN(text, 0)

@@ -16,7 +16,9 @@ one torch thread per worker; body ``{"data": [256 floats]}``.
 
 ``vs bare`` (MLP rows): served req/s over the MLP's own samples/s in a bare loop (JSON in and
 out, same batch size, one thread; times the worker count), measured right after each run: this
-VM's speed drifts by 2x within minutes, so only figures taken together compare.
+VM's speed drifts by 2x within minutes, so only figures taken together compare. The loop decodes
+with ``json.loads``, as a user's own would; mserve's workers decode request bodies with orjson
+(mserve_worker/fastjson.py), so the last lines also give the loop decoding with orjson.
 
 ``--batching``: only the dynamic batching rows: the MLP at batch 1 (1 connection, the figure
 batch 8 should reach there) and at batch 8 with a 5 ms delay at 1, 16 and 64 connections, one
@@ -71,6 +73,7 @@ taken at low steal. The last line gives the median steal over all rows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -83,7 +86,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 from bench_inflog import inference_log_rows
@@ -107,8 +112,9 @@ def start(work: Path, models: list[str], **settings: object) -> Server:
     return Server(work, {"enable_model_api": True, **settings}, models)
 
 
-def bare_mlp(batch: int, seconds: float = 3.0) -> float:
-    """Samples/s of the MLP alone in a loop, JSON in and out, one thread: the ceiling."""
+def bare_mlp(batch: int, seconds: float = 3.0, loads: Callable[[str], Any] = json.loads) -> float:
+    """Samples/s of the MLP alone in a loop, JSON in and out, one thread: the ceiling (with
+    ``json.loads``, as a user's own loop decodes; mserve's workers decode with orjson)."""
     import torch
 
     sys.path.insert(0, str(REPO / "examples" / "mlp"))
@@ -123,7 +129,7 @@ def bare_mlp(batch: int, seconds: float = 3.0) -> float:
     started = time.perf_counter()
     with torch.inference_mode():
         while time.perf_counter() < deadline:
-            rows = [json.loads(body)["data"] for _ in range(batch)]
+            rows = [loads(body)["data"] for _ in range(batch)]
             out = model(torch.tensor(rows, dtype=torch.float32)).tolist()
             json.dumps(out)
             done += batch
@@ -976,7 +982,12 @@ def main() -> None:
         server.stop()
         if with_mlp:
             for batch in (1, 8):
-                print(f"bare MLP loop, batch {batch}: {bare_mlp(batch):.0f} samples/s")
+                line = f"bare MLP loop, batch {batch}: {bare_mlp(batch):.0f} samples/s"
+                with contextlib.suppress(ImportError):
+                    import orjson
+
+                    line += f" ({bare_mlp(batch, loads=orjson.loads):.0f} decoding with orjson)"
+                print(line)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -48,6 +48,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .. import fastjson
 from ..payload import JSON, OCTET_STREAM, PayloadError, decode_request
 from ..protocol import RequestItem, ResponseItem
 from .decode import to_array, to_lists
@@ -291,7 +292,7 @@ def _header(headers: list[Any], name: str) -> str | None:
 
 def _json(body: Any) -> Any:
     try:
-        return json.loads(bytes(body))
+        return fastjson.loads(body)
     except ValueError as exc:
         raise OIPError(f"the body is not valid JSON: {exc}") from None
 
@@ -309,7 +310,7 @@ def _json_or_none(body: Any) -> Any:
     if first not in (b"{", b"[", b" ", b"\n", b"\r", b"\t"):
         return None  # not even JSON's first byte: spare the decoding of a large binary body
     try:
-        return json.loads(bytes(body))
+        return fastjson.loads(body)
     except ValueError:
         return None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .. import fastjson
 from .decode import check_binary
 from .encode import json_values, tensor_bytes
 from .tensors import DATATYPES, HEADER_LENGTH, InferRequest, OIPError, RequestedOutput, Tensor
@@ -30,7 +31,7 @@ def parse_request(body: bytes | bytearray | memoryview, header_length: str | Non
             )
         json_part, binary = view[:length], view[length:]
     try:
-        doc = json.loads(bytes(json_part))
+        doc = fastjson.loads(json_part)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         where = "the JSON part of the body" if header_length is not None else "the body"
         raise OIPError(f"{where} is not valid JSON: {exc}") from None

@@ -1,0 +1,144 @@
+"""Request bodies decoded through orjson give exactly what ``json.loads`` gives: the same values,
+of the same types, and the same errors, whatever the body holds."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mserve_worker import fastjson
+from mserve_worker.oip.serving import _json
+from mserve_worker.payload import PayloadError, decode_request
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def same(a: object, b: object) -> bool:
+    """Equal values of equal types all the way down (1 is not 1.0 nor True; NaN is NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and str(a) == str(b))
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def decoded(body: bytes) -> object:
+    return decode_request("application/json", [], body, {})["body"]
+
+
+def test_orjson_is_used_where_the_server_installed_it() -> None:
+    # a dependency of the server: every default model environment sees it
+    assert fastjson.AVAILABLE
+    assert fastjson.decode(b'{"data": [0.5, 1, "x"]}') == {"data": [0.5, 1, "x"]}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # integers past 64 bits stay exact integers (orjson would make them floats)
+        b'{"id": 123456789012345678901234567890}',
+        b"[-9223372036854775809, 18446744073709551616]",
+        b'[9999999999999999999, "12345678901234567890123"]',
+        # what json accepts and orjson refuses
+        b"[NaN, Infinity, -Infinity]",
+        b"[1e400, -1e400]",
+        b'["\\ud800", "a\\udfffb"]',  # escaped lone surrogates
+        b'["\xed\xa0\x80"]',  # a surrogate's UTF-8 bytes, as json reads them (surrogatepass)
+        b"[" * 1500 + b"]" * 1500,  # deeper than orjson goes
+        # both accept
+        b'{"a": 1, "a": 2}',
+        b"[4.9e-324, 2.2250738585072011e-308, 1.7976931348623157e308, -0.0, 0.1, 1E5, -0]",
+        b'{"\xc3\xa9": ["\\u00e9", "\\ud83d\\ude00", "a\\/b"]}  \n',
+    ],
+)
+def test_a_body_decodes_to_what_json_loads_gives(body: bytes) -> None:
+    try:
+        expected = json.loads(body)
+    except RecursionError:
+        with pytest.raises(RecursionError):
+            decoded(body)
+        return
+    assert same(decoded(body), expected)
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b'{"a": 1} x', "Extra data: line 1 column 10 (char 9)"),
+        (b"[1,]", "Expecting value: line 1 column 4 (char 3)"),
+        (b'["\x01"]', "Invalid control character at: line 1 column 3 (char 2)"),
+        (b"[01]", "Expecting ',' delimiter: line 1 column 3 (char 2)"),
+    ],
+)
+def test_a_bad_body_gets_jsons_own_error(body: bytes, error: str) -> None:
+    with pytest.raises(PayloadError) as caught:
+        decoded(body)
+    assert str(caught.value) == (
+        f"request body is not valid JSON (Content-Type 'application/json'): {error}"
+    )
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text()
+    | st.text(st.characters(categories=["Cs", "Cc", "Lo"])),
+    lambda inner: (
+        st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=8), inner, max_size=6)
+    ),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(json_values, max_size=8) | st.dictionaries(st.text(), json_values), st.booleans())
+def test_any_json_body_decodes_as_json_loads_decodes_it(value: object, ascii_only: bool) -> None:
+    body = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    assert same(decoded(body), json.loads(body))
+    assert same(_json(memoryview(body)), json.loads(body))  # a v1/v2 request's body
+
+
+number_texts = st.builds(
+    lambda sign, whole, fraction, exponent: f"{sign}{whole}{fraction}{exponent}",
+    st.sampled_from(["", "-"]),
+    st.from_regex(r"\A(0|[1-9][0-9]{0,24})\Z"),
+    st.sampled_from([""]) | st.from_regex(r"\A\.[0-9]{1,25}\Z"),
+    st.sampled_from([""]) | st.from_regex(r"\A[eE][+-]?[0-9]{1,4}\Z"),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(number_texts, min_size=1, max_size=10))
+def test_numbers_of_every_length_decode_to_the_same_value_and_type(texts: list[str]) -> None:
+    body = f"[{', '.join(texts)}]".encode()
+    assert same(decoded(body), json.loads(body))
+
+
+def test_a_worker_without_orjson_decodes_with_json(tmp_path: Path) -> None:
+    (tmp_path / "orjson.py").write_text("raise ImportError('not in this environment')\n")
+    code = (
+        "from mserve_worker import fastjson\n"
+        "from mserve_worker.payload import decode_request\n"
+        "assert not fastjson.AVAILABLE\n"
+        "print(decode_request('application/json', [], b'{\"data\": [0.5, 12345678901234567890123]}', {}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "{'body': {'data': [0.5, 12345678901234567890123]}}"
