@@ -12,7 +12,8 @@ one in flight the worker waits, idle, for every batch, and a CPU woken from idle
 forward slower (scripts/bench_interference.py: 1.25x after 0.15 ms here); ``--in-flight 2``
 keeps the next batch in its socket, as the server's pump does under load. The
 floor is the same handler, loaded the same way, called in a plain loop on the same body with JSON
-in and out (``json.loads`` each body, ``handle([{"body": ...}], context)``, ``json.dumps`` each
+in and out (each body decoded as the worker decodes it, ``mserve_worker.fastjson.loads``: orjson
+where installed, else ``json.loads``; ``handle([{"body": ...}], context)``, ``json.dumps`` each
 answer): what the handler itself costs, which no worker can avoid. Worker minus floor is what
 serving a request costs the worker; the issue's goal is to make it small.
 
@@ -52,7 +53,7 @@ from typing import Any
 import psutil
 from harness import CALLGRIND, ECHO_HANDLER, REPO, callgrind_per_call, run
 
-from mserve_worker import protocol
+from mserve_worker import fastjson, protocol
 from mserve_worker.context import Context
 from mserve_worker.protocol import Frame, Kind, RequestItem
 
@@ -197,7 +198,7 @@ def floor_child(init: dict[str, Any], batch: int) -> None:
     print("ready", flush=True)
     for line in sys.stdin:
         for _ in range(int(line)):
-            rows = [{"body": json.loads(body)} for _ in range(batch)]
+            rows = [{"body": fastjson.loads(body)} for _ in range(batch)]
             for out in handle(rows, context):
                 json.dumps(out).encode()
         print("done", flush=True)
