@@ -350,6 +350,9 @@ _encode_output_fast = json_encoder(_OUTPUT_ENCODER, check_circular=False)
 
 
 def _encode_json(value: Any) -> bytes:
+    body = fastjson.encode(value)
+    if body is not None:
+        return body
     try:
         try:
             text = _encode_output_fast(value)

@@ -1,14 +1,20 @@
 """Request bodies decoded through orjson give exactly what ``json.loads`` gives: the same values,
-of the same types, and the same errors, whatever the body holds."""
+of the same types, and the same errors, whatever the body holds; answers encoded through orjson
+are the very bytes the ``json`` encoder writes."""
 
 from __future__ import annotations
 
+import collections
+import datetime
+import enum
 import json
 import math
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +22,7 @@ from hypothesis import strategies as st
 
 from mserve_worker import fastjson
 from mserve_worker.oip.serving import _json
-from mserve_worker.payload import PayloadError, decode_request
+from mserve_worker.payload import PayloadError, decode_request, encode_output
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,3 +148,99 @@ def test_a_worker_without_orjson_decodes_with_json(tmp_path: Path) -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "{'body': {'data': [0.5, 12345678901234567890123]}}"
+
+
+def outcome(value: object) -> bytes | tuple[str, str]:
+    """The answer's bytes, or its error's type and words."""
+    try:
+        return encode_output(value)[0]
+    except Exception as exc:  # compared, not handled
+        return type(exc).__name__, str(exc)
+
+
+def answer(value: object) -> bytes | tuple[str, str]:
+    return outcome(value)
+
+
+def json_answer(value: object) -> bytes | tuple[str, str]:
+    """What the worker answered before orjson: the same call with it out of reach."""
+    dumps = fastjson._orjson_dumps
+    fastjson._orjson_dumps = None
+    try:
+        return outcome(value)
+    finally:
+        fastjson._orjson_dumps = dumps
+
+
+class Colour(enum.IntEnum):
+    RED = 1
+
+
+class Name(str):
+    pass
+
+
+def test_orjson_writes_answers_where_the_server_installed_it() -> None:
+    assert fastjson.encode({"data": [0.5, 1, "é"]}) == '{"data":[0.5,1,"é"]}'.encode()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [float("nan"), float("inf"), -float("inf")],  # orjson: null
+        [1e-5, 8e-05, 8.966596414276016e-07, 0.0001, 5e-324],  # json: exponents
+        [1e16, 1e20, 1.7976931348623157e308, -0.0, 0.0, 1.0, 123456.789],
+        {"text": "one-shot 0.00001", "p": 0.25},  # spelled like a number json writes otherwise
+        [2**64, -(2**63) - 1, 2**63],
+        {1: "a", None: "b", 2.5: "c"},  # keys json turns into strings
+        [Colour.RED, Name("n"), {Name("k"): 1}, collections.OrderedDict(a=1), (1, 2)],
+        ["\ud800"],
+        {"when": datetime.date(2026, 11, 27)},  # json refuses it in words
+        [[[[[[[[[[1]]]]]]]]]] * 3,
+        None,
+        "x",
+    ],
+)
+def test_an_answer_is_the_bytes_json_writes(value: object) -> None:
+    if isinstance(value, str) and value == "x":
+        value = {"s": '\u00e9\n\t"\\', "n": None}
+    assert answer(value) == json_answer(value)
+
+
+def test_deep_and_circular_answers_fail_as_before() -> None:
+    deep: list[Any] = []
+    for _ in range(400):  # past orjson's 254 levels, within json's recursion limit
+        deep = [deep]
+    assert answer(deep) == json_answer(deep)
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(PayloadError, match="Circular reference detected"):
+        encode_output(loop)
+
+
+def test_numpy_scalars_go_through_json() -> None:
+    np = pytest.importorskip("numpy")
+    assert encode_output([np.float64(0.5)])[0] == b"[0.5]"  # a float subclass: json's way
+    with pytest.raises(PayloadError, match=r"numpy\.float32"):
+        encode_output([np.float32(0.5)])
+
+
+def test_an_enum_or_a_uuid_is_written_as_its_value_where_json_refused_it() -> None:
+    class Mode(enum.Enum):
+        FAST = "fast"
+
+    value = {"mode": Mode.FAST, "id": uuid.UUID(int=1)}
+    assert json_answer(value)[0] == "PayloadError"  # json refuses both
+    assert answer(value) == b'{"mode":"fast","id":"00000000-0000-0000-0000-000000000001"}'
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_any_json_value_is_answered_with_the_bytes_json_writes(value: object) -> None:
+    assert answer(value) == json_answer(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats() | st.floats(min_value=-1e-3, max_value=1e-3), min_size=1))
+def test_floats_of_every_size_are_written_as_json_writes_them(values: list[float]) -> None:
+    assert answer(values) == json_answer(values)
