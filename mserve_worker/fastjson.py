@@ -26,6 +26,9 @@ bits, lone surrogates, cycles and nesting past 254. The one difference left: an 
 member or a ``uuid.UUID`` that is not an int subclass, which ``json`` refuses, goes out as its
 value or text.
 
+A model's environment may pin any orjson: at import, one that does not read or write a set of
+numbers as ``json`` does (before 3.11.9 it wrote ``1e16`` for ``1e+16``) is not used for that.
+
 Runs inside the model's own environment: standard library only (orjson when present), Python 3.8.
 """
 
@@ -52,7 +55,33 @@ else:
     _ONLY_PLAIN = OPT_PASSTHROUGH_DATACLASS | OPT_PASSTHROUGH_DATETIME | OPT_PASSTHROUGH_SUBCLASS
 
 
-AVAILABLE = _orjson_loads is not None
+# Numbers as json writes them (orjson before 3.11.9 wrote 1e16 for 1e+16), and as json reads them
+_WRITTEN = (
+    b"[1e+16,1e+22,1.5e+300,1.2345678901234568e+20,123456789.0,0.1,-0.0,1000000000000000.0,"
+    b"9007199254740992.0,0.0001,2.5,1.7976931348623157e+308,100.0,0.3333333333333333]"
+)
+_READ = b"[2.2250738585072011e-308, 4.9e-324, 9007199254740993, 1e-7, 0.1, 123.456e-2]"
+
+
+def _agrees() -> tuple[bool, bool]:
+    """Whether this orjson reads, and writes, numbers as json does: a model's environment may
+    pin any version, and each of its halves is used only where it does."""
+    if _orjson_loads is None:
+        return False, False
+    try:
+        reads = _orjson_loads(_READ) == json.loads(_READ)
+        writes = _orjson_dumps(json.loads(_WRITTEN)) == _WRITTEN
+    except Exception:  # any surprise: json does the work
+        return False, False
+    return reads, writes
+
+
+_READS, _WRITES = _agrees()
+if not _READS:
+    _orjson_loads = None
+if not _WRITES:
+    _orjson_dumps = None
+AVAILABLE = _orjson_loads is not None  # requests' bodies are read with orjson
 NOT_DECODED: Any = object()  # ``decode``'s answer where ``json.loads`` must decide
 
 # Digits become "1", what continues a number's fraction or exponent ".", anything else "0": a

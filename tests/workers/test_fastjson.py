@@ -244,3 +244,11 @@ def test_any_json_value_is_answered_with_the_bytes_json_writes(value: object) ->
 @given(st.lists(st.floats() | st.floats(min_value=-1e-3, max_value=1e-3), min_size=1))
 def test_floats_of_every_size_are_written_as_json_writes_them(values: list[float]) -> None:
     assert answer(values) == json_answer(values)
+
+
+def test_an_orjson_that_writes_numbers_otherwise_is_not_used_to_write(monkeypatch) -> None:
+    real = fastjson._orjson_dumps
+    assert fastjson._agrees() == (True, True)
+    # as orjson before 3.11.9 wrote them: 1e16 where json writes 1e+16
+    monkeypatch.setattr(fastjson, "_orjson_dumps", lambda v, option=0: real(v).replace(b"e+", b"e"))
+    assert fastjson._agrees() == (True, False)
