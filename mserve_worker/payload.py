@@ -158,6 +158,7 @@ def _decode_text(raw: bytes, charset: str | None, content_type: str) -> str:
 _JSON_SCAN = json.JSONDecoder().scan_once  # what JSONDecoder.raw_decode calls
 _JSON_OPENERS = (b"{", b"[")
 _JSON_SPACE = " \t\n\r"  # what json skips around a document
+_UTF8 = ("utf-8", "utf8")  # a charset parameter that changes nothing for JSON
 
 
 def _decode_json(raw: bytes, charset: str | None, content_type: str) -> Any:
@@ -165,6 +166,10 @@ def _decode_json(raw: bytes, charset: str | None, content_type: str) -> Any:
         raise PayloadError(f"request body is empty but Content-Type is {content_type!r}")
     try:
         if charset:
+            if charset.lower() in _UTF8:  # orjson reads only what strict UTF-8 decoding keeps
+                value = fastjson.decode(raw)
+                if value is not fastjson.NOT_DECODED:
+                    return value
             return json.loads(_decode_with(raw, charset, "strict", content_type))
         if raw[:1] in _JSON_OPENERS and raw[1:2] != b"\0":  # UTF-8, as json.loads would detect
             value = fastjson.decode(raw)

@@ -40,8 +40,16 @@ def same(a: object, b: object) -> bool:
     return a == b
 
 
-def decoded(body: bytes) -> object:
-    return decode_request("application/json", [], body, {})["body"]
+def decoded(body: bytes, content_type: str = "application/json") -> object:
+    return decode_request(content_type, [], body, {})["body"]
+
+
+def decoding(body: bytes, content_type: str) -> object:
+    """The body's value, or its error's words."""
+    try:
+        return decoded(body, content_type)
+    except PayloadError as exc:
+        return str(exc)
 
 
 def test_orjson_is_used_where_the_server_installed_it() -> None:
@@ -133,6 +141,29 @@ number_texts = st.builds(
 def test_numbers_of_every_length_decode_to_the_same_value_and_type(texts: list[str]) -> None:
     body = f"[{', '.join(texts)}]".encode()
     assert same(decoded(body), json.loads(body))
+
+
+@pytest.mark.parametrize("charset", ["utf-8", "UTF-8", "utf8"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"data": [0.5, 1e-7, "\xc3\xa9"]}',
+        b'["\xed\xa0\x80"]',  # a surrogate's bytes: strict UTF-8 refuses them
+        b'\xef\xbb\xbf{"a": 1}',  # a BOM
+        b'{\x00"\x00',  # UTF-16 bytes, named UTF-8
+        b"[1e400, 123456789012345678901234567890]",
+    ],
+)
+def test_a_body_named_utf8_decodes_as_before(charset: str, body: bytes) -> None:
+    content_type = f"application/json; charset={charset}"
+    real = fastjson._orjson_loads
+    try:
+        fastjson._orjson_loads = None
+        before = decoding(body, content_type)
+    finally:
+        fastjson._orjson_loads = real
+    after = decoding(body, content_type)
+    assert type(after) is type(before) and (after == before or same(after, before))
 
 
 def test_a_worker_without_orjson_decodes_with_json(tmp_path: Path) -> None:
