@@ -32,7 +32,8 @@ server/http/ is built on, doing nothing else), the same plus a hop to a forked w
 and back (the fair ceiling for a server whose handler runs elsewhere: against it mserve's
 frontend and worker CPU count), that hop with its worker decoding and encoding the JSON body as
 the echo handler's contract makes any worker do (``hop+json``: the same work on both sides, so
-the ratio is what serving adds), and a raw ASGI app on uvicorn (when installed:
+the ratio is what serving adds; ``hop+orjson`` the same with orjson, as mserve's workers read
+and write JSON), and a raw ASGI app on uvicorn (when installed:
 ``pip install uvicorn``). CPU per request is the serving process's alone (for mserve the
 frontend, as the worker's is not HTTP's), then the medians and the ratios to each bare server.
 ``--callgrind N`` adds a figure that does not move with the machine's load: the user-space
@@ -593,6 +594,12 @@ uvloop.run(main())
 BARE_HOP_JSON = BARE_HOP.replace(
     "WORK = lambda body: body ", "WORK = lambda body: json.dumps(json.loads(body)).encode() "
 )
+# The same with orjson, as mserve's workers decode and write JSON (mserve_worker/fastjson.py):
+# against this row, too, both sides do the same work.
+BARE_HOP_ORJSON = BARE_HOP.replace(
+    "WORK = lambda body: body ",
+    "import orjson\nWORK = lambda body: orjson.dumps(orjson.loads(body)) ",
+)
 # A raw ASGI echo app on uvicorn (uvloop, httptools, no access log): the frontend ceiling.
 BARE_UVICORN = """
 import socket, uvicorn
@@ -674,13 +681,13 @@ def ceiling_rows(server: Server, load, body: bytes, duration: int, rounds: int) 
     """The echo model, 1 worker, 16 connections, next to bare echo servers on the same
     machine in the same minutes (each round takes every row in turn), then each row's median
     and the frontend's CPU per request over the bare server's (``x bare``)."""
+    bares = {"httptools": BARE_HTTPTOOLS, "hop": BARE_HOP, "hop+json": BARE_HOP_JSON,
+             "hop+orjson": BARE_HOP_ORJSON}  # fmt: skip
     try:
         import uvicorn  # noqa: F401
 
-        bares = {"httptools": BARE_HTTPTOOLS, "uvicorn": BARE_UVICORN, "hop": BARE_HOP,
-                 "hop+json": BARE_HOP_JSON}  # fmt: skip
+        bares["uvicorn"] = BARE_UVICORN
     except ImportError:
-        bares = {"httptools": BARE_HTTPTOOLS, "hop": BARE_HOP, "hop+json": BARE_HOP_JSON}
         print("uvicorn is not installed: its row is skipped (pip install uvicorn)")
     scale(server, "echo", 1)
     server.request("POST", "/predictions/echo", body)
