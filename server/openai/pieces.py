@@ -11,9 +11,9 @@ optional; ``ids`` (a list of token ids, as TorchServe's LLM examples send) count
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
+from mserve_worker import fastjson
 from server.openai.request import OpenAIError
 
 
@@ -28,7 +28,7 @@ class Piece:
 def read_piece(data: bytes) -> Piece:
     if data[:1] == b"{":
         try:
-            fields = json.loads(data)
+            fields = fastjson.loads(data)
         except (ValueError, UnicodeDecodeError):
             fields = None
         if isinstance(fields, dict) and ("text" in fields or "tokens" in fields):
@@ -53,7 +53,7 @@ def read_piece(data: bytes) -> Piece:
 def read_embedding(data: bytes, model: str) -> tuple[list[float], int]:
     """(the vector, prompt tokens) of an embedding model's answer."""
     try:
-        fields = json.loads(data)
+        fields = fastjson.loads(data)
     except (ValueError, UnicodeDecodeError):
         fields = None
     prompt = 0
