@@ -535,13 +535,16 @@ worker_pid = os.fork()
 if worker_pid == 0:
     parent.close()
     while True:
-        head = child.recv(4, socket.MSG_WAITALL)
-        if len(head) < 4:
+        try:
+            head = child.recv(4, socket.MSG_WAITALL)
+            if len(head) < 4:
+                os._exit(0)
+            (n,) = struct.unpack("<I", head)
+            body = child.recv(n, socket.MSG_WAITALL) if n else b""
+            body = WORK(body)
+            child.sendall(struct.pack("<I", len(body)) + body)
+        except ConnectionResetError:  # the server was stopped
             os._exit(0)
-        (n,) = struct.unpack("<I", head)
-        body = child.recv(n, socket.MSG_WAITALL) if n else b""
-        body = WORK(body)
-        child.sendall(struct.pack("<I", len(body)) + body)
 child.close()
 waiting = collections.deque()  # the HTTP transports whose bodies are at the worker, in order
 
