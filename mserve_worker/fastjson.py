@@ -18,8 +18,8 @@ Answers (:func:`encode`) are the bytes the worker's ``json`` encoder writes (com
 is, ``NaN`` as ``NaN``): orjson writes the same for every value both take except ``NaN`` and the
 infinities (``null``) and numbers under 1e-4 (``0.00008`` and ``8.9e-7`` against ``8e-05`` and
 ``8.9e-07``; numbers from 1e-4 up are the same text, tested on millions). So an answer whose
-orjson text holds ``null``, ``e-`` or ``0.0000`` (a number, or only a string, so spelled: then
-the check is merely cautious) is left to ``json``, as is every value orjson refuses: other
+orjson text holds ``null``, ``e-`` or ``0.0000`` (in a number, or merely inside a string: the
+check is cautious) is left to ``json``, as is every value orjson refuses: other
 types (numpy, datetime, dataclasses, subclasses of str, int, dict and list, which ``json``
 either encodes its own way or refuses in words), keys that are not strings, integers past 64
 bits, lone surrogates, cycles and nesting past 254. The one difference left: an ``enum.Enum``
