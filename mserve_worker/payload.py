@@ -324,7 +324,14 @@ def encode_output(value: Any, content_type_override: str = "") -> tuple[bytes, s
     elif isinstance(value, (bytearray, memoryview)):
         body, content_type = bytes(value), OCTET_STREAM
     elif isinstance(value, str):
-        body, content_type = value.encode("utf-8"), TEXT_PLAIN
+        try:
+            body, content_type = value.encode("utf-8"), TEXT_PLAIN
+        except UnicodeEncodeError as exc:  # a lone surrogate: UTF-8 has no bytes for it
+            raise PayloadError(
+                f"handler output is a str holding {exc.object[exc.start]!a} at index "
+                f"{exc.start}, a lone surrogate that UTF-8 cannot carry; return bytes, or text "
+                f"without it"
+            ) from None
     else:
         body, content_type = _encode_json(value), JSON
     return body, content_type_override or content_type
@@ -369,4 +376,6 @@ def _encode_json(value: Any) -> bytes:
         raise PayloadError(
             f"handler output of type {_type_name(value)} cannot be sent as JSON: {exc}"
         ) from None
-    return text.encode("utf-8")
+    # a lone surrogate in a string (from a body's "\ud800", or undecodable bytes) has no UTF-8:
+    # it goes out as the JSON escape it came as, which reads back as the same string
+    return text.encode("utf-8", "backslashreplace")

@@ -115,6 +115,36 @@ def test_request_bodies_reach_the_handler_as_torchserve_gives_them(make_archive,
     assert bad.status == 400
 
 
+def test_json_bodies_come_back_as_json_reads_and_writes_them(make_archive, start_server) -> None:
+    # the worker reads and writes JSON with orjson where it agrees with json (fastjson.py):
+    # what it would do otherwise (big integers as floats, 8e-05 as 0.00008, NaN as null) must
+    # never reach a client
+    make_archive("echo_fn", "echo:handle", "echo")
+    make_archive("echo_fn", "echo:shout", "shout")
+    server = start_server("echo=echo.mar", "shout=shout.mar")
+    json_type = {"Content-Type": "application/json"}
+    bodies = [
+        b'{"data": [0.5, 0.25, 1e+16, 123456.789, -0.0, 1, "\xc3\xa9"]}',
+        b'{"id": 123456789012345678901234567890, "small": [8e-05, 8.9e-07, 0.0001]}',
+        b"[NaN, Infinity, 1e400]",
+    ]
+    for body in bodies:
+        reply = server.predict("echo", body, headers=json_type)
+        assert reply.status == 200, reply.body
+        expected = json.dumps(json.loads(body), ensure_ascii=False, separators=(",", ":"))
+        assert reply.body == expected.encode()
+    # a lone surrogate (a body's "\ud800") goes back as the escape it came as; as text, UTF-8
+    # has no bytes for it: that request fails in words, and the worker goes on
+    workers = server.worker_pids("shout")
+    reply = server.predict("echo", b'["a\\ud800b"]', headers=json_type)
+    assert (reply.status, reply.body) == (200, b'["a\\ud800b"]')
+    reply = server.predict("shout", b'"a\\ud800b"', headers=json_type)
+    assert reply.status == 500
+    assert "holding '\\ud800' at index 1, a lone surrogate" in reply.body.decode()
+    assert server.predict("shout", b'"ok"', headers=json_type).body == b"OK"
+    assert server.worker_pids("shout") == workers
+
+
 def test_form_fields_reach_the_handler_as_torchserve_gives_them(make_archive, start_server) -> None:
     """``curl -F data=@x.jpg -F other=value``: each field one input under its name, no ``body``;
     plain fields are bytes, files typed by their content type as TorchServe's worker types
