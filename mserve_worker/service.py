@@ -177,10 +177,10 @@ class HandlerService:
                 if oip.bare and api != "v2" and item.op in ("", "explain"):
                     decoded[i] = oip_serving.bare_row(decoded[i])
             except OIPError as exc:
-                responses[i] = ResponseItem(exc.status, exc.message.encode(), "")
+                responses[i] = ResponseItem(exc.status, _text(exc.message), "")
                 continue
             except PayloadError as exc:
-                responses[i] = ResponseItem(400, str(exc).encode(), "text/plain; charset=utf-8")
+                responses[i] = ResponseItem(400, _text(str(exc)), "text/plain; charset=utf-8")
                 continue
             groups.setdefault((item.op, api), []).append(i)
         traced = tracing.traced_by_server(items)
@@ -428,7 +428,7 @@ def _oip_answer(
         return oip.answer(prepared, output, request.get_response_status_code(), headers, op)
     except OIPError as exc:
         print(f"request {request_id}: {exc.message}", file=sys.stderr)
-        return ResponseItem(exc.status, exc.message.encode(), "")
+        return ResponseItem(exc.status, _text(exc.message), "")
 
 
 def _prediction_error(
@@ -453,4 +453,11 @@ def _failed(error: str, i: int, stream: streaming.Stream | None) -> ResponseItem
     headers = []
     if stream is not None and i in stream.started:
         headers = [[STREAM_FAILED_HEADER, error]]
-    return ResponseItem(500, error.encode(), "text/plain; charset=utf-8", headers)
+    return ResponseItem(500, _text(error), "text/plain; charset=utf-8", headers)
+
+
+def _text(message: str) -> bytes:
+    """An error's words as UTF-8. A lone surrogate (from a body's ``"\\ud800"`` or undecodable
+    bytes, quoted in an exception's text) has no UTF-8 bytes: it goes out as its escape, so that
+    the request fails with its message instead of the worker with UnicodeEncodeError."""
+    return message.encode("utf-8", "backslashreplace")

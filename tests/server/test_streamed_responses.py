@@ -273,6 +273,14 @@ def test_a_failure_before_the_first_chunk_is_an_ordinary_error_answer(ts_server)
     reply = ts_server.predict("gen", {"name": "early", "parts": 3, "fail_after": 0})
     assert reply.status == 500
     assert "early failed after 0 parts" in reply.body.decode()
+    # an error text holding a lone surrogate (here from the body's "\ud800"): UTF-8 has no
+    # bytes for it, so it goes out as its escape, and the worker lives on
+    pid = ts_server.worker_pids("gen")[0]
+    body = b'{"name": "odd\\ud800", "parts": 3, "fail_after": 0}'
+    reply = ts_server.predict("gen", body, headers={"Content-Type": "application/json"})
+    assert reply.status == 500
+    assert "odd\\ud800 failed after 0 parts" in reply.body.decode()
+    assert ts_server.worker_pids("gen") == [pid]
 
 
 def test_an_http_1_0_client_gets_the_whole_answer_with_a_length(ts_server) -> None:
