@@ -11,6 +11,9 @@ answer has the same length), ``--rounds`` times per level:
 - ``continuous``: mserve with ``continuousBatching: true``, ``batchSize`` 32: one decode step per
   handler call, requests joining and leaving between steps (issue 29 part 1; the row says
   "not available" on a server without it);
+- ``openai``: the same as ``continuous`` (a server of its own), the streams asked through the
+  OpenAI-compatible API (``/openai/v1/completions``, ``stream: true``, vLLM's ``ignore_eos``),
+  each token one server-sent event: what the ``openai`` client and vLLM's benchmark get;
 - ``static``: mserve, ``batchSize`` 8: each call's requests decoded together until the last ends;
 - ``one``: mserve, ``batchSize`` 1: one request at a time;
 - ``bare``: the same model in a bare batched decode loop in this process, no server (the
@@ -46,6 +49,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -126,8 +130,9 @@ class _Stream(asyncio.Protocol):
     small HTTP/1.1 reader (chunked or Content-Length), so that 32 clients cost the machine less
     than the server they measure: a thread per client cost ~30 us of CPU per token here."""
 
-    def __init__(self, done: asyncio.Future[None]) -> None:
+    def __init__(self, done: asyncio.Future[None], count: Callable[[bytes], int]) -> None:
         self.done = done
+        self.count = count  # the tokens in a chunk
         self.buf = bytearray()
         self.status = 0
         self.length: int | None = None  # Content-Length, when the answer is not chunked
@@ -169,7 +174,7 @@ class _Stream(asyncio.Protocol):
             del self.buf[: line_end + 4 + size]
 
     def _seen(self, body: bytes | bytearray) -> None:
-        n = body.count(b'"ids"')
+        n = self.count(bytes(body))
         if n and not self.first:
             self.first = time.perf_counter() - self.t0
         self.tokens += n
@@ -185,14 +190,28 @@ class _Stream(asyncio.Protocol):
             self.done.set_result(None)
 
 
+def count_pieces(chunk: bytes) -> int:
+    """Tokens in a chunk of TorchServe's path: each piece holds ``"ids"`` once."""
+    return chunk.count(b'"ids"')
+
+
+_TOKEN_EVENT = re.compile(rb'"text":\s*"(?!")')
+
+
+def count_events(chunk: bytes) -> int:
+    """Tokens in a chunk of an OpenAI stream: its events with text (the last has none)."""
+    return len(_TOKEN_EVENT.findall(chunk))
+
+
 async def _round(host: str, port: int, path: str, bodies: list[dict[str, Any]],
-                 headers: dict[str, str]) -> list[tuple[float, float, int]]:  # fmt: skip
+                 headers: dict[str, str], count: Callable[[bytes], int] = count_pieces,
+                 ) -> list[tuple[float, float, int]]:  # fmt: skip
     """Open a connection per stream, then send every request in one go; (first token s, end
     s, tokens) of each stream answered 200."""
     loop = asyncio.get_running_loop()
     streams = []
     for body in bodies:
-        stream = _Stream(loop.create_future())
+        stream = _Stream(loop.create_future(), count)
         transport, _ = await loop.create_connection(lambda s=stream: s, host, port)
         payload = json.dumps(body).encode()
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
@@ -265,12 +284,15 @@ class Served(Mode):
     """A server answering ``path`` (mserve's or LitServe's)."""
 
     def __init__(self, name: str, host: str, port: int, path: str, pid: int,
-                 stop: Callable[[], None]) -> None:  # fmt: skip
+                 stop: Callable[[], None], extra: dict[str, Any] | None = None,
+                 count: Callable[[bytes], int] = count_pieces) -> None:  # fmt: skip
         super().__init__(name, cpu_of(pid), stop)
         self.host, self.port, self.path = host, port, path
+        self.extra, self.count = extra or {}, count  # added to each body; tokens in a chunk
 
     def round(self, bodies: list[dict[str, Any]]) -> list[Stream]:
-        out = _run(_round(self.host, self.port, self.path, bodies, {}))
+        bodies = [{**body, **self.extra} for body in bodies]
+        out = _run(_round(self.host, self.port, self.path, bodies, {}, self.count))
         if len(out) != len(bodies) or any(n == 0 for *_, n in out):
             raise SystemExit(f"{self.path}: {len(bodies) - len(out)} streams failed, {out}")
         return out
@@ -349,9 +371,9 @@ def bodies(streams: int, args: argparse.Namespace) -> list[dict[str, Any]]:
 def serve_mode(work: Path, mode: str, weights: Path, device: str) -> Served:
     config = {"minWorkers": 1, "maxWorkers": 1, "responseTimeout": 600,
               "generative": {"context_length": 256}, "handler": {"threads": 1},
-              "batchSize": {"continuous": 32, "static": 8, "one": 1}[mode],
-              "maxBatchDelay": {"continuous": 1, "static": 20, "one": 1}[mode]}  # fmt: skip
-    if mode == "continuous":
+              "batchSize": {"continuous": 32, "openai": 32, "static": 8, "one": 1}[mode],
+              "maxBatchDelay": 20 if mode == "static" else 1}  # fmt: skip
+    if mode in ("continuous", "openai"):
         config["continuousBatching"] = True
     (work / f"{mode}.yaml").write_text(json.dumps(config))
     archive(work / "store", f"tiny_lm_{mode}", "--version", "1.0", "--serialized-file", weights,
@@ -362,6 +384,10 @@ def serve_mode(work: Path, mode: str, weights: Path, device: str) -> Served:
     gpus = {"number_of_gpu": 0} if device == "cpu" else {}
     server = Server(work, {"grpc": False, "disable_token_authorization": True, **gpus},
                     [f"tiny_lm_{mode}=tiny_lm_{mode}.mar"], name=mode)  # fmt: skip
+    if mode == "openai":
+        extra = {"model": f"tiny_lm_{mode}", "stream": True}
+        return Served(mode, server.host, server.port, "/openai/v1/completions", server.pid,
+                      server.stop, extra, count_events)  # fmt: skip
     return Served(mode, server.host, server.port, f"/predictions/tiny_lm_{mode}", server.pid,
                   server.stop)  # fmt: skip
 
@@ -419,7 +445,7 @@ def main() -> None:
     parser.add_argument("--lengths", choices=("mixed", "fixed"), default="mixed",
                         help="answer lengths: drawn around --tokens (as real answers vary), or"
                         " all --tokens long")  # fmt: skip
-    parser.add_argument("--modes", default="continuous,static,one,bare,litserve")
+    parser.add_argument("--modes", default="continuous,openai,static,one,bare,litserve")
     parser.add_argument("--model-dim", type=int, help="the model's width (default 64)")
     parser.add_argument("--model-layers", type=int, help="the model's blocks (default 2)")
     parser.add_argument(
@@ -433,7 +459,7 @@ def main() -> None:
     levels = [int(x) for x in args.streams.split(",")]
     load_start = os.getloadavg()[0]
     names = args.modes.split(",")
-    unknown = set(names) - {"continuous", "static", "one", "bare", "litserve"}
+    unknown = set(names) - {"continuous", "openai", "static", "one", "bare", "litserve"}
     if unknown:
         raise SystemExit(f"unknown mode(s) {sorted(unknown)}")
     results: dict[str, dict[int, dict[str, Any]] | str] = {}
@@ -449,7 +475,7 @@ def main() -> None:
         try:
             for name in names:  # every mode up at once: the rounds take turns
                 print(f"starting {name} ...", file=sys.stderr, flush=True)
-                if name == "continuous" and not continuous_available():
+                if name in ("continuous", "openai") and not continuous_available():
                     results[name] = "not available: this server has no continuousBatching yet"
                 elif name == "bare":
                     modes.append(Bare(weights, max(levels), args.device))
@@ -509,6 +535,15 @@ def goals(results: dict[str, Any], levels: list[int]) -> None:
                 f"tokens/s vs {what}: {statistics.median(ratios):.2f}x, median of the rounds'"
                 f" ratios ({', '.join(f'{r:.2f}' for r in ratios)}; goal {goal})"
             )
+    if "openai" in rows:  # the same batching asked through the OpenAI API: what its path adds
+        ratios = sorted(
+            a / b
+            for a, b in zip(rows["openai"][top]["rates"], cont["rates"], strict=True)
+        )  # fmt: skip
+        lines.append(
+            f"the OpenAI API's tokens/s vs TorchServe's path: {statistics.median(ratios):.2f}x"
+            f" ({', '.join(f'{r:.2f}' for r in ratios)}; no goal)"
+        )
     if 1 in rows["continuous"]:
         alone = rows["continuous"][1]["ttft_p99"]
         lines.append(f"TTFT p99 vs a lone request's: {cont['ttft_p99'] / alone:.1f}x (goal <= 2)")

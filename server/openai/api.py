@@ -25,10 +25,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
+import orjson
+
 from mserve_worker.protocol import RequestItem, ResponseItem
 from server import tracing
 from server.errors import InternalError, ModelNotFound, MserveError, ServiceUnavailable
-from server.http import JSON, ChunkedAnswer, Connection, Request, json_answer
+from server.http import JSON, ChunkedAnswer, Connection, Request
 from server.metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
@@ -217,10 +219,10 @@ class OpenAIAPI:
     @staticmethod
     def _answer_json(conn: Connection, req: Request, payload: dict[str, Any]) -> None:
         """A whole answer (200), naming the request's id as every answer of a prediction does."""
-        status, headers, body = json_answer(200, payload)
+        headers = [["Content-Type", JSON]]
         if req.tag is not None:
             headers.append(["X-Request-Id", req.tag[0]])
-        conn.answer(req, status, headers, body)
+        conn.answer(req, 200, headers, _json(payload))
 
     async def _first(self, model: ModelVersion, job: Job) -> AsyncIterator[bytes]:
         """The job's answer as its raw pieces, once the first has come; a refusal raises.
@@ -303,7 +305,7 @@ class OpenAIAPI:
                 sent[0] = True
                 self.metrics.first_chunk(model, time.perf_counter() - req.started)
             span.chunk()
-            answer.chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            answer.chunk(b"data: " + _json(payload) + b"\n\n")
 
         try:
             await _together([
@@ -317,7 +319,7 @@ class OpenAIAPI:
             log.warning("stream of %s broke: %s", model.label, error.message)
             body = {"message": error.message, "type": "server_error", "param": None,
                     "code": getattr(error, "code", None)}  # fmt: skip
-            answer.chunk(b"data: " + json.dumps({"error": body}).encode() + b"\n\n")
+            answer.chunk(b"data: " + _json({"error": body}) + b"\n\n")
             answer.end(b"")
             self.metrics.answered(model, error.status, None)
             span.status, span.error = error.status, error.message
@@ -357,6 +359,18 @@ class OpenAIAPI:
         finally:
             for job in jobs:
                 cancel_job(model, job)
+
+
+def _json(payload: Any) -> bytes:
+    """An answer or event as JSON, written by orjson: a streamed chunk costs ~0.3 us against
+    json's ~4, paid per token. Compact and UTF-8 as is; NaN and infinities (an embedding model's
+    vector may hold them) are written as null, which every client's parser reads, where json
+    would write ``NaN``, which is not JSON. What orjson refuses (an integer past 64 bits, such as
+    a handler's token count; a lone surrogate in a client's text) goes through json, escaped."""
+    try:
+        return orjson.dumps(payload)
+    except orjson.JSONEncodeError:
+        return json.dumps(payload).encode()
 
 
 def cancel_job(model: ModelVersion, job: Job) -> None:

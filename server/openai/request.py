@@ -4,9 +4,10 @@ jobs carries to the handler built.
 
 What the handler receives (docs/generative.md): ``{"kind": "chat" | "completion" |
 "embedding", "messages": [...], "prompt": "...", "max_tokens": N, "max_new_tokens": N,
-"temperature", "top_p", "seed", "stop": [...], "stream": bool}``: ``prompt`` is also set for a
-chat (the messages as ``role: content`` lines ending in ``assistant:``) and ``max_new_tokens``
-repeats ``max_tokens``, the names TorchServe's LLM examples read. With ``input: text`` the body
+"temperature", "top_p", "seed", "stop": [...], "stream": bool, "ignore_eos": bool}``: ``prompt``
+is also set for a chat (the messages as ``role: content`` lines ending in ``assistant:``),
+``max_new_tokens`` repeats ``max_tokens``, the names TorchServe's LLM examples read, and
+``ignore_eos`` is vLLM's extension. With ``input: text`` the body
 is the prompt alone, as plain text, for a TorchServe streaming handler that reads its prompt
 from the body.
 """
@@ -57,6 +58,7 @@ _SAMPLING = {
     "n": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_N},
     "seed": {"type": ["integer", "null"]},
     "stream": {"type": ["boolean", "null"]},
+    "ignore_eos": {"type": ["boolean", "null"]},  # vLLM's extension (benchmarks send it)
     "stream_options": {
         "type": ["object", "null"],
         "properties": {"include_usage": {"type": "boolean"}},
@@ -198,6 +200,7 @@ class Completion:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    ignore_eos: bool = False
 
     def handler_body(self, declared: Generative, choice: int) -> tuple[str, bytes]:
         """(content type, body) of choice ``choice``'s job. Choices differ by their seed, so
@@ -214,6 +217,7 @@ class Completion:
             "seed": None if self.seed is None else self.seed + choice,
             "stop": list(self.stop),
             "stream": self.stream,
+            "ignore_eos": self.ignore_eos,
         }
         if self.messages is not None:
             body["messages"] = self.messages
@@ -289,6 +293,7 @@ def completion(kind: str, body: dict[str, Any], declared: Generative) -> Complet
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         stream=bool(body.get("stream")),
         include_usage=bool(options.get("include_usage")),
+        ignore_eos=bool(body.get("ignore_eos")),
     )
 
 

@@ -374,6 +374,28 @@ def test_served_streamed_chat_with_the_openai_client(server: Server, model_dir: 
     )
 
 
+def test_ignore_eos_from_a_benchmark_client_reaches_the_handler(
+    server: Server, model_dir: Path
+) -> None:
+    """vLLM's ``ignore_eos`` (its benchmark client sends it for answers of known length): past
+    the end-of-sequence token the answer goes on to ``max_tokens``."""
+    prompt, wanted = "once", 60
+    free = forced = []
+    for seed in range(200):  # a seed whose answer alone ends early, at the model's EOS
+        free = _alone(model_dir, {"prompt": prompt, "max_tokens": wanted, "seed": seed})
+        if free[-1]["finish_reason"] == "stop":
+            forced = _alone(model_dir, {"prompt": prompt, "max_tokens": wanted, "seed": seed,
+                                        "ignore_eos": True})  # fmt: skip
+            break
+    assert free[-1]["finish_reason"] == "stop" and len(forced) == wanted
+    client = _client(server)
+    for extra, expected in (({}, free), ({"ignore_eos": True}, forced)):
+        reply = client.completions.create(model="tiny_lm", prompt=prompt, max_tokens=wanted,
+                                          seed=seed, extra_body=extra)  # fmt: skip
+        assert reply.choices[0].text == "".join(p["text"] for p in expected)
+        assert reply.usage.completion_tokens == len(expected)
+
+
 def test_torchserve_clients_stream_pieces_too(server: Server) -> None:
     """The same model on TorchServe's path, with TorchServe's LLM examples' body."""
     body = {"prompt": "hello", "max_new_tokens": 4, "seed": 5}

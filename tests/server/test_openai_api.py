@@ -208,6 +208,23 @@ def test_embeddings_float_and_base64(client: openai.OpenAI) -> None:
     assert floats.usage.prompt_tokens == 3
 
 
+def test_answers_are_strict_json_even_when_a_vector_holds_nan(server: Server) -> None:
+    """Python's json would write NaN and Infinity, which no strict parser (JavaScript's, Go's)
+    reads: OpenAI answers carry them as null."""
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in an answer")
+
+    reply = httpx.post(
+        server.url("inference", "/openai/v1/embeddings"),
+        json={"model": "emb", "input": "NAN here", "encoding_format": "float"},
+        headers=server.auth("inference"), timeout=30,
+    )  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    vector = json.loads(reply.content, parse_constant=refuse)["data"][0]["embedding"]
+    assert vector == [None, None, None, 0.0, 0.0, 2.0, 2.0, 0.0]
+
+
 def test_a_torchserve_streaming_handler_behind_input_text(client: openai.OpenAI) -> None:
     reply = client.completions.create(model="tslm", prompt="one two three", max_tokens=10)
     assert reply.choices[0].text == "three two one"

@@ -7,7 +7,7 @@ those words; otherwise words drawn from the request's ``seed`` (temperature 0: a
 ``WHOAMI`` in the prompt answers the request's id (one word);
 ``FAIL`` in the prompt raises after two words; ``SLOW`` sleeps 50 ms a word. A prompt over
 CONTEXT words is refused with PredictionException 400, before any piece. An embedding request
-gets an 8-dimension vector of the text's letters.
+gets an 8-dimension vector of the text's letters (``NAN`` in it: NaN and infinities first).
 """
 
 import random
@@ -28,6 +28,8 @@ def handle(data, context):
         if request["kind"] == "embedding":
             text = request["input"]
             vector = [float(sum(1 for ch in text if ord(ch) % 8 == i)) for i in range(8)]
+            if "NAN" in text:  # a model whose vector went bad
+                vector[:3] = [float("nan"), float("inf"), float("-inf")]
             out.append({"embedding": vector, "prompt_tokens": len(text.split())})
             continue
         prompt = request["prompt"]
