@@ -9,9 +9,10 @@ keeps ``ts_inference_requests_total``, ``ts_inference_latency_microseconds`` and
 ``ts_queue_latency_microseconds`` on ``/metrics`` and logs the rest. Our own ``mserve_*`` metrics
 are on ``/metrics`` in every mode.
 
-Cost on the prediction path: a request adds to a few floats held by its model version (no
-label lookups, no dicts built); the text is made when ``/metrics`` is scraped
-(server/metric_formats.py). Handler metrics are kept by server/handler_metrics.py.
+Cost on the prediction path: a request adds to a few floats held by its model version
+(server/model_stats.py: no label lookups, no dicts built); the text is made when ``/metrics`` is
+scraped (server/metric_formats.py). Handler metrics are kept by server/handler_metrics.py, the
+host's system metrics measured by server/system_metrics.py.
 """
 
 from __future__ import annotations
@@ -20,11 +21,10 @@ import asyncio
 import bisect
 import logging
 import socket
-import subprocess
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qsl
 
 import psutil
@@ -36,12 +36,20 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from mserve_worker.protocol import MetricEntry, RequestItem
-from server import tracing
+from mserve_worker.protocol import MetricEntry
+from server import system_metrics, tracing
 from server.errors import ConfigError
 from server.handler_metrics import HandlerMetrics, MetricsConfig, default_families
 from server.http import Connection, Request
 from server.metric_formats import MetricLog, PromText, metric_line
+from server.model_stats import (
+    AnsweredJob,
+    ObservedModel,
+    ObservedResidency,
+    request_ids,
+    worker_name,
+)
+from server.system_metrics import SystemValue
 
 log = logging.getLogger(__name__)
 
@@ -61,157 +69,6 @@ LEGACY_PROMETHEUS = (
 WORKER_STATES = ("STARTING", "READY", "BUSY", "STOPPING", "STOPPED")
 SYSTEM_METRICS_INTERVAL_S = 60.0  # TorchServe collects its system metrics once a minute
 LOG_FLUSH_S = 1.0  # the longest a metric log line waits in memory
-
-
-# --- what the metrics observe --------------------------------------------------------------
-# The models report to the metrics and are read by them through these shapes; the metrics import
-# nothing of server/models/, so supervision depends on metrics and never the other way round.
-
-
-class AnsweredJob(Protocol):
-    """A request a worker answered (server/models/batching.py's Job)."""
-
-    @property
-    def item(self) -> RequestItem: ...
-    @property
-    def enqueued_at(self) -> float: ...
-    @property
-    def sent_at(self) -> float: ...
-
-
-class ObservedSettings(Protocol):
-    """The settings of a model version the scrape reads (server/models/settings.py)."""
-
-    @property
-    def min_workers(self) -> int: ...
-    @property
-    def job_queue_size(self) -> int: ...
-
-
-class ObservedModel(Protocol):
-    """A model version as the scrape reads it (server/models/version.py's ModelVersion)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def version(self) -> str: ...
-    @property
-    def stats(self) -> ModelStats: ...
-    @property
-    def settings(self) -> ObservedSettings: ...
-    def queued(self) -> int: ...
-    def ready_workers(self) -> int: ...
-    def worker_states(self) -> list[str]:
-        """The state of each of its workers (STARTING, READY, BUSY, STOPPING, STOPPED)."""
-        ...
-
-    def pending(self) -> int: ...
-    def worker_load_ms(self) -> list[tuple[str, float]]:
-        """(worker id, its load time) of each worker that has loaded."""
-        ...
-
-    def worker_sandboxes(self) -> list[tuple[str, dict[str, Any] | None]]:
-        """(worker id, how it confined itself) of each ready worker."""
-        ...
-
-
-class ObservedResidency(Protocol):
-    """The server's residency keeper (server/models/residency.py), for its gauges."""
-
-    @property
-    def memory_bytes(self) -> int: ...
-    @property
-    def budget_bytes(self) -> int | None: ...
-    def loaded_models(self) -> int: ...
-
-
-def worker_name(model_name: str, model_version: str, worker_id: str) -> str:
-    """TorchServe's WorkerName dimension."""
-    return f"W-{worker_id}-{model_name}_{model_version}"
-
-
-# --- per model version --------------------------------------------------------------------
-
-
-class ModelStats:
-    """What one model version adds to TorchServe's metrics. Request counts are kept apart for
-    requests that named the version and those that did not, which TorchServe labels
-    ``model_version="default"``."""
-
-    __slots__ = (
-        "_handler",
-        "_prediction",
-        "metrics",
-        "name",
-        "named",
-        "send_s",
-        "unnamed",
-        "version",
-        "worker_thread_ms",
-    )
-
-    def __init__(self, metrics: Metrics | None, name: str, version: str) -> None:
-        self.metrics = metrics
-        self.name = name
-        self.version = version
-        # [requests, latency in microseconds, queue latency in microseconds]
-        self.named = [0.0, 0.0, 0.0]
-        self.unnamed = [0.0, 0.0, 0.0]
-        self.worker_thread_ms: float | None = None
-        self.send_s = 0.0  # how long the frontend took to send the last batch
-        self._handler: list[float] | None = None
-        self._prediction: list[float] | None = None
-
-    def arrived(self, named: bool) -> list[float]:
-        """A request for this model version (``ts_inference_requests_total``); its counts."""
-        counts = self.named if named else self.unnamed
-        counts[0] += 1
-        metrics = self.metrics
-        if metrics is not None and metrics.log_frontend:
-            metrics.log_ts(
-                "ts_inference_requests_total", "Count", 1,
-                (("model_name", self.name), ("model_version", self.label(named))),
-            )  # fmt: skip
-        return counts
-
-    def label(self, named: bool) -> str:
-        return self.version if named else "default"
-
-    def cancelled(self, reason: str) -> None:
-        """A request stopped before its answer was complete (see Job.cancel)."""
-        if self.metrics is not None:
-            self.metrics.request_cancelled(self.name, self.version, reason)
-
-    def batch_done(
-        self, handler_ms: float | None, entries: list[MetricEntry], jobs: Sequence[AnsweredJob],
-        settle_s: float,
-    ) -> None:  # fmt: skip
-        """A batch was answered: the handler's time and metrics, the frontend's own time."""
-        self.worker_thread_ms = (self.send_s + settle_s) * 1000
-        metrics = self.metrics
-        if metrics is None:
-            return
-        if metrics.log_frontend:
-            metrics.log_ts("WorkerThreadTime", "Milliseconds", self.worker_thread_ms, ())
-        if handler_ms is not None:
-            if self._handler is None:
-                self._handler = metrics.builtin_series("HandlerTime", self.name)
-                self._prediction = metrics.builtin_series("PredictionTime", self.name)
-            if self._handler is not None:
-                self._handler[0] = handler_ms
-            if self._prediction is not None:
-                self._prediction[0] = handler_ms
-            if metrics.log_model:
-                dims = (("ModelName", self.name), ("Level", "Model"))
-                ids = _request_ids(jobs)
-                metrics.log_model_line("HandlerTime", "ms", handler_ms, dims, ids)
-                metrics.log_model_line("PredictionTime", "ms", handler_ms, dims, ids)
-        if entries:
-            metrics.handler_entries(self.name, entries, jobs)
-
-
-def _request_ids(jobs: Sequence[AnsweredJob]) -> str:
-    return ",".join(job.item.request_id for job in jobs)
 
 
 # --- the hub ------------------------------------------------------------------------------
@@ -290,7 +147,7 @@ class Metrics:
         # Requests2XX, 4XX, 5XX (1XX and 3XX count as 5XX, as TorchServe counts them)
         self.statuses = [0.0, 0.0, 0.0]
         self.queue_ms: float | None = None
-        self.system: list[tuple[str, str, tuple[tuple[str, str], ...], float]] = []
+        self.system: list[SystemValue] = []
         declared = default_families()
         declared.update(config.model if config else {})
         self.frontend = config.frontend if config else None  # None: every frontend metric
@@ -405,7 +262,7 @@ class Metrics:
             applied = self.handler.add(model_name, entry)
             if applied is not None and self.log_model:
                 family, values = applied
-                ids = entry.request_id or _request_ids(jobs)
+                ids = entry.request_id or request_ids(jobs)
                 dims = tuple(zip(family.labels[:-1], values[:-1], strict=True))
                 self.log_model_line(entry.name, family.unit, entry.value, dims, ids)
 
@@ -444,67 +301,12 @@ class Metrics:
 
     # --- system metrics -----------------------------------------------------------------
 
-    def record_system(
-        self, values: list[tuple[str, str, tuple[tuple[str, str], ...], float]]
-    ) -> None:
+    def record_system(self, values: list[SystemValue]) -> None:
         self.system = values
         if self.ts_log is not None:
             for name, unit, dims, value in values:
                 if self.frontend is None or name in self.frontend:
                     self.ts_log.add(metric_line(name, unit, value, dims, self.hostname))
-
-    def measure_system(self) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
-        """CPU, memory, disk and GPU use, as TorchServe measures them."""
-        host = (("Level", "Host"),)
-        memory = psutil.virtual_memory()
-        disk = psutil.disk_usage("/")
-        values: list[tuple[str, str, tuple[tuple[str, str], ...], float]] = [
-            ("CPUUtilization", "Percent", host, psutil.cpu_percent()),
-            ("MemoryUsed", "Megabytes", host, memory.used / 2**20),
-            ("MemoryAvailable", "Megabytes", host, memory.available / 2**20),
-            ("MemoryUtilization", "Percent", host, memory.percent),
-            ("DiskUsage", "Gigabytes", host, disk.used / 2**30),
-            ("DiskUtilization", "Percent", host, disk.percent),
-            ("DiskAvailable", "Gigabytes", host, disk.free / 2**30),
-        ]
-        values += self._gpu_metrics()
-        return values
-
-    def _gpu_metrics(self) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
-        if not self.gpus:
-            return []
-        query = "index,utilization.gpu,utilization.memory,memory.used"
-        try:
-            out = subprocess.run(
-                ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
-                 "-i", ",".join(self.gpus)],
-                capture_output=True, text=True, timeout=10, check=True,
-            ).stdout  # fmt: skip
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.debug("GPU metrics unavailable: %s", exc)
-            return []
-        by_physical = {}
-        for line in out.splitlines():
-            fields = [f.strip() for f in line.split(",")]
-            if len(fields) == 4:
-                by_physical[fields[0]] = fields[1:]
-        values = []
-        for device_id, physical in enumerate(self.gpus):
-            found = by_physical.get(physical)
-            if found is None:
-                continue
-            dims = (("Level", "Host"), ("DeviceId", str(device_id)))
-            for (name, unit), raw in zip(
-                (("GPUUtilization", "Percent"), ("GPUMemoryUtilization", "Percent"),
-                 ("GPUMemoryUsed", "Megabytes")),
-                found,
-                strict=True,
-            ):  # fmt: skip
-                try:
-                    values.append((name, unit, dims, float(raw)))
-                except ValueError:  # "[N/A]" on devices that do not report it
-                    continue
-        return values
 
     async def run(self) -> None:
         """The server's metrics chore: system metrics every minute, log lines every second."""
@@ -514,7 +316,7 @@ class Metrics:
             if loop.time() >= next_system:
                 next_system = loop.time() + SYSTEM_METRICS_INTERVAL_S
                 try:
-                    self.record_system(await asyncio.to_thread(self.measure_system))
+                    self.record_system(await asyncio.to_thread(system_metrics.measure, self.gpus))
                 except (OSError, psutil.Error) as exc:
                     log.warning("could not collect system metrics: %s", exc)
             self.flush_logs()

@@ -25,7 +25,7 @@ from server.errors import (
     WorkerDied,
     WorkerTimeout,
 )
-from server.metrics import ModelStats
+from server.model_stats import ModelStats
 from server.models.batching import Job, JobQueue, gather_batch
 from server.models.settings import ModelSettings
 from server.streaming import ChunkStream

@@ -32,7 +32,8 @@ from server.errors import (
     TooManyRequests,
 )
 from server.inference_log import InferenceLogger
-from server.metrics import Metrics, ModelStats
+from server.metrics import Metrics
+from server.model_stats import ModelStats
 from server.models.batching import Job, JobQueue, QueueFull
 from server.models.continuous import ContinuousPump
 from server.models.pump import BatchPump
