@@ -11,6 +11,11 @@ request that goes on carries TorchServe's ``ts_stream_next: true`` response head
 answer, and that answer becomes one chunk of its streamed response. A finished one ends its
 stream (or, done in its first step, gets a plain answer) and frees its slot.
 
+With ``batchWait: fill`` (TorchServe's way) an idle worker's first step waits up to
+``maxBatchDelay`` for ``batchSize`` requests, so that a burst starts together (its prompts
+prefilled in one call); once it generates, newcomers join the next step at once, as TorchServe's
+do. The default, ``busy``, sends an idle worker its first request at once.
+
 A request whose client went away (its stream cancelled, or :meth:`Job.cancel`) or whose deadline
 passed is dropped at once: the worker gets a CANCEL for it, leaves it out of its next step and
 cleans up its state, and its slot goes to the next queued request in the same write.
@@ -115,6 +120,8 @@ class _Feed:
         self.queue = pump.queue
         self.size = pump.settings.batch_size
         self.timeout_s = pump.settings.response_timeout_s
+        self.fill = pump.settings.batch_wait == "fill"  # see _gather
+        self.delay_s = pump.settings.max_batch_delay_ms / 1000
         self.members: dict[tuple[int, int], tuple[Job, Batch]] = {}
         self.lost: str | None = None  # why the worker is lost ("" until its end is known)
         self.wakeup: asyncio.Future[None] | None = None
@@ -130,7 +137,9 @@ class _Feed:
         worker.on_withdraw(self._withdrawn)
         try:
             while self.lost is None:
-                self._admit()
+                if self.fill and not self.members and len(self.queue):
+                    await self._gather()
+                self._admit(gathered=True)
                 if not self.members and self.retired.is_set():
                     break
                 if len(self.members) < self.size and not self.retired.is_set():
@@ -157,6 +166,17 @@ class _Feed:
             return None
         return self.lost or await worker.ended()
 
+    async def _gather(self) -> None:
+        """``batchWait: fill``: the first step of an idle worker waits up to ``maxBatchDelay``
+        (from its first request) for ``batchSize`` requests, as TorchServe's continuous batching
+        polls its queue while it has no request running."""
+        deadline = self.loop.time() + self.delay_s
+        while len(self.queue) < self.size and self.lost is None and not self.retired.is_set():
+            left = deadline - self.loop.time()
+            if left <= 0:
+                return
+            await self.queue.wait(left, self.size, lambda: len(self.members))
+
     # callbacks ----------------------------------------------------------------------------
 
     def _take(self) -> bool:
@@ -165,9 +185,12 @@ class _Feed:
             return False
         return self._admit() > 0
 
-    def _admit(self) -> int:
-        """Send queued requests into the worker's free slots; how many."""
+    def _admit(self, gathered: bool = False) -> int:
+        """Send queued requests into the worker's free slots; how many. An idle worker's first
+        step is the task's to gather under ``batchWait: fill`` (``gathered``: it did)."""
         if self.lost is not None or self.retired.is_set():
+            return 0
+        if self.fill and not self.members and not gathered:
             return 0
         jobs: list[Job] = []
         while len(self.members) + len(jobs) < self.size:
@@ -219,7 +242,7 @@ class _Feed:
             # a client that left without a cancel reaching here (Job.cancel leaves at once)
             if self.pump._dropped(job) and key in self.members:
                 self._leave(key, job, batch)
-        self._admit()
+        self._refill()
         if not self.members:
             if self.worker.state is WorkerState.BUSY:
                 self.worker.state = WorkerState.READY
@@ -293,8 +316,15 @@ class _Feed:
         for key, (job, joined) in self.members.items():
             if joined is batch and job.item.request_id == request_id:
                 self._leave(key, job, batch)
-                self._admit()
+                self._refill()
                 return
+
+    def _refill(self) -> None:
+        """Slots were freed: fill them; a worker left idle with requests queued gathers its
+        next first step in the task (``batchWait: fill``), which may sleep on the queue."""
+        self._admit()
+        if self.fill and not self.members and len(self.queue):
+            self.queue.wake_all()
 
     def _leave(self, key: tuple[int, int], job: Job, batch: Batch) -> None:
         del self.members[key]

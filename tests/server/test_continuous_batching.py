@@ -119,6 +119,49 @@ def test_new_requests_join_while_others_run_up_to_batch_size(gen) -> None:
     assert [t["token"] for t in third_tokens] == ["third:0", "third:1"]
 
 
+def test_batch_wait_fill_gathers_an_idle_workers_first_step_as_torchserve_does(
+    make_archive, start_server
+) -> None:
+    """``batchWait: fill`` (fill-config.yaml: batchSize 3, maxBatchDelay 1.5 s): an idle
+    worker's first step waits for company up to the delay, as TorchServe's continuous batching
+    does; once it generates, a newcomer joins the next step without waiting."""
+    config = str(HANDLERS / "generator" / "fill-config.yaml")
+    make_archive("generator", "generator:Generator", "gen", "--config-file", config)
+    server = start_server("gen=gen.mar")
+    lone = RawStream(server, "gen", {"name": "lone", "tokens": 1})  # returns at its head
+    waited = lone.head_at - lone.sent_at
+    lone.close()
+    assert waited >= 1.4  # nobody came: it waited out the delay
+
+    opened: dict[str, RawStream] = {}
+
+    def start(name: str, n: int) -> threading.Thread:
+        def run() -> None:
+            opened[name] = RawStream(server, "gen", {"name": name, "tokens": n})
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    first = start("a", 30)
+    time.sleep(0.3)  # well inside the delay
+    second = start("b", 30)
+    first.join(30)
+    second.join(30)
+    threads = {name: reader(opened[name]) for name in ("a", "b")}
+    wait_for(lambda: len(threads["a"][1]) >= 2, "a's first tokens")
+    late = RawStream(server, "gen", {"name": "late", "tokens": 2})  # it generates: no wait
+    joined = late.head_at - late.sent_at
+    late_tokens = tokens(late)
+    for name, (thread, _) in threads.items():
+        thread.join(30)
+        opened[name].close()
+    late.close()
+    assert threads["a"][1][0]["batch"] == ["a", "b"]  # prefilled together
+    assert late_tokens[0]["batch"] == ["a", "b", "late"]
+    assert joined < 1.0  # the next step, not the delay
+
+
 def metric(server: Server, name: str, **labels: str) -> float:
     from tests.server.conftest import http
 
