@@ -282,6 +282,31 @@ class Mode:
     def round(self, bodies: list[dict[str, Any]]) -> list[Stream]:
         raise NotImplementedError
 
+    def hold(self, held: bool) -> None:
+        """Freeze (``held``) or thaw the mode between its own rounds: nothing for a server that
+        sleeps when idle (mserve's processes block on their sockets)."""
+
+
+class Frozen(Mode):
+    """A mode whose processes burn CPU while idle (LitServe's continuous-batching loop polls:
+    a whole core here), frozen by SIGSTOP between its rounds so that it does not slow the other
+    modes' rounds; wraps the mode that serves (``inner``)."""
+
+    def __init__(self, inner: Mode, group: int) -> None:
+        super().__init__(inner.name, inner.cpu, self._stop)
+        self.inner, self.group = inner, group
+
+    def round(self, bodies: list[dict[str, Any]]) -> list[Stream]:
+        return self.inner.round(bodies)
+
+    def hold(self, held: bool) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.group, signal.SIGSTOP if held else signal.SIGCONT)
+
+    def _stop(self) -> None:
+        self.hold(False)  # a stopped process would not see the SIGTERM
+        self.inner.stop()
+
 
 class Served(Mode):
     """A server answering ``path`` (mserve's or LitServe's)."""
@@ -337,15 +362,23 @@ def measure(modes: list[Mode], bodies: list[dict[str, Any]], rounds: int,
     """Every mode's row at one level, the modes taking turns round by round (their order
     rotating), so that the machine's drifting speed weighs on each alike: a warm-up round each
     (torch's first calls are slow), then ``rounds`` measured ones."""
+
+    def one(mode: Mode) -> list[Stream]:
+        mode.hold(False)
+        try:
+            return mode.round(bodies)
+        finally:
+            mode.hold(True)
+
     for mode in modes:
-        mode.round(bodies)
+        one(mode)
     taken: dict[str, dict[str, Any]] = {
         m.name: {"rates": [], "firsts": [], "cpu": [0.0, 0.0, 0.0], "tokens": 0} for m in modes
     }
     for r in range(rounds):
         for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
             before = mode.cpu()
-            out = mode.round(bodies)
+            out = one(mode)
             after = mode.cpu()
             row = taken[mode.name]
             tokens = sum(n for *_, n in out)
@@ -397,7 +430,7 @@ def serve_mode(work: Path, mode: str, weights: Path, device: str) -> Served:
                   server.stop)  # fmt: skip
 
 
-def litserve_mode(work: Path, weights: Path) -> Served | str:
+def litserve_mode(work: Path, weights: Path) -> Mode | str:
     try:
         import litserve  # noqa: F401
     except ImportError:
@@ -428,7 +461,10 @@ def litserve_mode(work: Path, weights: Path) -> Served | str:
     except BaseException:
         stop_group(proc)
         raise
-    return Served("litserve", "127.0.0.1", port, "/predict", proc.pid, lambda: stop_group(proc))
+    served = Served("litserve", "127.0.0.1", port, "/predict", proc.pid, lambda: stop_group(proc))
+    frozen = Frozen(served, proc.pid)  # its own process group (above)
+    frozen.hold(True)  # until its first round
+    return frozen
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
