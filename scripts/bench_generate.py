@@ -23,7 +23,8 @@ answer has the same length), ``--rounds`` times per level:
   ceiling): all streams prefilled in one forward, then decoded together, with the handler's
   own batched calls;
 - ``litserve``: LitServe's continuous batching loop (``ContinuousBatchingLoop``, the API's
-  ``step``) on the same model, when ``litserve`` is installed.
+  ``step``) on the same model, when ``litserve`` is installed; frozen (SIGSTOP) between its own
+  rounds, since its loop polls a whole core while idle and would slow the other modes' rounds.
 
 Every mode is up for the whole run and the modes take turns, round by round (their order
 rotating), so that the shared machine's drifting speed (it moves by a third over minutes here)
