@@ -5,7 +5,7 @@ exporting over OTLP/HTTP to a local sink (a bare HTTP server in its own process 
 and counts the spans it is sent, decoding OpenTelemetry's protobuf messages). Round by round,
 echo (and the MLP, with torch) on each server at 16 connections; the medians of req/s and of
 the frontend's CPU per request, the span exporter process's CPU per request (it makes, encodes
-and sends the spans: server/tracing_export.py), the ratio on/off, then how many spans the sink
+and sends the spans: server/tracing/export.py), the ratio on/off, then how many spans the sink
 received and how many the server counted as dropped. ``--callgrind N``: the frontend's
 instructions per echo request under valgrind, tracing off and on (steady whatever the load).
 
@@ -92,11 +92,11 @@ def spans_received(port: int) -> int:
 
 
 def exporter_pids(server: Server) -> list[int]:
-    """The server's span exporter process (server/tracing_process.py), if it has one."""
+    """The server's span exporter process (server/tracing/process.py), if it has one."""
     pids = []
     for child in psutil.Process(server.pid).children():
         try:
-            if "server.tracing_export" in child.cmdline():
+            if "server.tracing.export" in child.cmdline():
                 pids.append(child.pid)
         except psutil.Error:
             pass
@@ -171,7 +171,7 @@ FRAME_RECORDS, FRAME_EVERY_S = 64, 0.01
 
 
 def _record(i: int) -> tuple:
-    """A traced echo request's record, as server/tracing.py hands it over (8 spans)."""
+    """A traced echo request's record, as server/tracing/context.py hands it over (8 spans)."""
     start = time.time_ns()
     us = 1000
     children = (start + 50 * us, start + 90 * us, start + 120 * us, start + 900 * us, "1", 1,
@@ -184,10 +184,13 @@ def _record(i: int) -> tuple:
 
 
 def exporter_cpu(tree: Path, endpoint: str, requests: int) -> float:
-    """CPU seconds (user + system) of ``python -m server.tracing_export`` from ``tree`` fed
-    ``requests`` records and exporting them to ``endpoint``, until it exits."""
+    """CPU seconds (user + system) of ``python -m server.tracing.export`` from ``tree`` fed
+    ``requests`` records and exporting them to ``endpoint``, until it exits (a tree from before
+    the tracing package: ``server.tracing_export``)."""
     settings = json.dumps({"endpoint": endpoint, "protocol": "http/protobuf", "headers": {}})
-    proc = subprocess.Popen([sys.executable, "-m", "server.tracing_export", settings],
+    package = (tree / "server" / "tracing" / "export.py").exists()
+    module = "server.tracing.export" if package else "server.tracing_export"
+    proc = subprocess.Popen([sys.executable, "-m", module, settings],
                             cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)  # fmt: skip
     assert proc.stdin is not None
     for first in range(0, requests, FRAME_RECORDS):

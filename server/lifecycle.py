@@ -294,7 +294,7 @@ class Server:
             loop.add_signal_handler(sig, self._on_signal, sig)
         self.registry.on_change("status file", self.write_status)
         if tracing.current is not None:
-            tracing.current.start()  # the span exporter process (server/tracing_process.py)
+            tracing.current.start()  # the span exporter process (server/tracing/process.py)
         try:
             # the templates of the models about to load import what those need meanwhile
             self.launcher.prestart(self.early.models, self.early.templates, self.early.guessed)

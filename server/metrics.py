@@ -399,7 +399,7 @@ class Metrics:
             yield expiry
         if tracing.current is not None:
             dropped = CounterMetricFamily(
-                "mserve_trace_spans_dropped", "Spans not exported, by reason (server/tracing.py)",
+                "mserve_trace_spans_dropped", "Spans not exported, by reason (server/tracing/)",
                 labels=["reason"],
             )  # fmt: skip
             for reason, spans in tracing.current.dropped().items():

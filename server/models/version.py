@@ -251,7 +251,7 @@ class ModelVersion:
         """Queue a request; the job's future gets its answer. A caller that goes away cancels
         the future and calls :meth:`withdraw`: the request is dropped if no worker has started
         it. Raises at once when the request cannot be queued (429 queue full, 503 no worker or
-        failed model). ``trace``: the request's server span (server/tracing.py)."""
+        failed model). ``trace``: the request's server span (server/tracing/)."""
         if self.failed is not None:
             raise ServiceUnavailable(f"model {self.label} has failed: {self.failed}")
         if not self.slots:

@@ -6,7 +6,7 @@ it waits for each job's first answer (a refusal then is an HTTP error in OpenAI'
 answers whole or as server-sent events, one event per piece the handler streams. The task is the
 request's ``future``: a client that goes away cancels it, and its jobs with it.
 
-A request's id is the client's ``X-Request-ID`` when usable (server/tracing.py), else ours, as on
+A request's id is the client's ``X-Request-ID`` when usable (server/tracing/), else ours, as on
 ``/predictions``: its jobs carry it (``<id>.<i>`` for the i-th of several, which a handler keying
 its state by request id needs apart), its answer's ``X-Request-Id`` header and the access log
 name it, and the answer's ``id`` is ``chatcmpl-<id>`` / ``cmpl-<id>``.
@@ -462,7 +462,7 @@ _OPERATIONS = {"chat": "chat", "completion": "text_completion", "embedding": "em
 
 
 class _Span:
-    """One OpenAI request's server span while tracing is on (server/tracing.py; a no-op
+    """One OpenAI request's server span while tracing is on (server/tracing/; a no-op
     otherwise): its first choice's job gives the children, a streamed answer its
     ``mserve.stream`` span, the usage OpenTelemetry's ``gen_ai.usage.*`` attributes."""
 

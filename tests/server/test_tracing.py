@@ -27,7 +27,7 @@ from server.config import load_config
 from server.errors import ConfigError
 from server.rpc.protos import inference_pb2 as ipb
 from server.rpc.protos import inference_pb2_grpc
-from server.tracing import trace_settings
+from server.tracing.settings import trace_settings
 from tests.server.conftest import HANDLERS, Server, wait_until
 from tests.server.conftest import http as http_request
 
@@ -385,7 +385,7 @@ def _exporters(server: Server) -> list[psutil.Process]:
     found = []
     for child in psutil.Process(server.pid).children():
         try:
-            if "server.tracing_export" in child.cmdline():
+            if "server.tracing.export" in child.cmdline():
                 found.append(child)
         except psutil.Error:  # gone, or a zombie not reaped yet
             pass
@@ -440,8 +440,8 @@ def test_a_stalled_exporter_costs_counted_drops_and_one_warning_per_burst(caplog
     counted, with one warning when the burst starts and one when the queue drains; the child,
     resumed, exports what it was sent. Real child process and receiver; the request path's
     records are put directly."""
-    from server.tracing import TraceSettings
-    from server.tracing_process import MAX_QUEUE, ExportProcess
+    from server.tracing.process import MAX_QUEUE, ExportProcess
+    from server.tracing.settings import TraceSettings
 
     receiver = Receiver()
     process = ExportProcess(TraceSettings(receiver.url, "http/protobuf", 1.0, {}))
@@ -513,7 +513,8 @@ def test_sampling_follows_the_clients_flag_else_the_ratio() -> None:
     """Request spans are sampled as the SDK's ParentBased(TraceIdRatioBased) would: a valid
     client traceparent's flag decides, else the ratio; an unsampled request is never handed
     to the exporter."""
-    from server.tracing import TraceSettings, Tracing
+    from server.tracing.context import Tracing
+    from server.tracing.settings import TraceSettings
 
     handed: list[Any] = []
     sink = type("Sink", (), {"put": lambda self, record: handed.append(record)})()

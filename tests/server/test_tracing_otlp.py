@@ -1,7 +1,7 @@
-"""The span exporter's own OTLP encoding and OTLP/HTTP sender (server/tracing_otlp.py): its bytes
-are those the SDK's encoder makes of the same spans, and it posts them over one kept-alive
-connection with the standard variables' headers, compression and timeout, to a real HTTP
-server in this test."""
+"""The span exporter's own OTLP encoding and OTLP/HTTP sender (server/tracing/otlp.py and
+senders.py): its bytes are those the SDK's encoder makes of the same spans, and it posts them over
+one kept-alive connection with the standard variables' headers, compression and timeout, to a
+real HTTP server in this test."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from server import tracing_otlp as otlp
-from server.tracing_export import Spans
+from server.tracing import otlp, senders
+from server.tracing.export import Spans
 
 TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 START = 1_700_000_000_123_456_789
@@ -157,7 +157,7 @@ def test_http_exports_share_one_connection_with_the_standard_options(
 ) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "api-key=s%3Dcret,x-team=a")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
-    sender = otlp.HttpSender(collector.url, otlp.export_options({"x-team": "ours"}))
+    sender = senders.HttpSender(collector.url, senders.export_options({"x-team": "ours"}))
     for body in (b"one", b"two", b"three"):
         assert sender.send(body) is None
     assert [gzip.decompress(body) for _, body, _ in collector.posts] == [b"one", b"two", b"three"]
@@ -187,6 +187,6 @@ def test_an_unreachable_collector_is_retried_within_the_timeout(monkeypatch) -> 
     with socket.socket() as bound:  # bound, not listening: connections are refused
         bound.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{bound.getsockname()[1]}/v1/traces"
-        failure = otlp.HttpSender(url, otlp.export_options({})).send(b"spans")
+        failure = senders.HttpSender(url, senders.export_options({})).send(b"spans")
     assert failure is not None
     assert failure.startswith("Failed to export spans batch: [Errno 111] Connection refused")

@@ -1,4 +1,4 @@
-"""The frontend's side of the span exporter process (server/tracing_export.py): a bounded queue
+"""The frontend's side of the span exporter process (server/tracing/export.py): a bounded queue
 of compact span records, written in batches over a pipe from the event loop, and the child's
 supervision. The request path only appends a tuple; encoding OTLP and sending it run in the
 child, whose CPU the frontend's event loop does not share (the GIL made the SDK's export thread
@@ -27,10 +27,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from server.tracing_export import FRAME
+from server.tracing.export import FRAME
 
 if TYPE_CHECKING:
-    from server.tracing import TraceSettings
+    from server.tracing.settings import TraceSettings
 
 log = logging.getLogger("server.tracing")
 
@@ -60,7 +60,7 @@ class ExportProcess:
 
     def __init__(self, settings: TraceSettings) -> None:
         self.argv = [
-            sys.executable, "-m", "server.tracing_export",
+            sys.executable, "-m", "server.tracing.export",
             json.dumps({"endpoint": settings.endpoint, "protocol": settings.protocol,
                         "headers": settings.headers}),
         ]  # fmt: skip

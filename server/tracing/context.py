@@ -1,41 +1,25 @@
-"""OpenTelemetry traces of requests, model loads and environment builds (docs/server.md,
-Observability).
-
-Off unless an OTLP endpoint is configured (``otel_endpoint``, or the standard
-``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``); off, :data:`current` is None and the request path
-creates nothing at all. On, each request gets one server span, started when the request
-arrived, whose context travels to the worker as the request's ``traceparent`` header (so the
-handler's own spans join the trace). The frontend keeps only ids and times: when a sampled
-request ends, one compact record of them goes to the span exporter process
-(server/tracing_process.py), which makes the server span and its children (queue wait, batch
-assembly, the worker's round trip, the handler call and its phases, streaming), encodes them
-and sends them over OTLP (server/tracing_export.py). The frontend never imports the SDK.
-"""
+"""The frontend's side of tracing: a request's server span while it runs (:class:`RequestTrace`,
+only ids and times), spans around server work, sampling, and the sink the finished records go
+to (server/tracing/process.py's ExportProcess); and the ids of a request the access log names
+whether or not the server traces. The frontend never imports the SDK here but for a client's
+``tracestate``."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
-import os
 import re
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from random import getrandbits
 from typing import TYPE_CHECKING, Any
-
-from server.errors import ConfigError, MserveError
 
 if TYPE_CHECKING:
     from typing import Protocol
 
-    from server.config import ServerConfig
     from server.models.batching import Job
+    from server.tracing.settings import TraceSettings
 
-log = logging.getLogger(__name__)
-
-PROTOCOLS = ("http/protobuf", "grpc")
 # W3C trace context: version 00, 32 hex trace id, 16 hex parent id, 2 hex flags
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 # X-Request-ID: what we take from a client, else we make our own (server/rest/inference.py)
@@ -63,7 +47,7 @@ def trace_id_of(traceparent: str | None) -> str:
 if TYPE_CHECKING:
 
     class Sink(Protocol):
-        """Where span records go: server/tracing_process.py's ExportProcess."""
+        """Where span records go: server/tracing/process.py's ExportProcess."""
 
         dropped: dict[str, int]
 
@@ -72,65 +56,6 @@ if TYPE_CHECKING:
         def start(self) -> None: ...
 
         async def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class TraceSettings:
-    endpoint: str
-    protocol: str
-    sampling_ratio: float
-    headers: dict[str, str]
-
-
-def trace_settings(config: ServerConfig, environ: Mapping[str, str]) -> TraceSettings | None:
-    """What tracing the server does: None (off) without an endpoint, or with
-    ``OTEL_SDK_DISABLED=true`` / ``OTEL_TRACES_EXPORTER=none``. Our settings win over the
-    standard variables; bad values are refused with the setting's name."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return None
-    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
-        return None
-    protocol = (
-        config.otel_protocol
-        or environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "http/protobuf"
-    ).strip()
-    if protocol not in PROTOCOLS:
-        raise ConfigError(
-            f"'otel_protocol' should be one of {', '.join(PROTOCOLS)}, found {protocol!r}"
-        )
-    endpoint = config.otel_endpoint
-    if not endpoint:
-        traces = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        if traces:
-            endpoint = traces
-        elif base:  # the base URL: OTLP/HTTP appends the signal's path
-            endpoint = base.rstrip("/") + "/v1/traces" if protocol == "http/protobuf" else base
-    if not endpoint:
-        return None
-    if not re.match(r"^https?://[^/\s]+", endpoint):
-        raise ConfigError(
-            f"'otel_endpoint' should be an http:// or https:// URL, found {endpoint!r}"
-        )
-    ratio = config.otel_sampling_ratio
-    if ratio is None:
-        raw = environ.get("OTEL_TRACES_SAMPLER_ARG")
-        try:
-            ratio = float(raw) if raw else 1.0
-        except ValueError:
-            raise ConfigError(
-                f"OTEL_TRACES_SAMPLER_ARG should be a number from 0 to 1, found {raw!r}"
-            ) from None
-    if not 0.0 <= ratio <= 1.0:
-        raise ConfigError(f"'otel_sampling_ratio' should be from 0 to 1, found {ratio!r}")
-    headers = {}
-    for pair in (environ.get("OTEL_EXPORTER_OTLP_HEADERS") or "").split(","):
-        key, sep, value = pair.partition("=")
-        if sep and key.strip():
-            headers[key.strip()] = value.strip()
-    return TraceSettings(endpoint, protocol, ratio, headers)
 
 
 class Tracing:
@@ -315,49 +240,3 @@ def _result_meta(batch: Any) -> dict[str, Any]:
         return {}
     meta = future.result().meta
     return meta if isinstance(meta, dict) else {}
-
-
-# The server's tracing, set once at start by setup(); None: off (the request path checks it).
-current: Tracing | None = None
-
-
-def refused(
-    name: str, carrier: Mapping[str, str], request_id: str, model: str, version: str,
-    started: float, attributes: Mapping[str, Any], error: MserveError,
-) -> str:  # fmt: skip
-    """A request refused before it was queued (no such model, say): while tracing, its server
-    span, begun and ended with its error at once, as an HTTP server's instrumentation makes one
-    for every request; its trace id either way (the client's, when not tracing; "" if none)."""
-    if current is None:
-        return trace_id_of(carrier.get("traceparent"))
-    trace = current.begin(name, carrier, request_id, model, version, started, attributes)
-    trace.finish(None, error.status, error.message)
-    return trace.trace_id
-
-
-def setup(config: ServerConfig, environ: Mapping[str, str] | None = None) -> Tracing | None:
-    """Tracing as configured; its exporter process starts with the event loop (``start``)."""
-    global current
-    settings = trace_settings(config, os.environ if environ is None else environ)
-    if settings is None:
-        current = None
-        return None
-    from server.tracing_process import ExportProcess
-
-    current = Tracing(settings, ExportProcess(settings))
-    log.info(
-        "tracing: OTLP %s to %s, sampling %g of new traces",
-        settings.protocol, settings.endpoint, settings.sampling_ratio,
-    )  # fmt: skip
-    return current
-
-
-_NO_SPAN = contextlib.nullcontext()
-
-
-def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[None]:
-    """A span for server work (model load, environment build); nothing at all when off."""
-    tracing = current
-    if tracing is None:
-        return _NO_SPAN
-    return tracing.span(name, attributes)

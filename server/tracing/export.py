@@ -1,7 +1,7 @@
-"""The span exporter process (``python -m server.tracing_export SETTINGS``), started and fed by
-server/tracing_process.py: the frontend hands it compact records (ids, times, attributes) so
+"""The span exporter process (``python -m server.tracing.export SETTINGS``), started and fed by
+server/tracing/process.py: the frontend hands it compact records (ids, times, attributes) so
 that making the spans, encoding them and sending them cost the frontend's event loop nothing.
-Spans go straight from records to OTLP's protobuf bytes (server/tracing_otlp.py: no SDK span
+Spans go straight from records to OTLP's protobuf bytes (server/tracing/otlp.py: no SDK span
 or message objects), many requests' in one export, the resource and scope written once.
 
 Input, on stdin: frames of a 4-byte big-endian length then ``marshal.dumps`` of a list of
@@ -32,7 +32,7 @@ import sys
 from random import getrandbits
 from typing import Any
 
-from server import tracing_otlp as otlp
+from server.tracing import otlp, senders
 
 FRAME = struct.Struct(">I")
 MAX_BATCH_RECORDS = 512  # read before an export: ~4000 spans, one OTLP request
@@ -40,7 +40,7 @@ _PHASES = {p: f"mserve.{p}" for p in ("preprocess", "inference", "postprocess")}
 
 
 class Spans:
-    """Records to encoded OTLP spans (server/tracing_otlp.py), the spans the SDK would have made
+    """Records to encoded OTLP spans (server/tracing/otlp.py), the spans the SDK would have made
     of them in the frontend."""
 
     def __init__(self) -> None:
@@ -141,12 +141,12 @@ def _resource() -> dict[str, Any]:
     )
 
 
-def sender(settings: dict[str, Any]) -> otlp.HttpSender | otlp.GrpcSender:
+def sender(settings: dict[str, Any]) -> senders.HttpSender | senders.GrpcSender:
     """The sender for the configured protocol, with the standard variables' options."""
-    options = otlp.export_options(settings["headers"] or {})
+    options = senders.export_options(settings["headers"] or {})
     if settings["protocol"] == "grpc":
-        return otlp.GrpcSender(settings["endpoint"], options)
-    return otlp.HttpSender(settings["endpoint"], options)
+        return senders.GrpcSender(settings["endpoint"], options)
+    return senders.HttpSender(settings["endpoint"], options)
 
 
 def _read_records(fd: int, buffer: bytearray, limit: int) -> tuple[list[Any], bool]:
