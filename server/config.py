@@ -26,6 +26,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from server.errors import ConfigError
 from server.models.settings import BATCH_WAITS, ENTRY_SETTINGS, INFERENCE_LOG_MODES, Setting
 from server.rundir import KEY_FILE
+from server.tracing.settings import trace_settings
 from server.workers.env_vars import DEFAULT_DENY
 
 ENV_PREFIX = "MSERVE_"
@@ -192,7 +193,7 @@ class ServerConfig:
     # "json": one JSON object per line in mserve.log and access.log, for log shippers (the
     # TorchServe layout's files keep TorchServe's line formats); "text": our lines.
     log_format: str = "text"
-    # OpenTelemetry traces (server/tracing.py): exported over OTLP to otel_endpoint (unset:
+    # OpenTelemetry traces (server/tracing/): exported over OTLP to otel_endpoint (unset:
     # the standard OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else tracing is off), with
     # otel_protocol "http/protobuf" or "grpc", sampling otel_sampling_ratio of new traces.
     otel_endpoint: str | None = None
@@ -629,8 +630,6 @@ def load_config(
     config = _merge(layers)
     if config.torchserve:  # TorchServe's own defaults, below everything the user said
         config = _merge([("TorchServe's defaults", TORCHSERVE_DEFAULTS), *layers])
-    from server.tracing import trace_settings  # here: tracing imports this module
-
     trace_settings(config, env)  # bad tracing settings fail here, before the server starts
     return config
 

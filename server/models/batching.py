@@ -20,9 +20,20 @@ from server.errors import MserveError
 
 if TYPE_CHECKING:
     from server.streaming import ChunkStream
-    from server.tracing import RequestTrace
     from server.workers.channel import Batch
     from server.workers.process import Worker
+
+
+class Trace(Protocol):
+    """A request's server span while tracing is on (server/tracing/context.py's RequestTrace):
+    what the queue sets on it and the frontends end it with."""
+
+    popped: float  # monotonic: taken off the queue into a batch
+
+    def finish(
+        self, job: Job | None, status: int, error: str | None = None,
+        stream: tuple[float, int] | None = None,
+    ) -> None: ...  # fmt: skip
 
 
 class Job:
@@ -42,7 +53,7 @@ class Job:
         self.sent_at = 0.0  # monotonic time its batch was sent (TorchServe's queue latency ends)
         # its streamed response, once the worker sent a first chunk (the future holds it too)
         self.stream: ChunkStream | None = None
-        self.trace: RequestTrace | None = None  # its server span, while tracing is on
+        self.trace: Trace | None = None  # its server span, while tracing is on
         # a traced request's handler call that gave its first answer ({handler_ms, phases,
         # batch_size}), where no RESULT of its batch says it: a continuous-batching step
         self.handled: dict[str, Any] | None = None

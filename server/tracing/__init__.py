@@ -30,7 +30,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from server.errors import MserveError
 from server.tracing.context import (
@@ -40,10 +40,7 @@ from server.tracing.context import (
     client_request_id,
     trace_id_of,
 )
-from server.tracing.settings import trace_settings
-
-if TYPE_CHECKING:
-    from server.config import ServerConfig
+from server.tracing.settings import TraceConfig, trace_settings
 
 __all__ = [
     "CLIENT_GONE",
@@ -77,7 +74,7 @@ def refused(
     return trace.trace_id
 
 
-def setup(config: ServerConfig, environ: Mapping[str, str] | None = None) -> Tracing | None:
+def setup(config: TraceConfig, environ: Mapping[str, str] | None = None) -> Tracing | None:
     """Tracing as configured; its exporter process starts with the event loop (``start``)."""
     global current
     settings = trace_settings(config, os.environ if environ is None else environ)

@@ -12,12 +12,9 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from random import getrandbits
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from typing import Protocol
-
-    from server.models.batching import Job
     from server.tracing.settings import TraceSettings
 
 # W3C trace context: version 00, 32 hex trace id, 16 hex parent id, 2 hex flags
@@ -44,18 +41,36 @@ def trace_id_of(traceparent: str | None) -> str:
     return traceparent[3:35]
 
 
-if TYPE_CHECKING:
+class Sink(Protocol):
+    """Where span records go: server/tracing/process.py's ExportProcess."""
 
-    class Sink(Protocol):
-        """Where span records go: server/tracing/process.py's ExportProcess."""
+    dropped: dict[str, int]
 
-        dropped: dict[str, int]
+    def put(self, record: tuple[Any, ...]) -> None: ...
 
-        def put(self, record: tuple[Any, ...]) -> None: ...
+    def start(self) -> None: ...
 
-        def start(self) -> None: ...
+    async def close(self) -> None: ...
 
-        async def close(self) -> None: ...
+
+class QueuedJob(Protocol):
+    """What a request's span is made of at its end: its job on a model's queue
+    (server/models/batching.py's Job), times monotonic."""
+
+    @property
+    def enqueued_at(self) -> float: ...
+
+    @property
+    def sent_at(self) -> float:  # its batch sent to a worker; 0: never
+        ...
+
+    @property
+    def sent(self) -> tuple[Any, Any] | None:  # (worker, batch): its id; jobs, future
+        ...
+
+    @property
+    def handled(self) -> dict[str, Any] | None:  # a continuous-batching step's meta
+        ...
 
 
 class Tracing:
@@ -197,7 +212,7 @@ class RequestTrace:
         headers.append(["traceparent", self.traceparent])
 
     def finish(
-        self, job: Job | None, status: int, error: str | None = None,
+        self, job: QueuedJob | None, status: int, error: str | None = None,
         stream: tuple[float, int] | None = None,
     ) -> None:  # fmt: skip
         """End the request (nothing at all when it is not sampled): the times of ``job`` its

@@ -7,14 +7,25 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from server.errors import ConfigError
 
-if TYPE_CHECKING:
-    from server.config import ServerConfig
-
 PROTOCOLS = ("http/protobuf", "grpc")
+
+
+class TraceConfig(Protocol):
+    """The server settings tracing reads (server/config.py's ServerConfig has them); None:
+    unset, the standard variables then decide."""
+
+    @property
+    def otel_endpoint(self) -> str | None: ...
+
+    @property
+    def otel_protocol(self) -> str | None: ...
+
+    @property
+    def otel_sampling_ratio(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -25,7 +36,7 @@ class TraceSettings:
     headers: dict[str, str]
 
 
-def trace_settings(config: ServerConfig, environ: Mapping[str, str]) -> TraceSettings | None:
+def trace_settings(config: TraceConfig, environ: Mapping[str, str]) -> TraceSettings | None:
     """What tracing the server does: None (off) without an endpoint, or with
     ``OTEL_SDK_DISABLED=true`` / ``OTEL_TRACES_EXPORTER=none``. Our settings win over the
     standard variables; bad values are refused with the setting's name."""
