@@ -164,7 +164,7 @@ class Decoder:
                 and data.ndim == 1
                 and data.format == "B"
                 and (data.c_contiguous)
-            ):  # a recv buffer's view (runtime.Channel): read as it is, no view of our own
+            ):  # a recv buffer's view (channel.Channel): read as it is, no view of our own
                 self._consume(data, frames)
             else:
                 with memoryview(data) as raw, raw.cast("B") as view:

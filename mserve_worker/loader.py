@@ -118,9 +118,13 @@ def load_handler(
     return _wrap(target, f"{module_name}:{attribute}", module, context, style)
 
 
+# The SDK module that claims and loads each style written for another server.
+_ADAPTERS = {KERNEL: "kernel", HOOKS: "hooks", V2_MODEL: "v2_serving"}
+
+
 def _adapter(style: str) -> Any:
     """The adapter module of a style written for another server (imported only when used)."""
-    return importlib.import_module(f"{__package__}.sdk.{style.replace('-', '_')}")
+    return importlib.import_module(f"{__package__}.sdk.{_ADAPTERS[style]}")
 
 
 def _builtin_or(module_name: str, model_dir: str) -> str:

@@ -19,24 +19,19 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Collection
-from typing import Any
 
 from . import continuous, proctitle, streaming
+from .channel import Channel
 from .protocol import (
     PROTOCOL_VERSION,
-    Decoder,
     Frame,
     Kind,
     ProtocolError,
-    encode,
     parse_batch,
-    parse_cancel,
     result_frame,
 )
 from .service import BatchFailed, HandlerService, LoadFailed
 
-_RECV_BYTES = 1 << 18
 # After the server closes the channel, how long a worker still busy in its handler may run on
 # (the server's own stop waits 5 s before SIGTERM); none if the server process is gone.
 _GRACE_AFTER_CLOSE_S = 5.0
@@ -45,98 +40,8 @@ _PF_EXITING = 0x4  # /proc/<pid>/stat flags: the process is being torn down (lin
 # first; one that waited less is run at once. With eight requests in flight, polling before every
 # batch was one failing recv() per request for a window of a few hundred microseconds.
 _CANCEL_POLL_AFTER_S = 0.001
-# How often a streaming handler's sends look for CANCELs of its own batch (clients that left).
-_STREAM_POLL_S = 0.01
-_NONE_CANCELLED: frozenset[str] = frozenset()
 # The exit status of a worker that got a frame it cannot trust (1: its handler failed to load).
 EXIT_PROTOCOL_ERROR = 3
-
-
-class Channel:
-    """Blocking frame I/O over the inherited socket."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.decoder = Decoder()
-        self.pending: list[Frame] = []
-        self.buffered = False  # the last frame received had arrived with an earlier one
-        self.read_at = 0.0  # when the socket was last looked at
-        self._cancelled: dict[int, set[str]] = {}  # batch id -> request ids whose callers left
-        self._eof = False
-        # one reused buffer: a fresh 256 KiB bytes per recv costs page faults on every call
-        self._buffer = bytearray(_RECV_BYTES)
-        self._view = memoryview(self._buffer)
-
-    def send(self, frame: Frame) -> None:
-        """Header, meta and payload in one ``sendmsg``: one system call, and the payload is
-        written from where it lies, never joined to the header."""
-        buffers: list[Any] = encode(frame)
-        while buffers:  # a blocking send stops short only when a signal interrupts it
-            sent = self.sock.sendmsg(buffers)
-            while buffers and sent >= len(buffers[0]):
-                sent -= len(buffers.pop(0))
-            if sent:
-                buffers[0] = memoryview(buffers[0])[sent:]
-
-    def receive(self) -> Frame | None:
-        """The next frame other than CANCEL, or None when the server closed the channel."""
-        self.buffered = bool(self.pending)
-        while not self.pending:
-            if self._eof:
-                return None
-            n = self.sock.recv_into(self._buffer)
-            if not n:
-                return None
-            self.read_at = time.monotonic()
-            self._take(self.decoder.feed(self._view[:n]))
-        return self.pending.pop(0)
-
-    def poll(self) -> None:
-        """Take in what has already arrived, without waiting: a CANCEL for a batch that was
-        queued here while the one before it ran."""
-        self.read_at = time.monotonic()
-        while not self._eof:
-            try:
-                n = self.sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return
-            if not n:
-                self._eof = True  # the next receive() reports it, after the frames we hold
-                return
-            self._take(self.decoder.feed(self._view[:n]))
-
-    def cancelled(self, batch_id: int) -> Collection[str]:
-        """Request ids of ``batch_id`` the server cancelled; forgets older batches' leftovers."""
-        if not self._cancelled:
-            return _NONE_CANCELLED
-        for stale in [b for b in self._cancelled if b < batch_id]:
-            del self._cancelled[stale]
-        return self._cancelled.pop(batch_id, set())
-
-    def gone(self, batch_id: int) -> set[str]:
-        """Request ids of the running batch ``batch_id`` whose callers left mid-stream; looks at
-        the socket (without waiting) at most once per ``_STREAM_POLL_S``."""
-        if time.monotonic() - self.read_at >= _STREAM_POLL_S:
-            self.poll()
-        return self._cancelled.get(batch_id, set()) if self._cancelled else set()
-
-    def take_pending(self) -> list[Frame]:
-        """The frames other than CANCEL received so far, without waiting (after ``poll``)."""
-        frames, self.pending = self.pending, []
-        return frames
-
-    def take_cancelled(self) -> dict[int, set[str]]:
-        """Every CANCEL received so far, by batch id, forgotten here."""
-        cancelled, self._cancelled = self._cancelled, {}
-        return cancelled
-
-    def _take(self, frames: list[Frame]) -> None:
-        for frame in frames:
-            if frame.kind == Kind.CANCEL:
-                batch_id, ids = parse_cancel(frame)
-                self._cancelled.setdefault(batch_id, set()).update(ids)
-            else:
-                self.pending.append(frame)
 
 
 def _gpu_unusable() -> str | None:

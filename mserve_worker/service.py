@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Collection
 from typing import Any
 
-from . import compat, continuous, stand_ins, streaming, tracing
+from . import compat, stand_ins, streaming, tracing
 from .context import Context, Metrics
 from .contract import HandlerLoadError, LoadedHandler
 from .imports import loaded_packages
@@ -32,6 +32,7 @@ from .oip.tensors import OIPError
 from .payload import PayloadError, decode_request, encode_output
 from .protocol import STREAM_FAILED_HEADER, TOO_LARGE_HEADER, RequestItem, ResponseItem
 from .sdk.errors import PredictionException
+from .steps import NEXT_HEADER, Steps
 
 CLIENT_GONE = 499  # the answer to a cancelled request, which nobody reads
 _NOTHING_CANCELLED: frozenset[str] = frozenset()
@@ -104,7 +105,7 @@ class HandlerService:
         )
         _sequence_headers(context, init.get("sequence_headers"))
         if init.get("continuous_batching") is True:
-            context._mserve_steps = continuous.Steps()  # type: ignore[attr-defined]
+            context._mserve_steps = Steps()  # type: ignore[attr-defined]
         if init.get("inference_log"):  # the server logs this model: v2 model classes fill it
             context._mserve_inference_log = {}  # type: ignore[attr-defined]
         try:
@@ -402,7 +403,7 @@ def _serve_group(
             continue
         if request is None:
             mark = marks.get(first) if marks else None
-            headers = [] if mark is None else [[continuous.NEXT_HEADER, mark]]
+            headers = [] if mark is None else [[NEXT_HEADER, mark]]
             responses[i] = ResponseItem(200, body, content_type, headers)
         else:
             headers = request.response_header_pairs()

@@ -15,7 +15,7 @@ their import                               to
 
 Hooks files import nothing: their functions are found by name (see :mod:`.hooks`; the drivers
 they run around are in :mod:`.drivers`). The adapter of a style is the module the loader imports
-for it (``kernel``, ``hooks``, ``v2_model``); each defines ``claims(target)`` and
+for it (``kernel``, ``hooks``, ``v2_serving``); each defines ``claims(target)`` and
 ``load(target, module, context) -> LoadedHandler``. docs/handlers.md is the user's guide.
 """
 

@@ -47,7 +47,6 @@ an ``explain`` the class does not implement, 500 when ``predict``/``explain``/``
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any
 
@@ -320,22 +319,3 @@ def _extra_data(folder: str, model_file: str, not_data: list[str]) -> dict[str, 
         if len(found) == 1 and stem not in paths:
             paths[stem] = found[0]
     return paths
-
-
-# What loader.py calls (the adapter itself is in .v2_serving).
-
-
-def claims(target: Any) -> bool:
-    """A subclass of :class:`V2ModelServer`, or any class with ``load()`` and ``predict()``."""
-    if not inspect.isclass(target):
-        return False
-    if issubclass(target, V2ModelServer):
-        return True
-    return callable(getattr(target, "load", None)) and callable(getattr(target, "predict", None))
-
-
-def load(target: Any, module: Any, context: Any) -> Any:
-    """Create the model object, run its ``load()`` and return the per-batch entry."""
-    from . import v2_serving
-
-    return v2_serving.load(target, module, context)

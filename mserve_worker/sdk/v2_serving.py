@@ -1,7 +1,8 @@
 """Serving a v2 model class: create it, ``load()`` it, then answer each request of a batch.
 
-The adapter behind :mod:`.v2_model` (whose docstring describes the contract users see); split
-from it so that module stays what a model author reads. Standard library only, Python 3.8+.
+The adapter of the v2 model style (the loader's ``claims`` and ``load``) behind :mod:`.v2_model`
+(whose docstring describes the contract users see); split from it so that module stays what a
+model author reads. Standard library only, Python 3.8+.
 ``from mserve_worker.sdk.v2_serving import V2ModelServer`` works too, mirroring mlrun's
 ``mlrun.serving.v2_serving`` module name.
 """
@@ -19,7 +20,16 @@ from ..contract import V2_MODEL, HandlerLoadError, LoadedHandler, accepted_keywo
 from ..payload import with_body
 from .v2_model import PARAMS_KEY, Event, Response, ServerContext, V2ModelServer, check_v2
 
-__all__ = ["V2ModelServer", "load"]
+__all__ = ["V2ModelServer", "claims", "load"]
+
+
+def claims(target: Any) -> bool:
+    """A subclass of :class:`V2ModelServer`, or any class with ``load()`` and ``predict()``."""
+    if not inspect.isclass(target):
+        return False
+    if issubclass(target, V2ModelServer):
+        return True
+    return callable(getattr(target, "load", None)) and callable(getattr(target, "predict", None))
 
 
 def load(target: Any, module: Any, context: Any) -> Any:

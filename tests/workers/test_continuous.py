@@ -11,7 +11,7 @@ import pytest
 
 from mserve_worker import protocol
 from mserve_worker.context import Context
-from mserve_worker.continuous import NEXT_HEADER, Steps
+from mserve_worker.steps import NEXT_HEADER, Steps
 from mserve_worker.protocol import Frame, Kind, RequestItem
 from tests.workers.test_runtime import HANDLERS, _spawn
 

@@ -231,7 +231,7 @@ FRAMES_TO_SEND = [
 
 @pytest.mark.parametrize("frame", FRAMES_TO_SEND, ids=["no payload", "bytes", "memoryview"])
 def test_channel_send_is_one_sendmsg_and_finishes_a_short_one(frame: Frame) -> None:
-    from mserve_worker.runtime import Channel
+    from mserve_worker.channel import Channel
 
     whole = ShortWrites(limit=1 << 20)
     Channel(whole).send(frame)  # type: ignore[arg-type]
