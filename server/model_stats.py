@@ -9,13 +9,10 @@ round.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from mserve_worker.protocol import MetricEntry, RequestItem
-
-if TYPE_CHECKING:
-    from server.metrics import Metrics
 
 
 class AnsweredJob(Protocol):
@@ -75,6 +72,26 @@ class ObservedResidency(Protocol):
     def loaded_models(self) -> int: ...
 
 
+class StatsSink(Protocol):
+    """Where a model version's figures go (server/metrics.py's Metrics): its Prometheus series
+    and TorchServe's metric log lines, as the metrics mode says."""
+
+    log_frontend: bool
+    log_model: bool
+
+    def log_ts(
+        self, name: str, unit: str, value: float, dims: tuple[tuple[str, str], ...]
+    ) -> None: ...
+    def log_model_line(
+        self, name: str, unit: str, value: float, dims: Iterable[tuple[str, str]], ids: str
+    ) -> None: ...
+    def request_cancelled(self, name: str, version: str, reason: str) -> None: ...
+    def builtin_series(self, name: str, model_name: str) -> list[float] | None: ...
+    def handler_entries(
+        self, model_name: str, entries: list[MetricEntry], jobs: Sequence[AnsweredJob]
+    ) -> None: ...
+
+
 def worker_name(model_name: str, model_version: str, worker_id: str) -> str:
     """TorchServe's WorkerName dimension."""
     return f"W-{worker_id}-{model_name}_{model_version}"
@@ -97,7 +114,7 @@ class ModelStats:
         "worker_thread_ms",
     )
 
-    def __init__(self, metrics: Metrics | None, name: str, version: str) -> None:
+    def __init__(self, metrics: StatsSink | None, name: str, version: str) -> None:
         self.metrics = metrics
         self.name = name
         self.version = version

@@ -8,24 +8,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from server.errors import MserveError
 from server.http.answer import REASONS, http_date
+from server.http.request import StreamSource
 
 if TYPE_CHECKING:
     from server.http.connection import Connection
     from server.http.request import Request
 
 log = logging.getLogger(__name__)
-
-
-class StreamSource(Protocol):
-    """Where a streamed answer's chunks come from (``server.streaming.ChunkStream``)."""
-
-    def pause(self) -> None: ...
-    def resume(self) -> None: ...
-    def cancel(self) -> None: ...
 
 
 class ChunkedAnswer:

@@ -13,8 +13,8 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httptools
 
@@ -36,17 +36,36 @@ from server.http.request import (
 )
 
 if TYPE_CHECKING:
-    from server.http.server import HttpServer
+    from server.accesslog import AccessLogFile
 
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 32  # requests of one connection being served; reading pauses beyond it
 
 
+class Listener(Protocol):
+    """What a connection needs of the listener that accepted it (server/http/server.py's
+    HttpServer): its limits and timeouts, where requests go, and where answers are counted."""
+
+    connections: set[Connection]
+    max_connections: int
+    max_request_bytes: int
+    read_timeout_s: float
+    keepalive_s: float
+    stopping: bool
+    tasks: set[asyncio.Future[Answer]]
+    access_log: AccessLogFile | None
+    on_answer: Callable[[int], None] | None
+    redact: Callable[[str], str] | None
+
+    def refused(self) -> None: ...
+    def dispatch(self, conn: Connection, req: Request) -> None: ...
+
+
 class Connection(asyncio.Protocol):
     """One client connection: httptools parses, exchanges are answered strictly in order."""
 
-    def __init__(self, api: HttpServer) -> None:
+    def __init__(self, api: Listener) -> None:
         self.api = api
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote
 
 from server.errors import BadRequest, MethodNotAllowed, MserveError, PathNotFound
-
-if TYPE_CHECKING:
-    from server.http.chunked import ChunkedAnswer
 
 MAX_HEAD_BYTES = 64 * 1024  # request line plus headers; more is answered 431
 # The request headers this server reads itself, found once as they arrive (one lower() per
@@ -23,6 +20,25 @@ KNOWN_HEADERS = frozenset(
     ("authorization", "content-length", "content-type", "expect", "transfer-encoding",
      "url_path", "x-request-id", "traceparent", "tracestate")
 )  # fmt: skip
+
+
+class StreamSource(Protocol):
+    """Where a streamed answer's chunks come from (``server.streaming.ChunkStream``)."""
+
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def cancel(self) -> None: ...
+
+
+class OpenStream(Protocol):
+    """A streamed answer under way (server/http/chunked.py's ChunkedAnswer), as the connection
+    drives it: written as its client reads, cancelled when its client leaves."""
+
+    source: StreamSource
+    state: str  # "open", then "ended", "broken" or "gone"
+    buffered: int  # bytes held in the request's ``out``, not written yet
+
+    def cancel(self) -> None: ...
 
 
 class Request:
@@ -67,7 +83,7 @@ class Request:
         self.out: list[bytes | bytearray | memoryview] | None = None  # the encoded answer
         self.status = 0
         self.length = 0
-        self.stream: ChunkedAnswer | None = None  # a streamed answer under way
+        self.stream: OpenStream | None = None  # a streamed answer under way
         # a prediction's facts for the access log: request id, trace id, model, version, worker
         self.tag: tuple[str, str, str, str, str] | None = None
         path, _, self.query_string = target.partition(b"?")
