@@ -33,6 +33,7 @@ from random import getrandbits
 from typing import Any
 
 from server.tracing import otlp, senders
+from server.tracing.settings import export_options
 
 FRAME = struct.Struct(">I")
 MAX_BATCH_RECORDS = 512  # read before an export: ~4000 spans, one OTLP request
@@ -142,8 +143,10 @@ def _resource() -> dict[str, Any]:
 
 
 def sender(settings: dict[str, Any]) -> senders.HttpSender | senders.GrpcSender:
-    """The sender for the configured protocol, with the standard variables' options."""
-    options = senders.export_options(settings["headers"] or {})
+    """The sender for the configured protocol, with the standard variables' options (read
+    here, from the environment this process has from the server, so that no header is on its
+    command line)."""
+    options = export_options(os.environ)
     if settings["protocol"] == "grpc":
         return senders.GrpcSender(settings["endpoint"], options)
     return senders.HttpSender(settings["endpoint"], options)

@@ -61,8 +61,7 @@ class ExportProcess:
     def __init__(self, settings: TraceSettings) -> None:
         self.argv = [
             sys.executable, "-m", "server.tracing.export",
-            json.dumps({"endpoint": settings.endpoint, "protocol": settings.protocol,
-                        "headers": settings.headers}),
+            json.dumps({"endpoint": settings.endpoint, "protocol": settings.protocol}),
         ]  # fmt: skip
         self.endpoint = settings.endpoint
         self.dropped = dict.fromkeys(REASONS, 0)  # spans, by reason

@@ -6,43 +6,17 @@ from __future__ import annotations
 
 import gzip
 import http.client
-import os
 import random
 import ssl
 import time
 import urllib.parse
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.tracing.settings import ExportOptions
 
 MAX_TRIES = 6  # as the SDK's exporters: backoff 1, 2, 4, ... s (+-20%) within the timeout
 _HTTP_RETRY = frozenset({429, 502, 503, 504})
-
-
-def _env(name: str, default: str = "") -> str:
-    """``OTEL_EXPORTER_OTLP_TRACES_<name>``, else ``OTEL_EXPORTER_OTLP_<name>``."""
-    return (
-        os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}")
-        or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
-        or default
-    ).strip()
-
-
-def export_options(headers: Mapping[str, str]) -> dict[str, Any]:
-    """What the SDK's exporters read from the environment: headers (the variables', then
-    ``headers``: ours win), timeout (seconds, as the SDK reads it), compression, certificate."""
-    from opentelemetry.util.re import parse_env_headers
-
-    merged = {k.lower(): v for k, v in parse_env_headers(_env("HEADERS"), liberal=True).items()}
-    merged.update({k.lower(): v for k, v in headers.items()})
-    try:
-        timeout_s = float(_env("TIMEOUT", "10"))
-    except ValueError:
-        timeout_s = 10.0
-    compression = _env("COMPRESSION", "none").lower()
-    if compression not in ("none", "gzip", "deflate"):
-        compression = "none"
-    return {"headers": merged, "timeout_s": timeout_s, "compression": compression,
-            "certificate": _env("CERTIFICATE") or None, "insecure": _env("INSECURE")}  # fmt: skip
 
 
 def _backoff(attempt: int, deadline: float) -> bool:
@@ -58,18 +32,18 @@ class HttpSender:
     """OTLP/HTTP (protobuf) over one kept-alive connection, reopened when the collector
     closes it."""
 
-    def __init__(self, endpoint: str, options: dict[str, Any]) -> None:
+    def __init__(self, endpoint: str, options: ExportOptions) -> None:
         url = urllib.parse.urlsplit(endpoint)
         self._https = url.scheme == "https"
         self._host = url.hostname or "localhost"
         self._port = url.port or (443 if self._https else 80)
         self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-        self._timeout_s = options["timeout_s"]
-        self._compression = options["compression"]
-        self._headers = {"Content-Type": "application/x-protobuf", **options["headers"]}
+        self._timeout_s = options.timeout_s
+        self._compression = options.compression
+        self._headers = {"Content-Type": "application/x-protobuf", **options.headers}
         if self._compression != "none":
             self._headers.setdefault("content-encoding", self._compression)
-        self._certificate = options["certificate"]
+        self._certificate = options.certificate
         self._conn: http.client.HTTPConnection | None = None
 
     def _post(self, data: bytes, timeout_s: float) -> tuple[int, str]:
@@ -130,7 +104,7 @@ class GrpcSender:
     """OTLP/gRPC: TraceService's ``Export``, its path taken from the generated descriptor,
     sending the encoded request as it is (the generated stub would parse and re-serialize it)."""
 
-    def __init__(self, endpoint: str, options: dict[str, Any]) -> None:
+    def __init__(self, endpoint: str, options: ExportOptions) -> None:
         import grpc
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
@@ -138,18 +112,16 @@ class GrpcSender:
         target = url.netloc or endpoint
         if ":" not in target.rsplit("]", 1)[-1]:
             target += ":4317"
-        insecure = url.scheme == "http"
-        if options["insecure"]:
-            insecure = options["insecure"].lower() == "true"
+        insecure = url.scheme == "http" if options.insecure is None else options.insecure
         compression = {"gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}.get(
-            options["compression"], grpc.Compression.NoCompression
+            options.compression, grpc.Compression.NoCompression
         )
         if insecure:
             self._channel = grpc.insecure_channel(target, compression=compression)
         else:
             roots = None
-            if options["certificate"]:
-                with open(options["certificate"], "rb") as file:
+            if options.certificate:
+                with open(options.certificate, "rb") as file:
                     roots = file.read()
             credentials = grpc.ssl_channel_credentials(root_certificates=roots)
             self._channel = grpc.secure_channel(target, credentials, compression=compression)
@@ -159,8 +131,8 @@ class GrpcSender:
             request_serializer=None,  # bytes, already encoded
             response_deserializer=trace_service_pb2.ExportTraceServiceResponse.FromString,
         )
-        self._metadata = tuple(options["headers"].items())
-        self._timeout_s = options["timeout_s"]
+        self._metadata = tuple(options.headers.items())
+        self._timeout_s = options.timeout_s
         self._grpc = grpc
 
     def send(self, data: bytes) -> str | None:

@@ -1,6 +1,8 @@
 """What tracing the server does, from its settings and the standard ``OTEL_*`` variables
 (docs/server.md, Observability): :func:`trace_settings`, checked when the config is loaded and
-read again by :func:`server.tracing.setup`."""
+read again by :func:`server.tracing.setup`; :func:`export_options`, how the exporter process
+sends, read there. Every ``OTEL_EXPORTER_OTLP_*`` variable is read through
+:func:`otlp_variable`, the ``TRACES_`` one first."""
 
 from __future__ import annotations
 
@@ -30,10 +32,58 @@ class TraceConfig(Protocol):
 
 @dataclass(frozen=True)
 class TraceSettings:
+    """What the frontend needs to trace: where spans go, how, and how many new traces."""
+
     endpoint: str
     protocol: str
     sampling_ratio: float
-    headers: dict[str, str]
+
+
+def otlp_variable(environ: Mapping[str, str], name: str, default: str = "") -> str:
+    """``OTEL_EXPORTER_OTLP_TRACES_<name>``, else ``OTEL_EXPORTER_OTLP_<name>``, else
+    ``default``: the signal's own variable wins, as the OpenTelemetry specification says, and an
+    empty one counts as unset."""
+    return (
+        environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}")
+        or environ.get(f"OTEL_EXPORTER_OTLP_{name}")
+        or default
+    ).strip()
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How the exporter process sends (what the SDK's exporters read from the environment)."""
+
+    headers: dict[str, str]  # names in lower case
+    timeout_s: float  # per export, retries included
+    compression: str  # "none", "gzip" or "deflate"
+    certificate: str | None  # the CA bundle (PEM) the collector's certificate is checked with
+    insecure: bool | None  # gRPC without TLS; None: as the endpoint's scheme says
+
+
+def export_options(environ: Mapping[str, str]) -> ExportOptions:
+    """The standard variables' options, read by the exporter process (its environment is the
+    server's): headers in W3C baggage format, percent-decoded (the SDK's
+    ``parse_env_headers(..., liberal=True)``: an unencoded value with spaces is taken as it
+    is), timeout (seconds, as the SDK reads it), compression, certificate, insecure."""
+    headers: dict[str, str] = {}
+    raw = otlp_variable(environ, "HEADERS")
+    if raw:
+        from opentelemetry.util.re import parse_env_headers
+
+        headers = {k.lower(): v for k, v in parse_env_headers(raw, liberal=True).items()}
+    try:
+        timeout_s = float(otlp_variable(environ, "TIMEOUT", "10"))
+    except ValueError:
+        timeout_s = 10.0
+    compression = otlp_variable(environ, "COMPRESSION", "none").lower()
+    if compression not in ("none", "gzip", "deflate"):
+        compression = "none"
+    insecure = otlp_variable(environ, "INSECURE").lower()
+    return ExportOptions(
+        headers, timeout_s, compression, otlp_variable(environ, "CERTIFICATE") or None,
+        insecure == "true" if insecure else None,
+    )  # fmt: skip
 
 
 def trace_settings(config: TraceConfig, environ: Mapping[str, str]) -> TraceSettings | None:
@@ -44,12 +94,7 @@ def trace_settings(config: TraceConfig, environ: Mapping[str, str]) -> TraceSett
         return None
     if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
         return None
-    protocol = (
-        config.otel_protocol
-        or environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "http/protobuf"
-    ).strip()
+    protocol = (config.otel_protocol or otlp_variable(environ, "PROTOCOL", "http/protobuf")).strip()
     if protocol not in PROTOCOLS:
         raise ConfigError(
             f"'otel_protocol' should be one of {', '.join(PROTOCOLS)}, found {protocol!r}"
@@ -79,9 +124,4 @@ def trace_settings(config: TraceConfig, environ: Mapping[str, str]) -> TraceSett
             ) from None
     if not 0.0 <= ratio <= 1.0:
         raise ConfigError(f"'otel_sampling_ratio' should be from 0 to 1, found {ratio!r}")
-    headers = {}
-    for pair in (environ.get("OTEL_EXPORTER_OTLP_HEADERS") or "").split(","):
-        key, sep, value = pair.partition("=")
-        if sep and key.strip():
-            headers[key.strip()] = value.strip()
-    return TraceSettings(endpoint, protocol, ratio, headers)
+    return TraceSettings(endpoint, protocol, ratio)

@@ -41,6 +41,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.spans: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each post's, names in lower case
         self.lock = threading.Lock()
         self.refuse = False  # answer 400: the collector refuses what it is sent
         receiver = self
@@ -48,6 +49,7 @@ class Receiver:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if receiver.refuse:
                     self.send_response(400)
                     self.send_header("Content-Length", "0")
@@ -382,8 +384,12 @@ def test_generative_requests_spans(make_archive, start_server) -> None:
 
 def _exporters(server: Server) -> list[psutil.Process]:
     """The server's span exporter children, live ones only."""
+    return _exporters_of(psutil.Process(server.pid))
+
+
+def _exporters_of(parent: psutil.Process) -> list[psutil.Process]:
     found = []
-    for child in psutil.Process(server.pid).children():
+    for child in parent.children():
         try:
             if "server.tracing.export" in child.cmdline():
                 found.append(child)
@@ -444,7 +450,7 @@ def test_a_stalled_exporter_costs_counted_drops_and_one_warning_per_burst(caplog
     from server.tracing.settings import TraceSettings
 
     receiver = Receiver()
-    process = ExportProcess(TraceSettings(receiver.url, "http/protobuf", 1.0, {}))
+    process = ExportProcess(TraceSettings(receiver.url, "http/protobuf", 1.0))
     trace = "a" * 32
 
     async def run() -> None:
@@ -472,6 +478,50 @@ def test_a_stalled_exporter_costs_counted_drops_and_one_warning_per_burst(caplog
     assert sum("falling behind" in w for w in warnings) == 1, warnings
     assert f"tracing: the span queue drained; {dropped} spans were dropped" in warnings
     assert len(receiver.trace(trace)) == MAX_QUEUE * 4 - dropped
+
+
+@pytest.mark.parametrize(
+    ("environ", "sent"),
+    [
+        # W3C baggage format: percent-decoded, as the SDK's parse_env_headers(liberal=True)
+        ({"OTEL_EXPORTER_OTLP_HEADERS": "api-key=s%3Dcret%20key,X-Team=a b"},
+         {"api-key": "s=cret key", "x-team": "a b"}),
+        # the signal's own variable wins over the generic one (the OpenTelemetry specification)
+        ({"OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=generic,api-key=k",
+          "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-tenant=team%20a"},
+         {"x-tenant": "team a"}),
+    ],
+)  # fmt: skip
+def test_otlp_headers_reach_the_collector_as_the_sdk_reads_them(environ, sent, monkeypatch) -> None:
+    """``OTEL_EXPORTER_OTLP_[TRACES_]HEADERS``, parsed once: the headers a real exporter process
+    sends a real receiver; none of them on the exporter's command line (any user's ``ps``
+    shows it)."""
+    from server import tracing
+
+    for name in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    receiver = Receiver()
+    argv: list[str] = []
+
+    async def run() -> None:
+        tracer = tracing.setup(load_config(flags={"otel_endpoint": receiver.url}, environ={}))
+        assert tracer is not None
+        tracer.start()
+        argv.extend(next(iter(_exporters_of(psutil.Process()))).cmdline())
+        with tracing.span("mserve.model.load"):
+            pass
+        await tracer.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        tracing.setup(load_config(environ={}), {})
+        receiver.server.shutdown()
+    assert len(receiver.spans) == 1
+    assert {k: v for k, v in receiver.headers[0].items() if k in sent or k == "api-key"} == sent
+    assert not any("api-key" in arg or "x-tenant" in arg or "X-Team" in arg for arg in argv)
 
 
 @pytest.mark.parametrize(
@@ -507,6 +557,16 @@ def test_standard_otel_variables_turn_tracing_on_and_off() -> None:
         load_config(flags={"otel_sampling_ratio": -0.5}, environ={})
     off = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}
     assert trace_settings(load_config(environ={}), off) is None
+    # the TRACES variables win over the generic ones; an empty one counts as unset
+    both = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:4317",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}  # fmt: skip
+    traces = trace_settings(load_config(environ={}), both)
+    assert traces is not None and (traces.endpoint, traces.protocol) == ("http://t:4317", "grpc")
+    both |= {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "", "OTEL_EXPORTER_OTLP_PROTOCOL": "thrift",
+             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}  # fmt: skip
+    generic = trace_settings(load_config(environ={}), both)
+    assert generic is not None and generic.endpoint == "http://c:4318/v1/traces"
 
 
 def test_sampling_follows_the_clients_flag_else_the_ratio() -> None:
@@ -520,7 +580,7 @@ def test_sampling_follows_the_clients_flag_else_the_ratio() -> None:
     sink = type("Sink", (), {"put": lambda self, record: handed.append(record)})()
 
     def tracing(ratio: float) -> Tracing:
-        settings = TraceSettings("http://127.0.0.1:9/", "http/protobuf", ratio, {})
+        settings = TraceSettings("http://127.0.0.1:9/", "http/protobuf", ratio)
         return Tracing(settings, sink)
 
     never, always = tracing(0.0), tracing(1.0)

@@ -22,6 +22,7 @@ from opentelemetry.trace.span import TraceState
 
 from server.tracing import otlp, senders
 from server.tracing.export import Spans
+from server.tracing.settings import ExportOptions, export_options
 
 TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 START = 1_700_000_000_123_456_789
@@ -152,12 +153,10 @@ def collector() -> Any:
     collector.server.shutdown()
 
 
-def test_http_exports_share_one_connection_with_the_standard_options(
-    collector, monkeypatch
-) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "api-key=s%3Dcret,x-team=a")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
-    sender = senders.HttpSender(collector.url, senders.export_options({"x-team": "ours"}))
+def test_http_exports_share_one_connection_with_the_standard_options(collector) -> None:
+    environ = {"OTEL_EXPORTER_OTLP_HEADERS": "api-key=s%3Dcret,x-team=a",
+               "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip"}  # fmt: skip
+    sender = senders.HttpSender(collector.url, export_options(environ))
     for body in (b"one", b"two", b"three"):
         assert sender.send(body) is None
     assert [gzip.decompress(body) for _, body, _ in collector.posts] == [b"one", b"two", b"three"]
@@ -165,7 +164,7 @@ def test_http_exports_share_one_connection_with_the_standard_options(
     headers = {k.lower(): v for k, v in collector.posts[0][0].items()}
     assert headers["content-type"] == "application/x-protobuf"
     assert headers["content-encoding"] == "gzip"
-    assert headers["api-key"] == "s=cret" and headers["x-team"] == "ours"
+    assert headers["api-key"] == "s=cret" and headers["x-team"] == "a"
     collector.close = True  # the collector says it closes: the next post opens another
     assert sender.send(b"four") is None and sender.send(b"five") is None
     ports = [port for _, _, port in collector.posts]
@@ -182,11 +181,28 @@ def test_http_exports_share_one_connection_with_the_standard_options(
     sender.close()
 
 
-def test_an_unreachable_collector_is_retried_within_the_timeout(monkeypatch) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.5")
+def test_an_unreachable_collector_is_retried_within_the_timeout() -> None:
+    options = export_options({"OTEL_EXPORTER_OTLP_TIMEOUT": "0.5"})
     with socket.socket() as bound:  # bound, not listening: connections are refused
         bound.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{bound.getsockname()[1]}/v1/traces"
-        failure = senders.HttpSender(url, senders.export_options({})).send(b"spans")
+        failure = senders.HttpSender(url, options).send(b"spans")
     assert failure is not None
     assert failure.startswith("Failed to export spans batch: [Errno 111] Connection refused")
+
+
+def test_every_otlp_variable_the_traces_one_first() -> None:
+    """Each ``OTEL_EXPORTER_OTLP_TRACES_<X>`` wins over ``OTEL_EXPORTER_OTLP_<X>`` (the
+    OpenTelemetry specification); an empty one counts as unset; headers are percent-decoded."""
+    generic = {"HEADERS": "a=1", "TIMEOUT": "3", "COMPRESSION": "deflate",
+               "CERTIFICATE": "/generic.pem", "INSECURE": "false"}  # fmt: skip
+    traces = {"HEADERS": "b=2%2C3", "TIMEOUT": "4", "COMPRESSION": "gzip",
+              "CERTIFICATE": "/traces.pem", "INSECURE": "true"}  # fmt: skip
+    environ = {f"OTEL_EXPORTER_OTLP_{k}": v for k, v in generic.items()}
+    as_generic = ExportOptions({"a": "1"}, 3.0, "deflate", "/generic.pem", False)
+    assert export_options(environ) == as_generic
+    environ |= {f"OTEL_EXPORTER_OTLP_TRACES_{k}": v for k, v in traces.items()}
+    assert export_options(environ) == ExportOptions({"b": "2,3"}, 4.0, "gzip", "/traces.pem", True)
+    environ |= {f"OTEL_EXPORTER_OTLP_TRACES_{k}": "" for k in traces}
+    assert export_options(environ) == as_generic
+    assert export_options({}) == ExportOptions({}, 10.0, "none", None, None)
