@@ -15,8 +15,12 @@ from server.config import BATCH_WAITS
 from server.download import parse_sha256
 from server.errors import BadRequest, ModelApiDisabled, ModelNotFound, ModelVersionNotFound
 from server.models.registry import RegisterRequest, Registry
-from server.rest.description import MAX_PAGE, MAX_WORKERS
 
+# The most workers one model may be asked for through the API (min_worker, max_worker,
+# initial_workers); more is refused with 400 rather than started.
+MAX_WORKERS = 1024
+# TorchServe's paging (server/rest/management.py models_page)
+MAX_PAGE = 100
 # TorchServe's runtimes (its Manifest.RuntimeType); all Python ones run on the model's Python 3.
 PYTHON_RUNTIMES = ("python", "python2", "python3")
 

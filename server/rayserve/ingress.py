@@ -36,8 +36,9 @@ from server.errors import (
     WorkerTimeout,
 )
 from server.http import error_body
+from server.inference import request_id, server_metadata
 from server.rayserve.replica import BATCH_FAILED
-from server.rest.inference import SERVER_HEADERS, request_id, server_metadata
+from server.rest.inference import SERVER_HEADERS
 from server.rest.routes import (
     INFER,
     MODELS,

@@ -13,15 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from archiver import __version__
+from server.operations import MAX_PAGE, MAX_WORKERS
 
 if TYPE_CHECKING:
     from server.http import Connection, Request
 
-# The most workers one model may be asked for through the API (min_worker, max_worker,
-# initial_workers); more is refused with 400 rather than started.
-MAX_WORKERS = 1024
-# TorchServe's paging (server/rest/management.py models_page)
-MAX_PAGE = 100
 
 _NAME = {"type": "string", "minLength": 1}
 _MODEL = {"name": "model_name", "in": "path", "required": True, "schema": _NAME}

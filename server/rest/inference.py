@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
-import os
 import time
-from typing import Any
 
-from archiver import __version__
-from mserve_worker.oip.signature import SignatureError, parse_signature
-from mserve_worker.protocol import TOO_LARGE_HEADER, RequestItem, ResponseItem
+from mserve_worker.protocol import RequestItem, ResponseItem
 from server import tracing
 from server.errors import InternalError, MserveError, ResponseTooLarge
 from server.http import ChunkedAnswer, Connection, Request, header_ok
+from server.inference import check_size, model_metadata, request_id, server_metadata
 from server.metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
@@ -278,36 +274,6 @@ def _handler_error(result: ResponseItem) -> str | None:
     return bytes(result.body[:200]).decode("utf-8", "replace") or f"status {result.status}"
 
 
-def server_metadata() -> dict[str, Any]:
-    """The Open Inference Protocol's server metadata (``GET /v2``, gRPC ``ServerMetadata``)."""
-    return {"name": "mserve", "version": __version__, "extensions": ["binary_tensor_data"]}
-
-
-def model_metadata(registry: Registry, name: str, version: str | None) -> dict[str, Any]:
-    """A model's OIP metadata (``GET /v2/models/{m}``, gRPC ``ModelMetadata``): its versions
-    and the signature its model config declares."""
-    model = registry.get(name, version)
-    versions = [mv.version for mv in registry.versions(name)]
-    try:  # the worker refused to load a bad one, so this one reads
-        signature = parse_signature(model.model_yaml_config).metadata()
-    except SignatureError as exc:
-        raise InternalError(f"model {model.label}: {exc}") from None
-    return {"name": model.name, "versions": versions, "platform": "mserve", **signature}
-
-
-def check_size(model: ModelVersion, result: ResponseItem, max_bytes: int) -> None:
-    """Raise ResponseTooLarge for an answer over ``max_response_size_bytes`` (one the worker
-    already refused to send included)."""
-    size = len(result.body)
-    if result.status == 413 and result.headers and result.headers[0][0] == TOO_LARGE_HEADER:
-        size = int(result.headers[0][1])  # the worker kept the body: it was too large
-    if size > max_bytes:
-        raise ResponseTooLarge(
-            f"the response of {model.label} is {size} bytes, more than"
-            f" max_response_size_bytes={max_bytes}"
-        )
-
-
 def _set_url_path(req: Request, url_path: str) -> None:
     """TorchServe 0.11+: the path after ``/predictions/{m}/{v}/`` reaches the handler as the
     request header ``url_path`` (``v1/chat/completions``; empty without one; server/rest/
@@ -316,13 +282,3 @@ def _set_url_path(req: Request, url_path: str) -> None:
     if "url_path" in req.known:  # rare: the HTTP layer indexed it, so no pass per request
         headers[:] = [h for h in headers if h[0].lower() != "url_path"]
     headers.append(["url_path", url_path])
-
-
-_id_prefix = os.urandom(8).hex()
-_id_counter = itertools.count()
-
-
-def request_id() -> str:
-    """32 hex digits, unique like uuid4's: random per server process, then a counter (one
-    ``os.urandom`` per request was a getrandom() system call each)."""
-    return f"{_id_prefix}{next(_id_counter):016x}"

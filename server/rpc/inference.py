@@ -24,11 +24,11 @@ from grpc import aio
 from mserve_worker.protocol import RequestItem, ResponseItem
 from server import tracing
 from server.errors import BadRequest, MserveError, ResponseTooLarge
+from server.inference import check_size, request_id
 from server.metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion
-from server.rest.inference import check_size, request_id
 from server.rpc import status
 from server.rpc.protos import inference_pb2 as pb
 from server.rpc.protos import inference_pb2_grpc

@@ -28,8 +28,8 @@ from grpc import aio
 from mserve_worker.oip.tensors import HEADER_LENGTH
 from mserve_worker.protocol import RequestItem
 from server.errors import BadRequest, InternalError, MserveError, ResponseTooLarge
+from server.inference import model_metadata, request_id, server_metadata
 from server.models.registry import Registry
-from server.rest.inference import model_metadata, request_id, server_metadata
 from server.rpc import status
 from server.rpc.inference import (
     HandlerStatus,
