@@ -25,6 +25,8 @@ from server.errors import ConfigError
 
 _WHITESPACE = " \t\f"
 _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+_LINE_END = re.compile(r"(\r\n|\r|\n)")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _ENV_REF = re.compile(r"\$\$([^$]+[^$])\$\$")  # TorchServe's $$VAR$$ in a value
 SNAPSHOT_NAME = re.compile(r"^(\d{17})-(startup|snapshot|shutdown)\.cfg$")
 
@@ -37,7 +39,8 @@ class Property:
 
 
 def _unescape(text: str, path: Path, line: int) -> str:
-    """Java's escapes: ``\\uXXXX``, ``\\t \\n \\r \\f``, and ``\\c`` for any other ``c``."""
+    """Java's escapes: ``\\uXXXX``, ``\\t \\n \\r \\f``, and ``\\c`` for any other ``c``.
+    A Java string is UTF-16: a ``\\uD83D\\uDE00`` pair is one character (a lone half stays)."""
     if "\\" not in text:
         return text
     out, i = [], 0
@@ -60,30 +63,50 @@ def _unescape(text: str, path: Path, line: int) -> str:
             continue
         out.append(_ESCAPES.get(nxt, nxt))
         i += 2
-    return "".join(out)
+    result = "".join(out)
+    if _SURROGATE.search(result):  # pairs join up, as in Java's UTF-16 string
+        result = result.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    return result
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Java's line rules: comments (``#``/``!`` first), blank lines, and a line ending in an
-    odd number of backslashes continuing onto the next, whose leading whitespace is dropped."""
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    """The lines of ``Properties.load`` (its LineReader, JDK 9 and later): CRLF, LF and CR end a
+    line; one whose first non-blank character is ``#`` or ``!`` is a comment; blank lines are
+    skipped; a line ending in an odd number of backslashes goes on onto the next, that one's
+    leading whitespace dropped, and a blank line ends it. While the logical line is still empty
+    (a lone ``\\`` continued), the next line counts as a new one: blank or comment, it is
+    skipped. At the end of the file the last backslash is dropped, and a line of nothing else
+    still counts (the key "" with value "") unless a CRLF follows it, as in Java."""
+    chunks = _LINE_END.split(text)  # line, its end, line, its end, ..., the text after the last
+    last = len(chunks) - 1
     out: list[tuple[int, str]] = []
-    pending: str | None = None
+    parts: list[str] = []  # the logical line so far
     start = 0
-    for number, raw in enumerate(lines, 1):
-        stripped = raw.lstrip(_WHITESPACE)
-        if pending is None:
+    for k in range(0, last + 1, 2):
+        number = k // 2 + 1
+        stripped = chunks[k].lstrip(_WHITESPACE)
+        if not parts:
             if not stripped or stripped[0] in "#!":
                 continue
-            start, pending = number, ""
-        trailing = len(stripped) - len(stripped.rstrip("\\"))
-        if trailing % 2:
-            pending += stripped[:-1]
+            start = number
+        elif not stripped:  # a blank line after a continued one ends it
+            out.append((start, "".join(parts)))
+            parts = []
             continue
-        out.append((start, pending + stripped))
-        pending = None
-    if pending:  # a last line that ends in a backslash: Java drops the backslash
-        out.append((start, pending))
+        trailing = len(stripped) - len(stripped.rstrip("\\"))
+        if not trailing % 2:
+            parts.append(stripped)
+            out.append((start, "".join(parts)))
+            parts = []
+            continue
+        if len(stripped) > 1:
+            parts.append(stripped[:-1])
+        # The file ends here, or right after this line's CR or LF: Java takes the line as it
+        # stands, even empty. After a last CRLF it reads on to the end first, and an empty
+        # line is then none (the blank-line rules above).
+        if k == last or (k + 2 == last and not chunks[last] and chunks[k + 1] != "\r\n"):
+            out.append((start, "".join(parts)))
+            parts = []
     return out
 
 

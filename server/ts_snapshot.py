@@ -19,14 +19,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from server.config.model_settings import request_fields, snapshot_fields
 from server.errors import MserveError
 from server.models.registry import RegisterRequest, Registry
-from server.models.settings import request_fields, snapshot_fields
 from server.rundir import write_text_atomic
 
 if TYPE_CHECKING:
@@ -40,23 +41,38 @@ KINDS = ("startup", "snapshot", "shutdown")
 KEEP_FILES = 500
 _JAVA_SPECIALS = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\f": "\\f", "\\": "\\\\",
                   "=": "\\=", ":": "\\:", "#": "\\#", "!": "\\!"}  # fmt: skip
+# what ``Properties.store`` escapes: the separators, comment marks, backslash, and every
+# character outside printable ASCII (a space is left to ``_escape``)
+_TO_ESCAPE = re.compile(r"[\t\n\r\f\\=:#!]|[^ -~]")
+
+
+def _unicode_escape(text: str) -> str:
+    """``\\uXXXX`` per UTF-16 unit, as Java writes a char (a pair for one beyond the BMP)."""
+    units = text.encode("utf-16-be", "surrogatepass")
+    return "".join(f"\\u{units[i]:02X}{units[i + 1]:02X}" for i in range(0, len(units), 2))
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    char = match.group()
+    return _JAVA_SPECIALS.get(char) or _unicode_escape(char)
 
 
 def _escape(text: str, key: bool) -> str:
-    """As ``Properties.store`` escapes: the separators, comment marks and control characters
-    everywhere; spaces everywhere in a key, only a leading one in a value."""
-    out = []
-    for i, char in enumerate(text):
-        if char == " " and (key or i == 0):
-            out.append("\\ ")
-        else:
-            out.append(_JAVA_SPECIALS.get(char, char))
-    return "".join(out)
+    """As ``Properties.store(OutputStream)`` escapes: the separators, comment marks and
+    backslashes; control and non-ASCII characters as ``\\uXXXX``, so that the file is ASCII and
+    reads the same as UTF-8 (mserve) or ISO-8859-1 (TorchServe's ``Properties.load``); spaces
+    everywhere in a key, only a leading one in a value."""
+    out = _TO_ESCAPE.sub(_escape_one, text)
+    if key:
+        return out.replace(" ", "\\ ")
+    return "\\" + out if out.startswith(" ") else out
 
 
 def properties_text(items: Iterable[tuple[str, str]], now: float) -> str:
-    """A properties file as Java's ``Properties.store(writer, "Saving snapshot")`` writes it."""
+    """A properties file as Java's ``Properties.store(stream, "Saving snapshot")`` writes it:
+    ASCII throughout (the date line's zone name too, which a locale may spell otherwise)."""
     stamp = time.strftime("%a %b %d %H:%M:%S %Z %Y", time.localtime(now))
+    stamp = re.sub(r"[^ -~]", lambda m: _unicode_escape(m.group()), stamp)
     lines = ["#Saving snapshot", f"#{stamp}"]
     lines += [f"{_escape(k, True)}={_escape(v, False)}" for k, v in items]
     return "\n".join(lines) + "\n"
@@ -71,7 +87,7 @@ def model_state(registry: Registry) -> dict[str, dict[str, dict[str, Any]]]:
         state: dict[str, Any] = {
             "defaultVersion": registry.defaults.get(mv.name) == mv.version,
             "marName": mar,
-            **snapshot_fields(mv.settings),  # minWorkers, ..., batchWait (models/settings.py)
+            **snapshot_fields(mv.settings),  # minWorkers, ..., batchWait (config/model_settings.py)
             "runtimeType": mv.manifest.get("runtime") or "python",
         }
         if store is None or mv.url != mar or not (store / mar).is_file():
@@ -149,7 +165,7 @@ async def restore(
         request = RegisterRequest(
             url=entry.url or entry.mar_name or "",
             model_name=entry.name,
-            **request_fields(entry.get),  # minWorkers, ... (server/models/settings.py)
+            **request_fields(entry.get),  # minWorkers, ... (server/config/model_settings.py)
             trusted=True,
             at_startup=True,
         )
