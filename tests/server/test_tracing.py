@@ -9,6 +9,11 @@ import asyncio
 import http.server
 import json
 import logging
+import marshal
+import os
+import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -22,12 +27,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from packaging.version import Version
 
 from server.config import load_config
 from server.errors import ConfigError
 from server.rpc.protos import inference_pb2 as ipb
 from server.rpc.protos import inference_pb2_grpc
+from server.tracing.export import FRAME
 from server.tracing.settings import trace_settings
+from tests.conftest import REPO
 from tests.server.conftest import HANDLERS, Server, wait_until
 from tests.server.conftest import http as http_request
 
@@ -522,6 +530,62 @@ def test_otlp_headers_reach_the_collector_as_the_sdk_reads_them(environ, sent, m
     assert len(receiver.spans) == 1
     assert {k: v for k, v in receiver.headers[0].items() if k in sent or k == "api-key"} == sent
     assert not any("api-key" in arg or "x-tenant" in arg or "X-Team" in arg for arg in argv)
+
+
+def _floors(requirements: list[str], names: tuple[str, ...] = ()) -> dict[str, str]:
+    """``name>=version`` requirements' floors, by name (only ``names`` when given)."""
+    floors = {}
+    for requirement in requirements:
+        name, sep, version = requirement.partition(">=")
+        name = name.split("[")[0].strip()
+        if not names or name in names:
+            assert sep, f"{requirement}: no floor"
+            floors[name] = version.split(",")[0].strip()
+    return floors
+
+
+@pytest.mark.slow
+def test_the_exporter_runs_on_the_oldest_opentelemetry_the_otel_extra_allows() -> None:
+    """The otel extra's floors (and the exporter's other dependencies' floors), installed on
+    their own (once, into .cache/otel-floor) and nothing else but the standard library: the
+    exporter process sends a span with the standard variables' headers to a real receiver.
+    (opentelemetry-api before 1.27 has no ``parse_env_headers(..., liberal=True)``.)"""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    otel = _floors(project["optional-dependencies"]["otel"])
+    assert "opentelemetry-api" in otel  # the tracing package imports it: declared
+    pins = sorted(f"{n}=={v}" for n, v in otel.items())
+    home = REPO / ".cache" / "otel-floor" / "-".join(p.replace("==", "") for p in pins)
+    if not (home / ".complete").exists():  # written last: a run killed halfway is redone
+        shutil.rmtree(home, ignore_errors=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(home), *pins],
+            check=True, timeout=600,
+        )  # fmt: skip
+        (home / ".complete").write_text("\n".join(pins))
+    env = {**os.environ, "PYTHONPATH": f"{home}{os.pathsep}{REPO}",
+           "OTEL_EXPORTER_OTLP_HEADERS": "api-key=s%3Dcret,x-team=a b"}  # fmt: skip
+    python = [sys.executable, "-S"]  # no site-packages: only what was installed there
+    versions = subprocess.run(
+        [*python, "-c", "from importlib.metadata import version as v; "
+         "print(*(v(n) for n in ('opentelemetry-api', 'opentelemetry-sdk')))"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    found = [Version(v) for v in versions.stdout.split()]
+    assert found == [Version(otel["opentelemetry-api"]), Version(otel["opentelemetry-sdk"])]
+    receiver = Receiver()
+    data = marshal.dumps([("s", "mserve.model.load", "b" * 32, 1, 0, 1, 2, {}, None)], 4)
+    try:
+        out = subprocess.run(
+            [*python, "-m", "server.tracing.export",
+             json.dumps({"endpoint": receiver.url, "protocol": "http/protobuf"})],
+            input=FRAME.pack(len(data)) + data, env=env, capture_output=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        receiver.server.shutdown()
+    assert out.returncode == 0, out.stderr.decode()
+    assert [s["name"] for s in receiver.trace("b" * 32)] == ["mserve.model.load"]
+    assert receiver.headers[0]["api-key"] == "s=cret" and receiver.headers[0]["x-team"] == "a b"
 
 
 @pytest.mark.parametrize(
