@@ -123,7 +123,7 @@ if __name__ == "__main__":
 
 def continuous_available() -> bool:
     sys.path.insert(0, str(REPO))
-    from server.models.settings import SETTINGS
+    from server.config.model_settings import SETTINGS
 
     return any(s.key == "continuousBatching" for s in SETTINGS)
 

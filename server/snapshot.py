@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from server.config.model_settings import INFERENCE_LOG_SETTINGS
 from server.errors import MserveError
 from server.models.registry import RegisterRequest, Registry
-from server.models.settings import INFERENCE_LOG_SETTINGS
 from server.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)

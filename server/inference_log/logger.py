@@ -40,7 +40,8 @@ class Delivery:
 
     queue_size: int = 10_000  # records waiting per sink of a model version
     flush_s: float = 1.0  # a batch that is not full goes out this long after its first record
-    retries: int = 3  # more tries of a failed send, after 0.2 s, 0.4 s, 0.8 s ...
+    retries: int = 3  # more tries that deliver nothing, after 0.2 s, 0.4 s, 0.8 s ... (a try
+    # that delivers some of what it sent does not count; what it left goes again after 0.2 s)
     backoff_s: float = 0.2
     backoff_max_s: float = 5.0
     max_stream_bytes: int = 6_553_500  # of a streamed answer, what a record keeps (build():
@@ -190,17 +191,24 @@ class InferenceLogger:
                 await asyncio.wait_for(queue.wake.wait(), timeout)
 
     async def _send(self, queue: _Queue, batch: list[Record]) -> None:
+        """Sends ``batch``, then what a try left, again and on its own (``retry``), until all
+        is delivered or ``retries`` more tries delivered nothing at all. A try that delivered
+        some of it does not count against them: a receiver that fails some requests (a round
+        robin with a broken backend: every 3rd POST answered 500) still gets every record,
+        whatever position it lands in; only one that delivers nothing makes records fail. The
+        tries stay bounded: one that does not count delivered an event, so a batch gets at
+        most ``retries + 1`` tries more than it has events, each within the sink's timeout."""
         sink, delivery = queue.sink, self.delivery
         pending = batch
-        for attempt in range(delivery.retries + 1):
-            if attempt:
-                delay = min(delivery.backoff_s * 2 ** (attempt - 1), delivery.backoff_max_s)
-                await asyncio.sleep(delay)
+        tries = failures = 0  # tries made, tries that delivered nothing
+        while True:
             try:
-                left = await sink.send(pending)
+                left = await sink.send(pending, retry=tries > 0)
+                progress = bool(sink.progress)
             except Exception:  # the task's guard: a sink bug must not end logging
                 log.exception("inference log of %s: sink %s failed", self.label, sink.name)
-                left = pending
+                left, progress = pending, False
+            tries += 1
             self._count(queue, "sent", len(pending) - len(left))
             pending = left
             if not pending:
@@ -208,6 +216,14 @@ class InferenceLogger:
                     log.info("inference log of %s: %s delivers again", self.label, sink.name)
                     queue.failing = False
                 return
+            if not progress:
+                failures += 1
+                if failures > delivery.retries:
+                    break
+            # the backoff grows with the tries that delivered nothing; after one that
+            # delivered something, what it left goes again after the first step
+            delay = delivery.backoff_s * (1 if progress else 2 ** (failures - 1))
+            await asyncio.sleep(min(delay, delivery.backoff_max_s))
         self._count(queue, "failed", len(pending))
         if not queue.failing:
             queue.failing = True
@@ -216,7 +232,7 @@ class InferenceLogger:
             log.warning(
                 "inference log of %s: %d record(s) not delivered to %s %s after %d tries (%s);"
                 " requests are still answered", self.label, len(pending), sink.name, where,
-                delivery.retries + 1, why,
+                tries, why,
             )  # fmt: skip
 
     def _count(self, queue: _Queue, outcome: str, n: int) -> None:

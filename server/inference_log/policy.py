@@ -1,6 +1,6 @@
 """A model version's inference-logging settings, parsed once at registration.
 
-The per-model values come from the one settings table (server/models/settings.py: model config
+The per-model values come from the one settings table (server/config/model_settings.py: model config
 ``inferenceLog*`` keys, registration parameters ``inference_log*``, then the server's
 ``inference_log*`` defaults); how sinks behave (queue, retries, rotation) is the server's.
 """
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from server.config.model_settings import INFERENCE_LOG_MODES as MODES
 from server.errors import InvalidModel
-from server.models.settings import INFERENCE_LOG_MODES as MODES
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from mserve_worker import protocol
 from mserve_worker.protocol import STREAM_FAILED_HEADER, TOO_LARGE_HEADER, Frame
+from server.config.model_settings import ModelSettings
 from server.errors import (
     HandlerError,
     InternalError,
@@ -27,7 +28,6 @@ from server.errors import (
 )
 from server.model_stats import ModelStats
 from server.models.batching import Job, JobQueue, gather_batch
-from server.models.settings import ModelSettings
 from server.streaming import ChunkStream
 from server.workers.channel import Batch, ChannelClosed
 from server.workers.process import Worker

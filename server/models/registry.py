@@ -18,6 +18,7 @@ from archiver import Manifest
 from mserve_worker.protocol import MAX_U32
 from server import tracing
 from server.config import ModelEntry, ServerConfig
+from server.config.model_settings import SETTINGS, ModelSettings
 from server.devices import GpuAllocator
 from server.download import Downloader, Progress, is_remote
 from server.errors import (
@@ -31,7 +32,6 @@ from server.inference_log.logger import build as build_inference_log
 from server.metrics import Metrics
 from server.model_envs import EnvCache, EnvRequest, normalise_requirements
 from server.models.residency import Residency
-from server.models.settings import SETTINGS, ModelSettings
 from server.models.version import ModelVersion
 from server.redaction import PathRedactor
 from server.store import UnpackedModel, resolve_url, unpack

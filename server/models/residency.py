@@ -35,9 +35,9 @@ from typing import Protocol
 import psutil
 
 from server.config import ServerConfig
+from server.config.model_settings import ModelSettings
 from server.errors import BudgetExhausted
 from server.metrics import Metrics
-from server.models.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 

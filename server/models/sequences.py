@@ -31,9 +31,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from server.config.model_settings import ModelSettings
 from server.errors import RequestExpired, TooManyRequests
 from server.models.batching import Job, JobQueue
-from server.models.settings import ModelSettings
 
 
 class Sequence:

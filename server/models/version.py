@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mserve_worker.protocol import RequestItem
+from server.config.model_settings import SEQUENCE_HEADERS, ModelSettings, shown, with_changes
 from server.devices import GpuPlan, shown_gpu_id, worker_env_for
 from server.errors import (
     HandlerLoadFailed,
@@ -39,7 +40,6 @@ from server.models.continuous import ContinuousPump
 from server.models.pump import BatchPump
 from server.models.residency import Residency
 from server.models.sequences import Sequences
-from server.models.settings import SEQUENCE_HEADERS, ModelSettings, shown, with_changes
 from server.streaming import ChunkStream
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
@@ -668,7 +668,7 @@ class ModelVersion:
             "modelUrl": self.url,
             "runtime": self.manifest.get("runtime", "python"),
             "handler": self.handler,
-            **shown(s),  # minWorkers, maxWorkers, batchSize, ... (server/models/settings.py)
+            **shown(s),  # minWorkers, maxWorkers, batchSize, ... (server/config/model_settings.py)
             "parallelType": "",  # no model parallelism (torchrun) here: TorchServe's "none"
             "parallelLevel": 0,
             "deviceType": "gpu" if self.gpus.use_gpu else "cpu",

@@ -18,11 +18,11 @@ from typing import Any
 
 from archiver import __version__
 from server.config import ServerConfig
+from server.config.model_settings import SETTINGS, ModelSettings, shown
 from server.download import is_remote
 from server.errors import BadRequest, InvalidModel
 from server.model_envs import find_uv, normalise_requirements, protected_constraints
 from server.models.registry import RegisterRequest, effective_settings
-from server.models.settings import SETTINGS, ModelSettings, shown
 from server.rundir import StartupModel
 from server.store import resolve_url, unpack
 

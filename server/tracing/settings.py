@@ -17,7 +17,7 @@ PROTOCOLS = ("http/protobuf", "grpc")
 
 
 class TraceConfig(Protocol):
-    """The server settings tracing reads (server/config.py's ServerConfig has them); None:
+    """The server settings tracing reads (server/config/'s ServerConfig has them); None:
     unset, the standard variables then decide."""
 
     @property

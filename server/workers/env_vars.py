@@ -23,12 +23,6 @@ log = logging.getLogger(__name__)
 
 # mserve's own settings and secrets: never in a worker, whatever the config or the model says.
 ALWAYS_DENIED = ("MSERVE_*",)
-# The default of ``worker_env_deny``: names that hold credentials by common convention, and
-# TorchServe's own settings. Not ``*TOKEN*``: TOKENIZERS_PARALLELISM is a model's business.
-DEFAULT_DENY = (
-    "TS_*", "TOKEN", "*_TOKEN", "*_TOKEN_*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_PASS",
-    "*API_KEY*", "*APIKEY*", "*PRIVATE_KEY*", "*CREDENTIAL*", "SSH_AUTH_SOCK",
-)  # fmt: skip
 _PR_SET_DUMPABLE = 4
 
 

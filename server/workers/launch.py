@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mserve_worker.imports import valid_names
-from server.workers.env_vars import DEFAULT_DENY, WorkerEnvironment
+from server.config import DEFAULT_DENY
+from server.workers.env_vars import WorkerEnvironment
 from server.workers.preload import PreloadMemory
 from server.workers.prespawn import (
     EarlyTemplate,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from server.config.model_settings import ModelSettings
 from server.devices import GpuAllocator
 from server.errors import InvalidModel
-from server.models.settings import ModelSettings
 from server.models.version import ModelVersion
 from server.workers.launch import Launcher
 

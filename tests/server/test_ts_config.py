@@ -453,10 +453,10 @@ def test_kserves_one_port_file_works_once_a_variable_moves_an_api(tmp_path: Path
 
 
 def test_every_setting_a_snapshot_writes_is_read_back_and_restored_as_registered() -> None:
-    """One table (server/models/settings.py) names the settings for the snapshot writer, the
+    """One table (server/config/model_settings.py) names the settings for the snapshot writer, the
     entry reader and the restore: what one writes, the others take back unchanged."""
     from server.config import parse_model_entries
-    from server.models.settings import (
+    from server.config.model_settings import (
         ENTRY_SETTINGS,
         ModelSettings,
         request_fields,

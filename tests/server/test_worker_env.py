@@ -13,7 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from server.workers.env_vars import DEFAULT_DENY, WorkerEnvironment, hide_own_environ
+from server.config import DEFAULT_DENY
+from server.workers.env_vars import WorkerEnvironment, hide_own_environ
 from tests.server.conftest import HANDLERS, Server, template_ready, wait_until
 
 OPEN = {"disable_token_authorization": True, "enable_model_api": True}
