@@ -37,10 +37,10 @@ from server.console import ConsoleHandler
 from server.devices import GpuAllocator, server_gpus
 from server.download import is_remote, recorded_url
 from server.errors import MserveError, answer_as_torchserve
-from server.handler_metrics import MetricsConfig, load_metrics_config
 from server.http import HttpServer
 from server.logs import setup_logging
-from server.metrics import Metrics
+from server.metrics.handler import MetricsConfig, load_metrics_config
+from server.metrics.server_metrics import Metrics
 from server.models.registry import RegisterRequest, Registry
 from server.rest import frontend as rest_frontend
 from server.rundir import (

@@ -1,5 +1,6 @@
 """Our HTTP/1.1 server, on all three ports: connections over httptools' parser, routing left to
-each port's router (server/rest/inference.py, server/rest/management.py, server/metrics.py).
+each port's router (server/rest/inference.py, server/rest/management.py,
+server/metrics/server_metrics.py).
 
 Why not aiohttp: on the inference path the server's whole job is to move a body to a worker and
 an answer back, and aiohttp's request, response, router and middleware objects cost ~100-140 us

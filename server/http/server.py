@@ -25,8 +25,9 @@ SWEEP_S = 5.0  # how often connections are checked against the timeouts, at most
 
 
 class Router(Protocol):
-    """A port's API: what its paths mean is the router's alone (server/rest/, server/metrics.py),
-    the API description included; this layer only connects, guards and answers."""
+    """A port's API: what its paths mean is the router's alone (server/rest/,
+    server/metrics/server_metrics.py), the API description included; this layer only connects,
+    guards and answers."""
 
     def route(self, conn: Connection, req: Request) -> None:
         """Answer ``req`` through ``conn``, now or later; raise MserveError to refuse it."""

@@ -26,7 +26,7 @@ from server.errors import (
     WorkerDied,
     WorkerTimeout,
 )
-from server.model_stats import ModelStats
+from server.metrics.model_stats import ModelStats
 from server.models.batching import Job, JobQueue, gather_batch
 from server.streaming import ChunkStream
 from server.workers.channel import Batch, ChannelClosed

@@ -29,7 +29,7 @@ from server.errors import (
     MserveError,
 )
 from server.inference_log.logger import build as build_inference_log
-from server.metrics import Metrics
+from server.metrics.server_metrics import Metrics
 from server.model_envs import EnvCache, EnvRequest, normalise_requirements
 from server.models.residency import Residency
 from server.models.version import ModelVersion

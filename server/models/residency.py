@@ -37,7 +37,7 @@ import psutil
 from server.config import ServerConfig
 from server.config.model_settings import ModelSettings
 from server.errors import BudgetExhausted
-from server.metrics import Metrics
+from server.metrics.server_metrics import Metrics
 
 log = logging.getLogger(__name__)
 

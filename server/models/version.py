@@ -33,8 +33,8 @@ from server.errors import (
     TooManyRequests,
 )
 from server.inference_log import InferenceLogger
-from server.metrics import Metrics
-from server.model_stats import ModelStats
+from server.metrics.model_stats import ModelStats
+from server.metrics.server_metrics import Metrics
 from server.models.batching import Job, JobQueue, QueueFull
 from server.models.continuous import ContinuousPump
 from server.models.pump import BatchPump
@@ -182,7 +182,7 @@ class ModelVersion:
         )
 
     def worker_states(self) -> list[str]:
-        """Each worker's state, for ``mserve_workers{state}`` (server/metrics.py)."""
+        """Each worker's state, for ``mserve_workers{state}`` (server/metrics/server_metrics.py)."""
         return [s.worker.state.value for s in self.slots if s.worker is not None]
 
     def worker_load_ms(self) -> list[tuple[str, float]]:

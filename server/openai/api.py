@@ -31,7 +31,7 @@ from mserve_worker.protocol import RequestItem, ResponseItem
 from server import tracing
 from server.errors import InternalError, ModelNotFound, MserveError, ServiceUnavailable
 from server.http import JSON, ChunkedAnswer, Connection, Request
-from server.metrics import Metrics
+from server.metrics.server_metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion

@@ -12,7 +12,7 @@ from server.auth import Guard, Keys
 from server.config import ServerConfig, split_address
 from server.errors import MserveError
 from server.http import HttpServer
-from server.metrics import Metrics, MetricsAPI
+from server.metrics.server_metrics import Metrics, MetricsAPI
 from server.models.registry import Registry
 from server.rest.inference import InferenceAPI
 from server.rest.management import ManagementAPI

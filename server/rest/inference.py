@@ -20,9 +20,9 @@ import time
 from mserve_worker.protocol import RequestItem, ResponseItem
 from server import tracing
 from server.errors import InternalError, MserveError, ResponseTooLarge
-from server.http import ChunkedAnswer, Connection, Request, header_ok
+from server.http import ChunkedAnswer, Connection, Request, header_problem
 from server.inference import check_size, model_metadata, request_id, server_metadata
-from server.metrics import Metrics
+from server.metrics.server_metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion
@@ -251,12 +251,13 @@ class InferenceAPI:
         check_size(model, result, self.max_response_bytes)
         headers = [[k, v] for k, v in result.headers if k.lower() not in SERVER_HEADERS]
         headers.append(["Content-Type", result.content_type or "application/octet-stream"])
-        bad = next((k for k, v in headers if not header_ok(k, v)), None)
-        if bad is not None:
-            raise InternalError(
-                f"the handler of {model.label} set response header {bad!r} to a value that"
-                " is not a valid HTTP header (control characters or an empty name)"
-            )
+        for name, value in headers:
+            problem = header_problem(name, value)
+            if problem is not None:  # never on the wire: the caller gets why instead
+                raise InternalError(
+                    f"the handler of {model.label} set response header {name!r} to a value"
+                    f" that is not a valid HTTP header: {problem}"
+                )
         headers.append(["X-Request-Id", request_id])  # ours, or the client's (checked)
         return headers
 

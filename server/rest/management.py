@@ -1,6 +1,6 @@
 """The management API (8081), with TorchServe's paths and parameters. The inference port (8080)
-is server/rest/inference.py, the metrics port (8082) server/metrics.py; all three run on
-server/http/.
+is server/rest/inference.py, the metrics port (8082) server/metrics/server_metrics.py; all three
+run on server/http/.
 
 Errors keep TorchServe's JSON shape ``{"code", "type", "message"}``.
 """

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from server.auth import Keys
 from server.config import ServerConfig, grpc_tls, split_address
-from server.metrics import Metrics
+from server.metrics.server_metrics import Metrics
 from server.models.registry import Registry
 from server.rpc.inference import PING, InferenceService
 from server.rpc.management import ManagementService

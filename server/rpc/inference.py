@@ -25,7 +25,7 @@ from mserve_worker.protocol import RequestItem, ResponseItem
 from server import tracing
 from server.errors import BadRequest, MserveError, ResponseTooLarge
 from server.inference import check_size, request_id
-from server.metrics import Metrics
+from server.metrics.server_metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion

@@ -1,5 +1,5 @@
 """The HTTP layer (server/http/) sits under the APIs: it knows connections, requests and
-answers, and nothing of what a port's paths mean. Routers (server/rest/, server/metrics.py)
+answers, and nothing of what a port's paths mean. Routers (server/rest/, server/metrics/server_metrics.py)
 import it, never the other way round."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.metric_formats import java_double
+from server.metrics.formats import java_double
 from tests.server.conftest import MSERVE, Server, concurrently, http, wait_until
 
 HOST = socket.gethostname()
@@ -208,7 +208,7 @@ def test_handler_metrics_are_aggregated_across_workers(
 
 
 def test_invented_label_values_are_capped_with_one_warning(make_archive, start_server) -> None:
-    from server.handler_metrics import MAX_SERIES_PER_METRIC
+    from server.metrics.handler import MAX_SERIES_PER_METRIC
 
     make_archive("custom_metrics", "metrics_handler:handle", "custom")
     server = start_server("custom=custom.mar", config={"batch_size": 8})

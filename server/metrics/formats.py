@@ -17,8 +17,8 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 
-from server.handler_metrics import BUCKETS, Family
 from server.linefile import LineFile
+from server.metrics.handler import BUCKETS, Family
 
 _NAME_OK = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")

@@ -10,9 +10,9 @@ keeps ``ts_inference_requests_total``, ``ts_inference_latency_microseconds`` and
 are on ``/metrics`` in every mode.
 
 Cost on the prediction path: a request adds to a few floats held by its model version
-(server/model_stats.py: no label lookups, no dicts built); the text is made when ``/metrics`` is
-scraped (server/metric_formats.py). Handler metrics are kept by server/handler_metrics.py, the
-host's system metrics measured by server/system_metrics.py.
+(model_stats.py here: no label lookups, no dicts built); the text is made when ``/metrics`` is
+scraped (formats.py). Handler metrics are kept by handler.py, the host's system metrics measured
+by system.py.
 """
 
 from __future__ import annotations
@@ -37,19 +37,20 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from mserve_worker.protocol import MetricEntry
-from server import system_metrics, tracing
+from server import tracing
 from server.errors import ConfigError
-from server.handler_metrics import HandlerMetrics, MetricsConfig, default_families
 from server.http import Connection, Request
-from server.metric_formats import MetricLog, PromText, metric_line
-from server.model_stats import (
+from server.metrics import system
+from server.metrics.formats import MetricLog, PromText, metric_line
+from server.metrics.handler import HandlerMetrics, MetricsConfig, default_families
+from server.metrics.model_stats import (
     AnsweredJob,
     ObservedModel,
     ObservedResidency,
     request_ids,
     worker_name,
 )
-from server.system_metrics import SystemValue
+from server.metrics.system import SystemValue
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,7 @@ class Metrics:
             if loop.time() >= next_system:
                 next_system = loop.time() + SYSTEM_METRICS_INTERVAL_S
                 try:
-                    self.record_system(await asyncio.to_thread(system_metrics.measure, self.gpus))
+                    self.record_system(await asyncio.to_thread(system.measure, self.gpus))
                 except (OSError, psutil.Error) as exc:
                     log.warning("could not collect system metrics: %s", exc)
             self.flush_logs()

@@ -1,5 +1,5 @@
 """The host's CPU, memory, disk and GPU use, measured as TorchServe measures them (its
-``metrics.py`` system metrics, once a minute): the metrics chore (server/metrics.py) runs
+``metrics.py`` system metrics, once a minute): the metrics chore (server_metrics.py) runs
 :func:`measure` in a thread and writes the values to ``/metrics`` and ``ts_metrics.log``.
 """
 

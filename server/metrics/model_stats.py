@@ -27,7 +27,7 @@ class AnsweredJob(Protocol):
 
 
 class ObservedSettings(Protocol):
-    """The settings of a model version the scrape reads (server/models/settings.py)."""
+    """The settings of a model version the scrape reads (server/config/model_settings.py)."""
 
     @property
     def min_workers(self) -> int: ...
@@ -73,7 +73,7 @@ class ObservedResidency(Protocol):
 
 
 class StatsSink(Protocol):
-    """Where a model version's figures go (server/metrics.py's Metrics): its Prometheus series
+    """Where a model version's figures go (server_metrics.py's Metrics): its Prometheus series
     and TorchServe's metric log lines, as the metrics mode says."""
 
     log_frontend: bool
