@@ -20,7 +20,7 @@ One module per piece, as uvicorn lays out its protocols: the request and its lim
 package imports nothing from server/rest/ or above.
 """
 
-from server.http.answer import JSON, Answer, error_body, header_ok, json_answer
+from server.http.answer import JSON, Answer, error_body, header_problem, json_answer
 from server.http.chunked import ChunkedAnswer, StreamSource
 from server.http.connection import Connection
 from server.http.request import Request
@@ -36,6 +36,6 @@ __all__ = [
     "Router",
     "StreamSource",
     "error_body",
-    "header_ok",
+    "header_problem",
     "json_answer",
 ]

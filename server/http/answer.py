@@ -6,6 +6,7 @@ carries.
 from __future__ import annotations
 
 import json
+import re
 import time
 from email.utils import formatdate
 from http import HTTPStatus
@@ -52,22 +53,30 @@ def error_body(parts: list[str], error: MserveError, message: str) -> dict[str, 
     return {**error.body(), "message": message}
 
 
-def header_ok(name: str, value: str) -> bool:
-    """Whether a header can be written as it is: a name, no line breaks, and text the answer's
+# RFC 9110 5.6.2: a field name is a token, 1*tchar
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FORBIDDEN_IN_VALUE = re.compile(r"[\r\n\x00]")
+
+
+def header_problem(name: str, value: str) -> str | None:
+    """Why a header cannot be written as it is (None: it can). The name must be an RFC 9110
+    token, as Netty's validating headers (TorchServe's frontend) demand; the value must hold no
+    CR, LF or NUL (RFC 9110 5.5: a recipient must reject those), and be text the answer's
     encoding (UTF-8, surrogateescape for the bytes a client sent) can carry: a lone surrogate
     from a handler cannot be, and failing to encode it would leave the caller without answer."""
-    if (
-        not name or "\r" in name or "\n" in name or ":" in name or "\r" in value or "\n" in value
-    ):  # fmt: skip
-        return False
-    if name.isascii() and value.isascii():
-        return True
-    try:
-        name.encode("utf-8", "surrogateescape")
-        value.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return False
-    return True
+    if not _TOKEN.fullmatch(name):
+        return (
+            "its name is not an HTTP token (RFC 9110: one or more letters, digits and"
+            " !#$%&'*+-.^_`|~; no space, colon, control or non-ASCII character)"
+        )
+    if _FORBIDDEN_IN_VALUE.search(value):
+        return "its value holds a CR, LF or NUL, which HTTP forbids (RFC 9110)"
+    if not value.isascii():
+        try:
+            value.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return "its value holds a lone surrogate, which UTF-8 cannot carry"
+    return None
 
 
 _date_second = -1
