@@ -65,14 +65,14 @@ def decode_request(
     parsed = _PARSED_TYPES.get(content_type)
     if parsed is None:
         mime, params_of_type = _parse_content_type(content_type)
-        parsed = mime, params_of_type, _is_json(mime)
+        parsed = mime, params_of_type, is_json(mime)
         if len(_PARSED_TYPES) >= _PARSED_TYPES_KEPT:  # clients choose them: a bounded memory
             _PARSED_TYPES.clear()
         _PARSED_TYPES[content_type] = parsed
-    mime, params_of_type, is_json = parsed
+    mime, params_of_type, json_body = parsed
 
     data: dict[str, Any]
-    if is_json:
+    if json_body:
         data = {"body": _decode_json(raw, params_of_type.get("charset"), content_type)}
     elif mime == "multipart/form-data":
         data = _decode_multipart(raw, content_type, params_of_type)
@@ -135,7 +135,9 @@ def _parse_content_type(content_type: str) -> tuple[str, dict[str, str]]:
     return mime, params
 
 
-def _is_json(mime: str) -> bool:
+def is_json(mime: str) -> bool:
+    """Whether a media type (lower-case, no parameters) is JSON, which the worker parses:
+    ``application/json`` or ``application/*+json``."""
     return mime == JSON or (mime.startswith("application/") and mime.endswith("+json"))
 
 

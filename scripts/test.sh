@@ -40,5 +40,9 @@ fi
 echo "==> ruff"
 ruff check .
 ruff format --check .
+# The layering ([tool.importlinter] in pyproject.toml): no circles, no import running back up;
+# a broken contract prints the import chain that breaks it.
+echo "==> import contracts"
+lint-imports
 echo "==> pytest"
 pytest "$@"

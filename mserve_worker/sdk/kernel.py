@@ -40,12 +40,11 @@ import uuid
 from typing import Any
 
 from ..contract import KERNEL, HandlerLoadError, LoadedHandler, create_instance
-from ..payload import with_body
+from ..payload import is_json, with_body
 
 STYLE = KERNEL
 SCHEMA_VERSION = "1"
 _CONFIG_KEY = "kernel"
-_JSON_TYPES = ("application/json",)
 
 
 class Kernel:
@@ -277,7 +276,7 @@ class TaskContext:
 def _input_of(body: Any, content_type: str, raw: bytes | None = None) -> str | bytes:
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body)
-    if isinstance(body, str) and not _is_json(content_type):
+    if isinstance(body, str) and not is_json(content_type):
         return body
     # The runtime parsed the JSON body; kernels parse it again themselves, so give them its text
     # as sent (numbers, spacing and key order untouched).
@@ -287,10 +286,6 @@ def _input_of(body: Any, content_type: str, raw: bytes | None = None) -> str | b
         except UnicodeDecodeError:
             pass  # another charset: the runtime decoded it, so re-encode what it found
     return json.dumps(body, ensure_ascii=False)
-
-
-def _is_json(content_type: str) -> bool:
-    return content_type in _JSON_TYPES or content_type.endswith("+json")
 
 
 def _json_text(value: str) -> bool:

@@ -18,7 +18,7 @@ from json.encoder import encode_basestring_ascii as _quoted  # what json.dumps w
 from typing import Any
 from urllib.parse import quote
 
-from mserve_worker.payload import _is_json  # what the worker parses as JSON
+from mserve_worker.payload import is_json  # what the worker parses as JSON
 
 # KServe's event types (pkg/logger: CEInferenceRequest, CEInferenceResponse)
 REQUEST_EVENT = "org.kubeflow.serving.inference.request"
@@ -117,7 +117,7 @@ class Encoder:
                 text = data.decode("utf-8")
                 if encoded:
                     return text
-                if not (parsed and _is_json(content_type.split(";")[0].strip().lower())):
+                if not (parsed and is_json(content_type.split(";")[0].strip().lower())):
                     json.loads(data)
             except ValueError:  # UnicodeDecodeError included
                 pass

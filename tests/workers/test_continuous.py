@@ -11,8 +11,8 @@ import pytest
 
 from mserve_worker import protocol
 from mserve_worker.context import Context
-from mserve_worker.steps import NEXT_HEADER, Steps
 from mserve_worker.protocol import Frame, Kind, RequestItem
+from mserve_worker.steps import NEXT_HEADER, Steps
 from tests.workers.test_runtime import HANDLERS, _spawn
 
 
