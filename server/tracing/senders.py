@@ -1,15 +1,19 @@
 """Sending encoded OTLP requests (server/tracing/otlp.py) from the span exporter process: OTLP/HTTP
-(protobuf) over one kept-alive connection, OTLP/gRPC through TraceService's ``Export`` method,
-each with the standard variables' options and the SDK exporters' retries."""
+(protobuf) through httpx, OTLP/gRPC through TraceService's ``Export`` method, each with the
+standard variables' options (server/tracing/settings.py) and the SDK exporters' retries.
+
+Both check the collector's certificate with ``CERTIFICATE`` (else the system's CAs) and present
+``CLIENT_CERTIFICATE`` / ``CLIENT_KEY`` when set. TLS files that cannot be loaded fail every
+export with their names (the frontend logs it once and counts the spans), not the process."""
 
 from __future__ import annotations
 
 import gzip
-import http.client
 import random
 import ssl
 import time
 import urllib.parse
+import zlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,76 +32,77 @@ def _backoff(attempt: int, deadline: float) -> bool:
     return True
 
 
+def _unreadable(options: ExportOptions, exc: Exception) -> str:
+    files = (options.certificate, options.client_certificate, options.client_key)
+    names = ", ".join(f for f in files if f)
+    return f"Failed to export spans batch: the TLS files could not be loaded ({names}): {exc}"
+
+
 class HttpSender:
-    """OTLP/HTTP (protobuf) over one kept-alive connection, reopened when the collector
-    closes it."""
+    """OTLP/HTTP (protobuf) through one httpx client, its connections kept alive; the proxy the
+    environment names (``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``, ``NO_PROXY``: httpx's
+    ``trust_env``)."""
 
     def __init__(self, endpoint: str, options: ExportOptions) -> None:
-        url = urllib.parse.urlsplit(endpoint)
-        self._https = url.scheme == "https"
-        self._host = url.hostname or "localhost"
-        self._port = url.port or (443 if self._https else 80)
-        self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        import httpx
+
+        self._url = endpoint
         self._timeout_s = options.timeout_s
         self._compression = options.compression
         self._headers = {"Content-Type": "application/x-protobuf", **options.headers}
         if self._compression != "none":
             self._headers.setdefault("content-encoding", self._compression)
-        self._certificate = options.certificate
-        self._conn: http.client.HTTPConnection | None = None
-
-    def _post(self, data: bytes, timeout_s: float) -> tuple[int, str]:
-        conn = self._conn
-        if conn is None:
-            if self._https:
-                context = ssl.create_default_context(cafile=self._certificate)
-                conn = http.client.HTTPSConnection(self._host, self._port, context=context)
-            else:
-                conn = http.client.HTTPConnection(self._host, self._port)
-            self._conn = conn
-        conn.timeout = timeout_s
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout_s)
-        conn.request("POST", self._path, data, self._headers)
-        reply = conn.getresponse()
-        reply.read()
-        if reply.will_close:
-            self.close()
-        return reply.status, reply.reason
+        self._broken: str | None = None  # why every export fails: its TLS files
+        verify: ssl.SSLContext | bool = True
+        if urllib.parse.urlsplit(endpoint).scheme == "https":
+            try:
+                verify = ssl.create_default_context(cafile=options.certificate)
+                if options.client_certificate:
+                    verify.load_cert_chain(options.client_certificate, options.client_key)
+            except OSError as exc:  # ssl.SSLError included: not PEM, a key that does not match
+                self._broken = _unreadable(options, exc)
+        self._client = httpx.Client(verify=verify, trust_env=True)
+        self._stale = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+        self._failed = httpx.TransportError
 
     def send(self, data: bytes) -> str | None:
         """Post one request; None once the collector took it, else why not."""
+        if self._broken is not None:
+            return self._broken
         if self._compression == "gzip":
             data = gzip.compress(data)
         elif self._compression == "deflate":
-            import zlib
-
             data = zlib.compress(data)
         deadline = time.monotonic() + self._timeout_s
-        attempt = 0
+        attempt, fresh = 0, False
         while True:
-            reused = self._conn is not None and self._conn.sock is not None
             try:
-                status, reason = self._post(data, max(deadline - time.monotonic(), 0.001))
-            except (OSError, http.client.HTTPException) as exc:
-                self.close()
-                if reused:  # the collector closed the kept-alive connection: once more, now
+                reply = self._client.post(
+                    self._url, content=data, headers=self._headers,
+                    timeout=max(deadline - time.monotonic(), 0.001),
+                )  # fmt: skip
+            except self._stale as exc:
+                if not fresh:  # the collector may have closed a kept-alive connection: now
+                    fresh = True
                     continue
                 failure = f"Failed to export spans batch: {exc or type(exc).__name__}"
+            except self._failed as exc:
+                failure = f"Failed to export spans batch: {exc or type(exc).__name__}"
             else:
-                if 200 <= status < 400:
+                if 200 <= reply.status_code < 400:
                     return None
-                failure = f"Failed to export spans batch code: {status}, reason: {reason}"
-                if status not in _HTTP_RETRY:
+                failure = (
+                    f"Failed to export spans batch code: {reply.status_code}, "
+                    f"reason: {reply.reason_phrase}"
+                )
+                if reply.status_code not in _HTTP_RETRY:
                     return failure
             if not _backoff(attempt, deadline):
                 return failure
             attempt += 1
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._client.close()
 
 
 class GrpcSender:
@@ -116,14 +121,18 @@ class GrpcSender:
         compression = {"gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}.get(
             options.compression, grpc.Compression.NoCompression
         )
+        self._broken: str | None = None  # why every export fails: its TLS files
         if insecure:
             self._channel = grpc.insecure_channel(target, compression=compression)
         else:
-            roots = None
-            if options.certificate:
-                with open(options.certificate, "rb") as file:
-                    roots = file.read()
-            credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+            try:
+                roots, chain = _read(options.certificate), _read(options.client_certificate)
+                # no key file: the key is in the certificate's (as ssl's load_cert_chain reads)
+                key = _read(options.client_key) if options.client_key else chain
+            except OSError as exc:
+                self._broken = _unreadable(options, exc)
+                roots = chain = key = None
+            credentials = grpc.ssl_channel_credentials(roots, key, chain)
             self._channel = grpc.secure_channel(target, credentials, compression=compression)
         service = trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"]
         self._export = self._channel.unary_unary(
@@ -137,6 +146,8 @@ class GrpcSender:
 
     def send(self, data: bytes) -> str | None:
         """Call Export once; None once the collector took it, else why not."""
+        if self._broken is not None:
+            return self._broken
         code = self._grpc.StatusCode
         retry = {code.CANCELLED, code.DEADLINE_EXCEEDED, code.RESOURCE_EXHAUSTED, code.ABORTED,
                  code.OUT_OF_RANGE, code.UNAVAILABLE, code.DATA_LOSS}  # fmt: skip
@@ -158,3 +169,10 @@ class GrpcSender:
 
     def close(self) -> None:
         self._channel.close()
+
+
+def _read(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as file:
+        return file.read()

@@ -59,13 +59,16 @@ class ExportOptions:
     compression: str  # "none", "gzip" or "deflate"
     certificate: str | None  # the CA bundle (PEM) the collector's certificate is checked with
     insecure: bool | None  # gRPC without TLS; None: as the endpoint's scheme says
+    client_certificate: str | None  # PEM: ours, for a collector that asks for one
+    client_key: str | None  # PEM: its private key (None: in client_certificate's file)
 
 
 def export_options(environ: Mapping[str, str]) -> ExportOptions:
     """The standard variables' options, read by the exporter process (its environment is the
     server's): headers in W3C baggage format, percent-decoded (the SDK's
     ``parse_env_headers(..., liberal=True)``: an unencoded value with spaces is taken as it
-    is), timeout (seconds, as the SDK reads it), compression, certificate, insecure."""
+    is), timeout (seconds, as the SDK reads it), compression, certificate, insecure, client
+    certificate and key."""
     headers: dict[str, str] = {}
     raw = otlp_variable(environ, "HEADERS")
     if raw:
@@ -83,6 +86,8 @@ def export_options(environ: Mapping[str, str]) -> ExportOptions:
     return ExportOptions(
         headers, timeout_s, compression, otlp_variable(environ, "CERTIFICATE") or None,
         insecure == "true" if insecure else None,
+        otlp_variable(environ, "CLIENT_CERTIFICATE") or None,
+        otlp_variable(environ, "CLIENT_KEY") or None,
     )  # fmt: skip
 
 

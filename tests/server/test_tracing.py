@@ -554,7 +554,8 @@ def test_the_exporter_runs_on_the_oldest_opentelemetry_the_otel_extra_allows() -
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     otel = _floors(project["optional-dependencies"]["otel"])
     assert "opentelemetry-api" in otel  # the tracing package imports it: declared
-    pins = sorted(f"{n}=={v}" for n, v in otel.items())
+    others = _floors(project["dependencies"], ("httpx",))  # the exporter's OTLP/HTTP sender
+    pins = sorted(f"{n}=={v}" for n, v in (otel | others).items())
     home = REPO / ".cache" / "otel-floor" / "-".join(p.replace("==", "") for p in pins)
     if not (home / ".complete").exists():  # written last: a run killed halfway is redone
         shutil.rmtree(home, ignore_errors=True)

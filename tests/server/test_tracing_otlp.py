@@ -195,14 +195,19 @@ def test_every_otlp_variable_the_traces_one_first() -> None:
     """Each ``OTEL_EXPORTER_OTLP_TRACES_<X>`` wins over ``OTEL_EXPORTER_OTLP_<X>`` (the
     OpenTelemetry specification); an empty one counts as unset; headers are percent-decoded."""
     generic = {"HEADERS": "a=1", "TIMEOUT": "3", "COMPRESSION": "deflate",
-               "CERTIFICATE": "/generic.pem", "INSECURE": "false"}  # fmt: skip
+               "CERTIFICATE": "/generic.pem", "INSECURE": "false",
+               "CLIENT_CERTIFICATE": "/generic.crt", "CLIENT_KEY": "/generic.key"}  # fmt: skip
     traces = {"HEADERS": "b=2%2C3", "TIMEOUT": "4", "COMPRESSION": "gzip",
-              "CERTIFICATE": "/traces.pem", "INSECURE": "true"}  # fmt: skip
+              "CERTIFICATE": "/traces.pem", "INSECURE": "true",
+              "CLIENT_CERTIFICATE": "/traces.crt", "CLIENT_KEY": "/traces.key"}  # fmt: skip
     environ = {f"OTEL_EXPORTER_OTLP_{k}": v for k, v in generic.items()}
-    as_generic = ExportOptions({"a": "1"}, 3.0, "deflate", "/generic.pem", False)
+    as_generic = ExportOptions({"a": "1"}, 3.0, "deflate", "/generic.pem", False,
+                               "/generic.crt", "/generic.key")  # fmt: skip
     assert export_options(environ) == as_generic
     environ |= {f"OTEL_EXPORTER_OTLP_TRACES_{k}": v for k, v in traces.items()}
-    assert export_options(environ) == ExportOptions({"b": "2,3"}, 4.0, "gzip", "/traces.pem", True)
+    assert export_options(environ) == ExportOptions(
+        {"b": "2,3"}, 4.0, "gzip", "/traces.pem", True, "/traces.crt", "/traces.key"
+    )
     environ |= {f"OTEL_EXPORTER_OTLP_TRACES_{k}": "" for k in traces}
     assert export_options(environ) == as_generic
-    assert export_options({}) == ExportOptions({}, 10.0, "none", None, None)
+    assert export_options({}) == ExportOptions({}, 10.0, "none", None, None, None, None)
