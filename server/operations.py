@@ -14,6 +14,7 @@ from typing import Any
 from server.config import BATCH_WAITS
 from server.download import parse_sha256
 from server.errors import BadRequest, ModelApiDisabled, ModelNotFound, ModelVersionNotFound
+from server.models.describe import describe as described
 from server.models.registry import RegisterRequest, Registry
 
 # The most workers one model may be asked for through the API (min_worker, max_worker,
@@ -151,7 +152,7 @@ def describe(registry: Registry, name: str, version: str | None) -> Any:
     if downloading and name not in registry.models:  # listed while its archive arrives
         return downloading
     models = registry.versions(name) if version == "all" else [registry.get(name, version)]
-    return [registry.redact.describe(m.describe()) for m in models]
+    return [registry.redact.describe(described(m)) for m in models]
 
 
 async def register_model(registry: Registry, params: Mapping[str, str]) -> Outcome:

@@ -1,27 +1,30 @@
 """One registered model version: its settings, its job queue and its supervised workers.
 
-Each worker slot is a task that starts a worker, serves batches from the queue while it lives,
-and restarts it with capped exponential backoff when it dies. Scaling adds slots or retires
-them; a retiring worker finishes its batch first, and idle workers are retired before busy ones.
+Each worker slot (server/models/slot.py) is a task that starts a worker, serves batches from the
+queue while it lives, and restarts it with capped exponential backoff when it dies. Scaling adds
+slots or retires them; a retiring worker finishes its batch first, and idle workers are retired
+before busy ones. A model that loads on demand starts its first slot from a request.
+
+What the management API shows of it is server/models/describe.py. The rest stays one class, at
+some 600 lines: admission, supervision, scaling and on-demand loading all read and change the
+same slots, queue and failure state, and split apart they would pass it all around.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import itertools
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mserve_worker.protocol import RequestItem
-from server.config.model_settings import SEQUENCE_HEADERS, ModelSettings, shown, with_changes
-from server.devices import GpuPlan, shown_gpu_id, worker_env_for
+from server.config.model_settings import SEQUENCE_HEADERS, ModelSettings, with_changes
+from server.devices import GpuPlan, worker_env_for
 from server.errors import (
     HandlerLoadFailed,
     InternalError,
@@ -40,6 +43,7 @@ from server.models.continuous import ContinuousPump
 from server.models.pump import BatchPump
 from server.models.residency import Residency
 from server.models.sequences import Sequences
+from server.models.slot import SERVING, Ended, Slot
 from server.streaming import ChunkStream
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
@@ -51,13 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _worker_ids = itertools.count(9000)  # TorchServe numbers workers from 9000
-
-
-class _Ended(enum.Enum):
-    """How one worker's life in a slot ended, when not with a backoff to restart after."""
-
-    RETIRED = "retired"
-    FIRST_START_FAILED = "first start failed"  # the caller waiting on it removes the slot
 
 
 BACKOFF_START_S = 0.5
@@ -74,20 +71,6 @@ FAILURE_WINDOW_S = 120.0
 # A worker that served this long before it died starts its replacement's backoff afresh: an
 # occasional crash days apart must not leave every restart waiting BACKOFF_MAX_S.
 BACKOFF_RESET_AFTER_S = 60.0
-
-
-@dataclass(eq=False)  # identity: slots live in sets
-class _Slot:
-    retire: asyncio.Event = field(default_factory=asyncio.Event)
-    worker: Worker | None = None
-    first_start: asyncio.Future[None] | None = None
-    task: asyncio.Task[None] | None = None
-    on_demand: bool = False  # started by a request to a model that had no worker
-    lane: JobQueue | None = None  # sequence batching: the requests of its sequences
-
-    @property
-    def idle(self) -> bool:
-        return self.worker is None or self.worker.state is not WorkerState.BUSY
 
 
 class ModelVersion:
@@ -133,8 +116,8 @@ class ModelVersion:
         self.sandbox = sandbox  # what its workers may reach; None: unconfined (sandbox: false)
         self.loaded_at_startup = loaded_at_startup
         self.queue = JobQueue(settings.job_queue_size)
-        self.slots: list[_Slot] = []
-        self._retiring: set[_Slot] = set()
+        self.slots: list[Slot] = []
+        self._retiring: set[Slot] = set()
         self.sequences = (
             Sequences(
                 self.label,
@@ -198,7 +181,7 @@ class ModelVersion:
         return [
             (s.worker.id, s.worker.sandbox)
             for s in self.slots
-            if s.worker is not None and s.worker.state in _SERVING
+            if s.worker is not None and s.worker.state in SERVING
         ]
 
     def queued(self) -> int:
@@ -293,7 +276,7 @@ class ModelVersion:
         """The job queue of each live worker slot (sequence batching)."""
         return [slot.lane for slot in self.slots if slot.lane is not None]
 
-    def _wake_all(self, gone: list[_Slot] | None = None) -> None:
+    def _wake_all(self, gone: list[Slot] | None = None) -> None:
         """Make every waiting pump re-check its state (retire, stop): the queue's and the lanes'
         of the slots, retiring ones and ``gone`` ones included."""
         self.queue.wake_all()
@@ -301,7 +284,7 @@ class ModelVersion:
             if slot.lane is not None:
                 slot.lane.wake_all()
 
-    def _fail_queued(self, error: MserveError, gone: list[_Slot] | None = None) -> None:
+    def _fail_queued(self, error: MserveError, gone: list[Slot] | None = None) -> None:
         """Fail every request that waits for a worker: in the queue, or in a slot's lane."""
         self.queue.fail_all(error)
         if self.sequences is not None:
@@ -371,7 +354,7 @@ class ModelVersion:
             log.error("model %s marked failed: %s", self.label, self.failed)
             self._fail_queued(ServiceUnavailable(f"model {self.label} has failed"))
 
-    async def _run_slot(self, slot: _Slot) -> None:
+    async def _run_slot(self, slot: Slot) -> None:
         """Keep a worker running in ``slot`` until it retires or the model fails: start one,
         serve it, restart it with backoff when it dies. A failure of the supervision itself (a
         bug of ours, never the handler's) is logged with its traceback and handled as a worker
@@ -398,9 +381,9 @@ class ModelVersion:
                 await self._sleep_unless_retired(slot, backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
                 continue
-            if outcome is _Ended.FIRST_START_FAILED:
+            if outcome is Ended.FIRST_START_FAILED:
                 return
-            if outcome is _Ended.RETIRED:
+            if outcome is Ended.RETIRED:
                 break
             backoff = outcome
         if slot.worker is not None and slot.worker.state is not WorkerState.STOPPED:
@@ -411,7 +394,7 @@ class ModelVersion:
         if not self.slots and not others:  # the last worker is gone: nobody will run these
             self._fail_queued(ServiceUnavailable(f"model {self.label} has no workers left"))
 
-    async def _run_worker(self, slot: _Slot, gpu: str | None, backoff: float) -> float | _Ended:
+    async def _run_worker(self, slot: Slot, gpu: str | None, backoff: float) -> float | Ended:
         """One worker's life in ``slot``: started, served until it retires or is lost. Returns
         the backoff to restart with, or how it ended otherwise."""
         worker_id = str(next(_worker_ids))
@@ -430,7 +413,7 @@ class ModelVersion:
             self.last_output = worker.tail()
             if slot.first_start is not None and not slot.first_start.done():
                 slot.first_start.set_exception(exc)
-                return _Ended.FIRST_START_FAILED
+                return Ended.FIRST_START_FAILED
             self._note_failure(exc.message)
             await self._sleep_unless_retired(slot, backoff)
             return min(backoff * 2, BACKOFF_MAX_S)
@@ -452,7 +435,7 @@ class ModelVersion:
         )
         ended = await pump.serve(worker, slot.retire)
         if ended is None:
-            return _Ended.RETIRED
+            return Ended.RETIRED
         self.last_output = worker.tail()
         if worker.timed_out:
             # we killed it for a slow or hung batch: the worker itself was fine, so it is
@@ -465,16 +448,16 @@ class ModelVersion:
         await self._sleep_unless_retired(slot, backoff)
         return min(backoff * 2, BACKOFF_MAX_S)
 
-    async def _sleep_unless_retired(self, slot: _Slot, delay_s: float) -> None:
+    async def _sleep_unless_retired(self, slot: Slot, delay_s: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(slot.retire.wait(), delay_s)
 
-    def _add_slot(self, wait: bool, on_demand: bool = False) -> _Slot:
+    def _add_slot(self, wait: bool, on_demand: bool = False) -> Slot:
         # only a synchronous caller (or a request waiting for an on-demand load) waits on the
         # first start; otherwise failures take the normal restart-with-backoff path instead of
         # ending the slot
         first = asyncio.get_running_loop().create_future() if wait or on_demand else None
-        slot = _Slot(first_start=first, on_demand=on_demand)
+        slot = Slot(first_start=first, on_demand=on_demand)
         if self.sequences is not None:
             slot.lane = JobQueue(LANE_SIZE)
         run = self._run_on_demand(slot) if on_demand else self._run_slot(slot)
@@ -495,7 +478,7 @@ class ModelVersion:
         slot.first_start.add_done_callback(functools.partial(self._loaded, slot, time.monotonic()))
         log.info("model %s: a request found no worker; loading on demand", self.label)
 
-    async def _run_on_demand(self, slot: _Slot) -> None:
+    async def _run_on_demand(self, slot: Slot) -> None:
         if self.residency is not None:
             try:
                 await self.residency.admit(self)  # room in the budget, evicting if need be
@@ -505,7 +488,7 @@ class ModelVersion:
                 return
         await self._run_slot(slot)
 
-    def _loaded(self, slot: _Slot, started: float, future: asyncio.Future[None]) -> None:
+    def _loaded(self, slot: Slot, started: float, future: asyncio.Future[None]) -> None:
         """An on-demand load ended: count it; a failed one fails the requests that waited."""
         error = None if future.cancelled() else future.exception()
         seconds = time.monotonic() - started
@@ -545,7 +528,7 @@ class ModelVersion:
         log.info("model %s: stopping %d idle worker(s) (%s)", self.label, len(retired), why)
         return [s.task for s in retired if s.task is not None]
 
-    def _retire(self, retired: list[_Slot]) -> None:
+    def _retire(self, retired: list[Slot]) -> None:
         for slot in retired:
             slot.retire.set()
             self.slots.remove(slot)
@@ -595,7 +578,7 @@ class ModelVersion:
         # no await since the admission: the slots exist before the next one is counted
         new = [self._add_slot(synchronous) for _ in range(min_workers - len(self.slots))]
         retire = len(self.slots) - min_workers
-        retired: list[_Slot] = []
+        retired: list[Slot] = []
         if retire > 0:
             order = sorted(self.slots, key=lambda s: not s.idle)  # idle ones first
             retired = order[:retire]
@@ -604,7 +587,7 @@ class ModelVersion:
             await self._await_started(new)
             await asyncio.gather(*(s.task for s in retired if s.task is not None))
 
-    async def _await_started(self, slots: list[_Slot]) -> None:
+    async def _await_started(self, slots: list[Slot]) -> None:
         starts = [s.first_start for s in slots if s.first_start is not None]
         outcomes = await asyncio.gather(*starts, return_exceptions=True)
         errors = [o for o in outcomes if isinstance(o, BaseException)]
@@ -637,63 +620,6 @@ class ModelVersion:
         if self.sandbox is not None:
             await asyncio.to_thread(self.sandbox.remove_scratch)
 
-    def describe(self) -> dict[str, Any]:
-        """TorchServe's describe fields with its types and values, then ours."""
-        s = self.settings
-        workers = []
-        for slot in self.slots:
-            w = slot.worker
-            if w is None:
-                continue
-            workers.append(
-                {
-                    "id": w.id,
-                    "startTime": _timestamp(w.started_at),
-                    # TorchServe's two values: READY when it serves (busy or not), else
-                    # UNLOADING; "state" says which of ours (STARTING, BUSY, STOPPING, ...)
-                    "status": "READY" if w.state in _SERVING else "UNLOADING",
-                    "state": w.state.value,
-                    "memoryUsage": w.rss_bytes(),
-                    "pid": w.pid,
-                    "gpu": w.gpu is not None,
-                    "gpuId": shown_gpu_id(w.gpu),
-                    "gpuUsage": "N/A",
-                    "sandbox": w.sandbox,
-                }
-            )
-        queued = self.queued()
-        return {
-            "modelName": self.name,
-            "modelVersion": self.version,
-            "modelUrl": self.url,
-            "runtime": self.manifest.get("runtime", "python"),
-            "handler": self.handler,
-            **shown(s),  # minWorkers, maxWorkers, batchSize, ... (server/config/model_settings.py)
-            "parallelType": "",  # no model parallelism (torchrun) here: TorchServe's "none"
-            "parallelLevel": 0,
-            "deviceType": "gpu" if self.gpus.use_gpu else "cpu",
-            "deviceIds": list(s.device_ids) if s.device_ids else None,
-            "jobQueueStatus": {
-                "remainingCapacity": max(0, s.job_queue_size - queued),
-                "pendingRequests": queued,
-            },
-            "queueDepth": queued,
-            "settingSources": s.sources,
-            "loadedAtStartup": self.loaded_at_startup,
-            "loadState": self.load_state(),
-            "status": "FAILED" if self.failed else ("READY" if self.healthy() else "LOADING"),
-            "stage": self.stage,
-            "failure": self.failed,
-            "lastOutput": self.last_output.splitlines() if self.failed else None,
-            "python": self.python,
-            "environment": self.env_key,
-            "sandbox": self.sandbox.shown() if self.sandbox is not None else None,
-            "workers": workers,
-        }
-
-
-_SERVING = (WorkerState.READY, WorkerState.BUSY)
-
 
 def _answered_in_time(timer: asyncio.TimerHandle, future: asyncio.Future[Any]) -> None:
     """A request's future is done: its deadline timer (and the request it holds) goes, unless
@@ -704,9 +630,3 @@ def _answered_in_time(timer: asyncio.TimerHandle, future: asyncio.Future[Any]) -
         or type(future.result()) is not ChunkStream
     ):
         timer.cancel()
-
-
-def _timestamp(epoch_s: float) -> str:
-    """UTC with milliseconds, TorchServe's form: 2024-05-01T12:00:00.123Z."""
-    millis = int(epoch_s * 1000) % 1000
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch_s)) + f".{millis:03d}Z"
