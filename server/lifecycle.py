@@ -15,7 +15,6 @@ a model failing).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import gc
 import importlib
 import logging
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import uvloop
 
 from archiver import __version__
-from server import snapshot, tracing, ts_snapshot
+from server import locks, snapshot, tracing, ts_snapshot
 from server.accesslog import AccessLogFile
 from server.auth import Keys, open_warning, read_key_file
 from server.config import ServerConfig
@@ -438,12 +437,9 @@ def _keys(config: ServerConfig) -> Keys:
 def hold_lock(run_dir: Path) -> int:
     """An exclusive lock for the server's life: a second server on one run dir is refused."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise AlreadyRunning(f"mserve is already running with run dir {run_dir}") from None
+    fd = locks.try_hold(run_dir / LOCK_FILE)
+    if fd is None:
+        raise AlreadyRunning(f"mserve is already running with run dir {run_dir}")
     return fd
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from archiver import __version__
+from server import locks
 from server.errors import InvalidModel
 from server.rundir import ENV_META_FILE as META_FILE
 
@@ -217,9 +218,11 @@ class EnvCache:
         key = self.key(request)
         if self.ready(key):
             return self.env_python(key)
-        import filelock  # here: paid only when an environment is built
 
-        with filelock.FileLock(str(self.root / f".{key}.lock")):
+        def waiting() -> None:
+            log.info("environment %s: another process is building it; waiting for it", key)
+
+        with locks.exclusive(self.root / f".{key}.lock", waiting):
             if self.ready(key):  # another process built it while we waited
                 return self.env_python(key)
             for debris in self.root.glob(f".tmp-{key}-*"):
@@ -318,14 +321,12 @@ class EnvCache:
         return out
 
     def prune(self, in_use: set[str]) -> list[str]:
-        import filelock  # here, as in ensure(): only pruning and building lock
-
         removed = []
         for meta in self.entries():
             key = str(meta["key"])
             if key in in_use:
                 continue
-            with filelock.FileLock(str(self.root / f".{key}.lock")):
+            with locks.exclusive(self.root / f".{key}.lock"):
                 trash = self.root / f".tmp-{key}-pruned-{secrets.token_hex(4)}"
                 os.rename(self.path(key), trash)  # unusable at once, then removed
                 shutil.rmtree(trash, ignore_errors=True)

@@ -6,12 +6,13 @@ Kept free of heavy imports so ``mserve --start/--stop/--status`` start in millis
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from server import locks
 
 STATUS_FILE = "status.json"
 KEY_FILE = "key_file.json"  # token authorization's keys (server/auth.py), TorchServe's name
@@ -83,17 +84,7 @@ def server_holds_lock(run_dir: Path) -> bool:
     """The server holds an exclusive lock on the run dir for its whole life; the kernel drops it
     when the process dies, so this is right even after kill -9, with an unreaped zombie or a
     reused pid."""
-    try:
-        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing drops a lock we may have taken
-    return False
+    return locks.held_elsewhere(run_dir / LOCK_FILE)
 
 
 def running_pid(run_dir: Path) -> int | None:

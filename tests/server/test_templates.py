@@ -208,7 +208,7 @@ def test_a_worker_reports_installed_packages_only(tmp_path: Path) -> None:
         "import sys, json\n"
         f"sys.path[:0] = [{str(REPO)!r}, {str(tmp_path)!r}]\n"
         "from mserve_worker.imports import loaded_packages\n"
-        "import filelock\n"
+        "import click\n"
         "before = set(sys.modules)\n"
         "import yaml, own_helper, decimal, email.mime.text\n"
         f"print(json.dumps(loaded_packages([{str(tmp_path)!r}], before)))\n"
