@@ -143,19 +143,30 @@ def build(
     )
     todo = members.members()
     total = sum(m.source.stat().st_size for m in todo)
-    from tqdm import tqdm  # only the CLI draws progress
+    from rich.console import Console  # only the CLI draws progress
 
-    with tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc=f"archiving {model_name}",
-        file=sys.stderr,
-        disable=None if total >= PROGRESS_MIN_BYTES else True,  # None: off when not a TTY
-        leave=False,
-    ) as bar:
-        return write_archive(manifest, todo, export_dir, fmt, force=force, progress=bar.update)
+    console = Console(stderr=True)
+    if total < PROGRESS_MIN_BYTES or not console.is_terminal:  # piped (CI, scripts): quiet
+        return write_archive(manifest, todo, export_dir, fmt, force=force)
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+        TransferSpeedColumn(), TimeRemainingColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(f"archiving {model_name}", total=total)
+        return write_archive(
+            manifest, todo, export_dir, fmt, force=force,
+            progress=lambda done: bar.advance(task, done),
+        )  # fmt: skip
 
 
 def _inspect(path: str, as_json: bool) -> int:
