@@ -78,7 +78,8 @@ class ServerConfig:
     # offers Landlock, with one warning at start where it does not; false turns it off.
     sandbox: bool = True
     # Run each model's workers as their own uid from this range when the server runs as root
-    # (server/workers/sandbox_users.py); "off": they keep the server's user.
+    # (server/workers/sandbox_users.py); "off": they keep the server's user. The default lies
+    # above the uids of people and of podman's first subordinate range.
     sandbox_uid_range: str = "200000-299999"
     worker_preload: tuple[str, ...] = ()  # besides what the models' workers were seen to import
     # Registration by URL (TorchServe's allowed_urls: regular expressions a URL must match in

@@ -313,10 +313,6 @@ class Worker:
     def tail(self, lines: int = 20) -> str:
         return "\n".join(list(self.stderr_tail)[-lines:])
 
-    async def run_batch(self, items: list[RequestItem], timeout_s: float) -> list[ResponseItem]:
-        """Send one batch and wait for its answer (:meth:`send_batch` + :meth:`batch_result`)."""
-        return await self.batch_result(self.send_batch(items, timeout_s), items)
-
     @property
     def waiting_requests(self) -> int:
         """Requests sent to this worker that it has not started (they wait in its socket)."""

@@ -31,7 +31,6 @@ from server.rundir import write_json_atomic
 log = logging.getLogger(__name__)
 
 UIDS_FILE = "sandbox_uids.json"  # in the run dir: model name -> uid, 0600
-DEFAULT_UID_RANGE = "200000-299999"  # above the uids of people and of podman's first range
 
 
 @dataclass(frozen=True)
