@@ -13,6 +13,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from .coroutines import settle
+
 MODULE_FUNCTION = "module-function"
 HANDLER_CLASS = "handler-class"
 CLASS_INSTANCE = "class-instance"
@@ -48,11 +50,13 @@ class LoadedHandler:
         """Call the handler with the whole batch and return what it returned, unchecked.
 
         An empty batch is answered with ``[]`` without calling the handler, since function-style
-        handlers read an empty ``data`` as their initialisation call.
+        handlers read an empty ``data`` as their initialisation call. An ``async def`` handler's
+        coroutine is awaited on the worker's event loop (:mod:`.coroutines`).
         """
         if not batch:
             return []
-        return self._entry(batch, context)
+        result = self._entry(batch, context)
+        return result if type(result) is list else settle(result)
 
     def shutdown(self) -> None:
         """Run the style's stop hook, else the handler instance's ``shutdown()`` if it has one."""

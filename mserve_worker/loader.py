@@ -66,6 +66,7 @@ from .contract import (
     LoadedHandler,
     create_instance,
 )
+from .coroutines import settle
 
 _NEEDS = (
     f"{MODULE_FUNCTION}: a handle(data, context) function (or name one as module:function); "
@@ -339,14 +340,14 @@ def _wrap(target: Any, label: str, module: Any, context: Any, style: str | None)
             f"{style!r}, which needs a class"
         )
     if inspect.isroutine(target):
-        target(None, context)  # the initialisation call TorchServe and MMS make at load
+        settle(target(None, context))  # the initialisation call TorchServe and MMS make at load
         return LoadedHandler(MODULE_FUNCTION, target, module=module)
     handle = getattr(target, "handle", None)
     if callable(handle):
         _initialize(target, context)
         return LoadedHandler(CLASS_INSTANCE, handle, instance=target, module=module)
     if callable(target):
-        target(None, context)
+        settle(target(None, context))
         return LoadedHandler(CLASS_INSTANCE, target, instance=target, module=module)
     raise HandlerLoadError(
         f"handler {label!r} is a {type(target).__name__}, not a function, a class or an object "
@@ -385,4 +386,4 @@ def _from_class(
 def _initialize(instance: Any, context: Any) -> None:
     initialize = getattr(instance, "initialize", None)
     if callable(initialize):
-        initialize(context)
+        settle(initialize(context))  # an async def initialize is awaited too
