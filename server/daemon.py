@@ -138,6 +138,7 @@ def become_daemon(
     back into the CLI; it exits with the server's exit code. ``importing``: a thread importing
     the server's modules meanwhile (joined before they are needed)."""
     code = 1
+    launcher = os.getppid()  # the ``--start`` command, waiting for this process to be ready
     try:
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -148,7 +149,7 @@ def become_daemon(
             os.dup2(out, 1)
             os.dup2(out, 2)
             os.close(out)
-        code = serve(config, startup, warnings, False, ready_fd, importing)
+        code = serve(config, startup, warnings, False, ready_fd, importing, launcher)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:
@@ -173,9 +174,12 @@ def serve(
     foreground: bool,
     ready_fd: int | None = None,
     importing: object = None,
+    launcher_pid: int | None = None,
 ) -> int:
     """Run the server in this process until it stops; its exit code. ``ready_fd``: a pipe the
-    server writes a byte to once it is ready."""
+    server writes a byte to once it is ready; ``launcher_pid``: the ``--start`` command that
+    waits on it (in the TorchServe layout the console's ``Model server started.`` comes once
+    it has exited)."""
     # the worker templates first: their imports (torch: seconds) overlap the server's own
     from server.workers.prespawn import start_early
 
@@ -185,5 +189,6 @@ def serve(
     from server.lifecycle import run_server  # heavy: only the server process needs it
 
     return run_server(
-        config, startup, foreground=foreground, warnings=warnings, early=early, ready_fd=ready_fd
-    )
+        config, startup, foreground=foreground, warnings=warnings, early=early,
+        ready_fd=ready_fd, launcher_pid=launcher_pid,
+    )  # fmt: skip

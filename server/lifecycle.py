@@ -65,6 +65,9 @@ log = logging.getLogger("mserve")
 # client, request line, status, bytes, seconds; the time stamp comes from the log formatter
 ACCESS_LOG_FLUSH_S = 1.0  # the longest an access.log line waits in memory
 STATUS_REFRESH_S = 1.0  # the longest the status file lags a model's state
+# the longest ``Model server started.`` waits for the ``--start`` command to exit (it exits
+# as soon as it has read the status file: milliseconds)
+LAUNCHER_EXIT_WAIT_S = 10.0
 
 
 # Young objects the garbage collector lets pile up before a pass, up from CPython's 700. Each
@@ -94,13 +97,15 @@ class AlreadyRunning(MserveError):
 class Server:
     def __init__(
         self, config: ServerConfig, early: EarlyStart | None = None, ready_fd: int | None = None,
-        console: ConsoleHandler | None = None,
+        console: ConsoleHandler | None = None, launcher_pid: int | None = None,
     ) -> None:  # fmt: skip
         """``early``: the templates started before the server imported itself (if not, they
         start in :meth:`run`); ``ready_fd``: a pipe to write a byte to once ready;
-        ``console``: the TorchServe layout's console (``Model server started.`` goes there)."""
+        ``console``: the TorchServe layout's console (``Model server started.`` goes there,
+        once ``launcher_pid``, the ``--start`` command waiting on ``ready_fd``, has exited)."""
         self.config = config
         self.ready_fd = ready_fd
+        self.launcher_pid = launcher_pid
         self.console = console
         self.early = early or EarlyStart([], PreloadMemory(config.env_path), [])
         self.gpus = GpuAllocator(server_gpus(config.number_of_gpu, os.environ))
@@ -301,13 +306,14 @@ class Server:
                 log.info("stopping before the startup models finished loading")
                 return
             self._keep_snapshots()
-            if self.console is not None:  # what TorchServe's launchers and tests wait for
-                self.console.say("Model server started.")
             self.state = "ready"
             self.registry.started = True
             self.write_status()
             log.info("mserve %s ready", __version__)
             self.said_ready()
+            if self.console is not None:  # what TorchServe's launchers and tests wait for
+                await self._launcher_exited()
+                self.console.say("Model server started.")
             tune_gc()
             chores = [
                 asyncio.create_task(self.refresh_status()),
@@ -327,6 +333,19 @@ class Server:
             if self.access_log is not None:
                 self.access_log.close()
             self.metrics.close()
+
+    async def _launcher_exited(self) -> None:
+        """Until the ``--start`` command that waits on ``ready_fd`` has exited (bounded).
+        TorchServe's launcher is gone before its server says ``Model server started.``, and
+        its test harness (``ts_scripts/tsutils.py``) reads the console up to that line, then
+        takes the command's ``poll()`` as the verdict: the line must not come before the exit.
+        This process is the command's child: its parent changes the moment the command exits,
+        in the same step that makes the exit visible to ``poll()``."""
+        if self.launcher_pid is None:
+            return
+        deadline = time.monotonic() + LAUNCHER_EXIT_WAIT_S
+        while os.getppid() == self.launcher_pid and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
     def said_ready(self) -> None:
         """Wake whoever waits on ``ready_fd`` (``mserve --start``: it then reads the status
@@ -450,11 +469,12 @@ def run_server(
     warnings: list[str] | None = None,
     early: EarlyStart | None = None,
     ready_fd: int | None = None,
+    launcher_pid: int | None = None,
 ) -> int:
     """``warnings``: what reading the config found worth saying (TorchServe keys with no effect),
     logged once logging is set up; ``early``: the templates the caller started first thing
     (server/workers/prespawn.py), else they start now; ``ready_fd``: a pipe to write a byte to
-    once ready (``mserve --start`` waits on it), closed then."""
+    once ready (``mserve --start`` waits on it), closed then; ``launcher_pid``: that command."""
     lock = hold_lock(config.run_path)
     if early is None:
         early = start_early(config, models)
@@ -475,7 +495,7 @@ def run_server(
     # workers run as this user: keep them from reading the secrets the deny-list withholds
     # out of /proc/<server pid>/environ
     hide_own_environ()
-    server = Server(config, early, ready_fd, console)
+    server = Server(config, early, ready_fd, console, launcher_pid)
     try:
         # uvloop: libuv's loop reuses its read buffers and runs the HTTP path several times
         # faster than asyncio's default loop on this workload (see scripts/bench_server.py)

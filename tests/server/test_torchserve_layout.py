@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -39,16 +40,25 @@ grpc_management_port=0
 
 class Console:
     """The launcher's stdout and stderr, read line by line by a thread as TorchServe's test
-    utilities read them (the server keeps writing there after the launcher returns)."""
+    utilities read them (the server keeps writing there after the launcher returns).
 
-    def __init__(self, stream: IO[str]) -> None:
+    ``launcher``: the ``torchserve --start`` process; its ``poll()`` is taken the moment
+    ``Model server started`` is read, as TorchServe's ``ts_scripts/tsutils.py`` takes its
+    verdict (``started_poll``)."""
+
+    def __init__(self, stream: IO[str], launcher: subprocess.Popen[str] | None = None) -> None:
         self.lines: list[str] = []
         self.closed = threading.Event()
+        self.launcher = launcher
+        self.started_poll: int | None = None
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self._thread.start()
 
     def _read(self, stream: IO[str]) -> None:
         for line in stream:
+            if self.launcher is not None and "Model server started" in line:
+                self.started_poll = self.launcher.poll()
+                self.launcher = None
             self.lines.append(line.rstrip("\n"))
         self.closed.set()
 
@@ -81,10 +91,12 @@ class TorchServeDir:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         assert proc.stdout is not None
-        console = Console(proc.stdout)
+        console = Console(proc.stdout, proc)
         self.consoles.append(console)
         console.wait_for("Model server started.", proc)
-        assert proc.wait(timeout=60) == 0, console.text  # the launcher returns once ready
+        # the launcher has exited 0 by the time the line is read: TorchServe's harness takes
+        # poll() then as its verdict (None would be "TorchServe failed to start")
+        assert console.started_poll == 0, console.text
         return console
 
     def command(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -354,3 +366,22 @@ def _read(path: Path) -> str:
         return path.read_text()
     except FileNotFoundError:
         return ""
+
+
+def test_a_start_that_fails_exits_non_zero_without_the_started_line(
+    ts_dir: TorchServeDir,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        (ts_dir.root / "busy.properties").write_text(
+            PROPERTIES.replace("inference_address=http://127.0.0.1:0",
+                               f"inference_address=http://127.0.0.1:{port}")  # fmt: skip
+        )
+        proc = subprocess.run(
+            [TORCHSERVE, "--start", "--ncs", "--ts-config", "busy.properties"], cwd=ts_dir.root,
+            env=ts_dir.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode != 0
+    assert "Model server started." not in proc.stdout + proc.stderr
