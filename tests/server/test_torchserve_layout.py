@@ -375,13 +375,12 @@ def test_a_start_that_fails_exits_non_zero_without_the_started_line(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        (ts_dir.root / "busy.properties").write_text(
-            PROPERTIES.replace("inference_address=http://127.0.0.1:0",
-                               f"inference_address=http://127.0.0.1:{port}")  # fmt: skip
-        )
+        busy = PROPERTIES.replace(":0\n", f":{port}\n", 1)  # the inference address
+        (ts_dir.root / "busy.properties").write_text(busy)
         proc = subprocess.run(
             [TORCHSERVE, "--start", "--ncs", "--ts-config", "busy.properties"], cwd=ts_dir.root,
             env=ts_dir.env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     assert proc.returncode != 0
+    assert "address already in use" in proc.stderr, proc.stdout + proc.stderr
     assert "Model server started." not in proc.stdout + proc.stderr
