@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 import click
 
+from server import locks
 from server.config import ServerConfig, load_config
 from server.daemon import Prefork, become_daemon, serve
 from server.errors import ConfigError, MserveError
@@ -46,6 +47,9 @@ TS_ALREADY_RUNNING = (
 )
 TS_NOT_RUNNING = "TorchServe is not currently running."
 TS_STOPPED = "TorchServe has stopped."
+TS_STOP_TOO_LONG = "Stopping TorchServe took too long."
+# held by the ``--stop`` under way: a second one waits for the server instead of signalling it
+STOP_LOCK_FILE = "stop.lock"
 
 
 @dataclass(frozen=True)
@@ -182,9 +186,14 @@ def _wait_ready(config: ServerConfig, pid: int, ready_r: int, out_path: Path | N
     _fail(f"server did not become ready within {START_WAIT_S:g} s; see {where}")
 
 
-def _stop(config: ServerConfig, wait: bool = True) -> None:
-    """SIGTERM the server; ``wait``: until it is gone (SIGKILL after :data:`STOP_WAIT_S`).
-    ``torchserve --stop`` waits only with ``--foreground``, as TorchServe's launcher."""
+def _stop(config: ServerConfig, quiet: bool = False) -> None:
+    """SIGTERM the server and wait until it has exited, so that a stop is a stop: its keys
+    removed, its snapshot written, its port free. A stop while another is under way (or while
+    the server is stopping on its own signal) waits for that one instead of signalling again:
+    a second signal forces the server out without its cleanup. ``mserve --stop`` SIGKILLs a
+    server still there after :data:`STOP_WAIT_S`; ``torchserve --stop`` says so and exits 1,
+    as TorchServe's launcher says it (``quiet``: ``--foreground``, after which TorchServe's
+    launcher prints nothing when the server stopped)."""
     pid = running_pid(config.run_path)
     if pid is None:
         if config.torchserve:
@@ -192,22 +201,59 @@ def _stop(config: ServerConfig, wait: bool = True) -> None:
             return
         _fail(f"mserve is not running (no live pid in {config.run_path / PID_FILE})")
     assert pid is not None
-    os.kill(pid, signal.SIGTERM)
-    if wait and not _wait_gone(pid, STOP_WAIT_S):
+    try:
+        stopper = locks.try_hold(config.run_path / STOP_LOCK_FILE)
+        first = stopper is not None
+    except OSError:  # a run dir this user may not write: no other stop can be seen
+        stopper, first = None, True
+    try:
+        stopping = (read_status(config.run_path) or {}).get("state") == "stopping"
+        if first and not stopping:
+            os.kill(pid, signal.SIGTERM)
+        gone = _wait_gone(pid, STOP_WAIT_S)
+    finally:
+        if stopper is not None:
+            os.close(stopper)
+    if config.torchserve:
+        if not gone:
+            _fail_plain(TS_STOP_TOO_LONG)
+        if not quiet:
+            click.echo(TS_STOPPED)
+        return
+    if not gone:
         click.echo(f"mserve: pid {pid} ignored SIGTERM for {STOP_WAIT_S:g} s; killing it", err=True)
         os.kill(pid, signal.SIGKILL)
-    click.echo(TS_STOPPED if config.torchserve else f"mserve stopped (pid {pid})")
+    click.echo(f"mserve stopped (pid {pid})")
+
+
+def _fail_plain(message: str, code: int = 1) -> NoReturn:
+    """TorchServe's launcher's words on stdout, as it prints them, and exit ``code``."""
+    click.echo(message)
+    sys.exit(code)
 
 
 def _wait_gone(pid: int, timeout_s: float) -> bool:
+    """Until ``pid`` has exited (a zombie that nobody reaped counts: it runs no more)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _alive(pid):
             return True
-        time.sleep(0.05)
-    return False
+        time.sleep(0.02)
+    return not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _ts_config(flag: Path | None, environ: Mapping[str, str]) -> TsConfig | None:
@@ -355,7 +401,7 @@ def serve_main(
         if sum((start, stop, show_status)) != 1:
             _fail("say one of --start, --stop or --status (see mserve -h)", 2)
         if stop:
-            _stop(config, wait=foreground or not invocation.torchserve)
+            _stop(config, quiet=foreground)
             return
         if show_status:
             status = read_status(config.run_path) if running_pid(config.run_path) else None
@@ -394,9 +440,9 @@ def serve_main(
 
 
 def _refuse_if_running(config: ServerConfig) -> None:
-    """A second server on one run dir is refused; one that is stopping (``torchserve --stop``
-    returns before it is gone, as TorchServe's does) is waited for, so that a stop and a start
-    in a row work."""
+    """A second server on one run dir is refused; one that is stopping (on a signal from
+    elsewhere: a container runtime, a stop that gave up waiting) is waited for, so that a stop
+    and a start in a row work."""
     pid = running_pid(config.run_path)
     if pid is not None and (read_status(config.run_path) or {}).get("state") == "stopping":
         _wait_gone(pid, STOP_WAIT_S)

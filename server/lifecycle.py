@@ -288,6 +288,8 @@ class Server:
     def _on_signal(self, signum: int) -> None:
         if self.stop_event.is_set():
             log.warning("second %s: exiting now", signal.Signals(signum).name)
+            if self.keys is not None:  # a forced exit leaves no live keys behind
+                self.keys.remove()
             os._exit(1)
         log.info("received %s: shutting down", signal.Signals(signum).name)
         self.stop_event.set()
@@ -453,6 +455,17 @@ def _keys(config: ServerConfig) -> Keys:
     return Keys(config.key_path, {k: m * 60 for k, m in minutes.items()}, fixed=fixed)
 
 
+def _remove_stale_keys(config: ServerConfig) -> None:
+    """The key file of a server that was killed (SIGKILL, a power cut) before it could remove
+    it: its keys died with it, and a start without token authorization would leave them there
+    (``token_key_file``'s own file, were it named as the key file, stays)."""
+    path = config.key_path
+    fixed = config.token_key_file
+    if fixed and Path(fixed).expanduser().resolve() == path.resolve():
+        return
+    path.unlink(missing_ok=True)
+
+
 def hold_lock(run_dir: Path) -> int:
     """An exclusive lock for the server's life: a second server on one run dir is refused."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -476,6 +489,7 @@ def run_server(
     (server/workers/prespawn.py), else they start now; ``ready_fd``: a pipe to write a byte to
     once ready (``mserve --start`` waits on it), closed then; ``launcher_pid``: that command."""
     lock = hold_lock(config.run_path)
+    _remove_stale_keys(config)
     if early is None:
         early = start_early(config, models)
     console = setup_logging(config, foreground)

@@ -9,8 +9,10 @@ read from the status file), so that tests do not share a machine-wide server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -209,8 +211,9 @@ def test_started_as_torchserve_is_its_files_console_and_stop(ts_dir: TorchServeD
 
     pid = ts_dir.status["pid"]
     stopped = ts_dir.command("--stop", "--foreground")
-    assert stopped.returncode == 0 and stopped.stdout.strip() == "TorchServe has stopped."
-    assert not pid_alive(pid)  # --foreground waits until the server is gone
+    # with --foreground TorchServe's launcher says nothing once the server has stopped
+    assert (stopped.returncode, stopped.stdout, stopped.stderr) == (0, "", "")
+    assert not pid_alive(pid)  # every --stop waits until the server is gone
     assert console.closed.wait(10)  # and with it the console's last writer
     assert not key_file.exists()
     assert ts_dir.command("--stop").stdout.strip() == "TorchServe is not currently running."
@@ -384,3 +387,63 @@ def test_a_start_that_fails_exits_non_zero_without_the_started_line(
     assert proc.returncode != 0
     assert "address already in use" in proc.stderr, proc.stdout + proc.stderr
     assert "Model server started." not in proc.stdout + proc.stderr
+
+
+def test_stop_returns_once_stopped_and_a_second_stop_waits_for_the_first(
+    ts_dir: TorchServeDir,
+) -> None:
+    ts_dir.start("--model-store", "model_store", "--models", "probe=probe.mar",
+                 "--ts-config", "config.properties")  # fmt: skip
+    pid, key_file = ts_dir.status["pid"], ts_dir.root / "key_file.json"
+    slow: list[Reply] = []
+    request = threading.Thread(target=lambda: slow.append(ts_dir.call(
+        "inference", "POST", "/predictions/probe", b'{"cmd": "sleep", "s": 2}')))  # fmt: skip
+    request.start()
+    wait_until(lambda: ts_dir.call("management", "GET", "/models/probe").json()[0]["workers"][0]
+               ["state"] == "BUSY", 10, "a busy worker")  # fmt: skip
+    first = subprocess.Popen([TORCHSERVE, "--stop"], cwd=ts_dir.root, env=ts_dir.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    wait_until(lambda: ts_dir.status["state"] == "stopping", 10, "the server stopping")
+    second = ts_dir.command("--stop")  # while the first waits for the in-flight request
+    assert (second.returncode, second.stdout.strip()) == (0, "TorchServe has stopped.")
+    assert not pid_alive(pid)  # "stopped" means stopped
+    out, _ = first.communicate(timeout=60)
+    assert (first.returncode, out.strip()) == (0, "TorchServe has stopped.")
+    request.join(timeout=30)
+    # one signal only: the server drained (the request answered), removed its keys and wrote
+    # its shutdown snapshot, as after a single stop
+    assert [r.status for r in slow] == [200], "the in-flight request was cut off"
+    assert not key_file.exists()
+    assert ts_dir.snapshots()[-1].endswith("-shutdown.cfg")
+    assert ts_dir.command("--stop").stdout.strip() == "TorchServe is not currently running."
+
+
+def test_a_forced_exit_leaves_no_keys_behind(ts_dir: TorchServeDir) -> None:
+    ts_dir.start("--ncs", "--model-store", "model_store", "--models", "probe=probe.mar",
+                 "--ts-config", "config.properties")  # fmt: skip
+    key_file = ts_dir.root / "key_file.json"
+    request = threading.Thread(target=lambda: _quietly(lambda: ts_dir.call(
+        "inference", "POST", "/predictions/probe", b'{"cmd": "sleep", "s": 5}')))  # fmt: skip
+    request.start()
+    wait_until(lambda: ts_dir.call("management", "GET", "/models/probe").json()[0]["workers"][0]
+               ["state"] == "BUSY", 10, "a busy worker")  # fmt: skip
+    pid = ts_dir.status["pid"]
+    os.kill(pid, signal.SIGTERM)  # drains: would wait for the 5 s request
+    wait_until(lambda: ts_dir.status["state"] == "stopping", 10, "the server stopping")
+    os.kill(pid, signal.SIGTERM)  # a second signal forces the exit
+    wait_until(lambda: not pid_alive(pid), 5, "the forced exit")
+    assert not key_file.exists()
+    request.join(timeout=30)
+
+    # SIGKILL leaves its key file; the next start, without keys, removes it
+    ts_dir.start("--ncs", "--ts-config", "config.properties")
+    os.kill(ts_dir.status["pid"], signal.SIGKILL)
+    wait_until(lambda: not pid_alive(ts_dir.status["pid"]), 5, "the killed server gone")
+    assert key_file.exists()
+    ts_dir.start("--ncs", "--disable-token-auth", "--ts-config", "config.properties")
+    assert not key_file.exists()
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    with contextlib.suppress(OSError):  # the forced exit drops the connection: expected
+        call()
