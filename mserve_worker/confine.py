@@ -16,6 +16,7 @@ import ctypes
 import os
 import resource
 import sys
+from errno import EACCES, EPERM
 
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446  # same on every arch
 _CREATE_RULESET_VERSION = 1
@@ -46,6 +47,11 @@ PROC_READ = ("/proc/self", "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/pro
 # Character devices every process may use; GPU device files come from the server.
 SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
                   "/dev/tty")  # fmt: skip
+
+
+# What Landlock lets this process reach, once apply() confined it: {"read": [...], "write":
+# [...], "uid": n or None}; refusal_hint() reads it. Empty: not confined.
+_confined: dict = {}
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -229,7 +235,10 @@ def apply(policy: dict) -> dict:
     if abi <= 0:
         report["reason"] = "the kernel offers no Landlock (too old, or not enabled)"
         return report
-    report.update(_landlock(libc, abi, policy), landlock_abi=abi)
+    granted = _landlock(libc, abi, policy)
+    report.update(granted, landlock_abi=abi)
+    _confined.update(read=granted["read"], write=[*granted["write"], "/dev/shm"],
+                     uid=user.get("uid") if isinstance(user, dict) else None)  # fmt: skip
     applied.append("landlock-files")
     if abi >= 4:
         applied.append("landlock-tcp")
@@ -238,3 +247,64 @@ def apply(policy: dict) -> dict:
     if abi >= 6:
         applied.append("landlock-scope")
     return report
+
+
+def _beneath(path: str, roots: list) -> bool:
+    for root in roots:
+        real = os.path.realpath(root)
+        if path == real or path.startswith(real.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def _refused_file(exc: BaseException | None) -> str | None:
+    """The first ``PermissionError`` naming a file in ``exc``'s chain (a library may raise its
+    own error from the OS's); None when there is none."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError):
+            name = exc.filename
+            refused = exc.errno in (EACCES, EPERM)
+            if refused and name and isinstance(name, (str, bytes, os.PathLike)):
+                return os.fsdecode(name)
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def refusal_hint(exc: BaseException) -> str | None:
+    """Why this confined worker was refused the file ``exc`` names, and what grants it; None
+    when ``exc`` is no such refusal or the worker is not confined. Landlock answers EACCES as
+    the file's permissions do, so this tells them apart: ``access(2)`` sees only the
+    permissions, and the granted paths are known."""
+    if not _confined:
+        return None
+    name = _refused_file(exc)
+    if name is None:
+        return None
+    path = os.path.realpath(name)
+    writable = _beneath(path, _confined["write"])
+    if not writable and not _beneath(path, _confined["read"]):
+        return (
+            f"the sandbox keeps this worker out of {path}; for models to read it, grant it"
+            " with the server setting sandbox_read_paths (every model) or the model config's"
+            " sandbox.readPaths (this model; sandbox.writePaths to write)"
+        )
+    exists = os.path.exists(path)
+    target = path if exists else os.path.dirname(path)
+    mode = os.R_OK if exists and not writable else os.W_OK
+    if writable or (exists and not os.access(path, os.R_OK)):
+        if os.access(target, mode):
+            return None  # allowed by both: the refusal came from elsewhere
+        if _confined.get("uid") is None:
+            return None  # the file's own permissions, as without the sandbox
+        return (
+            f"this worker runs as uid {_confined['uid']}, which the permissions of {target} do"
+            " not let in (the sandbox grants it): give that uid access (chmod, a group, an"
+            " ACL) or set sandbox_uid_range: off"
+        )
+    return (
+        f"the sandbox lets this worker read {path} but not write it; grant writing with the"
+        " model config's sandbox.writePaths (a model cache such as TORCH_HOME or HF_HUB_CACHE"
+        " is read-only)"
+    )

@@ -117,6 +117,7 @@ class HandlerService:
         except BaseException as exc:  # the user's module raised while importing or initialising
             text = traceback.format_exc()
             print(text, file=sys.stderr)
+            _print_refusal(exc)
             raise LoadFailed(_error_text(exc), text) from None
         max_response = init.get("max_response_bytes")
         service = cls(handler, context, max_response if type(max_response) is int else None)
@@ -281,7 +282,22 @@ def _sequence_headers(context: Context, names: Any) -> None:
 
 
 def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    """The exception in a line; a file the sandbox refused says what grants it."""
+    hint = _refusal_hint(exc)
+    return f"{type(exc).__name__}: {exc}" + (f" ({hint})" if hint else "")
+
+
+def _refusal_hint(exc: BaseException) -> str | None:
+    from . import confine  # here: only a failure pays for ctypes
+
+    return confine.refusal_hint(exc)
+
+
+def _print_refusal(exc: BaseException) -> None:
+    """Below the traceback in the log, what grants the file the sandbox refused, if it did."""
+    hint = _refusal_hint(exc)
+    if hint:
+        print(f"sandbox: {hint}", file=sys.stderr)
 
 
 def _serve_group(
@@ -326,6 +342,7 @@ def _serve_group(
         return None
     except Exception as exc:  # the per-batch boundary: the worker keeps serving
         traceback.print_exc()
+        _print_refusal(exc)
         return {"error": _error_text(exc), "traceback": traceback.format_exc()}
     finally:
         if stream is not None:

@@ -81,6 +81,10 @@ class ServerConfig:
     # (server/workers/sandbox_users.py); "off": they keep the server's user. The default lies
     # above the uids of people and of podman's first subordinate range.
     sandbox_uid_range: str = "200000-299999"
+    # Folders (or files) every model's workers may read, besides the model caches the server's
+    # environment names and its user's own (server/workers/sandbox_caches.py): absolute paths,
+    # never the server's own files. A model config grants one model more (sandbox.readPaths).
+    sandbox_read_paths: tuple[str, ...] = ()
     worker_preload: tuple[str, ...] = ()  # besides what the models' workers were seen to import
     # Registration by URL (TorchServe's allowed_urls: regular expressions a URL must match in
     # full); empty: the model store and allowed_paths only.

@@ -3,8 +3,10 @@
 The server decides the rules, the worker applies them to itself before its handler is
 imported (``mserve_worker/confine.py``: Landlock, ``no_new_privs``, resource limits). A worker
 reads its own model folder, its interpreter and the system's libraries, and writes only its
-model's scratch folder (also its ``TMPDIR``); it opens no TCP connection and binds no port. A
-model config may grant more (``sandbox:`` with ``readPaths``, ``writePaths``, ``connectPorts``,
+model's scratch folder (also its ``TMPDIR``); it opens no TCP connection and binds no port.
+Every model also reads the model caches the server's environment names, its user's own and the
+``sandbox_read_paths`` setting (``server/workers/sandbox_caches.py``). A model config may grant
+more (``sandbox:`` with ``readPaths``, ``writePaths``, ``connectPorts``,
 ``bindPorts``, ``maxProcesses``, ``maxOpenFiles``), never the server's own files or ports.
 docs/server.md, Sandbox, has the threat model.
 """
@@ -16,6 +18,7 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,9 @@ from typing import Any
 import mserve_worker
 from mserve_worker.confine import landlock_abi
 from server.config import ServerConfig, split_address
-from server.errors import InvalidModel
+from server.errors import ConfigError, InvalidModel
+from server.workers.env_vars import WorkerEnvironment
+from server.workers.sandbox_caches import SharedCaches, find_caches, for_other_users
 from server.workers.sandbox_users import (
     Reach,
     UidMap,
@@ -64,6 +69,8 @@ class ModelSandbox:
     grants: dict[str, list[Any]] = field(default_factory=dict)
     user: WorkerUser | None = None  # its own uid, when the server runs as root
     reach: Reach | None = field(default=None, compare=False, repr=False)
+    # what every model reads: the model caches and sandbox_read_paths
+    caches: SharedCaches = field(default_factory=SharedCaches, compare=False, repr=False)
 
     def policy(self, gpu: str | None, python: str | None = None) -> dict[str, Any]:
         """INIT's ``sandbox``: what ``mserve_worker.confine.apply`` gets. Under its own uid,
@@ -77,7 +84,7 @@ class ModelSandbox:
         limits = {"nproc": DEFAULT_MAX_PROCESSES, "nofile": DEFAULT_MAX_OPEN_FILES, "core": 0}
         limits.update(self.grants.get("limits", {}))  # type: ignore[arg-type]
         return {
-            "read": [self.model_dir, *self.grants.get("read", [])],
+            "read": [self.model_dir, *self.caches.paths, *self.grants.get("read", [])],
             "write": [self.scratch, *self.grants.get("write", [])],
             "devices": _gpu_devices(gpu),
             "connect": list(self.grants.get("connect", [])),
@@ -91,11 +98,12 @@ class ModelSandbox:
         """Temporary files, ``HOME`` and caches in the scratch folder: the server's home is out
         of a confined worker's reach, and libraries that write ``~/.cache`` (Hugging Face,
         torch hub) then work unedited. An operator's own ``XDG_CACHE_HOME`` is kept (a shared
-        cache the model config grants)."""
+        cache, read-only), and the caches every model reads are where the worker looks."""
         env = {"TMPDIR": self.scratch, "TEMP": self.scratch, "TMP": self.scratch,
                "HOME": self.scratch}  # fmt: skip
         if "XDG_CACHE_HOME" not in os.environ:
             env["XDG_CACHE_HOME"] = os.path.join(self.scratch, ".cache")
+        env.update(self.caches.env)
         return env
 
     def shown(self) -> dict[str, Any]:
@@ -103,6 +111,8 @@ class ModelSandbox:
         shown: dict[str, Any] = {"scratch": self.scratch}
         if self.user is not None:
             shown.update(uid=self.user.uid, gid=self.user.gid)
+        if self.caches.read:  # every model's: the model caches and sandbox_read_paths
+            shown["readShared"] = self.caches.paths
         return {**shown, **{k: v for k, v in self.grants.items() if v}}
 
     def remove_scratch(self) -> None:
@@ -113,7 +123,9 @@ class Sandbox:
     """The server's sandbox setting, what the kernel offers, and the paths and ports no model
     may be granted."""
 
-    def __init__(self, config: ServerConfig, abi: int | None = None) -> None:
+    def __init__(self, config: ServerConfig, abi: int | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:  # fmt: skip
+        """``environ``: the server's environment (where its model caches are named)."""
         self.enabled = config.sandbox
         self.abi = landlock_abi() if abi is None else abi
         self.scratch_root = config.run_path / "scratch"
@@ -143,6 +155,51 @@ class Sandbox:
         self.uids = UidMap(config.run_path, uid_range) if self.uid_range else None
         self.reach = Reach([config.run_path, config.run_path / "unpacked", self.scratch_root])
         self._reached = False
+        self.caches = self._caches(config, os.environ if environ is None else environ)
+
+    def _caches(self, config: ServerConfig, environ: Mapping[str, str]) -> SharedCaches:
+        """What every model reads (server/workers/sandbox_caches.py), found once at start.
+        ``ConfigError`` names a ``sandbox_read_paths`` entry that is not absolute or that
+        reaches the server's own files; a cache variable naming those is left out, logged."""
+        home = os.path.expanduser("~")
+        read_paths = []
+        for value in config.sandbox_read_paths:
+            path = os.path.expanduser(value)
+            if not os.path.isabs(path):
+                raise ConfigError(f"sandbox_read_paths must hold absolute paths, found {value!r}")
+            protected = self._protected_by(path)
+            if protected is not None:
+                raise ConfigError(f"sandbox_read_paths names {value}, which holds or is inside"
+                                  f" the server's own files ({protected})")  # fmt: skip
+            read_paths.append(os.path.normpath(path))
+        if not self.enabled:
+            return SharedCaches()
+        deny = WorkerEnvironment.split(environ, config.worker_env_deny,
+                                       config.worker_env_deny_regex)  # fmt: skip
+        cwd = config.start_dir or os.getcwd()
+        caches = find_caches(deny.base, tuple(read_paths), home, cwd)
+        read, left_out = [], set()
+        for path, why in caches.read:
+            protected = self._protected_by(path)
+            if protected is None:
+                read.append((path, why))
+                continue
+            left_out.add(path)
+            log.warning(
+                "sandbox: %s (%s) holds or is inside the server's own files (%s); workers are"
+                " not granted it", path, why, protected,
+            )  # fmt: skip
+        env = {name: path for name, path in caches.env.items() if path not in left_out}
+        return SharedCaches(tuple(read), env)
+
+    def _protected_by(self, path: str) -> Path | None:
+        """The server's own file or folder that ``path`` holds or lies inside, if any."""
+        real = Path(os.path.realpath(path))
+        for protected in self.protected:
+            own = Path(os.path.realpath(protected))
+            if real == own or own in real.parents or real in own.parents:
+                return protected
+        return None
 
     def _warning(self) -> str | None:
         if not self.enabled:
@@ -181,7 +238,8 @@ class Sandbox:
         scratch = self.scratch_root / f"{name}-{version}"
         grants = self._grants(model_config.get("sandbox"), label)
         user = self._user(name, model_dir, grants)
-        return ModelSandbox(label, str(model_dir), str(scratch), grants, user, self.reach)
+        return ModelSandbox(label, str(model_dir), str(scratch), grants, user, self.reach,
+                            self.caches)  # fmt: skip
 
     def _user(self, name: str, model_dir: Path, grants: dict[str, Any]) -> WorkerUser | None:
         """The model's own uid, and what it must reach made reachable; None: the workers keep
@@ -193,6 +251,8 @@ class Sandbox:
             for folder in self.reach.own:
                 self.reach.own_folder(folder)
             self.reach.path(Path(mserve_worker.__file__).parent / ".")
+            # now that the run dir's folders are reachable: which caches its uids can read
+            self.caches = for_other_users(self.caches)
             self._reached = True
         groups: tuple[int, ...] = ()
         unpacked = self.reach.own[1]
@@ -240,15 +300,13 @@ class Sandbox:
         if not isinstance(value, str) or not os.path.isabs(value):
             raise InvalidModel(f"model config of {label}: {where} must hold absolute paths,"
                                f" got {value!r:.80}")  # fmt: skip
-        path = Path(os.path.realpath(value))
-        for protected in self.protected:
-            real = Path(os.path.realpath(protected))
-            if path == real or real in path.parents or path in real.parents:
-                raise InvalidModel(
-                    f"model config of {label}: {where} names {value}, which holds or is inside"
-                    f" the server's own files ({protected})"
-                )
-        return str(path)
+        protected = self._protected_by(value)
+        if protected is not None:
+            raise InvalidModel(
+                f"model config of {label}: {where} names {value}, which holds or is inside"
+                f" the server's own files ({protected})"
+            )
+        return os.path.realpath(value)
 
     def _port(self, value: Any, where: str, label: str) -> int:
         if type(value) is not int or not 0 < value < 65536:

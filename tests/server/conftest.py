@@ -168,9 +168,10 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
 
     def start(*models: str, config: dict[str, Any] | None = None, expect_ok: bool = True,
               extra: tuple[str, ...] = (), run_dir: Path | None = None,
-              env: dict[str, str] | None = None) -> Server:  # fmt: skip
-        """``env`` adds to the server's environment; CUDA_VISIBLE_DEVICES is unset unless it
-        names it, so a developer's own setting cannot change which GPUs the tests see.
+              env: dict[str, str | None] | None = None) -> Server:  # fmt: skip
+        """``env`` adds to the server's environment (a name set to None is removed from it);
+        CUDA_VISIBLE_DEVICES is unset unless it names it, so a developer's own setting cannot
+        change which GPUs the tests see.
 
         Token authorization is off and the model API on unless ``config`` says otherwise: most
         tests are about serving, registering and scaling, and send no key;
@@ -193,8 +194,10 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
         args = ["--start", "--config", str(cfg), "--run-dir", str(run_dir), *extra]
         if models:
             args += ["--models", *models]
-        server_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-        server_env.update(env or {})
+        given = env or {}
+        server_env = {k: v for k, v in os.environ.items()
+                      if k != "CUDA_VISIBLE_DEVICES" and k not in given}  # fmt: skip
+        server_env.update({k: v for k, v in given.items() if v is not None})  # None: unset it
         out = subprocess.run(
             [MSERVE, *args], capture_output=True, text=True, timeout=300, env=server_env
         )
