@@ -181,7 +181,7 @@ class Keys:
         if sent is None:
             raise Unauthorized(
                 f"token authorization is on: send {what} as 'Authorization: Bearer <key>'"
-                " (the keys are in key_file.json in the server's run dir)", realm, None,
+                f" (the keys are in {self.path})", realm, None,
             )  # fmt: skip
         if not hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), key.encoded):
             raise Unauthorized(f"the key sent is not {what}", realm, "invalid_token")

@@ -68,7 +68,7 @@ def test_calls_without_the_right_key_get_401(secure_server: Server) -> None:
     assert missing.json() == {
         "code": 401, "type": INVALID_KEY,
         "message": "token authorization is on: send the inference key as 'Authorization:"
-                   " Bearer <key>' (the keys are in key_file.json in the server's run dir)",
+                   " Bearer <key>' (the keys are in <run_dir>/key_file.json)",
     }  # fmt: skip
     for sent in ("wrong", s.key("management"), s.key("API"), s.key("inference") + "x"):
         reply = http("POST", predict, b"hi", _bearer(sent))

@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -182,6 +183,12 @@ def test_started_as_torchserve_is_its_files_console_and_stop(ts_dir: TorchServeD
     bare = http("POST", f"{ts_dir.status['urls']['inference']}/predictions/printer", b"x")
     # keys are required, as in TorchServe 0.12, which refuses a call without one with a 400
     assert (bare.status, bare.json()["type"]) == (400, "InvalidKeyException")
+    # the file the keys are in, in the folder the server was started from (the temp folder's
+    # part of the path redacted, as server paths are in every answer)
+    message = bare.json()["message"]
+    assert message.startswith("token authorization is on: send the inference key as"), message
+    in_tmp = key_file.relative_to(tempfile.gettempdir())
+    assert message.endswith(f"(the keys are in <tmp>/{in_tmp})"), message
 
     refused = ts_dir.call("management", "POST", "/models?url=echo.mar")  # model API is off
     assert (refused.status, refused.json()) == (405, {
