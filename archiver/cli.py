@@ -35,8 +35,19 @@ ARCHIVER_VERSION = f"mserve-{__version__}"
 WHEELHOUSE_DIR = "wheels"  # where --wheelhouse lands in the archive; named in the manifest
 
 
+# the name TorchServe's archiver is installed as (mserve-torchserve installs ours under it)
+TORCH_ARCHIVER = "torch-model-archiver"
+
+
+def _prog() -> str:
+    """The command's name as invoked: ``torch-model-archiver``, else ``model-archiver``."""
+    ctx = click.get_current_context(silent=True)
+    torch_archiver = ctx is not None and ctx.info_name == TORCH_ARCHIVER
+    return TORCH_ARCHIVER if torch_archiver else "model-archiver"
+
+
 def _warn(message: str) -> None:
-    click.echo(f"model-archiver: warning: {message}", err=True)
+    click.echo(f"{_prog()}: warning: {message}", err=True)
 
 
 def _human(n: float) -> str:
@@ -307,7 +318,7 @@ def main(inspect_path: str | None, as_json: bool, **options: Any) -> None:
         for flag in ("model_name", "handler"):
             if not options[flag]:
                 raise UsageError(
-                    f"--{flag.replace('_', '-')} is required", hint="see model-archiver -h"
+                    f"--{flag.replace('_', '-')} is required", hint=f"see {_prog()} -h"
                 )
         started = time.perf_counter()
         out = build(**options)
@@ -316,13 +327,14 @@ def main(inspect_path: str | None, as_json: bool, **options: Any) -> None:
             if out.is_dir()
             else out.stat().st_size
         )
-        click.echo(f"wrote {out} ({_human(size)}) in {time.perf_counter() - started:.2f} s")
+        if _prog() != TORCH_ARCHIVER:  # which, as TorchServe's, says nothing on success
+            click.echo(f"wrote {out} ({_human(size)}) in {time.perf_counter() - started:.2f} s")
     except ArchiverError as exc:
-        click.echo(f"model-archiver: error: {exc}", err=True)
+        click.echo(f"{_prog()}: error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except OSError as exc:
-        click.echo(f"model-archiver: error: {exc}", err=True)
+        click.echo(f"{_prog()}: error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
-        click.echo("model-archiver: interrupted; nothing was written", err=True)
+        click.echo(f"{_prog()}: interrupted; nothing was written", err=True)
         sys.exit(130)

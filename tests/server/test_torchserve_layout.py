@@ -371,6 +371,26 @@ def test_the_commands_package_is_mserves_version() -> None:
     assert out.returncode == 0 and "--serialized-file" in out.stdout
 
 
+def test_torch_model_archiver_speaks_as_itself(tmp_path: Path) -> None:
+    """TorchServe's archiver prints nothing when it wrote the archive, and errors under its own
+    name; mserve's ``model-archiver`` keeps its ``wrote ...`` line."""
+    bin_dir = Path(sys.executable).parent
+    handler = REPO / "tests" / "handlers" / "echo_fn" / "echo.py"
+
+    def archive(command: str, *more: str) -> subprocess.CompletedProcess[str]:
+        args = ["--model-name", "echo", "--handler", str(handler), "--export-path", str(tmp_path)]
+        return subprocess.run([str(bin_dir / command), *args, *more], capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+
+    done = archive("torch-model-archiver")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert (tmp_path / "echo.mar").is_file()
+    again = archive("torch-model-archiver")
+    assert again.returncode != 0 and again.stderr.startswith("torch-model-archiver: error: ")
+    ours = archive("model-archiver", "--force")
+    assert ours.returncode == 0 and ours.stdout.startswith(f"wrote {tmp_path / 'echo.mar'} (")
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text()
