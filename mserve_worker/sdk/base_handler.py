@@ -23,6 +23,8 @@ import pickle
 import time
 from typing import Any
 
+from . import pt2
+
 # Manifest keys, as TorchServe writes them.
 _SERIALIZED_FILE = "serializedFile"
 _MODEL_FILE = "modelFile"
@@ -118,6 +120,11 @@ class BaseHandler:
             self.model.to(self.device)
         if hasattr(self.model, "eval"):
             self.model.eval()
+        if "pt2" in self.model_yaml_config:  # torch.compile, as TorchServe's BaseHandler
+            try:
+                self.model = pt2.compile_model(self.model, self.model_yaml_config["pt2"])
+            except ValueError as exc:
+                raise ModelLoadError(str(exc)) from None
         self.mapping = load_label_mapping(os.path.join(model_dir, INDEX_TO_NAME))
         self.initialized = True
 

@@ -7,7 +7,6 @@ helpers are the ones mserve's built-in handlers use. PyYAML is imported only whe
 
 from __future__ import annotations
 
-import enum
 import functools
 import inspect
 import re
@@ -16,6 +15,7 @@ from typing import Any, Callable
 
 from mserve_worker.sdk.base_handler import load_label_mapping, map_class_to_label
 from mserve_worker.sdk.errors import PredictionException
+from mserve_worker.sdk.pt2 import PT2Backend, check_valid_pt2_backend
 
 __all__ = [
     "CLEANUP_REGEX",
@@ -31,28 +31,6 @@ __all__ = [
 
 # HTML tags and entities, as TorchServe's text handlers strip them.
 CLEANUP_REGEX = re.compile(r"<.*?>|&([a-z0-9]+|#[0-9]{1,6}|#x[0-9a-f]{1,6});")
-
-
-class PT2Backend(str, enum.Enum):
-    """``torch.compile`` backends a model config's ``pt2`` section may name."""
-
-    EAGER = "eager"
-    AOT_EAGER = "aot_eager"
-    INDUCTOR = "inductor"
-    NVFUSER = "nvfuser"
-    AOT_NVFUSER = "aot_nvfuser"
-    AOT_CUDAGRAPHS = "aot_cudagraphs"
-    OFI = "ofi"
-    FX2TRT = "fx2trt"
-    ONNXRT = "onnxrt"
-    IPEX = "ipex"
-    TORCHXLA_TRACE_ONCE = "torchxla_trace_once"
-    OPENVINO = "openvino"
-    TENSORRT = "tensorrt"
-
-
-def check_valid_pt2_backend(backend: str) -> bool:
-    return backend in {member.value for member in PT2Backend}
 
 
 def list_classes_from_module(module: Any, parent_class: type | None = None) -> list[type]:
