@@ -290,21 +290,33 @@ def refusal_hint(exc: BaseException) -> str | None:
             " with the server setting sandbox_read_paths (every model) or the model config's"
             " sandbox.readPaths (this model; sandbox.writePaths to write)"
         )
-    exists = os.path.exists(path)
-    target = path if exists else os.path.dirname(path)
-    mode = os.R_OK if exists and not writable else os.W_OK
-    if writable or (exists and not os.access(path, os.R_OK)):
-        if os.access(target, mode):
-            return None  # allowed by both: the refusal came from elsewhere
-        if _confined.get("uid") is None:
-            return None  # the file's own permissions, as without the sandbox
+    try:
+        os.stat(path)  # Landlock leaves stat(2) alone: a refusal here is a folder's mode
+        exists = True
+    except FileNotFoundError:
+        exists = False
+    except OSError:
+        return _permissions_hint(path)
+    if not writable and (not exists or os.access(path, os.R_OK)):
         return (
-            f"this worker runs as uid {_confined['uid']}, which the permissions of {target} do"
-            " not let in (the sandbox grants it): give that uid access (chmod, a group, an"
-            " ACL) or set sandbox_uid_range: off"
+            f"the sandbox lets this worker read {path} but not write it; grant writing with the"
+            " model config's sandbox.writePaths (a model cache such as TORCH_HOME or"
+            " HF_HUB_CACHE is read-only)"
         )
+    target = path if exists else os.path.dirname(path)
+    if os.access(target, os.W_OK if writable else os.R_OK):
+        return None  # allowed by both: the refusal came from elsewhere
+    return _permissions_hint(target)
+
+
+def _permissions_hint(path: str) -> str | None:
+    """A granted path the model's own uid may not open by its modes; None when the worker
+    runs as the server's user (the file's permissions, as without the sandbox)."""
+    uid = _confined.get("uid")
+    if uid is None:
+        return None
     return (
-        f"the sandbox lets this worker read {path} but not write it; grant writing with the"
-        " model config's sandbox.writePaths (a model cache such as TORCH_HOME or HF_HUB_CACHE"
-        " is read-only)"
+        f"this worker runs as uid {uid}, which the permissions of {path} do not let in (the"
+        " sandbox grants it): give that uid access (chmod, a group, an ACL) or set"
+        " sandbox_uid_range: off"
     )

@@ -114,22 +114,43 @@ def test_a_torch_home_the_environment_names_is_where_workers_look(
     unreadable = home / ".cache" / "huggingface" / "hub"  # the user's own, closed to others
     unreadable.mkdir(parents=True)
     unreadable.chmod(0o700)
+    closed = tmp_path / "closed"  # granted, but by its mode for its owner alone
+    closed.mkdir(mode=0o700)
+    (closed / "vocab.txt").write_text("words")
     make_archive("model_caches", "hub_weights:handle", "hub")
+    make_archive("hostile", "hostile:read_file", "reader")
     # "~" as a Dockerfile's ENV leaves it: the server's home, not the worker's
     env = {**UNSET, "HOME": str(home), "TORCH_HOME": "~/baked"}
-    server = start_server("hub=hub.mar", env=env)
+    config = {"sandbox_read_paths": [str(closed)]}
+    server = start_server("hub=hub.mar", "reader=reader.mar", config=config, env=env)
     loaded = json.loads(server.predict("hub", {"url": RESNET}).body)
     assert loaded["hub_dir"] == str(home / "baked" / "hub")
     assert loaded["weights"] == {"w": [1.0, 2.0]}
-    if os.geteuid() == 0:  # under a uid per model, a home cache others cannot read is left out
-        assert loaded["hf_hub_cache"] is None
-        assert (
-            f"sandbox: {unreadable} is not readable by other users ({unreadable} stops them):"
-            " workers under their own uid do not use it and cache in their scratch folder"
-            in (server.run_dir / "logs" / "mserve.log").read_text()
-        )
-    else:
+    if os.geteuid() != 0:  # the server's user: the modes let it in
         assert loaded["hf_hub_cache"] == str(unreadable)
+        assert server.predict("reader", {"path": str(closed / "vocab.txt")}).body == b"words"
+        return
+    # under a uid per model, a home cache others cannot read is left out, a granted folder is
+    # kept; each is named at the first registration, and the refusal says whose permissions
+    assert loaded["hf_hub_cache"] is None
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    assert (
+        f"sandbox: {unreadable} is not readable by other users ({unreadable} stops them):"
+        " workers under their own uid do not use it and cache in their scratch folder" in log
+    )
+    assert (
+        f"sandbox: {closed} (sandbox_read_paths) is not readable by other users ({closed} stops"
+        " them): workers under their own uid will be refused reading it" in log
+    )
+    uid = server.manage("GET", "/models/reader").json()[0]["sandbox"]["uid"]
+    assert _message(server, "reader", {"path": str(closed / "vocab.txt")}).endswith(
+        _answered(
+            f"(this worker runs as uid {uid}, which the permissions of {closed / 'vocab.txt'}"
+            " do not let in (the sandbox grants it): give that uid access (chmod, a group, an"
+            " ACL) or set sandbox_uid_range: off)",
+            home,
+        )
+    )
 
 
 def test_which_caches_are_granted(tmp_path: Path) -> None:
