@@ -23,7 +23,7 @@ import pickle
 import time
 from typing import Any
 
-from . import pt2
+from . import profiling, pt2
 
 # Manifest keys, as TorchServe writes them.
 _SERIALIZED_FILE = "serializedFile"
@@ -73,6 +73,7 @@ class BaseHandler:
         self.mapping = None
         self.explain = False
         self.target = 0
+        self.profiler_args: dict[str, Any] = {}  # torch.profiler's, with ENABLE_TORCH_PROFILER
         self._rejected: dict[int, str] = {}
 
     # Loading.
@@ -242,6 +243,9 @@ class BaseHandler:
         started = time.perf_counter()
         self.context = context
         self._rejected = {}
+        if profiling.enabled():  # TorchServe's ENABLE_TORCH_PROFILER: a trace per batch
+            output, _ = self._infer_with_profiler(data)
+            return self._finish(output, data, context, started)
         # a traced batch: the server makes spans of these phases (mserve_worker/tracing.py)
         phases = getattr(context, "_mserve_phases", None)
         model_input = self.preprocess(data)
@@ -261,11 +265,23 @@ class BaseHandler:
             phases.append(("inference", began, ended))
             output = self.postprocess(inferred)
             phases.append(("postprocess", ended, time.perf_counter()))
+        return self._finish(output, data, context, started)
+
+    def _finish(self, output: Any, data: list[Any], context: Any, started: float) -> Any:
+        """The batch's answers, rejected requests in their place; ``HandlerTime`` recorded."""
         output = self._with_rejections(output, len(data), context)
         metrics = getattr(context, "metrics", None)
         if metrics is not None and hasattr(metrics, "add_time"):
             metrics.add_time("HandlerTime", round((time.perf_counter() - started) * 1000, 2))
         return output
+
+    def _infer_with_profiler(self, data: list[Any]) -> tuple[Any, Any]:
+        """preprocess -> inference -> postprocess (or explain_handle) under torch.profiler,
+        writing a Chrome trace (mserve_worker/sdk/profiling.py); returns (output, profile).
+        Set ``self.profiler_args`` (torch.profiler.profile's arguments) to change what is
+        recorded and where the trace goes, as with TorchServe."""
+        self.__dict__.setdefault("_rejected", {})
+        return profiling.profiled(self, data, self._is_explain())
 
     def reject(self, idx: int, message: str) -> None:
         """Answer request ``idx`` of this batch with a 400 and ``message`` instead of a result.
