@@ -397,6 +397,7 @@ def serve_main(
         ts = _ts_config(ts_config_file, os.environ)
         if ts is not None and invocation.torchserve:
             flags["ts_properties"] = ts.properties
+            flags["ts_config_file"] = str(ts.path)
         config = load_config(config_file, flags, ts_layers=list(ts.layers) if ts else None)
         if sum((start, stop, show_status)) != 1:
             _fail("say one of --start, --stop or --status (see mserve -h)", 2)

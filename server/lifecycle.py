@@ -37,7 +37,7 @@ from server.devices import GpuAllocator, server_gpus
 from server.download import is_remote, recorded_url
 from server.errors import MserveError, answer_as_torchserve
 from server.http import HttpServer
-from server.logs import setup_logging
+from server.logs import setup_logging, torchserve_banner
 from server.metrics.handler import MetricsConfig, load_metrics_config
 from server.metrics.server_metrics import Metrics
 from server.models.registry import RegisterRequest, Registry
@@ -378,6 +378,11 @@ class Server:
         only when all are done; a listener that cannot open stops the models' loading and fails
         the start."""
         await self.listen()
+        if self.config.torchserve:  # TorchServe's start-up banner, which runbooks grep
+            initial = [f"{m.name}={m.url}" if m.name else m.url for m in models]
+            banner = torchserve_banner(self.config, __version__, self.urls, self.gpus.count,
+                                       initial)  # fmt: skip
+            log.info("%s", banner)
         self.write_status()
         loading = asyncio.ensure_future(self._load_models(models))
         try:

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
+import tempfile
 import time
+from collections.abc import Mapping
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
@@ -26,6 +30,11 @@ def setup_logging(config: ServerConfig, foreground: bool) -> ConsoleHandler | No
     root.setLevel(logging.INFO)
     # httpx logs every request with its full URL (query secrets included); ours say what matters
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if config.log_layout != "torchserve":  # TorchServe's own words are for its layout only
+        said_as_torchserve = logging.getLogger(TS_LOGGER_ROOT)
+        said_as_torchserve.propagate = False
+        said_as_torchserve.setLevel(logging.CRITICAL + 1)
+        said_as_torchserve.addHandler(logging.NullHandler())
     if config.log_layout == "torchserve":
         fmt = TorchServeFormatter()
         main = _rotating(config.log_path / "ts_log.log")
@@ -50,6 +59,94 @@ def setup_logging(config: ServerConfig, foreground: bool) -> ConsoleHandler | No
 
 
 _LOG4J_LEVELS = {"WARNING": "WARN", "CRITICAL": "FATAL"}
+
+# Our loggers under TorchServe's names (the class that logs the same event there), for the
+# TorchServe layout's lines, which runbooks and log shippers grep; the longest prefix wins, and
+# a logger with no counterpart keeps its own name.
+_TS_LOGGERS = {
+    "mserve": "org.pytorch.serve.ModelServer",
+    "server.models.registry": "org.pytorch.serve.wlm.ModelManager",
+    "server.models": "org.pytorch.serve.wlm.WorkerThread",
+    "server.workers": "org.pytorch.serve.wlm.WorkerLifeCycle",
+    "server.store": "org.pytorch.serve.wlm.ModelManager",
+    "server.download": "org.pytorch.serve.wlm.ModelManager",
+    "server.model_envs": "org.pytorch.serve.wlm.ModelManager",
+    "server.rest": "org.pytorch.serve.http.HttpRequestHandler",
+    "server.http": "org.pytorch.serve.http.HttpRequestHandler",
+    "server.rpc": "org.pytorch.serve.grpcimpl.GRPCServiceFactory",
+    "server.metrics": "org.pytorch.serve.metrics.MetricCollector",
+    "server.snapshot": "org.pytorch.serve.snapshot.SnapshotManager",
+    "server.ts_snapshot": "org.pytorch.serve.snapshot.SnapshotManager",
+    "server.auth": "org.pytorch.serve.util.TokenAuthorization",
+    "server.devices": "org.pytorch.serve.util.ConfigManager",
+}
+# TorchServe's own words for an event, logged by our code under TorchServe's logger names
+# (``logging.getLogger(TS_LOGGER_ROOT + ".wlm.WorkerThread")``): said in the TorchServe layout
+# only (:func:`setup_logging`), next to our own line for the same event.
+TS_LOGGER_ROOT = "org.pytorch.serve"
+
+
+def ts_logger_name(name: str) -> str:
+    """The TorchServe logger a line of ours is written under in its layout."""
+    probe = name
+    while probe:
+        if probe in _TS_LOGGERS:
+            return _TS_LOGGERS[probe]
+        probe = probe.rpartition(".")[0]
+    return name
+
+
+def torchserve_banner(
+    config: ServerConfig, version: str, urls: Mapping[str, str], gpus: int,
+    initial_models: list[str],
+) -> str:  # fmt: skip
+    """What TorchServe logs at start (its ConfigManager's configuration dump), in its order and
+    words, with this server's values; what has no meaning here (the JVM's heap, Netty's
+    threads, workflows, the C++ backend) says so. ``urls``: the APIs' bound addresses."""
+    props = dict(config.ts_properties)
+    allowed = ", ".join(config.allowed_urls) or "none: the model store and allowed_paths"
+    rows = [
+        ("Torchserve version", f"{version} (mserve)"),
+        ("TS Home", str(Path(__file__).resolve().parent.parent)),
+        ("Current directory", str(config.start_path)),
+        ("Temp directory", tempfile.gettempdir()),
+        ("Metrics config path", config.metrics_config or "N/A (the default metrics)"),
+        ("Number of GPUs", str(gpus)),
+        ("Number of CPUs", str(len(os.sched_getaffinity(0)))),
+        ("Max heap size", "N/A (no JVM)"),
+        ("Python executable", sys.executable),
+        ("Config file", config.ts_config_file or "N/A"),
+        ("Inference address", urls.get("inference", "N/A")),
+        ("Management address", urls.get("management", "N/A")),
+        ("Metrics address", urls.get("metrics", "N/A")),
+        ("Model Store", str(config.store_path) if config.store_path else "N/A"),
+        ("Initial Models", ",".join(initial_models) or "N/A"),
+        ("Log dir", str(config.log_path.resolve())),
+        ("Metrics dir", str(config.metrics_log_path.resolve())),
+        ("Netty threads", "N/A (no Netty)"),
+        ("Netty client threads", "N/A (no Netty)"),
+        ("Default workers per model", str(config.default_workers_per_model)),
+        ("Blacklist Regex", config.worker_env_deny_regex or "N/A"),
+        ("Maximum Response Size", str(config.max_response_size_bytes)),
+        ("Maximum Request Size", str(config.max_request_size_bytes)),
+        ("Limit Maximum Image Pixels", props.get("limit_max_image_pixels", "true")),
+        ("Prefer direct buffer", "N/A (no JVM)"),
+        ("Allowed Urls", f"[{allowed}]"),
+        ("Custom python dependency for model allowed", _bool(config.install_py_dep_per_model)),
+        ("Enable metrics API", "true"),
+        ("Metrics mode", config.metrics_mode),
+        ("Disable system metrics", props.get("disable_system_metrics", "false")),
+        ("Workflow Store", "N/A (no workflows)"),
+        ("CPP log config", "N/A (no C++ backend)"),
+        ("Model config", props.get("models", "N/A")),
+        ("System metrics command", "default"),
+        ("Model API enabled", _bool(config.enable_model_api)),
+    ]
+    return "".join(f"\n{name}: {value}" for name, value in rows)
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
 
 
 def _rotating(path: Path) -> RotatingFileHandler:
@@ -121,5 +218,5 @@ class TorchServeFormatter(logging.Formatter):
             finally:
                 record.msg, record.args = "[worker %s] %s", (worker_id, line)
         record.ts_thread = "main" if record.threadName == "MainThread" else record.threadName
-        record.ts_logger = record.name
+        record.ts_logger = ts_logger_name(record.name)
         return super().format(record)

@@ -144,7 +144,7 @@ def _coerce(key: str, value: Any, source: str) -> Any:
 
 # Keys the CLI fills in (where the server was started, what the properties file said): not for
 # a config file or a variable to set.
-_SET_BY_THE_CLI = frozenset(("start_dir", "ts_properties"))
+_SET_BY_THE_CLI = frozenset(("start_dir", "ts_properties", "ts_config_file"))
 
 
 def _merge(layers: list[tuple[str, Mapping[str, Any]]]) -> ServerConfig:

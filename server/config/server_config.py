@@ -122,6 +122,8 @@ class ServerConfig:
     # inference and management ports); whether the metrics port wants the management key.
     disable_token_authorization: bool = False
     token_expiration_min: float = 60.0
+    # the properties file read (TorchServe's console names it at start), set by the CLI
+    ts_config_file: str | None = None
     inference_token_expiration_min: float | None = None
     management_token_expiration_min: float | None = None
     # Fixed keys instead of random ones (a mounted Secret, so every replica behind a Service

@@ -32,6 +32,9 @@ from server.workers.channel import Batch, BatchExpired, Channel, ChannelClosed
 from server.workers.launch import Launcher, Process
 
 log = logging.getLogger(__name__)
+# TorchServe's words for the same events, which its tests and runbooks wait for: logged in its
+# layout only (server/logs.py)
+_said_as_torchserve = logging.getLogger("org.pytorch.serve.wlm.WorkerThread")
 
 STDERR_TAIL_LINES = 50
 
@@ -256,6 +259,10 @@ class Worker:
             imports = await asyncio.wait_for(self._handshake(), timeout_s)
         except asyncio.TimeoutError:
             await self.kill()
+            _said_as_torchserve.error(
+                "Backend worker error\norg.pytorch.serve.wlm.WorkerInitializationException:"
+                " Backend worker did not respond in given time"
+            )
             raise HandlerLoadFailed(
                 f"worker {self.id} of {self.model_label} did not load its handler within"
                 f" startup_timeout_s={timeout_s:g}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -369,6 +370,49 @@ def test_the_commands_package_is_mserves_version() -> None:
     out = subprocess.run([str(Path(sys.executable).parent / "torch-model-archiver"), "--help"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0 and "--serialized-file" in out.stdout
+
+
+def test_the_console_speaks_as_torchserve(
+    ts_dir: TorchServeDir, make_archive: Callable[..., Path]
+) -> None:
+    make_archive("slow_load", "slow:handle", "slow")
+    console = ts_dir.start("--ncs", "--model-store", "model_store", "--models", "echo.mar",
+                           "--enable-model-api", "--ts-config", "config.properties")  # fmt: skip
+    lines, urls = console.lines, ts_dir.status["urls"]
+    # TorchServe's start-up banner: its log line, then one "Name: value" line per setting
+    head = next(i for i, line in enumerate(lines) if line.endswith(
+        "[INFO ] main org.pytorch.serve.ModelServer - "))  # fmt: skip
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{3} \[INFO \] main"
+                        r" org\.pytorch\.serve\.ModelServer - ", lines[head])  # fmt: skip
+    banner = dict(line.split(": ", 1) for line in lines[head + 1 : head + 36])
+    assert list(banner)[:3] == ["Torchserve version", "TS Home", "Current directory"]
+    assert banner["Torchserve version"] == f"{__version__} (mserve)"
+    assert banner["Current directory"] == str(ts_dir.root.resolve())
+    assert banner["Config file"] == "config.properties"
+    assert banner["Inference address"] == urls["inference"]
+    assert banner["Management address"] == urls["management"]
+    assert banner["Model Store"] == str((ts_dir.root / "model_store").resolve())
+    assert banner["Initial Models"] == "echo.mar"
+    assert banner["Log dir"] == str(ts_dir.root.resolve() / "logs")
+    assert banner["Number of CPUs"] == str(len(os.sched_getaffinity(0)))
+    assert banner["Max heap size"] == "N/A (no JVM)"
+    assert banner["Python executable"] == sys.executable
+    assert banner["Model API enabled"] == "true"
+    assert list(banner)[-1] == "Model API enabled" and len(banner) == 35
+    # the lifecycle lines under TorchServe's logger names
+    assert any(" main org.pytorch.serve.ModelServer - mserve " in line for line in lines)
+    assert any(" org.pytorch.serve.wlm.ModelManager - " in line for line in lines)
+
+    # a handler that does not load within startup_timeout: TorchServe's two lines
+    query = "url=slow.mar&startup_timeout=1&initial_workers=1&synchronous=true"
+    reply = ts_dir.call("management", "POST", f"/models?{query}")
+    assert reply.status == 500, reply.body
+    wait_until(lambda: any("Backend worker error" in line for line in console.lines), 10,
+               "Backend worker error on the console")  # fmt: skip
+    at = next(i for i, line in enumerate(console.lines) if "Backend worker error" in line)
+    assert console.lines[at].endswith(" org.pytorch.serve.wlm.WorkerThread - Backend worker error")
+    assert console.lines[at + 1] == ("org.pytorch.serve.wlm.WorkerInitializationException:"
+                                     " Backend worker did not respond in given time")  # fmt: skip
 
 
 def test_torch_model_archiver_speaks_as_itself(tmp_path: Path) -> None:

@@ -297,8 +297,10 @@ def test_log_mode_writes_torchserve_metric_lines(make_archive, start_server) -> 
                10, "the prediction's line in access_log.log")  # fmt: skip
     ts_log = (logs / "ts_log.log").read_text()
     assert re.search(
-        r"^\d{4}-\d\d-\d\dT[\d:]+,\d{3} \[INFO \] main mserve - mserve .* ready$", ts_log, re.M
-    )
+        r"^\d{4}-\d\d-\d\dT[\d:]+,\d{3} \[INFO \] main org\.pytorch\.serve\.ModelServer - mserve .* ready$",
+        ts_log,
+        re.M,
+    )  # fmt: skip
     assert not (logs / "mserve.log").exists() and not (logs / "access.log").exists()
     model_log = (logs / "model_log.log").read_text()
     line = r"\[INFO \] W-\d+-custom_1\.0-stdout MODEL_LOG - custom metrics handler loaded$"
