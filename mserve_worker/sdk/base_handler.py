@@ -23,7 +23,7 @@ import pickle
 import time
 from typing import Any
 
-from . import profiling, pt2
+from . import onnx_session, profiling, pt2
 
 # Manifest keys, as TorchServe writes them.
 _SERIALIZED_FILE = "serializedFile"
@@ -109,6 +109,8 @@ class BaseHandler:
         model_file = model_info.get(_MODEL_FILE)
         if model_file:
             self.model = self._load_pickled_model(model_dir, model_file, self.model_pt_path)
+        elif self.model_pt_path is not None and self.model_pt_path.endswith(".onnx"):
+            self.model = self._load_onnx_model(self.model_pt_path)
         elif self.model_pt_path is not None:
             self.model = self._load_torchscript_model(self.model_pt_path)
         else:
@@ -133,6 +135,20 @@ class BaseHandler:
         import torch
 
         return torch.jit.load(model_pt_path, map_location=self.device)
+
+    def _load_onnx_model(self, model_pt_path: str) -> Any:
+        """An onnxruntime session, as TorchServe opens ``.onnx`` files (onnx_session.py)."""
+        try:
+            return onnx_session.open_session(
+                model_pt_path, self.map_location, getattr(self.device, "index", None)
+            )
+        except ImportError as exc:
+            raise ModelLoadError(
+                f"{os.path.basename(model_pt_path)} is an ONNX model, which BaseHandler runs "
+                f"with onnxruntime, and this model's environment cannot import it ({exc}): "
+                f"install onnxruntime (onnxruntime-gpu for CUDA) in the model's environment "
+                f"(requirements.txt), or pip install it next to the server"
+            ) from exc
 
     def _load_pickled_model(
         self, model_dir: str, model_file: str, model_pt_path: str | None
@@ -227,9 +243,12 @@ class BaseHandler:
         return torch.stack([t for _, t in rows if tuple(t.shape) == expected]).to(self.device)
 
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        """Call the model without autograd."""
+        """Call the model without autograd (an ONNX model: its first input is the batch, its
+        first output the result, as a tensor)."""
         import torch
 
+        if onnx_session.is_session(self.model):
+            return onnx_session.run(self.model, data)
         with torch.inference_mode():
             return self.model(data, *args, **kwargs)
 
