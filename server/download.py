@@ -116,6 +116,25 @@ def url_allowed(url: str, patterns: tuple[str, ...]) -> bool:
     return any(re.fullmatch(p, url, re.IGNORECASE) for p in patterns)
 
 
+def relative_path_refusal(url: str) -> str | None:
+    """TorchServe's refusal of a registration ``url`` holding ``..``, in its words ("Relative
+    path is not allowed in url: ..."), or None. A ``..`` counts as a segment of the name or of
+    a URL's path, as written or percent-decoded (an http server decodes ``%2e%2e`` and climbs
+    with it); TorchServe refuses any ``..`` in the string, even inside a file name
+    (``a..b.mar``), which names no other folder and passes here. A URL is shown as recorded
+    (no credentials, no query)."""
+    segments = url.split("/")  # a name or path in the model store
+    if "://" in url:
+        try:
+            path = urlsplit(url).path
+        except ValueError:
+            return None  # not a URL at all: refused as such where it is read
+        segments = [*path.split("/"), *unquote(path).split("/")]
+    if ".." not in segments:
+        return None
+    return f"Relative path is not allowed in url: {recorded_url(url) if is_remote(url) else url}"
+
+
 def provisional_name(url: str) -> str:
     """The name a download is listed under in describe until its manifest is read: the URL's
     file name without the archive suffix (the name TorchServe falls back to)."""

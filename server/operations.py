@@ -12,8 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.config import BATCH_WAITS
-from server.download import parse_sha256
-from server.errors import BadRequest, ModelApiDisabled, ModelNotFound, ModelVersionNotFound
+from server.download import parse_sha256, relative_path_refusal
+from server.errors import (
+    ArchiveNotAllowed,
+    BadRequest,
+    ModelApiDisabled,
+    ModelNotFound,
+    ModelVersionNotFound,
+)
 from server.models.describe import describe as described
 from server.models.registry import RegisterRequest, Registry
 
@@ -98,16 +104,22 @@ def batch_wait_param(params: Mapping[str, str]) -> str | None:
     )
 
 
-# TorchServe's words for a method its model API control refuses (the TorchServe layout's)
+# TorchServe's words for a method its model API control refuses (the TorchServe layout's):
+# its REST answer, and its gRPC management service's
 TS_METHOD_NOT_ALLOWED = "Requested method is not allowed, please refer to API document."
+TS_GRPC_MODEL_API_DISABLED = "Model API disabled"
 
 
-def check_model_api(enabled: bool, action: str, torchserve: bool = False) -> None:
+def check_model_api(
+    enabled: bool, action: str, torchserve: bool = False, grpc: bool = False
+) -> None:
     """TorchServe's model API control: registering and unregistering are refused unless the
     operator enabled them (``enable_model_api``). ``action``: "registering models" or
-    "unregistering models"; ``torchserve``: in TorchServe's words (its layout)."""
+    "unregistering models"; ``torchserve``: in TorchServe's words (its layout), which differ
+    between REST and ``grpc``."""
     if not enabled:
-        message = TS_METHOD_NOT_ALLOWED if torchserve else (
+        ts_message = TS_GRPC_MODEL_API_DISABLED if grpc else TS_METHOD_NOT_ALLOWED
+        message = ts_message if torchserve else (
             f"{action} through the API is disabled (model API control): start mserve with"
             " --enable-model-api or set enable_model_api to true; models given at start"
             " (--models, load_models, the snapshot) load either way"
@@ -122,24 +134,22 @@ def models_page(
     """``GET /models`` on either port, paged as TorchServe pages it: ``limit`` is 100 when
     missing, over 100 or negative, and 0 gives an empty page; a negative ``next_page_token``
     starts at the beginning. ``public`` (the inference port): a ``modelUrl`` that is a server
-    path (a startup model named by its absolute path) shows no server folder."""
+    path (a startup model named by its absolute path) shows no server folder. Each entry has
+    TorchServe's two keys, and mserve's ``loadState`` outside TorchServe's layout."""
     limit = int_param(params, "limit", None)
     if limit is None or not 0 <= limit <= MAX_PAGE:
         limit = MAX_PAGE
     start = max(0, int_param(params, "next_page_token", None) or 0)
     names = sorted(registry.models)
     page = names[start : start + limit]
-    out: dict[str, Any] = {
-        "models": [
-            {
-                "modelName": n,
-                "modelUrl": registry.redact(mv.url) if public else mv.url,
-                "loadState": mv.load_state(),  # of the default version
-            }
-            for n in page
-            for mv in (registry.get(n),)
-        ]
-    }
+    entries: list[dict[str, str]] = []
+    for n in page:
+        mv = registry.get(n)  # the default version
+        entry = {"modelName": n, "modelUrl": registry.redact(mv.url) if public else mv.url}
+        if not registry.config.torchserve:
+            entry["loadState"] = mv.load_state()
+        entries.append(entry)
+    out: dict[str, Any] = {"models": entries}
     if start + limit < len(names):
         out["nextPageToken"] = str(start + limit)
     return out
@@ -163,6 +173,9 @@ async def register_model(registry: Registry, params: Mapping[str, str]) -> Outco
         raise BadRequest("Parameter url is required.")
     if url == "":
         raise ModelNotFound("empty url")
+    refusal = relative_path_refusal(url)
+    if refusal is not None:  # TorchServe's words; its 404 in its layout, a refusal (403) in ours
+        raise (ModelNotFound if registry.config.torchserve else ArchiveNotAllowed)(refusal)
     delay = int_param(params, "max_batch_delay")
     timeout = int_param(params, "response_timeout", 1)
     startup_timeout = int_param(params, "startup_timeout", 1)

@@ -87,7 +87,9 @@ class ManagementService(management_pb2_grpc.ManagementAPIsServiceServicer):
     @_rpc
     async def RegisterModel(self, request: pb.RegisterModelRequest) -> str:
         """TorchServe's ``synchronous`` defaults to false here (a proto3 bool), true in REST."""
-        ops.check_model_api(self.model_api, "registering models", self.registry.config.torchserve)
+        ops.check_model_api(
+            self.model_api, "registering models", self.registry.config.torchserve, grpc=True
+        )
         params = _params(
             url=request.url, model_name=request.model_name, handler=request.handler,
             batch_size=request.batch_size, max_batch_delay=request.max_batch_delay,
@@ -114,7 +116,9 @@ class ManagementService(management_pb2_grpc.ManagementAPIsServiceServicer):
 
     @_rpc
     async def UnregisterModel(self, request: pb.UnregisterModelRequest) -> str:
-        ops.check_model_api(self.model_api, "unregistering models", self.registry.config.torchserve)
+        ops.check_model_api(
+            self.model_api, "unregistering models", self.registry.config.torchserve, grpc=True
+        )
         name = _required(request.model_name, "model_name")
         version = request.model_version or None
         return (await ops.unregister_model(self.registry, name, version)).message

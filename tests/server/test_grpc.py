@@ -238,6 +238,11 @@ def test_management_calls_as_rest_answers_them(make_archive, start_server, chann
     assert _error(management.RegisterModel, mpb.RegisterModelRequest(url="")) == (
         Code.INVALID_ARGUMENT, "Parameter url is required."
     )  # fmt: skip
+    # TorchServe's words for a url holding "..", with the code of a refusal (TorchServe's layout:
+    # its NOT_FOUND, tests/server/test_torchserve_management.py)
+    assert _error(management.RegisterModel, mpb.RegisterModelRequest(url="../io.mar")) == (
+        Code.PERMISSION_DENIED, "Relative path is not allowed in url: ../io.mar"
+    )  # fmt: skip
     assert (
         _error(management.RegisterModel, mpb.RegisterModelRequest(url="io.mar", runtime="LSP"))[0]
         == Code.INVALID_ARGUMENT
