@@ -24,8 +24,10 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 from server.config.model_settings import request_fields, snapshot_fields
+from server.download import is_remote
 from server.errors import MserveError
 from server.models.registry import RegisterRequest, Registry
 from server.rundir import write_text_atomic
@@ -79,9 +81,17 @@ def properties_text(items: Iterable[tuple[str, str]], now: float) -> str:
 
 
 def model_state(registry: Registry) -> dict[str, dict[str, dict[str, Any]]]:
-    """``models`` of TorchServe's snapshot object: name -> version -> settings."""
+    """``models`` of TorchServe's snapshot object: name -> version -> settings; the versions
+    that failed to restore at start are written back as they were recorded (TorchServe would
+    have registered them), until registered again or deleted."""
     store = registry.config.store_path
     models: dict[str, dict[str, dict[str, Any]]] = {}
+    registered = {(mv.name, mv.version) for mv in registry.all()}
+    for kept in registry.unrestored:
+        name, version, state = kept["name"], kept["version"], kept["torchserve"]
+        if (name, version) not in registered:
+            default = state["defaultVersion"] and name not in registry.defaults
+            models.setdefault(name, {})[version] = {**state, "defaultVersion": default}
     for mv in registry.all():
         mar = mv.url.rstrip("/").rsplit("/", 1)[-1]
         state: dict[str, Any] = {
@@ -148,17 +158,80 @@ def _prune(folder: Path) -> None:
         (folder / old).unlink(missing_ok=True)
 
 
+class SnapshotArchiveMissing(MserveError):
+    """The config snapshot a start in TorchServe's layout restores records archives that are not
+    there (``missing``: model, version and the path looked for, None without a model store).
+    TorchServe validates its snapshot before it registers anything and does not start; neither
+    does mserve in its layout. The message keeps TorchServe's log words."""
+
+    def __init__(self, missing: list[tuple[str, str, Path | None]]) -> None:
+        self.missing = missing
+        found = "; ".join(
+            f"Model archive file for model {name}, version {version} not found in model store: "
+            + (str(path) if path is not None else "no model store is configured")
+            for name, version, path in missing
+        )
+        super().__init__(
+            f"{found}. The config snapshot restored at this start records it: put the archive"
+            " back, or start with --ncs (no snapshot) or --ts-config naming another file"
+        )
+
+
+def _recorded(entry: ModelEntry) -> dict[str, Any]:
+    """A snapshot entry's state as :func:`model_state` writes a version's."""
+    state: dict[str, Any] = {"defaultVersion": entry.default_version, "marName": entry.mar_name}
+    state.update(entry.settings)  # TorchServe's keys: minWorkers, batchSize, ...
+    state.setdefault("runtimeType", "python")
+    if entry.url is not None:
+        state["modelUrl"] = entry.url
+    return state
+
+
+def _archive_path(entry: ModelEntry, store: Path | None) -> Path | None:
+    """Where the archive of ``entry`` should be: ``marName`` in the model store (TorchServe's
+    rule), or mserve's ``modelUrl`` when it wrote one for an archive outside the store."""
+    if entry.url is None:
+        return store / entry.mar_name if store is not None and entry.mar_name else None
+    named = Path(unquote(urlsplit(entry.url).path) if "://" in entry.url else entry.url)
+    named = named.expanduser()
+    if named.is_absolute():
+        return named
+    return store / named if store is not None else None
+
+
+def check_archives(entries: Iterable[ModelEntry], store: Path | None) -> None:
+    """Raise :class:`SnapshotArchiveMissing` unless every archive the snapshot records is there
+    (a file or an archive folder; a download by URL is fetched, or read from the cache, as at
+    registration)."""
+    missing = []
+    for entry in entries:
+        if entry.url is not None and is_remote(entry.url):
+            continue
+        path = _archive_path(entry, store)
+        try:
+            there = path is not None and path.exists()
+        except OSError:
+            there = False
+        if not there:
+            missing.append((entry.name, entry.version, path))
+    if missing:
+        raise SnapshotArchiveMissing(missing)
+
+
 async def restore(
     registry: Registry, entries: Iterable[ModelEntry], load_failures: dict[str, str]
 ) -> None:
     """Register each model version a TorchServe config snapshot records, from its archive in
     the store (or mserve's ``modelUrl``), with the settings it was running with (they win over
-    the archive's model config, as in TorchServe's restore) and its default version; one that
-    fails is logged and listed in ``load_failures``, and the others start (TorchServe refuses
-    the whole snapshot)."""
+    the archive's model config, as in TorchServe's restore) and its default version. In
+    TorchServe's layout a snapshot that names an archive no longer there stops the start, as
+    TorchServe's does (:func:`check_archives`); otherwise one that fails is logged and listed
+    in ``load_failures``, and the others start."""
     entries = list(entries)
     if not entries:
         return
+    if registry.config.torchserve:
+        check_archives(entries, registry.config.store_path)
     log.info("registering %d model version(s) from the TorchServe snapshot", len(entries))
 
     async def one(entry: ModelEntry) -> None:
@@ -175,6 +248,10 @@ async def restore(
             log.error("TorchServe snapshot model %s %s failed: %s",
                       entry.name, entry.version, exc.message)  # fmt: skip
             load_failures[entry.name] = f"failed: {exc.message}"
+            if registry.config.torchserve:  # the next snapshots keep it (:func:`model_state`)
+                registry.unrestored.append(
+                    {"name": entry.name, "version": entry.version, "torchserve": _recorded(entry)}
+                )
             return
         if entry.default_version:
             registry.defaults[entry.name] = model.version

@@ -248,6 +248,11 @@ class Registry:
         if request.synchronous:
             try:
                 await self._prepare(model, env, wait=True)
+            except MserveError as exc:
+                if not (request.at_startup and model.prepared):
+                    await self._drop(model)
+                    raise
+                self._keep_failed(model, exc)
             except BaseException:
                 await self._drop(model)
                 raise
@@ -316,6 +321,19 @@ class Registry:
                 model.settings.min_workers, model.settings.max_workers, wait, source=None
             )
             model.stage = None
+
+    def _keep_failed(self, model: ModelVersion, error: MserveError) -> None:
+        """A model given at start (``--models``, ``load_models``, a snapshot) whose workers
+        could not load stays registered, marked failed as the breaker marks one: describe shows
+        the failure, requests get 503 naming it, ``/ping`` is Unhealthy, and the snapshot keeps
+        it, until a scale (``PUT /models/{name}?min_worker=N``) tries again or it is
+        unregistered. TorchServe also keeps such a model (its workers retry for ever)."""
+        model.stage = None
+        model.failed = error.message
+        log.error(
+            "startup model %s failed to load: %s (kept as failed: requests get 503 until it is"
+            " scaled again or unregistered)", model.label, error.message,
+        )  # fmt: skip
 
     async def _prepare_in_background(self, model: ModelVersion, env: EnvRequest | None) -> None:
         try:

@@ -293,6 +293,33 @@ def test_load_failures_are_clear(make_archive, start_server) -> None:
     assert server.predict("probe", {}).status == 200  # other models untouched
 
 
+def test_a_startup_model_that_cannot_load_stays_registered_as_failed(
+    make_archive, start_server
+) -> None:
+    """As docs/migration.md says (and TorchServe keeps such a model): requests get 503 naming
+    the load error, describe shows it failed, /ping is Unhealthy, and unregistering removes it."""
+    make_archive("bad_import", "broken", "broken")
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server("probe=probe.mar", "broken=broken.mar")
+    assert "model broken: failed: handler of broken:1.0 failed to load" in server.start_output
+    assert "1 startup model(s) failed" in server.start_output
+    reply = server.predict("broken", {})
+    assert reply.status == 503 and reply.json()["type"] == "ServiceUnavailableException"
+    assert reply.json()["message"].startswith(
+        "model broken:1.0 has failed: handler of broken:1.0 failed to load: ModuleNotFoundError:"
+        " No module named 'mserve_test_missing_dependency'"
+    ), reply.body
+    described = server.manage("GET", "/models/broken").json()[0]
+    assert described["status"] == "FAILED" and "ModuleNotFoundError" in described["failure"]
+    assert [m["modelName"] for m in server.manage("GET", "/models").json()["models"]] == [
+        "broken", "probe"]  # fmt: skip
+    assert server.predict("probe", {}).status == 200  # the others serve
+    assert http("GET", server.url("inference", "/ping")).status == 500
+    assert server.manage("DELETE", "/models/broken").status == 200
+    assert server.predict("broken", {}).status == 404
+    assert http("GET", server.url("inference", "/ping")).status == 200
+
+
 def test_model_shipping_server_and_archiver_modules_serves(make_archive, start_server) -> None:
     # TorchServe never reserved these names; archives made for it may well contain them.
     make_archive("own_server", "handler:handle", "own_server")
