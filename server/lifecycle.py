@@ -38,7 +38,7 @@ from server.download import is_remote, recorded_url
 from server.errors import MserveError, answer_as_torchserve
 from server.http import HttpServer
 from server.logs import setup_logging, torchserve_banner
-from server.metrics.handler import MetricsConfig, load_metrics_config
+from server.metrics.handler import load_metrics_config
 from server.metrics.server_metrics import Metrics
 from server.models.registry import RegisterRequest, Registry
 from server.rest import frontend as rest_frontend
@@ -115,13 +115,16 @@ class Server:
         self.launcher = Launcher(
             config.fork_workers, config.worker_preload, worker_env, self.early.memory
         )
+        # TorchServe's metric log files: written in log and legacy modes, made (empty) in
+        # prometheus mode too where its log files are (its log4j makes them at start)
+        metric_logs = config.metrics_mode != "prometheus" or config.log_layout == "torchserve"
         self.metrics = Metrics(
             config.metrics_mode,
-            load_metrics_config(Path(config.metrics_config))
-            if config.metrics_config
-            else MetricsConfig({}, None),
-            config.metrics_log_path,
+            load_metrics_config(Path(config.metrics_config)) if config.metrics_config else None,
+            config.metrics_log_path if metric_logs else None,
             gpus=self.gpus.devices,
+            auto_detect=config.model_metrics_auto_detect,
+            system_metrics=not config.disable_system_metrics,
         )
         self.registry = Registry(config, self.gpus, __version__, self.launcher, self.metrics)
         self.metrics.watch(self.registry.all, self.registry.residency)

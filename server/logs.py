@@ -24,7 +24,6 @@ def setup_logging(config: ServerConfig, foreground: bool) -> ConsoleHandler | No
     """The log files, and a console: stderr in the foreground; in the TorchServe layout, stdout
     (TorchServe's console), daemon or not. The console handler, if any, is returned."""
     config.log_path.mkdir(parents=True, exist_ok=True)
-    config.metrics_log_path.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
     root.setLevel(logging.INFO)

@@ -273,6 +273,8 @@ _MAPPED: dict[str, tuple[str, _Convert]] = {
     "private_key_file": ("private_key_file", _same),
     "metrics_mode": ("metrics_mode", lambda v, w, k: v.strip().lower()),
     "metrics_config": ("metrics_config", _same),
+    "model_metrics_auto_detect": ("model_metrics_auto_detect", _boolean),
+    "disable_system_metrics": ("disable_system_metrics", _boolean),
     "enable_grpc_ssl": ("enable_grpc_ssl", _boolean),
     "service_envelope": ("service_envelope", _same),  # checked against our choices
     "ts_header_key_sequence_id": ("sequence_id_header", _same),
@@ -302,9 +304,9 @@ _NO_EFFECT = frozenset((
     "ts_open_inference_protocol", "cors_allowed_origin", "cors_allowed_methods",
     "cors_allowed_headers", "keystore", "keystore_pass", "keystore_type",
     "default_service_handler", "limit_max_image_pixels", "unregister_model_timeout",
-    "metric_time_interval", "model_metrics_auto_detect", "disable_system_metrics",
-    "system_metrics_cmd", "enable_metrics_api", "ipex_enable", "cpu_launcher_enable",
-    "cpu_launcher_args", "ipex_gpu_enable", "workflow_store", "cpp_log_config", "debug",
+    "metric_time_interval", "system_metrics_cmd", "enable_metrics_api", "ipex_enable",
+    "cpu_launcher_enable", "cpu_launcher_args", "ipex_gpu_enable", "workflow_store",
+    "cpp_log_config", "debug",
 ))  # fmt: skip
 # Keys whose non-default value would change what clients or handlers get, or what workers can
 # see: ignoring them would be silently wrong, so only their default value is accepted.

@@ -289,5 +289,6 @@ def load_config(
 TORCHSERVE_DEFAULTS: Mapping[str, Any] = {
     "log_layout": "torchserve",
     "metrics_mode": "log",
+    "model_metrics_auto_detect": False,
     "install_py_dep_per_model": False,
 }

@@ -92,6 +92,11 @@ class ServerConfig:
     # TorchServe's metrics settings: "prometheus", "log" or "legacy"; its metrics.yaml file.
     metrics_mode: str = "prometheus"
     metrics_config: str | None = None
+    # Handler metrics metrics_config does not declare: kept (true) or dropped (false,
+    # TorchServe's default, and the TorchServe layout's); the host's CPU, memory, disk and GPU
+    # metrics measured each minute unless disabled.
+    model_metrics_auto_detect: bool = True
+    disable_system_metrics: bool = False
     # "torchserve": TorchServe's log files (ts_log.log, access_log.log, model_log.log) in place
     # of ours (mserve.log, access.log), in TorchServe's line formats.
     log_layout: str = "mserve"
@@ -107,7 +112,7 @@ class ServerConfig:
     # "torchserve" (what the ``torchserve`` command runs; server/torchserve.py): every file where
     # TorchServe writes it, relative to start_dir (the folder the server was started from):
     # key_file.json there, the logs in log_dir (TorchServe's LOG_LOCATION, default logs/), the
-    # metric logs in metrics_log_dir (METRICS_LOCATION, default the log folder), config
+    # metric logs in metrics_log_dir (METRICS_LOCATION, default logs/), config
     # snapshots in <log folder>/config/ instead of <run_dir>/snapshot.json; TorchServe's
     # defaults and answers (0 workers for a registration that names none, 500 for a handler
     # that fails to load and for a timed-out batch, its 405 message); the server's console on
@@ -217,10 +222,12 @@ class ServerConfig:
 
     @property
     def metrics_log_path(self) -> Path:
-        """Where ts_metrics.log and model_metrics.log go (metrics_mode log)."""
+        """Where ts_metrics.log and model_metrics.log go: metrics_log_dir, else the log folder;
+        in the TorchServe layout logs/, whatever LOG_LOCATION says (TorchServe's log4j2.xml
+        reads only METRICS_LOCATION for them)."""
         if self.metrics_log_dir:
             return (self.start_path / Path(self.metrics_log_dir).expanduser()).resolve()
-        return self.log_path
+        return self.start_path / "logs" if self.torchserve else self.log_path
 
     @property
     def key_path(self) -> Path:

@@ -136,9 +136,14 @@ class HandlerMetrics:
     """Metrics handlers record, aggregated over every worker of every model: counters add up,
     gauges keep the last value, histograms count each value into buckets."""
 
-    def __init__(self, declared: dict[str, Family], hostname: str) -> None:
+    def __init__(
+        self, declared: dict[str, Family], hostname: str, auto_detect: bool = True
+    ) -> None:
+        """``auto_detect``: metrics ``declared`` lacks are added as handlers record them
+        (TorchServe's model_metrics_auto_detect); else their values are dropped."""
         self.families = declared
         self.hostname = hostname
+        self.auto_detect = auto_detect
         self._full_warned = False
 
     def series(self, family: Family, values: tuple[str, ...]) -> list[float] | None:
@@ -163,6 +168,8 @@ class HandlerMetrics:
         family = self.families.get(entry.name)
         if family is not None:
             return family
+        if not self.auto_detect:
+            return None
         if len(self.families) >= MAX_HANDLER_METRICS:
             if not self._full_warned:
                 self._full_warned = True
@@ -181,12 +188,13 @@ class HandlerMetrics:
         dims = dict(entry.dimensions)
         dims.pop("Hostname", None)
         names = [name for name, _value in entry.dimensions if name != "Hostname"]
-        if "ModelName" not in dims:  # TorchServe's default dimensions, in its order
-            names.append("ModelName")
-            dims["ModelName"] = model_name
-        if "Level" not in dims:
-            names.append("Level")
-            dims["Level"] = "Model"
+        # TorchServe's default dimensions, in its order; a declared metric gets those it
+        # declares (one its handler defined with add_metric_to_cache carries no others)
+        declared = self.families.get(entry.name)
+        for name, value in (("ModelName", model_name), ("Level", "Model")):
+            if name not in dims and (declared is None or name in declared.labels):
+                names.append(name)
+                dims[name] = value
         family = self.family_for(entry, (*dict.fromkeys(names), "Hostname"))
         if family is None:
             return None

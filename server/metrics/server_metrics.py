@@ -89,7 +89,14 @@ class Metrics:
         log_dir: Path | None = None,
         hostname: str | None = None,
         gpus: Sequence[str] = (),
+        auto_detect: bool = True,
+        system_metrics: bool = True,
     ) -> None:
+        """``config``: a metrics_config file's (None: TorchServe's default model_metrics,
+        HandlerTime and PredictionTime). ``log_dir``: where ts_metrics.log and model_metrics.log
+        are made at start (``log`` and ``legacy`` modes need it; TorchServe's log4j makes them
+        in every mode). ``auto_detect``: keep handler metrics the config does not declare.
+        ``system_metrics``: measure the host each minute."""
         self.prom = CollectorRegistry()
         self.requests = Counter(
             "mserve_requests", "Inference requests answered", ["model", "version", "code"],
@@ -149,19 +156,24 @@ class Metrics:
         self.statuses = [0.0, 0.0, 0.0]
         self.queue_ms: float | None = None
         self.system: list[SystemValue] = []
-        declared = default_families()
-        declared.update(config.model if config else {})
+        declared = dict(config.model) if config else default_families()
         self.frontend = config.frontend if config else None  # None: every frontend metric
-        self.handler = HandlerMetrics(declared, self.hostname)
+        self.handler = HandlerMetrics(declared, self.hostname, auto_detect)
+        self.system_metrics = system_metrics
         self.log_frontend = mode in ("log", "legacy")
         self.log_model = mode in ("log", "legacy")
         self.ts_log: MetricLog | None = None
         self.model_log: MetricLog | None = None
-        if self.log_frontend:
-            if log_dir is None:
-                raise ValueError("metrics_mode log and legacy need a log dir")
-            self.ts_log = MetricLog(log_dir / "ts_metrics.log")
-            self.model_log = MetricLog(log_dir / "model_metrics.log")
+        if self.log_frontend and log_dir is None:
+            raise ValueError("metrics_mode log and legacy need a log dir")
+        if log_dir is not None:
+            files = [_open_log(log_dir / n) for n in ("ts_metrics.log", "model_metrics.log")]
+            if self.log_frontend:  # in prometheus mode they stay empty, as TorchServe's do
+                self.ts_log, self.model_log = files
+            else:
+                for sink in files:
+                    if sink is not None:
+                        sink.close()
 
     def watch(
         self, models: Callable[[], Iterable[ObservedModel]], residency: ObservedResidency
@@ -247,8 +259,11 @@ class Metrics:
             self.log_ts("WorkerLoadTime", "Milliseconds", load_ms, dims)
 
     def builtin_series(self, name: str, model_name: str) -> list[float] | None:
-        """The stored value of HandlerTime or PredictionTime for one model."""
+        """The stored value of HandlerTime or PredictionTime for one model; None when the
+        metrics config leaves it out and auto-detection is off (TorchServe drops it then)."""
         family = self.handler.families.get(name)
+        if family is None and self.handler.auto_detect:
+            family = self.handler.families[name] = default_families()[name]
         if family is None:
             return None
         dims = {"ModelName": model_name, "Level": "Model", "Hostname": self.hostname}
@@ -287,7 +302,7 @@ class Metrics:
     def log_model_line(
         self, name: str, unit: str, value: float, dims: Iterable[tuple[str, str]], ids: str
     ) -> None:
-        if self.model_log is not None:
+        if self.model_log is not None and name in self.handler.families:
             self.model_log.add(metric_line(name, unit, value, dims, self.hostname, ids))
 
     def flush_logs(self) -> None:
@@ -314,7 +329,7 @@ class Metrics:
         loop = asyncio.get_running_loop()
         next_system = 0.0
         while True:
-            if loop.time() >= next_system:
+            if self.system_metrics and loop.time() >= next_system:
                 next_system = loop.time() + SYSTEM_METRICS_INTERVAL_S
                 try:
                     self.record_system(await asyncio.to_thread(system.measure, self.gpus))
@@ -502,9 +517,15 @@ class Metrics:
                 loads.append(((worker_name(mv.name, mv.version, worker_id), "Host", host), load_ms))
         out.family("WorkerLoadTime", "gauge", "Milliseconds", ("WorkerName", "Level", "Hostname"),
                    loads)  # fmt: skip
-        for name, unit, dims, value in self.system:
-            out.family(name, "gauge", unit, (*(k for k, _v in dims), "Hostname"),
-                       [((*(v for _k, v in dims), host), value)])  # fmt: skip
+        # every system family, as TorchServe registers them at start: without samples until
+        # measured, and for good with disable_system_metrics (GPU ones on a host without GPUs)
+        for name, unit, labels in system.FAMILIES:
+            rows = [
+                ((*(v for _k, v in dims), host), value)
+                for measured, _unit, dims, value in self.system
+                if measured == name
+            ]
+            out.family(name, "gauge", unit, (*labels, "Hostname"), rows)
         out.only = None
         for family in self.handler.families.values():
             if family.type == "histogram":
@@ -532,6 +553,17 @@ class MetricsAPI:
         content_type = "text/plain; version=0.0.4; charset=utf-8"
         body = self.metrics.exposition(names)
         conn.answer(req, 200, [["Content-Type", content_type]], body)
+
+
+def _open_log(path: Path) -> MetricLog | None:
+    """One of TorchServe's metric log files, opened for appending (its folder made); None, with
+    a warning, where it cannot be written: TorchServe starts without it too."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return MetricLog(path)
+    except OSError as exc:
+        log.warning("cannot write %s (%s): its metrics are not logged", path, exc.strerror or exc)
+        return None
 
 
 def _observe(rows: dict[str, list[float]], name: str, seconds: float) -> None:

@@ -15,6 +15,19 @@ log = logging.getLogger(__name__)
 
 # (name, unit, dimensions, value): one of TorchServe's system metrics
 SystemValue = tuple[str, str, tuple[tuple[str, str], ...], float]
+# TorchServe's system metrics: name, unit, dimension names (Hostname added), in its order
+FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    *((name, unit, ("Level",)) for name, unit in (
+        ("CPUUtilization", "Percent"), ("MemoryUsed", "Megabytes"),
+        ("MemoryAvailable", "Megabytes"), ("MemoryUtilization", "Percent"),
+        ("DiskUsage", "Gigabytes"), ("DiskUtilization", "Percent"),
+        ("DiskAvailable", "Gigabytes"),
+    )),
+    *((name, unit, ("Level", "DeviceId")) for name, unit in (
+        ("GPUMemoryUtilization", "Percent"), ("GPUMemoryUsed", "Megabytes"),
+        ("GPUUtilization", "Percent"),
+    )),
+)  # fmt: skip
 
 
 def measure(gpus: Sequence[str]) -> list[SystemValue]:

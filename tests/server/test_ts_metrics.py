@@ -149,7 +149,8 @@ def test_torchserve_default_metrics_with_torchserve_names_types_and_labels(
         [(labels, value)] = samples(text, name)
         assert labels == {"ModelName": "probe", "Level": "Model", "Hostname": HOST}
         assert 0 <= value < 60_000
-    assert "GPUUtilization" not in parsed  # no GPU here
+    # the GPU families are declared, as in TorchServe's registry; no GPU here, so no sample
+    assert parsed["GPUUtilization"].type == "gauge" and parsed["GPUUtilization"].samples == []
 
     # TorchServe's metrics API filter: ?name[]=...&name[]=...
     query = "/metrics?name[]=ts_inference_requests_total&name[]=Requests2XX&name[]=mserve_requests_total"
