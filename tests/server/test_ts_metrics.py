@@ -348,3 +348,23 @@ def test_bad_metrics_config_is_refused_at_start(tmp_path) -> None:
     bad.write_text("model_metrics:\n  summary:\n    - name: X\n")
     output = start_output(tmp_path, {"metrics_config": str(bad)})
     assert f"metrics_config: {bad}: model_metrics type 'summary' is not one of counter" in output
+
+
+def test_every_gpu_has_its_sample_under_one_family() -> None:
+    """Two GPUs measured: one GPUUtilization family with a sample per DeviceId, as TorchServe's
+    gauge holds one child per label set (the second GPU's samples were dropped before)."""
+    from server.metrics.server_metrics import Metrics
+
+    metrics = Metrics("prometheus", hostname="h")
+    metrics.record_system([
+        (name, "Percent", (("Level", "Host"), ("DeviceId", str(device))), 10.0 * (device + 1))
+        for device in (0, 1) for name in ("GPUUtilization", "GPUMemoryUtilization")
+    ])  # fmt: skip
+    text = metrics.torchserve_text()
+    assert text.count("# TYPE GPUUtilization gauge") == 1
+    assert samples(text, "GPUUtilization") == [
+        ({"Level": "Host", "DeviceId": "0", "Hostname": "h"}, 10.0),
+        ({"Level": "Host", "DeviceId": "1", "Hostname": "h"}, 20.0),
+    ]
+    assert samples(text, "GPUMemoryUsed") == []  # not measured: the family without samples
+    assert "# TYPE GPUMemoryUsed gauge" in text
