@@ -29,13 +29,18 @@ class TokenGuard(aio.ServerInterceptor):
     """Token authorization for one gRPC port, as for REST (server/auth.py): the ``authorization:
     Bearer <key>`` metadata must carry the live key of ``kind``; ``exempt`` methods (probes,
     full names such as ``/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping``) need
-    none. A refusal is UNAUTHENTICATED with REST's 401 message."""
+    none. A refusal is UNAUTHENTICATED with REST's 401 message, server paths redacted as in
+    every answer (``redact``: server/redaction.py)."""
 
-    def __init__(self, keys: Keys, kind: str, api: str, exempt: frozenset[str]) -> None:
+    def __init__(
+        self, keys: Keys, kind: str, api: str, exempt: frozenset[str],
+        redact: Callable[[str], str],
+    ) -> None:  # fmt: skip
         self.keys = keys
         self.kind = kind
         self.realm = f"mserve {api} API"
         self.exempt = exempt
+        self.redact = redact
 
     async def intercept_service(
         self,
@@ -49,7 +54,7 @@ class TokenGuard(aio.ServerInterceptor):
         try:
             self.keys.check(self.kind, bearer(sent if isinstance(sent, str) else None), self.realm)
         except Unauthorized as exc:
-            return _refusal(handler, status.code_of(exc), exc.message)
+            return _refusal(handler, status.code_of(exc), self.redact(exc.message))
         return handler
 
 
