@@ -110,6 +110,11 @@ class ServiceUnavailable(MserveError):
     type = "ServiceUnavailableException"
 
 
+class SequenceExpired(ServiceUnavailable):
+    """A request names a sequence that expired (``sequenceMaxIdleMSec``, ``sequenceTimeoutMSec``):
+    TorchServe serves no more requests of it, and answers 503 ServiceUnavailableException."""
+
+
 class LoadFailed(ServiceUnavailable):
     """A model with no worker was asked for and the worker started for it failed to load: the
     requests that waited for it get the load's error."""

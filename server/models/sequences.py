@@ -11,10 +11,12 @@ A request without a sequence id opens a new sequence: the server names it ``ts-s
 adds the id and TorchServe's start header (``ts_request_sequence_start: true``) to the request;
 every answer of a sequence carries its id in the id header, so the client can go on with it.
 A request with the end header, or whose answer carries it (the handler set it), closes its
-sequence once answered. A sequence closes too when it has been idle ``sequenceMaxIdleMSec`` or
-open ``sequenceTimeoutMSec`` (0: never); what of it still waits then is answered 504. A request
-naming a closed sequence opens it again, on any worker (TorchServe's way: the handler decides
-what a sequence it has no state for means).
+sequence once answered; a request naming a closed sequence opens it again, on any worker
+(TorchServe's way: the handler decides what a sequence it has no state for means). A sequence
+expires when it has been idle ``sequenceMaxIdleMSec`` or open ``sequenceTimeoutMSec`` (0:
+never): what of it still waits is answered 504, and a later request naming it is refused (503,
+as TorchServe "does not process" it), so that a client cannot go on with state the server
+dropped; the last :data:`EXPIRED_KEPT` expired ids are remembered.
 
 At most ``maxNumSequence`` (at least batchSize x maxWorkers) sequences are open at once; a new
 one beyond that waits, in order, for one to close. At most ``maxSequenceJobQueueSize`` requests
@@ -32,8 +34,12 @@ from collections.abc import Callable
 from typing import Any
 
 from server.config.model_settings import ModelSettings
-from server.errors import RequestExpired, TooManyRequests
+from server.errors import RequestExpired, SequenceExpired, TooManyRequests
 from server.models.batching import Job, JobQueue
+
+# Expired sequence ids remembered, to refuse their late requests: a bound on the memory (an id
+# forgotten opens a new sequence again, as a closed one does)
+EXPIRED_KEPT = 10_000
 
 
 class Sequence:
@@ -70,6 +76,7 @@ class Sequences:
         self._cancelled = cancelled  # counts a request stopped by expiry (ModelStats.cancelled)
         self.open: dict[str, Sequence] = {}
         self.waiting: collections.deque[Sequence] = collections.deque()  # past maxNumSequence
+        self.expired: collections.OrderedDict[str, str] = collections.OrderedDict()  # id: why
 
     @property
     def settings(self) -> ModelSettings:
@@ -83,7 +90,8 @@ class Sequences:
     def admit(self, job: Job) -> None:
         """Route ``job`` to its sequence (opening one if need be): queued on the sequence's
         worker when it is next in line, else held. Raises TooManyRequests when the sequence
-        already has ``maxSequenceJobQueueSize`` requests waiting."""
+        already has ``maxSequenceJobQueueSize`` requests waiting, SequenceExpired when it
+        names a sequence that expired."""
         item = job.item
         sequence_id = _header(item.headers, self.id_header)
         if not sequence_id:
@@ -92,6 +100,12 @@ class Sequences:
                             [self.start_header, "true"]]  # fmt: skip
         sequence = self.open.get(sequence_id)
         if sequence is None:
+            why = self.expired.get(sequence_id)
+            if why is not None:
+                raise SequenceExpired(
+                    f"sequence {sequence_id} of model {self.label} expired ({why}); send the"
+                    f" request without {self.id_header} to start a new sequence"
+                )
             sequence = self.open[sequence_id] = Sequence(sequence_id)
             self._bind(sequence)
         waiting = sum(1 for j in sequence.pending if not j.future.done())
@@ -230,6 +244,9 @@ class Sequences:
         for job in sequence.pending:
             if job.cancel("deadline", error) and self._cancelled is not None:
                 self._cancelled("deadline")
+        self.expired[sequence.id] = why
+        if len(self.expired) > EXPIRED_KEPT:
+            self.expired.popitem(last=False)
         self._close(sequence)
 
     def _close(self, sequence: Sequence) -> None:

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
+import yaml
 
 from server.rpc.protos import inference_pb2 as ipb
 from server.rpc.protos import inference_pb2_grpc
-from tests.server.conftest import HANDLERS, Server
+from tests.conftest import ARCHIVER_SCRIPT
+from tests.server.conftest import HANDLERS, MSERVE, Server, pid_alive
 from tests.server.test_continuous_batching import metric
 
 CONFIG = str(HANDLERS / "stateful" / "model-config.yaml")
@@ -97,9 +101,9 @@ def test_idle_sequences_expire_and_free_their_place(seq) -> None:
     waited = time.monotonic() - opened
     assert third.status == 200
     assert waited >= 0.6  # sequenceMaxIdleMSec: 800, counted from a's and b's last answers
-    # an expired sequence's id opens a new sequence (the handler decides what that means)
+    # an expired sequence's id is refused (it does not open a new sequence)
     again = add(seq, 1, "a")
-    assert again.status == 200
+    assert again.status == 503
 
 
 def test_grpc_sequence_ids_reach_the_handler(seq) -> None:
@@ -174,6 +178,90 @@ def test_a_sequence_past_its_timeout_closes_and_its_waiting_requests_get_504(
         == "sequence t of model tseq:1.0 expired (sequenceTimeoutMSec=1000)"
     )
     assert first[0].status == 200  # the one under way when it expired finishes
-    reopened = server.predict("tseq", {"add": 5}, headers={SEQ: "t"})
-    assert reopened.status == 200
+    late = server.predict("tseq", {"add": 5}, headers={SEQ: "t"})
+    assert late.status == 503  # it does not open again
     assert metric(server, "mserve_requests_cancelled_total", model="tseq", reason="deadline") == 1
+
+
+# --- TorchServe's stateful example's limits (test_example_stateful_sequence_continuous_batching):
+# tests/handlers/session on its contract (odd numbers stream, -1 cancels the sequence's stream,
+# 0 ends the sequence), 2 workers, batchSize 1, maxNumSequence 2, sequenceMaxIdleMSec 1500,
+# sequenceTimeoutMSec 3000; one server for these tests
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("session")
+    store = root / "store"
+    store.mkdir()
+    for name, config in (("session", "model-config.yaml"), ("shared", "shared-config.yaml")):
+        args = [ARCHIVER_SCRIPT, "--model-name", name, "--handler", "session:Session",
+                "--model-path", str(HANDLERS / "session"), "--export-path", str(store),
+                "-c", str(HANDLERS / "session" / config)]  # fmt: skip
+        out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+    settings = {f"{api}_address": "127.0.0.1:0" for api in
+                ("inference", "management", "metrics", "grpc_inference", "grpc_management")}  # fmt: skip
+    settings.update(model_store=str(store), disable_token_authorization=True)
+    config = root / "mserve.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    run_dir = root / "run"
+    args = ["--config", str(config), "--run-dir", str(run_dir)]
+    models = ["session=session.mar", "shared=shared.mar"]
+    started = subprocess.run([MSERVE, "--start", *args, "--models", *models],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    served = Server(run_dir, json.loads((run_dir / "status.json").read_text()), args)
+    yield served
+    if pid_alive(served.pid):
+        served.cli("--stop")
+
+
+def send(server: Server, n: int, sequence: str | None = None, model: str = "session") -> Any:
+    """POST ``n`` to ``model``; the response, open (a stream is read by the caller)."""
+    host, port = server.status["inference"].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("POST", f"/predictions/{model}", str(n), {SEQ: sequence} if sequence else {})
+    return conn.getresponse()
+
+
+def test_an_idle_sequence_expires_and_its_next_request_is_refused(session) -> None:
+    opened = send(session, 2)
+    assert opened.status == 200
+    sequence = opened.getheader(SEQ)
+    opened.read()
+    time.sleep(1.8)  # sequenceMaxIdleMSec: 1500
+    late = send(session, 2, sequence)
+    assert late.status == 503
+    assert json.loads(late.read()) == {
+        "code": 503,
+        "type": "ServiceUnavailableException",
+        "message": f"sequence {sequence} of model session:1.0 expired"
+        " (sequenceMaxIdleMSec=1500); send the request without ts_request_sequence_id to start"
+        " a new sequence",
+    }
+    fresh = send(session, 4)  # its place is free: a new sequence starts
+    assert (fresh.status, fresh.read()) == (200, b"4")
+
+
+def test_a_sequence_open_past_its_timeout_ends_and_its_next_request_is_refused(session) -> None:
+    opened = send(session, 2)
+    assert opened.status == 200
+    sequence = opened.getheader(SEQ)
+    opened.read()
+    total, deadline = 2, time.monotonic() + 3.2  # sequenceTimeoutMSec: 3000
+    while time.monotonic() < deadline:  # never idle, yet it ends
+        reply = send(session, 2, sequence)
+        if reply.status != 200:
+            break
+        total += 2
+        assert reply.read() == str(total).encode()
+        time.sleep(0.5)
+    reply = send(session, 2, sequence)
+    assert reply.status == 503
+    assert json.loads(reply.read())["message"] == (
+        f"sequence {sequence} of model session:1.0 expired (sequenceTimeoutMSec=3000); send the"
+        " request without ts_request_sequence_id to start a new sequence"
+    )
+    assert total >= 8  # it served for the whole 3 s
+
