@@ -40,8 +40,8 @@ class Job:
     """One request on a model's queue (a plain class with slots: one is made per request)."""
 
     __slots__ = (
-        "cancelled", "enqueued_at", "future", "handled", "item", "retried", "sent", "sent_at",
-        "stream", "trace",
+        "cancelled", "enqueued_at", "future", "group", "handled", "item", "retried", "sent",
+        "sent_at", "stream", "trace",
     )  # fmt: skip
 
     def __init__(self, item: RequestItem, future: asyncio.Future[ResponseItem]) -> None:
@@ -58,6 +58,7 @@ class Job:
         # batch_size}), where no RESULT of its batch says it: a continuous-batching step
         self.handled: dict[str, Any] | None = None
         self.cancelled: str | None = None  # why it was cancelled: see CANCEL_REASONS
+        self.group: str | None = None  # its sequence id, under sequence batching
 
     def cancel(self, reason: str = "client", error: MserveError | None = None) -> bool:
         """Stop this request wherever it is; False if it was answered or cancelled already.
@@ -159,6 +160,17 @@ class JobQueue:
             if not job.future.done():  # the client went away: costs no worker time
                 if job.trace is not None:
                     job.trace.popped = time.monotonic()  # its queue wait ends
+                return job
+        return None
+
+    def pop_matching(self, wanted: Callable[[Job], bool]) -> Job | None:
+        """The first waiting job that ``wanted`` accepts, taken from its place in the queue
+        (a worker's lane: the next request of a sequence the worker runs)."""
+        for job in self._jobs:
+            if not job.future.done() and wanted(job):
+                self._jobs.remove(job)
+                if job.trace is not None:
+                    job.trace.popped = time.monotonic()
                 return job
         return None
 

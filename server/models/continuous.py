@@ -11,6 +11,11 @@ request that goes on carries TorchServe's ``ts_stream_next: true`` response head
 answer, and that answer becomes one chunk of its streamed response. A finished one ends its
 stream (or, done in its first step, gets a plain answer) and frees its slot.
 
+Under sequence batching a worker's ``batchSize`` counts sequences, not requests: the next request
+of a sequence already in the worker (sent once the one before it streams) joins its next step
+whatever the other sequences hold, as TorchServe's stateful example needs to cancel or end a
+sequence while its stream runs.
+
 With ``batchWait: fill`` (TorchServe's way) an idle worker's first step waits up to
 ``maxBatchDelay`` for ``batchSize`` requests, so that a burst starts together (its prompts
 prefilled in one call); once it generates, newcomers join the next step at once, as TorchServe's
@@ -119,6 +124,8 @@ class _Feed:
         self.retired = retired
         self.queue = pump.queue
         self.size = pump.settings.batch_size
+        self.grouped = pump.settings.sequence_batching  # batchSize counts sequences: _admit
+        self.want: int | None = None  # grouped: what the task waits for in the queue (_want)
         self.timeout_s = pump.settings.response_timeout_s
         self.fill = pump.settings.batch_wait == "fill"  # see _gather
         self.delay_s = pump.settings.max_batch_delay_ms / 1000
@@ -142,7 +149,15 @@ class _Feed:
                 self._admit(gathered=True)
                 if not self.members and self.retired.is_set():
                     break
-                if len(self.members) < self.size and not self.retired.is_set():
+                if self.grouped and not self.retired.is_set():
+                    self.want = self._want()
+                    try:
+                        await self.queue.wait(
+                            want=self.want, load=lambda: len(self.members), take=self._take
+                        )
+                    finally:
+                        self.want = None
+                elif len(self.members) < self.size and not self.retired.is_set():
                     # a queued request is sent from take(), a callback: this task sleeps
                     await self.queue.wait(load=lambda: len(self.members), take=self._take)
                 else:
@@ -181,7 +196,9 @@ class _Feed:
 
     def _take(self) -> bool:
         """A job was queued: send it now if a slot is free (True: this task sleeps on)."""
-        if self.lost is not None or self.retired.is_set() or len(self.members) >= self.size:
+        if self.lost is not None or self.retired.is_set():
+            return False
+        if len(self.members) >= self.size and not self.grouped:
             return False
         return self._admit() > 0
 
@@ -193,11 +210,14 @@ class _Feed:
         if self.fill and not self.members and not gathered:
             return 0
         jobs: list[Job] = []
-        while len(self.members) + len(jobs) < self.size:
-            job = self.queue.pop()
-            if job is None:
-                break
-            jobs.append(job)
+        if self.grouped:
+            self._take_grouped(jobs)
+        else:
+            while len(self.members) + len(jobs) < self.size:
+                job = self.queue.pop()
+                if job is None:
+                    break
+                jobs.append(job)
         if not jobs:
             return 0
         running = [job for job, _ in self.members.values()]
@@ -219,6 +239,33 @@ class _Feed:
             if not job.sent_at:
                 job.sent_at = sent_at
         return len(jobs)
+
+    def _seats(self, jobs: list[Job]) -> set[object]:
+        """The sequences (a request without one: itself) of the requests held and ``jobs``."""
+        held = [job for job, _ in self.members.values()]
+        return {job.group or id(job) for job in held + jobs}
+
+    def _want(self) -> int:
+        """How many queued requests wake the task (grouped): one while fewer than ``batchSize``
+        sequences are held; else one more than are queued, since a newcomer may be the next
+        request of a sequence held (``take`` sends it then; the others wait for a seat)."""
+        if len(self._seats([])) < self.size:
+            return 1
+        return len(self.queue) + 1
+
+    def _take_grouped(self, jobs: list[Job]) -> None:
+        """Fill ``jobs`` from the lane: any request while fewer than ``batchSize`` sequences are
+        held, then the next requests of sequences held."""
+        seats = self._seats(jobs)
+        while True:
+            if len(seats) < self.size:
+                job = self.queue.pop()
+            else:
+                job = self.queue.pop_matching(lambda j: j.group in seats)
+            if job is None:
+                return
+            jobs.append(job)
+            seats.add(job.group or id(job))
 
     def _step(self, frame: Frame) -> None:
         """A STEP frame: each request's chunk, end or error; the freed slots filled. Or a CHUNK
@@ -325,6 +372,8 @@ class _Feed:
         self._admit()
         if self.fill and not self.members and len(self.queue):
             self.queue.wake_all()
+        elif self.want is not None and self._want() != self.want:
+            self.queue.wake_all()  # seats freed or requests taken: the task waits anew
 
     def _leave(self, key: tuple[int, int], job: Job, batch: Batch) -> None:
         del self.members[key]

@@ -116,6 +116,7 @@ class Sequences:
             )
         if _header(item.headers, self.end_header):
             sequence.ending = True
+        job.group = sequence_id
         sequence.pending.append(job)
         sequence.used_at = time.monotonic()
         job.future.add_done_callback(functools.partial(self._answered, sequence, job))

@@ -225,6 +225,32 @@ def send(server: Server, n: int, sequence: str | None = None, model: str = "sess
     return conn.getresponse()
 
 
+def test_a_later_request_of_the_sequence_cancels_its_stream_and_an_ended_one_frees_its_place(
+    session,
+) -> None:
+    # three sequences one after the other, more than maxNumSequence: each one's end frees its
+    # place at once (a new one would otherwise wait for an idle one to expire, 1.5 s)
+    for _ in range(3):
+        began = time.monotonic()
+        opened = send(session, 2)
+        assert (opened.status, opened.read()) == (200, b"2")
+        assert time.monotonic() - began < 1.0
+        sequence = opened.getheader(SEQ)
+        stream = send(session, 3, sequence)
+        assert stream.status == 200
+        assert stream.getheader("Transfer-Encoding") == "chunked"
+        assert stream.read1() == b"5"  # its first chunk; 10 more would follow, 0.2 s apart
+        cancel = send(session, -1, sequence)  # joins the stream's worker while it streams
+        assert (cancel.status, cancel.read()) == (200, b"-1")
+        chunks = [b"5"]
+        while chunk := stream.read1():
+            chunks.append(chunk)
+        assert 1 < len(chunks) < 5, chunks  # it stopped at its next step, not after 11
+        end = send(session, 0, sequence)
+        assert (end.status, end.read()) == (200, b"5")
+        assert end.getheader("ts_request_sequence_end") == sequence
+
+
 def test_an_idle_sequence_expires_and_its_next_request_is_refused(session) -> None:
     opened = send(session, 2)
     assert opened.status == 200
@@ -265,3 +291,18 @@ def test_a_sequence_open_past_its_timeout_ends_and_its_next_request_is_refused(s
     )
     assert total >= 8  # it served for the whole 3 s
 
+
+def test_a_sequence_waiting_for_the_worker_another_streams_on_is_served_and_goes_on(
+    session,
+) -> None:
+    # "shared": one worker, batchSize 1, maxNumSequence 2: both sequences are bound to it, and
+    # one waits while the other's stream holds the worker
+    first = send(session, 3, model="shared")
+    assert first.read1() == b"3"
+    second = send(session, 2, model="shared")  # waits for the stream's 4 more steps
+    assert (second.status, second.read()) == (200, b"2")
+    assert first.read() == b"3333"
+    sequence = second.getheader(SEQ)
+    for n, total in ((4, b"6"), (6, b"12")):  # the worker, idle again, takes them at once
+        reply = send(session, n, sequence, model="shared")
+        assert (reply.status, reply.read()) == (200, total)
