@@ -134,7 +134,7 @@ def torchserve_banner(
         ("Custom python dependency for model allowed", _bool(config.install_py_dep_per_model)),
         ("Enable metrics API", "true"),
         ("Metrics mode", config.metrics_mode),
-        ("Disable system metrics", props.get("disable_system_metrics", "false")),
+        ("Disable system metrics", _bool(config.disable_system_metrics)),
         ("Workflow Store", "N/A (no workflows)"),
         ("CPP log config", "N/A (no C++ backend)"),
         ("Model config", props.get("models", "N/A")),
