@@ -104,6 +104,11 @@ class HandlerService:
             worker_id=init.get("worker_id", ""),
         )
         _sequence_headers(context, init.get("sequence_headers"))
+        for declared in init.get("model_metrics") or ():  # the server's metrics config
+            context.metrics.add_metric_to_cache(
+                declared["name"], declared.get("unit", ""), declared.get("dimensions"),
+                declared.get("type"),
+            )  # fmt: skip
         if init.get("continuous_batching") is True:
             context._mserve_steps = Steps()  # type: ignore[attr-defined]
         if init.get("inference_log"):  # the server logs this model: v2 model classes fill it

@@ -258,6 +258,16 @@ class Metrics:
             dims = (("WorkerName", worker_name(name, version, worker_id)),)
             self.log_ts("WorkerLoadTime", "Milliseconds", load_ms, dims)
 
+    def declared_model_metrics(self) -> list[dict[str, Any]]:
+        """The handler metrics the metrics config declares (its ``model_metrics``; without a
+        config, TorchServe's HandlerTime and PredictionTime), for the workers: as TorchServe's
+        worker reads metrics.yaml, a handler's ``get_metric`` finds them without defining them."""
+        return [
+            {"name": f.name, "type": f.type, "unit": f.unit,
+             "dimensions": [label for label in f.labels if label != "Hostname"]}
+            for f in self.handler.families.values() if f.declared
+        ]  # fmt: skip
+
     def builtin_series(self, name: str, model_name: str) -> list[float] | None:
         """The stored value of HandlerTime or PredictionTime for one model; None when the
         metrics config leaves it out and auto-detection is off (TorchServe drops it then)."""

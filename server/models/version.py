@@ -143,6 +143,8 @@ class ModelVersion:
             model_yaml_config.get("allowedEnvVars") or (), self.label
         )
         self.stats = ModelStats(metrics, name, version)  # TorchServe's metrics
+        # the handler metrics the metrics config declares: a handler's get_metric finds them
+        self.declared_metrics = [] if metrics is None else metrics.declared_model_metrics()
         # loading on demand (server/models/residency.py): the server's residency keeper, whether the
         # model is ready to start workers (its environment built), when it was last asked for
         self.residency: Residency | None = None
@@ -150,6 +152,8 @@ class ModelVersion:
         self.last_used = time.monotonic()
         # records each sampled request for monitoring (server/inference_log/); None: off
         self.inference_log: InferenceLogger | None = None
+        # the workflow this version is a node of (server/workflows/), else None
+        self.workflow: str | None = None
 
     @property
     def label(self) -> str:
@@ -330,6 +334,8 @@ class ModelVersion:
         }
         if self.inference_log is not None:  # v2 model classes then say what they log
             init["inference_log"] = True
+        if self.declared_metrics:
+            init["model_metrics"] = self.declared_metrics
         env = {**self.worker_env, **worker_env_for(gpu)}
         if self.sandbox is not None:
             init["sandbox"] = self.sandbox.policy(gpu, self.python)

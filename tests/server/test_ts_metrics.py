@@ -208,6 +208,26 @@ def test_handler_metrics_are_aggregated_across_workers(
     assert_java_client_text(text)
 
 
+def test_metrics_the_config_declares_need_no_definition_in_the_handler(
+    make_archive, start_server, tmp_path
+) -> None:
+    """TorchServe's worker reads metrics.yaml: a handler's ``get_metric`` finds what its
+    model_metrics declare without ``add_metric_to_cache`` (TorchServe's custom_metrics
+    example relies on it); without a config, HandlerTime and PredictionTime are declared."""
+    declared = tmp_path / "metrics.yaml"
+    declared.write_text(
+        "model_metrics:\n  counter:\n    - name: RequestBatchSize\n      unit: count\n"
+        "      dimensions: [ModelName, Level]\n"
+    )
+    make_archive("declared_metrics", "declared_handler:handle", "declared")
+    server = start_server("declared=declared.mar", config={"metrics_config": str(declared)})
+    for _ in range(3):
+        reply = server.predict("declared", {"x": 1})
+        assert reply.status == 200, reply.body
+    model = {"ModelName": "declared", "Level": "Model", "Hostname": HOST}
+    assert samples(scrape(server), "RequestBatchSize") == [(model, 3.0)]
+
+
 def test_invented_label_values_are_capped_with_one_warning(make_archive, start_server) -> None:
     from server.metrics.handler import MAX_SERIES_PER_METRIC
 
