@@ -227,6 +227,10 @@ def _backend_for(path: Path) -> tuple[str, _Backend]:
 class Archive:
     """An opened, checked archive. Use ``open_archive``; close it (or use ``with``)."""
 
+    # where the manifest lies; a workflow archive's is elsewhere (archiver/workflow.py)
+    manifest_path = MANIFEST_PATH
+    kind = "a model archive"  # what a missing manifest says the file is not
+
     def __init__(self, path: Path, limits: ExtractLimits) -> None:
         self.path = path
         self.limits = limits
@@ -310,15 +314,14 @@ class Archive:
                     )
         return out
 
-    @staticmethod
-    def _common_top(names: list[str]) -> str:
+    def _common_top(self, names: list[str]) -> str:
         """``x/`` when the manifest sits under one top folder (the tgz layout of TMA and MMS)."""
-        if MANIFEST_PATH in names:
+        if self.manifest_path in names:
             return ""
         tops = {n.split("/", 1)[0] for n in names}
         if len(tops) == 1:
             top = tops.pop()
-            if f"{top}/{MANIFEST_PATH}" in names:
+            if f"{top}/{self.manifest_path}" in names:
                 return f"{top}/"
         return ""
 
@@ -345,15 +348,18 @@ class Archive:
             fobj.close()
 
     def _read_manifest(self) -> Manifest:
-        where = f"{self.path}:{MANIFEST_PATH}"
-        if MANIFEST_PATH not in self._raw_names:
+        where = f"{self.path}:{self.manifest_path}"
+        if self.manifest_path not in self._raw_names:
             raise InvalidManifest(
-                str(self.path), f"{MANIFEST_PATH} is missing; not a model archive"
+                str(self.path), f"{self.manifest_path} is missing; not {self.kind}"
             )
-        with self._reader(MANIFEST_PATH) as read:
+        with self._reader(self.manifest_path) as read:
             raw = read(MAX_MANIFEST_BYTES + 1)
         if len(raw) > MAX_MANIFEST_BYTES:
             raise InvalidManifest(where, f"larger than {MAX_MANIFEST_BYTES} bytes")
+        return self._parse_manifest(raw, where)
+
+    def _parse_manifest(self, raw: bytes, where: str) -> Manifest:
         return parse(raw, where)
 
     def read_bytes(self, name: str, max_bytes: int = 16 << 20) -> bytes:
@@ -390,7 +396,8 @@ class Archive:
         return digest.hexdigest()
 
     def _files(self) -> dict[str, MemberInfo]:
-        return {m.name: m for m in self._members if not m.is_dir and m.name != MANIFEST_PATH}
+        manifest = self.manifest_path
+        return {m.name: m for m in self._members if not m.is_dir and m.name != manifest}
 
     def _unrecorded(self) -> list[str]:
         """Files the manifest's digests do not account for, both ways (empty without digests)."""
