@@ -346,7 +346,10 @@ def _startup_models(config: ServerConfig, flag_models: list[str]) -> list[Startu
 )  # fmt: skip
 @click.option("--log-config", help="TorchServe's log4j2 file: accepted, not used.")
 @click.option("--cpp-log-config", help="TorchServe's C++ backend log config: not used.")
-@click.option("--workflow-store", help="TorchServe's workflow store: not used (no workflows).")
+@click.option(
+    "--workflow-store", help="Folder of workflow archives (.war) POST /workflows registers by"
+    " name (default: the model store)."
+)  # fmt: skip
 @click.option("--plugins-path", "--ppath", help="TorchServe's Java plugins: not used.")
 @click.option("-v", "--version", "show_version", is_flag=True, help="Print the version.")
 @click.option("--quiet", is_flag=True, hidden=True)
@@ -389,6 +392,7 @@ def serve_main(
             "snapshot": False if no_snapshot else None,
             "disable_token_authorization": True if disable_token_auth else None,
             "enable_model_api": True if enable_model_api else None,
+            "workflow_store": workflow_store,
         }
         if invocation.torchserve:
             flags.update(torchserve_flags(os.environ, log_dir))
@@ -416,6 +420,8 @@ def serve_main(
         if log_config and not Path(log_config).is_file():
             _fail(f"--log-config file not found: {log_config}")
         _check_model_store(config)
+        if workflow_store and not Path(workflow_store).is_dir():  # TorchServe's words
+            _fail(f"--workflow-store directory not found: {workflow_store}")
         if config.token_key_file and not config.disable_token_authorization:
             from server.auth import read_key_file
 
@@ -425,7 +431,6 @@ def serve_main(
         if not quiet:
             _not_used("--log-config", log_config, "mserve logs with Python's logging (--log-dir)")
             _not_used("--cpp-log-config", cpp_log_config, "mserve has no C++ backend")
-            _not_used("--workflow-store", workflow_store, "mserve does not serve workflows")
             _not_used("--plugins-path", plugins_path, "mserve loads no Java plugins")
             for warning in warnings if not foreground else ():  # foreground: logged below
                 click.echo(f"mserve: warning: {warning}", err=True)

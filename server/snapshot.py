@@ -30,6 +30,8 @@ def save(registry: Registry, path: Path) -> None:
     ]
     models: list[dict[str, Any]] = []
     for mv in registry.all():
+        if mv.workflow is not None:  # a workflow's node: workflows are not saved (TorchServe)
+            continue
         s = mv.settings
         models.append(
             {

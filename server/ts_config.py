@@ -252,6 +252,7 @@ _MAPPED: dict[str, tuple[str, _Convert]] = {
     "management_address": ("management_address", _address),
     "metrics_address": ("metrics_address", _address),
     "model_store": ("model_store", _same),
+    "workflow_store": ("workflow_store", _same),
     "load_models": ("load_models", _load_models),
     "models": ("models", _entries),
     "model_snapshot": ("model_snapshot", _entries),
@@ -305,8 +306,7 @@ _NO_EFFECT = frozenset((
     "cors_allowed_headers", "keystore", "keystore_pass", "keystore_type",
     "default_service_handler", "limit_max_image_pixels", "unregister_model_timeout",
     "metric_time_interval", "system_metrics_cmd", "enable_metrics_api", "ipex_enable",
-    "cpu_launcher_enable", "cpu_launcher_args", "ipex_gpu_enable", "workflow_store",
-    "cpp_log_config", "debug",
+    "cpu_launcher_enable", "cpu_launcher_args", "ipex_gpu_enable", "cpp_log_config", "debug",
 ))  # fmt: skip
 # Keys whose non-default value would change what clients or handlers get, or what workers can
 # see: ignoring them would be silently wrong, so only their default value is accepted.

@@ -93,6 +93,8 @@ def model_state(registry: Registry) -> dict[str, dict[str, dict[str, Any]]]:
             default = state["defaultVersion"] and name not in registry.defaults
             models.setdefault(name, {})[version] = {**state, "defaultVersion": default}
     for mv in registry.all():
+        if mv.workflow is not None:  # a workflow's node: TorchServe saves no workflow
+            continue
         mar = mv.url.rstrip("/").rsplit("/", 1)[-1]
         state: dict[str, Any] = {
             "defaultVersion": registry.defaults.get(mv.name) == mv.version,

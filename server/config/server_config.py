@@ -25,6 +25,9 @@ class ServerConfig:
     management_address: str = "127.0.0.1:8081"
     metrics_address: str = "127.0.0.1:8082"
     model_store: str | None = None
+    # where POST /workflows finds a .war by name (TorchServe's workflow_store); unset: the
+    # model store, as in TorchServe
+    workflow_store: str | None = None
     run_dir: str = "~/.mserve"
     log_dir: str | None = None
     number_of_gpu: int | None = None
@@ -246,6 +249,12 @@ class ServerConfig:
     @property
     def store_path(self) -> Path | None:
         return Path(self.model_store).expanduser().resolve() if self.model_store else None
+
+    @property
+    def workflow_store_path(self) -> Path | None:
+        if self.workflow_store:
+            return Path(self.workflow_store).expanduser().resolve()
+        return self.store_path
 
     def model_entry(self, name: str, version: str) -> ModelEntry | None:
         """The ``models`` entry for this name and version, if any."""

@@ -16,7 +16,9 @@ from server.metrics.server_metrics import Metrics, MetricsAPI
 from server.models.registry import Registry
 from server.rest.inference import InferenceAPI
 from server.rest.management import ManagementAPI
+from server.rest.workflows import WorkflowAPI
 from server.tls import server_context
+from server.workflows.registry import Workflows
 
 log = logging.getLogger("mserve")
 
@@ -39,9 +41,12 @@ async def open_listeners(
 ) -> list[Opened]:  # fmt: skip
     """Listen on each REST API's address, in order; a port that cannot be bound stops the
     start, naming the API and the setting."""
+    workflows = WorkflowAPI(
+        Workflows(registry), config.enable_model_api, config.max_response_size_bytes
+    )
     routers = {
-        "inference": InferenceAPI(registry, metrics, config.max_response_size_bytes),
-        "management": ManagementAPI(registry, keys, config.enable_model_api),
+        "inference": InferenceAPI(registry, metrics, config.max_response_size_bytes, workflows),
+        "management": ManagementAPI(registry, keys, config.enable_model_api, workflows),
         "metrics": MetricsAPI(metrics),
     }
     max_request = {

@@ -40,8 +40,10 @@ from server.rest.routes import (
     V2_MODEL,
     V2_READY,
     V2_SERVER,
+    WFPREDICT,
     match,
 )
+from server.rest.workflows import WorkflowAPI
 from server.streaming import ChunkStream
 from server.tracing import CLIENT_GONE, client_request_id, trace_id_of
 
@@ -57,11 +59,15 @@ SERVER_HEADERS = frozenset(
 class InferenceAPI:
     """The router of the inference port."""
 
-    def __init__(self, registry: Registry, metrics: Metrics, max_response_bytes: int) -> None:
+    def __init__(
+        self, registry: Registry, metrics: Metrics, max_response_bytes: int,
+        workflows: WorkflowAPI | None = None,
+    ) -> None:  # fmt: skip
         self.registry = registry
         self.metrics = metrics
         self.max_response_bytes = max_response_bytes
         self.openai = OpenAIAPI(registry, metrics, request_id, max_response_bytes)
+        self.workflows = workflows  # /wfpredict (None: no such path)
 
     def route(self, conn: Connection, req: Request) -> None:
         if answer_description("inference", conn, req):
@@ -79,6 +85,10 @@ class InferenceAPI:
             self._infer(conn, req, route.model, route.version, route.op, route.api)
         elif kind == OPENAI:
             self.openai.route(conn, req, route.op, route.model)
+        elif kind == WFPREDICT:
+            if self.workflows is None:
+                raise req.not_found()
+            self.workflows.predict(conn, req, route.model)
         elif kind == PING:
             healthy = self.registry.healthy()
             status = {"status": "Healthy" if healthy else "Unhealthy"}

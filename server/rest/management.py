@@ -27,6 +27,7 @@ from server.operations import (
     unregister_model,
 )
 from server.rest.description import answer_description
+from server.rest.workflows import WorkflowAPI
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +44,26 @@ async def _answer(outcome: Coroutine[Any, Any, Outcome]) -> Answer:
 class ManagementAPI:
     """The router of the management port; calls that wait on workers are answered from tasks."""
 
-    def __init__(self, registry: Registry, keys: Keys | None, model_api: bool) -> None:
+    def __init__(
+        self, registry: Registry, keys: Keys | None, model_api: bool,
+        workflows: WorkflowAPI | None = None,
+    ) -> None:  # fmt: skip
         """``keys``: token authorization's keys (None: off), rotated by ``GET /token``.
         ``model_api``: whether registering and unregistering through the API is allowed
-        (``enable_model_api``); startup models load either way."""
+        (``enable_model_api``); startup models load either way. ``workflows``: the
+        ``/workflows`` API (None: no such path)."""
         self.registry = registry
         self.keys = keys
         self.model_api = model_api
+        self.workflows = workflows
 
     def route(self, conn: Connection, req: Request) -> None:
         if answer_description("management", conn, req):
             return
         parts, registry = req.parts, self.registry
+        if parts and parts[0] == "workflows" and self.workflows is not None:
+            self.workflows.manage(conn, req)
+            return
         if parts == ["models"]:
             if req.allow("GET", "POST") == "GET":
                 conn.answer_json(req, 200, models_page(registry, req.query))

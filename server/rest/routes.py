@@ -25,6 +25,7 @@ V2_READY = "v2-ready"  # OIP: the server is ready
 V2_MODEL = "v2-model"  # OIP: a model's metadata
 V2_MODEL_READY = "v2-model-ready"  # OIP: a model's readiness
 OPENAI = "openai"  # the OpenAI-compatible API (server/openai/): ``op`` says which call
+WFPREDICT = "wfpredict"  # TorchServe's workflow prediction (server/rest/workflows.py)
 
 # /openai/v1/<path> -> (Route.op, methods)
 _OPENAI = {
@@ -75,6 +76,8 @@ def match(parts: list[str], method: str) -> Route | None:
             return Route(OPENAI, _GET, parts[3], None, "model")
         found = _OPENAI.get(tuple(parts[2:]))
         return None if found is None else Route(OPENAI, found[1], None, None, found[0])
+    if head == "wfpredict" and n == 2:
+        return Route(WFPREDICT, ("POST", "PUT"), parts[1])
     if n == 1:
         if head == "ping":
             return Route(PING, _GET)

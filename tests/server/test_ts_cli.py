@@ -192,7 +192,8 @@ def test_torchserve_snapshot_brings_the_models_back(
     )
     server, out = ts_start("--ts-config", "logs/config")  # a folder: its newest snapshot
     assert server is not None, out.stdout + out.stderr
-    assert "python, workflow_store" in out.stderr  # no effect here; bookkeeping keys are quiet
+    # no effect here (workflow_store has one: the workflow store); bookkeeping keys are quiet
+    assert "TorchServe-only parts; see docs/migration.md): python\n" in out.stderr
     versions = {d["modelVersion"]: d for d in server.manage("GET", "/models/echo/all").json()}
     assert set(versions) == {"1.0", "2.0"}
     v2 = versions["2.0"]
@@ -296,6 +297,9 @@ def test_start_flag_errors_and_warnings(
         " certificate_file and private_key_file (PEM files)"
     ) and server is None  # fmt: skip
 
+    server, out = ts_start("--workflow-store", "wf")  # TorchServe's launcher checks it too
+    assert out.stderr.strip() == "mserve: --workflow-store directory not found: wf"
+    (tmp_path / "wf").mkdir()  # where POST /workflows finds a .war by name (test_workflows.py)
     (tmp_path / "log4j2.xml").write_text("<Configuration/>")
     server, out = ts_start(
         "--log-config", "log4j2.xml", "--workflow-store", "wf", "--plugins-path", "plugins",
@@ -305,7 +309,6 @@ def test_start_flag_errors_and_warnings(
     assert out.stderr.splitlines() == [
         "mserve: warning: --log-config log4j2.xml is not used: mserve logs with Python's logging"
         " (--log-dir)",
-        "mserve: warning: --workflow-store wf is not used: mserve does not serve workflows",
         "mserve: warning: --plugins-path plugins is not used: mserve loads no Java plugins",
     ]
     version = subprocess.run([MSERVE, "--version"], capture_output=True, text=True, timeout=60)
