@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from archiver.workflow_cli import main as workflow_archiver
 from tests.conftest import ARCHIVER_SCRIPT
-from tests.server.conftest import HANDLERS, Reply, http, pid_alive
+from tests.server.conftest import HANDLERS, Reply, Server, http, pid_alive
 from tests.server.test_torchserve_layout import PROPERTIES, TorchServeDir, _pid
 
 WORKFLOW = HANDLERS / "workflow"
@@ -242,3 +242,16 @@ def test_unregister_removes_the_workflow_and_its_models(ts: TorchServeDir) -> No
     assert ts.call("management", "GET", "/workflows").json() == {"workflows": []}
     assert ts.call("inference", "POST", "/wfpredict/pipe", b"x").status == 404
     assert list((ts.run_dir / "workflows").iterdir()) == []
+
+
+def test_model_api_control_covers_workflows(start_server: Callable[..., Server]) -> None:
+    server = start_server(config={"enable_model_api": False})
+    for method, path in (("POST", "/workflows?url=pipe.war"), ("DELETE", "/workflows/pipe")):
+        reply = server.manage(method, path)
+        assert reply.status == 405, path
+        assert reply.json()["message"].startswith(
+            ("registering" if method == "POST" else "unregistering")
+            + " workflows through the API is disabled (model API control): start mserve with"
+            " --enable-model-api"
+        )
+    assert server.manage("GET", "/workflows").json() == {"workflows": []}
