@@ -101,7 +101,7 @@ def torchserve_banner(
 ) -> str:  # fmt: skip
     """What TorchServe logs at start (its ConfigManager's configuration dump), in its order and
     words, with this server's values; what has no meaning here (the JVM's heap, Netty's
-    threads, workflows, the C++ backend) says so. ``urls``: the APIs' bound addresses."""
+    threads, the C++ backend) says so. ``urls``: the APIs' bound addresses."""
     props = dict(config.ts_properties)
     allowed = ", ".join(config.allowed_urls) or "none: the model store and allowed_paths"
     rows = [
@@ -135,7 +135,7 @@ def torchserve_banner(
         ("Enable metrics API", "true"),
         ("Metrics mode", config.metrics_mode),
         ("Disable system metrics", _bool(config.disable_system_metrics)),
-        ("Workflow Store", "N/A (no workflows)"),
+        ("Workflow Store", str(config.workflow_store_path or "N/A")),
         ("CPP log config", "N/A (no C++ backend)"),
         ("Model config", props.get("models", "N/A")),
         ("System metrics command", "default"),

@@ -67,7 +67,9 @@ def ts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServeDir]:
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env["MSERVE_RUN_DIR"] = str(tmp / "run")
     served = TorchServeDir(root, env)
-    served.start("--ncs", "--ts-config", "config.properties", "--enable-model-api")
+    console = served.start("--ncs", "--ts-config", "config.properties", "--enable-model-api")
+    # TorchServe's banner names the workflow store (relative to the start folder, as there)
+    assert f"Workflow Store: {wf_store.resolve()}" in console.text
     served.wf_store = wf_store  # type: ignore[attr-defined]
     yield served
     pid = _pid(served.run_dir)
