@@ -134,6 +134,17 @@ def _add_port(libc: ctypes.CDLL, ruleset: int, port: int, rights: int) -> None:
         raise _fail(f"landlock rule for TCP port {port}")
 
 
+def _add_port_range(libc: ctypes.CDLL, ruleset: int, low: int, high: int, rights: int) -> None:
+    """One rule per port (Landlock has no ranges): ~28,000 for the ephemeral range, ~0.2 s."""
+    rule = _NetPort(rights, 0)
+    ref = ctypes.byref(rule)
+    call = libc.syscall
+    for port in range(low, high + 1):
+        rule.port = port
+        if call(_SYS_ADD_RULE, ruleset, _RULE_NET_PORT, ref, 0) < 0:
+            raise _fail(f"landlock rule for TCP port {port}")
+
+
 def _set_limits(limits: dict) -> list:
     """Lower the soft and hard limits named (``nofile``, ``nproc``, ``core``); never raise one."""
     applied = []
@@ -171,8 +182,11 @@ def _landlock(libc: ctypes.CDLL, abi: int, policy: dict) -> dict:
     attr = _RulesetAttr(handled_fs, 0, 0)
     if abi >= 4:
         attr.net = _NET_BIND | _NET_CONNECT
+    peers = [r for r in policy.get("peer_ports", []) if isinstance(r, list) and len(r) == 2]
     if abi >= 6:
-        attr.scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL
+        # a parallel model's ranks are each in a domain of their own: NCCL's ranks reach one
+        # another through abstract Unix sockets, which the scope would refuse
+        attr.scoped = _SCOPE_SIGNAL if peers else _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL
     size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else (16 if abi >= 4 else 8)
     ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
     if ruleset < 0:
@@ -199,6 +213,10 @@ def _landlock(libc: ctypes.CDLL, abi: int, policy: dict) -> dict:
                 _add_port(libc, ruleset, port, _NET_CONNECT)
             for port in policy.get("bind", []):
                 _add_port(libc, ruleset, port, _NET_BIND)
+            if peers:
+                _add_port(libc, ruleset, 0, _NET_BIND)  # gloo listens where the kernel says
+                for low, high in peers:
+                    _add_port_range(libc, ruleset, low, high, _NET_BIND | _NET_CONNECT)
         if libc.syscall(_SYS_RESTRICT_SELF, ruleset, 0) < 0:
             raise _fail("landlock_restrict_self")
     finally:
@@ -244,6 +262,8 @@ def apply(policy: dict) -> dict:
         applied.append("landlock-tcp")
         report["connect"] = list(policy.get("connect", []))
         report["bind"] = list(policy.get("bind", []))
+        if policy.get("peer_ports"):
+            report["peer_ports"] = policy["peer_ports"]
     if abi >= 6:
         applied.append("landlock-scope")
     return report

@@ -224,6 +224,8 @@ def _serve(channel: Channel, fd: int) -> int:
         name="server-watch",
         daemon=True,
     ).start()
+    if "rank" in init.meta:
+        _rank_threads()
     service = _load(init.meta, channel, sandbox)
     if service is None:
         return 1
@@ -233,7 +235,11 @@ def _serve(channel: Channel, fd: int) -> int:
         finally:
             service.shutdown()
         return 0
-    streaming.install(streaming.Stream(channel.send, channel.gone), service.context)
+    # A parallel worker's other ranks (INIT's rank above 0) run each batch with rank 0, in
+    # step, and answer nothing: rank 0 alone does (TorchServe's workers send from LOCAL_RANK 0)
+    answers = not (type(init.meta.get("rank")) is int and init.meta["rank"] > 0)
+    send = channel.send if answers else _dropped
+    streaming.install(streaming.Stream(send, channel.gone), service.context)
     serve = service.serve
     try:
         while True:
@@ -260,7 +266,7 @@ def _serve(channel: Channel, fd: int) -> int:
                 error = f"invalid handler result: {exc}"
                 meta = {"batch_id": batch_id, "error": error, "traceback": ""}
                 reply = Frame(Kind.BATCH_FAILED, meta)
-            channel.send(reply)
+            send(reply)
     finally:
         service.shutdown()
     # A server that stops waits for us, then kills what is left of our group; a killed one
@@ -270,6 +276,19 @@ def _serve(channel: Channel, fd: int) -> int:
     return 0
 
 
+def _rank_threads() -> None:
+    """A rank's ``OMP_NUM_THREADS`` (torchrun's, from the model config) made to count where
+    torch was imported before it was set: by the warm template this rank was forked from."""
+    torch = sys.modules.get("torch")
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and value.isdigit() and int(value) > 0:
+        torch.set_num_threads(int(value))
+
+
+def _dropped(frame: Frame) -> None:
+    """What a rank that does not answer does with its answers."""
+
+
 def _show_model(meta: dict) -> None:
     """``ps`` and ``top`` show the model, version and worker id, not the template's command
     line: ``mserve-worker mlp:1.0 W-9001`` (command name ``mlp:1.0``)."""
@@ -277,6 +296,8 @@ def _show_model(meta: dict) -> None:
     model = f"{meta['model_name']}:{version}" if version else meta["model_name"]
     worker = meta.get("worker_id")
     title = f"mserve-worker {model}" + (f" W-{worker}" if worker else "")
+    if type(meta.get("rank")) is int:  # one of a parallel worker's ranks
+        title += f" rank {meta['rank']}"
     proctitle.set_title(title, model)
 
 

@@ -148,15 +148,17 @@ class GpuAllocator:
         return len(self.devices)
 
     def plan(
-        self, model_label: str, device_ids: Sequence[int] | None, device_type: str | None
-    ) -> GpuPlan:
+        self, model_label: str, device_ids: Sequence[int] | None, device_type: str | None,
+        per_worker: int = 1,
+    ) -> GpuPlan:  # fmt: skip
         """How a model's workers get GPUs; ``InvalidModel`` when its model config cannot be met
         here. Checks only: no GPU is drawn until a worker slot starts.
 
         ``deviceType`` other than ``gpu`` (``cpu``, ``neuron``) gets no GPU; ``gpu`` on a server
         without GPUs is refused (TorchServe quietly runs it on the CPU instead). ``deviceIds``
         must all be GPUs of this server; on a server without GPUs they are ignored, so an archive
-        pinned to GPUs still runs on a CPU-only machine.
+        pinned to GPUs still runs on a CPU-only machine. ``per_worker``: GPUs each worker takes
+        (a parallel model's ``parallelLevel``), never more than the GPUs it may use.
         """
         ids = tuple(device_ids) if device_ids else None
         if device_type not in (None, "gpu"):
@@ -185,36 +187,47 @@ class GpuAllocator:
                     f" {', '.join(map(str, missing))} that this server does not have;"
                     f" it has {self.count} GPU(s), ids 0 to {self.count - 1}"
                 )
-        return GpuPlan(self, ids, use_gpu=True)
+        pool = len(ids) if ids else self.count
+        if per_worker > pool:
+            raise InvalidModel(
+                f"model {model_label} needs {per_worker} GPUs per worker (parallelLevel) but"
+                f" {'its deviceIds list' if ids else 'this server has'} {pool}"
+            )
+        return GpuPlan(self, ids, use_gpu=True, per_worker=per_worker)
 
-    def draw(self) -> int:
-        """The next server GPU index on the shared counter."""
-        index = self._next % self.count
-        self._next += 1
-        return index
+    def draw(self, count: int = 1) -> list[int]:
+        """The next ``count`` server GPU indexes on the shared counter."""
+        indexes = [(self._next + i) % self.count for i in range(count)]
+        self._next += count
+        return indexes
 
 
 class GpuPlan:
     """One model's way of drawing GPUs: none, its own ``deviceIds`` in turn, or the shared turn."""
 
     def __init__(
-        self, allocator: GpuAllocator, device_ids: tuple[int, ...] | None, use_gpu: bool
-    ) -> None:
+        self, allocator: GpuAllocator, device_ids: tuple[int, ...] | None, use_gpu: bool,
+        per_worker: int = 1,
+    ) -> None:  # fmt: skip
         self.allocator = allocator
         self.device_ids = device_ids
         self.use_gpu = use_gpu
+        self.per_worker = per_worker
         self._next = 0
 
     def draw(self) -> str | None:
-        """The physical id of the GPU for a new worker slot; None for a CPU worker."""
+        """The physical id of the GPU for a new worker slot, or of its ``per_worker`` GPUs
+        joined by commas (as ``CUDA_VISIBLE_DEVICES`` lists them: a parallel worker's group,
+        the next ones in turn); None for a CPU worker."""
         if not self.use_gpu:
             return None
         if self.device_ids is None:
-            index = self.allocator.draw()
+            indexes = self.allocator.draw(self.per_worker)
         else:
-            index = self.device_ids[self._next % len(self.device_ids)]
-            self._next += 1
-        return self.allocator.devices[index]
+            n = len(self.device_ids)
+            indexes = [self.device_ids[(self._next + i) % n] for i in range(self.per_worker)]
+            self._next += self.per_worker
+        return ",".join(self.allocator.devices[i] for i in indexes)
 
 
 def shown_gpu_id(physical: str | None) -> int | str | None:

@@ -9,9 +9,14 @@ is added or renamed everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from server.errors import InvalidModel
+
+log = logging.getLogger(__name__)
 
 BATCH_WAITS = ("busy", "fill")
 # TorchServe's request headers of a sequence: its id, its start and its end (the server's
@@ -83,7 +88,98 @@ SETTINGS = (
             request="inference_log_redact"),
 )  # fmt: skip
 ENTRY_SETTINGS = tuple(s for s in SETTINGS if s.entry)
+# TorchServe's parallelType values (ModelConfig.ParallelType): pp, tp and pptp start each worker
+# as torchrun's ranks; custom gives one process the worker's GPUs
+PARALLEL_TYPES = ("pp", "tp", "pptp", "custom")
+# torchrun keys TorchServe reads but that change nothing here: the ranks rendezvous on this
+# machine, and the server (not torchrun) restarts a group whose rank died
+TORCHRUN_NO_EFFECT = ("rdzv-backend", "rdzv-endpoint", "rdzv-conf", "monitor-interval",
+                      "node-rank")  # fmt: skip
 INFERENCE_LOG_SETTINGS = tuple(s for s in SETTINGS if s.attr.startswith("inference_log"))
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """A model's parallelism, from its model config as TorchServe reads it: ``parallelType``,
+    ``parallelLevel`` and the ``torchrun`` section (whose ``nproc-per-node`` is the level).
+    TorchServe's none (type ``""``, level 0) unless both a type and a level above 0 are given."""
+
+    type: str = ""
+    level: int = 0  # GPUs per worker; processes per worker for pp, tp and pptp
+    omp_threads: int = 1  # torchrun.OMP_NUMBER_THREADS: each rank's OMP_NUM_THREADS
+
+    @property
+    def torchrun(self) -> bool:
+        """Each worker is ``level`` ranks with torchrun's environment (pp, tp, pptp)."""
+        return self.type in ("pp", "tp", "pptp")
+
+    @property
+    def ranks(self) -> int:
+        return self.level if self.torchrun else 1
+
+    @property
+    def broadcast(self) -> bool:
+        """Every rank gets each batch (tp, pptp), as TorchServe's frontend sends it to each;
+        with pp only rank 0 does, and drives the other stages itself."""
+        return self.type in ("tp", "pptp")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one worker takes (round robin by groups)."""
+        return self.level if self.type else 1
+
+
+def parallel_settings(config: Mapping[str, Any], label: str) -> Parallel:
+    """``parallelType``, ``parallelLevel`` and ``torchrun`` of a model config. What TorchServe
+    ignores with a warning is ignored with one; what cannot be started is ``InvalidModel``:
+    a ``parallelLevel`` that disagrees with ``torchrun.nproc-per-node`` (TorchServe then starts
+    one number of ranks and waits for the other) and ``nnodes`` above 1."""
+    kind = config.get("parallelType")
+    if kind is not None and (not isinstance(kind, str) or kind.lower() not in PARALLEL_TYPES):
+        log.warning("model %s: invalid parallelType %r, should be pp, tp, pptp or custom;"
+                    " ignored", label, kind)  # fmt: skip
+        kind = None
+    level = config.get("parallelLevel")
+    if level is not None and (type(level) is not int or level < 0):
+        log.warning("model %s: invalid parallelLevel %r, should be an integer >= 0; ignored",
+                    label, level)  # fmt: skip
+        level = None
+    omp_threads = 1
+    torchrun = config.get("torchrun")
+    if torchrun is not None and not isinstance(torchrun, Mapping):
+        log.warning("model %s: invalid torchrun %r, should be a mapping of torchrun's"
+                    " parameters; ignored", label, torchrun)  # fmt: skip
+    elif torchrun is not None:
+        nproc = _positive(torchrun, "nproc-per-node", label)
+        omp_threads = _positive(torchrun, "OMP_NUMBER_THREADS", label)
+        nnodes = _positive(torchrun, "nnodes", label)
+        if nnodes > 1:
+            raise InvalidModel(
+                f"model {label}: torchrun.nnodes is {nnodes}: mserve starts a worker's ranks"
+                " on its own machine only (nnodes 1)"
+            )
+        for key in torchrun:
+            if key not in (*TORCHRUN_NO_EFFECT, "nproc-per-node", "OMP_NUMBER_THREADS",
+                           "nnodes"):  # fmt: skip
+                log.warning("model %s: unsupported torchrun parameter %s; ignored", label, key)
+        if level is not None and level != nproc:
+            raise InvalidModel(
+                f"model {label}: parallelLevel {level} and torchrun.nproc-per-node {nproc}"
+                " disagree; set one of them (each is the number of ranks of a worker)"
+            )
+        level = nproc
+    if not kind or not level:
+        return Parallel()
+    return Parallel(kind.lower(), level, omp_threads)
+
+
+def _positive(section: Mapping[str, Any], key: str, label: str) -> int:
+    value = section.get(key, 1)
+    if type(value) is not int or value < 1:
+        log.warning("model %s: invalid torchrun.%s %r, should be an integer >= 1; 1 used",
+                    label, key, value)  # fmt: skip
+        return 1
+    return value
 
 
 @dataclass(frozen=True)
@@ -124,6 +220,8 @@ class ModelSettings:
     inference_log_url: str | None = None
     inference_log_file: bool = True
     inference_log_redact: tuple[str, ...] = ()
+    # parallelType, parallelLevel, torchrun: the archive's model config alone sets them
+    parallel: Parallel = Parallel()
     sources: dict[str, str] = field(default_factory=dict)
 
 

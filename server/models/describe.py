@@ -47,8 +47,8 @@ def describe(model: ModelVersion) -> dict[str, Any]:
         "runtime": model.manifest.get("runtime", "python"),
         "handler": model.handler,
         **shown(s),  # minWorkers, maxWorkers, batchSize, ... (server/config/model_settings.py)
-        "parallelType": "",  # no model parallelism (torchrun) here: TorchServe's "none"
-        "parallelLevel": 0,
+        "parallelType": s.parallel.type,  # "" is TorchServe's none
+        "parallelLevel": s.parallel.level,
         "deviceType": "gpu" if model.gpus.use_gpu else "cpu",
         "deviceIds": list(s.device_ids) if s.device_ids else None,
         "jobQueueStatus": {

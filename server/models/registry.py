@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from archiver import Manifest
 from mserve_worker.protocol import MAX_U32
 from server import tracing
 from server.config import ModelEntry, ServerConfig
-from server.config.model_settings import SETTINGS, ModelSettings
+from server.config.model_settings import SETTINGS, ModelSettings, parallel_settings
 from server.devices import GpuAllocator
 from server.download import Downloader, Progress, is_remote
 from server.errors import (
@@ -186,9 +186,19 @@ class Registry:
         settings = effective_settings(
             request, unpacked.model_config, cfg, cfg.model_entry(name, version)
         )
+        parallel = parallel_settings(unpacked.model_config, f"{name}:{version}")
+        settings = replace(settings, parallel=parallel)
+        if parallel.broadcast and parallel.ranks > 1 and settings.continuous_batching:
+            raise InvalidModel(
+                f"model {name}:{version}: continuousBatching with parallelType"
+                f" {parallel.type} is not supported: each rank would form its own steps; use"
+                " parallelType custom, or pp"
+            )
         # checks deviceIds and deviceType before any worker starts; draws no GPU
-        gpus = self.gpus.plan(f"{name}:{version}", settings.device_ids, settings.device_type)
-        sandbox = self.sandbox.model(name, version, unpacked.model_dir, unpacked.model_config)
+        gpus = self.gpus.plan(f"{name}:{version}", settings.device_ids, settings.device_type,
+                              parallel.gpus)  # fmt: skip
+        sandbox = self.sandbox.model(name, version, unpacked.model_dir, unpacked.model_config,
+                                     ranks=parallel.torchrun)  # fmt: skip
         counter = self.metrics.inference_log_records if self.metrics is not None else None
         inference_log = build_inference_log(name, version, settings, cfg, counter)
         async with self._lock:

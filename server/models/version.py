@@ -346,6 +346,7 @@ class ModelVersion:
             init=init,
             env=env,
             max_payload_bytes=self.max_payload_bytes,
+            parallel=self.settings.parallel,  # torchrun's ranks (server/workers/ranks.py)
         )
 
     def _note_failure(self, message: str) -> None:

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,11 @@ import psutil
 from mserve_worker import protocol
 from mserve_worker.imports import valid_names
 from mserve_worker.protocol import Frame, Kind, MetricEntry, RequestItem, ResponseItem
+from server.config.model_settings import Parallel
 from server.errors import HandlerError, HandlerLoadFailed, WorkerDied, WorkerTimeout
 from server.workers.channel import Batch, BatchExpired, Channel, ChannelClosed
 from server.workers.launch import Launcher, Process
+from server.workers.ranks import rank_envs
 
 log = logging.getLogger(__name__)
 # TorchServe's words for the same events, which its tests and runbooks wait for: logged in its
@@ -61,6 +63,8 @@ class WorkerSpec:
     init: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)
     max_payload_bytes: int = 2**31 - 1
+    # parallelType pp, tp, pptp: the worker is parallel.ranks processes (server/workers/ranks.py)
+    parallel: Parallel = field(default_factory=Parallel)
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -77,7 +81,12 @@ def describe_exit(returncode: int | None) -> str:
 
 class Worker:
     """One worker process. ``start`` returns once the handler is loaded; several batches may be
-    in flight at once (they are pipelined, see ``channel``)."""
+    in flight at once (they are pipelined, see ``channel``).
+
+    A parallel model's worker (``spec.parallel.torchrun``) is a group of ranks: this object is
+    rank 0, the one the server talks to, and ``peers`` the others, each a ``Worker`` with its
+    own process and channel. All load together; with tp and pptp each batch is sent to every
+    rank, and only rank 0 answers; the death of any rank ends the whole group."""
 
     def __init__(self, worker_id: str, model_label: str, gpu: str | None, spec: WorkerSpec) -> None:
         self.id = worker_id
@@ -103,6 +112,11 @@ class Worker:
         self._on_withdraw: Callable[[Batch, str], None] | None = None
         self._bad_metrics_logged = False
         self._log = logging.getLogger(f"mserve.model.{model_label}")
+        self.rank: int | None = None  # its rank in a parallel worker's group
+        self.peers: list[Worker] = []  # ranks 1..n-1, when this is rank 0
+        self.lost_rank: Worker | None = None  # the rank whose end ended the group
+        self._on_exit: Callable[[Worker], None] | None = None
+        self._stopping = False
 
     @property
     def pid(self) -> int | None:
@@ -113,10 +127,18 @@ class Worker:
         return self._proc.returncode if self._proc else None
 
     def rss_bytes(self) -> int:
+        """The worker's resident memory; a parallel worker's: all its ranks'."""
         try:
-            return psutil.Process(self.pid).memory_info().rss if self.pid else 0
+            own = psutil.Process(self.pid).memory_info().rss if self.pid else 0
         except psutil.Error:
-            return 0
+            own = 0
+        return own + sum(peer.rss_bytes() for peer in self.peers)
+
+    @property
+    def _lockstep(self) -> bool:
+        """Its ranks run every batch together (tp, pptp): a request one rank skipped would
+        leave the others waiting in their collectives, so none is skipped."""
+        return bool(self.peers) and self.spec.parallel.broadcast
 
     def on_lost(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` when the worker's channel is gone, busy or idle (None: stop)."""
@@ -168,7 +190,7 @@ class Worker:
 
     def stop_streaming(self, batch: Batch, request_id: str) -> None:
         """The caller of a request streaming in ``batch`` (the running one) went away."""
-        if self._channel is not None:
+        if self._channel is not None and not self._lockstep:  # its chunks are dropped
             self._channel.cancel_running(batch, [request_id])
 
     def chunks_broke_protocol(self, reason: str) -> None:
@@ -183,6 +205,9 @@ class Worker:
         return (await self._lost()).message
 
     def exit_text(self) -> str:
+        lost = self.lost_rank
+        if lost is not None and lost is not self:
+            return f"{lost.exit_text()}; the worker's other ranks were killed with it"
         return f"worker {self.id} (pid {self.pid}) {describe_exit(self.returncode)}"
 
     async def _watch_exit(self) -> None:
@@ -198,6 +223,24 @@ class Worker:
             self._channel.abort()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, signal.SIGKILL)  # ESRCH when nothing of the group is left
+        if self._on_exit is not None:
+            self._on_exit(self)
+
+    def _rank_exited(self, rank: Worker) -> None:
+        """A rank of this parallel worker ended: the others cannot go on without it (their
+        collectives wait for it), so all go now, and rank 0's channel with them: its batches
+        fail naming that rank, and its slot starts a new group."""
+        if self._stopping:
+            return
+        if self.lost_rank is None:
+            self.lost_rank = rank
+            if rank is not self:
+                log.warning("%s; killing worker %s's other ranks", rank.exit_text(), self.id)
+        for other in (self, *self.peers):
+            proc = other._proc
+            if other is not rank and proc is not None and proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
 
     async def _pipe(self, stream: asyncio.StreamReader, level: int, name: str = "stdout") -> None:
         """Re-log the worker's output line by line under the model's name, keeping a tail."""
@@ -232,7 +275,42 @@ class Worker:
         await self._channel.drain()
 
     async def start(self, timeout_s: float, launcher: Launcher) -> None:
-        """Spawn, say INIT, wait for READY; else ``HandlerLoadFailed`` with the worker's error."""
+        """Spawn, say INIT, wait for READY; else ``HandlerLoadFailed`` with the worker's error.
+        A parallel worker starts all its ranks at once (each waits for the others in its
+        rendezvous); when one fails, all are killed and that failure is raised."""
+        parallel = self.spec.parallel
+        if not parallel.torchrun:
+            await self._start(timeout_s, launcher)
+            return
+        envs = rank_envs(parallel, self.spec.init.get("model_name", ""), self.id)
+        ranks: list[Worker] = []
+        for rank, env in enumerate(envs):
+            spec = replace(self.spec, env={**self.spec.env, **env},
+                           init={**self.spec.init, "rank": rank})  # fmt: skip
+            worker = self if rank == 0 else Worker(f"{self.id} rank {rank}", self.model_label,
+                                                   self.gpu, spec)  # fmt: skip
+            worker.spec, worker.rank = spec, rank
+            ranks.append(worker)
+        self.peers = ranks[1:]
+        tasks = [asyncio.create_task(w._start(timeout_s, launcher)) for w in ranks]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+            if failed or not all(t.done() for t in tasks):
+                self._stopping = True  # no rank's end is news any more
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.gather(*(w.kill() for w in ranks))
+        if failed:  # the first to fail: the others wait in their rendezvous, or were killed
+            raise failed[0].exception()  # type: ignore[misc]
+        for worker in ranks:  # from now on, the end of one is the end of all
+            worker._on_exit = self._rank_exited
+            if worker.returncode is not None:
+                self._rank_exited(worker)
+
+    async def _start(self, timeout_s: float, launcher: Launcher) -> None:
         parent, child = socket.socketpair()
         try:
             self._proc = await launcher.launch(
@@ -333,6 +411,10 @@ class Worker:
         self._batch_ids += 1
         frame = protocol.batch_frame(self._batch_ids, items, check=False)
         batch = channel.submit(self._batch_ids, frame, len(items), timeout_s)
+        if self._lockstep:  # every rank runs it; rank 0 answers (TorchServe's broadcast)
+            for peer in self.peers:
+                if peer._channel is not None:
+                    peer._channel.send(frame)
         self.state = _BUSY
         return batch
 
@@ -346,7 +428,7 @@ class Worker:
         batch, it skips that request (no-op otherwise)."""
         if self._on_withdraw is not None:
             self._on_withdraw(batch, request_id)
-        elif self._channel is not None:
+        elif self._channel is not None and not self._lockstep:  # its answer is dropped
             self._channel.cancel(batch, [request_id])
 
     async def batch_result(self, batch: Batch, items: list[RequestItem]) -> list[ResponseItem]:
@@ -448,7 +530,11 @@ class Worker:
             await asyncio.wait_for(self._proc.wait(), timeout_s)
 
     async def kill(self) -> None:
-        """SIGKILL the worker's whole process tree (a handler may have started children)."""
+        """SIGKILL the worker's whole process tree (a handler may have started children); a
+        parallel worker's: every rank's."""
+        if self.peers:
+            self._stopping = True
+            await asyncio.gather(*(peer.kill() for peer in self.peers))
         if self._proc is None or self._proc.returncode is not None:
             await self._close()
             return
@@ -465,7 +551,15 @@ class Worker:
         await self._close()
 
     async def stop(self, deadline_s: float) -> None:
-        """Close the channel (the worker exits on EOF), SIGTERM at the deadline, then SIGKILL."""
+        """Close the channel (the worker exits on EOF), SIGTERM at the deadline, then SIGKILL;
+        a parallel worker's ranks all at once."""
+        if self.peers:
+            self._stopping = True  # ranks ending now is the stop, not a rank lost
+            await asyncio.gather(self._stop(deadline_s), *(p._stop(deadline_s) for p in self.peers))
+            return
+        await self._stop(deadline_s)
+
+    async def _stop(self, deadline_s: float) -> None:
         self.state = WorkerState.STOPPING
         if self._channel is not None:
             self._channel.close()

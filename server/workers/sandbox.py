@@ -51,10 +51,15 @@ _KEYS = (*_PATH_KEYS, *_PORT_KEYS, *_LIMIT_KEYS)
 
 
 def _gpu_devices(gpu: str | None) -> list[str]:
-    """The device files a worker pinned to ``gpu`` needs: its own, and the driver's shared ones."""
+    """The device files a worker pinned to ``gpu`` (one id, or a parallel worker's ids joined
+    by commas) needs: its own, and the driver's shared ones."""
     if gpu is None:
         return []
-    own = [f"/dev/nvidia{gpu}"] if gpu.isdigit() else glob.glob("/dev/nvidia[0-9]*")
+    ids = gpu.split(",")
+    if all(i.isdigit() for i in ids):
+        own = [f"/dev/nvidia{i}" for i in ids]
+    else:  # UUIDs: which file is which is the driver's to know
+        own = glob.glob("/dev/nvidia[0-9]*")
     shared = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
     return [*own, *shared, "/dev/nvidia-caps", "/dev/dri"]
 
@@ -71,6 +76,9 @@ class ModelSandbox:
     reach: Reach | None = field(default=None, compare=False, repr=False)
     # what every model reads: the model caches and sandbox_read_paths
     caches: SharedCaches = field(default_factory=SharedCaches, compare=False, repr=False)
+    # a parallel model's ranks (parallelType pp, tp, pptp): the TCP ports they may bind and
+    # connect to, to rendezvous and talk to each other (server/workers/ranks.py)
+    peer_ports: tuple[tuple[int, int], ...] = ()
 
     def policy(self, gpu: str | None, python: str | None = None) -> dict[str, Any]:
         """INIT's ``sandbox``: what ``mserve_worker.confine.apply`` gets. Under its own uid,
@@ -90,6 +98,7 @@ class ModelSandbox:
             "connect": list(self.grants.get("connect", [])),
             "bind": list(self.grants.get("bind", [])),
             "limits": limits,
+            **({"peer_ports": [list(r) for r in self.peer_ports]} if self.peer_ports else {}),
             "tmpdir": self.scratch,
             "user": self.user.as_policy() if self.user is not None else None,
         }
@@ -113,6 +122,8 @@ class ModelSandbox:
             shown.update(uid=self.user.uid, gid=self.user.gid)
         if self.caches.read:  # every model's: the model caches and sandbox_read_paths
             shown["readShared"] = self.caches.paths
+        if self.peer_ports:  # its ranks talk to each other
+            shown["peerPorts"] = [f"{low}-{high}" for low, high in self.peer_ports]
         return {**shown, **{k: v for k, v in self.grants.items() if v}}
 
     def remove_scratch(self) -> None:
@@ -229,17 +240,18 @@ class Sandbox:
         return f"on: Landlock ABI {self.abi} ({network}), no_new_privs, limits{users}"
 
     def model(self, name: str, version: str, model_dir: Path, model_config: dict[str, Any],
-              ) -> ModelSandbox | None:  # fmt: skip
+              ranks: bool = False) -> ModelSandbox | None:  # fmt: skip
         """The rules of a model version; None when the sandbox is off. ``InvalidModel`` names
-        the model config field that is wrong."""
+        the model config field that is wrong. ``ranks``: its workers are torchrun's ranks."""
         if not self.enabled:
             return None
         label = f"{name}:{version}"
         scratch = self.scratch_root / f"{name}-{version}"
         grants = self._grants(model_config.get("sandbox"), label)
         user = self._user(name, model_dir, grants)
+        peers = peer_port_ranges(self.server_ports) if ranks else ()
         return ModelSandbox(label, str(model_dir), str(scratch), grants, user, self.reach,
-                            self.caches)  # fmt: skip
+                            self.caches, peers)  # fmt: skip
 
     def _user(self, name: str, model_dir: Path, grants: dict[str, Any]) -> WorkerUser | None:
         """The model's own uid, and what it must reach made reachable; None: the workers keep
@@ -316,6 +328,29 @@ class Sandbox:
             raise InvalidModel(f"model config of {label}: {where} names {value}, one of the"
                                " server's own ports")  # fmt: skip
         return value
+
+
+def peer_port_ranges(
+    server_ports: set[int], ephemeral: str = "/proc/sys/net/ipv4/ip_local_port_range"
+) -> tuple[tuple[int, int], ...]:
+    """The TCP ports a parallel model's ranks may bind and connect to: the kernel's ephemeral
+    range, less the server's own ports. The rendezvous port is drawn from it, and gloo (NCCL's
+    bootstrap too) listens on a port the kernel picks there and connects to the other ranks'
+    ones, which no list made in advance can name. Well-known ports (the server's defaults,
+    databases, ...) lie below it and stay closed."""
+    try:
+        with open(ephemeral) as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    ranges, start = [], low
+    for port in sorted(p for p in server_ports if low <= p <= high):
+        if port > start:
+            ranges.append((start, port - 1))
+        start = port + 1
+    if start <= high:
+        ranges.append((start, high))
+    return tuple(ranges)
 
 
 def _list(section: dict[str, Any], key: str, label: str) -> list[Any]:
