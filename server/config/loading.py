@@ -291,4 +291,5 @@ TORCHSERVE_DEFAULTS: Mapping[str, Any] = {
     "metrics_mode": "log",
     "model_metrics_auto_detect": False,
     "install_py_dep_per_model": False,
+    "max_retry_timeout_s": 300.0,
 }

@@ -61,6 +61,7 @@ SETTINGS = (
             request="startup_timeout_s", entry=True),
     Setting("jobQueueSize", "job_queue_size", "job_queue_size", "count", ray=True),
     Setting("retryOnWorkerDeath", "retry_on_worker_death", "retry_on_worker_death", "flag"),
+    Setting("maxRetryTimeoutInSec", "max_retry_timeout_s", "max_retry_timeout_s", "s"),
     Setting("batchWait", "batch_wait", "batch_wait", "choice",
             request="batch_wait", entry=True, choices=BATCH_WAITS),
     Setting("idleUnloadTimeout", "idle_unload_s", "idle_unload_s", "s", request="idle_unload_s"),
@@ -196,6 +197,9 @@ class ModelSettings:
     device_ids: tuple[int, ...] | None
     device_type: str | None = None  # the model config's deviceType: cpu, gpu, neuron
     retry_on_worker_death: bool = False
+    # how long a worker slot that lost its worker keeps restarting it without one loading
+    # (TorchServe's maxRetryTimeoutInSec); then it gives up (server/models/version.py)
+    max_retry_timeout_s: float = 300.0
     idle_unload_s: float | None = None  # scale down to min_workers after this long unused
     # when a batch waits for more requests: "busy" only while its worker runs another batch,
     # "fill" up to max_batch_delay_ms even when the worker idles (TorchServe's way)

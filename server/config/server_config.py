@@ -41,6 +41,10 @@ class ServerConfig:
     startup_timeout_s: float = 120.0
     job_queue_size: int = 100
     retry_on_worker_death: bool = False
+    # how long a worker slot keeps restarting a worker that does not load before it gives up
+    # (per model maxRetryTimeoutInSec): about six tries with the backoff, so a handler that
+    # cannot load is reported failed in seconds; the TorchServe layout takes TorchServe's 300
+    max_retry_timeout_s: float = 10.0
     # Many models on one server (server/models/residency.py): a model idle this long scales
     # down to its minWorkers (None: never, per model idleUnloadTimeout); the workers' memory
     # (PSS) and the number of models with workers that starting a worker on demand may not

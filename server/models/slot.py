@@ -23,12 +23,21 @@ class Ended(enum.Enum):
 
 @dataclass(eq=False)  # identity: slots live in sets
 class Slot:
+    # every worker started in the slot has this id, as a TorchServe worker keeps its port
+    # across its restarts (``W-9000-<model>`` in its log lines and metrics)
+    worker_id: str = ""
     retire: asyncio.Event = field(default_factory=asyncio.Event)
     worker: Worker | None = None
     first_start: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
     on_demand: bool = False  # started by a request to a model that had no worker
     lane: JobQueue | None = None  # sequence batching: the requests of its sequences
+    # its recovery, as TorchServe's WorkerThread keeps it: when it lost its worker with none
+    # loaded since (monotonic; None while a worker is loaded), the losses since, and how far
+    # along the backoff sequence its restarts are (a worker that loads starts it again)
+    recovering_since: float | None = None
+    losses: int = 0
+    backoff_step: int = 0
 
     @property
     def idle(self) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mserve_worker.protocol import RequestItem
-from server.config.model_settings import SEQUENCE_HEADERS, ModelSettings, with_changes
+from server.config.model_settings import SEQUENCE_HEADERS, ModelSettings, whole, with_changes
 from server.devices import GpuPlan, worker_env_for
 from server.errors import (
     HandlerLoadFailed,
@@ -53,24 +53,28 @@ if TYPE_CHECKING:
     from server.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
+# TorchServe's words for the same events (its WorkerThread's), which its tests and runbooks
+# wait for: logged in its layout only (server/logs.py)
+_said_as_torchserve = logging.getLogger("org.pytorch.serve.wlm.WorkerThread")
 
 _worker_ids = itertools.count(9000)  # TorchServe numbers workers from 9000
 
-
-BACKOFF_START_S = 0.5
 # A slot's lane (sequence batching) holds at most one request per sequence bound to it:
 # maxNumSequence bounds it, not a size of its own.
 LANE_SIZE = 1 << 30
-BACKOFF_MAX_S = 30.0
-# The breaker: this many workers that could not load (one died or failed before it was ready)
-# within FAILURE_WINDOW_S mark the model failed. Workers that were ready, then died, never count:
-# the OOM killer, an operator or a node agent killing served workers is no crash loop, and
-# failing the whole model for it would turn a few 500s into 503s for everyone.
+# Restarting a lost worker, as TorchServe's WorkerThread does: the slot's n-th restart in a
+# row waits BACKOFF_STEPS[n] x BACKOFF_UNIT_S (TorchServe's BACK_OFF, in seconds: 1, 1, 2, 3,
+# 5, ..., the last step from then on); a worker that loads starts the sequence again. A slot
+# whose worker has not loaded for the model's maxRetryTimeoutInSec since it was lost gives up.
+# Workers that load, then die (the OOM killer, an operator, a node agent killing served
+# workers), are restarted for as long as they keep loading: that is no handler that cannot
+# load, and failing the model for them would turn a few 500s into 503s for everyone.
+BACKOFF_STEPS = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987, 1597)
+BACKOFF_UNIT_S = 1.0
+# Loads on demand have no backoff (each request that finds no worker starts one): this many
+# failed ones within FAILURE_WINDOW_S mark the model failed.
 FAILURES_TO_GIVE_UP = 5
 FAILURE_WINDOW_S = 120.0
-# A worker that served this long before it died starts its replacement's backoff afresh: an
-# occasional crash days apart must not leave every restart waiting BACKOFF_MAX_S.
-BACKOFF_RESET_AFTER_S = 60.0
 
 
 class ModelVersion:
@@ -130,7 +134,9 @@ class ModelVersion:
             else None
         )
         self.failed: str | None = None
-        self.recent_failures: list[float] = []
+        self.recent_failures: list[float] = []  # of loads on demand
+        # TorchServe's count of requests in a row that got no answer in time (see _no_answer)
+        self.unanswered = 0
         self.registered_at = time.time()
         self.stage: str | None = None  # what a loading model is doing (building environment, ...)
         self.env_key: str | None = None
@@ -350,29 +356,32 @@ class ModelVersion:
         )
 
     def _note_failure(self, message: str) -> None:
+        """A load on demand failed: enough of them in a row mark the model failed."""
         now = time.monotonic()
         self.recent_failures = [t for t in self.recent_failures if now - t < FAILURE_WINDOW_S]
         self.recent_failures.append(now)
         if len(self.recent_failures) >= FAILURES_TO_GIVE_UP and self.failed is None:
-            self.failed = (
+            self._mark_failed(
                 f"{len(self.recent_failures)} worker failures within {FAILURE_WINDOW_S:g} s;"
                 f" last: {message}"
             )
-            log.error("model %s marked failed: %s", self.label, self.failed)
-            self._fail_queued(ServiceUnavailable(f"model {self.label} has failed"))
+
+    def _mark_failed(self, reason: str) -> None:
+        self.failed = reason
+        log.error("model %s marked failed: %s", self.label, reason)
+        self._fail_queued(ServiceUnavailable(f"model {self.label} has failed"))
 
     async def _run_slot(self, slot: Slot) -> None:
-        """Keep a worker running in ``slot`` until it retires or the model fails: start one,
-        serve it, restart it with backoff when it dies. A failure of the supervision itself (a
-        bug of ours, never the handler's) is logged with its traceback and handled as a worker
-        failure: a start waiting on the slot gets it at once, otherwise the slot starts over
-        after the backoff, so it neither hangs a registration nor leaves a model a worker short
-        without a word."""
-        backoff = BACKOFF_START_S
+        """Keep a worker running in ``slot`` until it retires, the slot gives up (see
+        :meth:`_recover`) or the model fails: start one, serve it, restart it when it is lost. A
+        failure of the supervision itself (a bug of ours, never the handler's) is logged with
+        its traceback and handled as a lost worker: a start waiting on the slot gets it at
+        once, otherwise the slot starts over after the backoff, so it neither hangs a
+        registration nor leaves a model a worker short without a word."""
         gpu = self.gpus.draw()  # once per slot: a restarted worker keeps its GPU
         while not slot.retire.is_set() and self.failed is None:
             try:
-                outcome = await self._run_worker(slot, gpu, backoff)
+                outcome = await self._run_worker(slot, gpu)
             except Exception as exc:
                 log.exception("model %s: unexpected error supervising a worker", self.label)
                 error = InternalError(
@@ -384,15 +393,11 @@ class ModelVersion:
                 if slot.first_start is not None and not slot.first_start.done():
                     slot.first_start.set_exception(error)
                     return
-                self._note_failure(error.message)
-                await self._sleep_unless_retired(slot, backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
-                continue
+                outcome = error.message
             if outcome is Ended.FIRST_START_FAILED:
                 return
-            if outcome is Ended.RETIRED:
+            if outcome is Ended.RETIRED or not await self._recover(slot, outcome):
                 break
-            backoff = outcome
         if slot.worker is not None and slot.worker.state is not WorkerState.STOPPED:
             await slot.worker.stop(5.0)
         if slot.lane is not None and self.sequences is not None and slot not in self.slots:
@@ -401,11 +406,10 @@ class ModelVersion:
         if not self.slots and not others:  # the last worker is gone: nobody will run these
             self._fail_queued(ServiceUnavailable(f"model {self.label} has no workers left"))
 
-    async def _run_worker(self, slot: Slot, gpu: str | None, backoff: float) -> float | Ended:
+    async def _run_worker(self, slot: Slot, gpu: str | None) -> str | Ended:
         """One worker's life in ``slot``: started, served until it retires or is lost. Returns
-        the backoff to restart with, or how it ended otherwise."""
-        worker_id = str(next(_worker_ids))
-        worker = Worker(worker_id, self.label, gpu, self._spec(worker_id, gpu))
+        why it was lost, or how it ended otherwise."""
+        worker = Worker(slot.worker_id, self.label, gpu, self._spec(slot.worker_id, gpu))
         slot.worker = worker
         try:
             try:
@@ -416,19 +420,22 @@ class ModelVersion:
                     f"cannot start a worker for {self.label} with {self.python}: {exc}"
                 ) from exc
         except InvalidModel as exc:
+            if worker.timed_out:
+                self._no_answer(worker)
             log.error("model %s: %s", self.label, exc.message)
             self.last_output = worker.tail()
             if slot.first_start is not None and not slot.first_start.done():
                 slot.first_start.set_exception(exc)
                 return Ended.FIRST_START_FAILED
-            self._note_failure(exc.message)
-            await self._sleep_unless_retired(slot, backoff)
-            return min(backoff * 2, BACKOFF_MAX_S)
+            return exc.message
         if slot.first_start is not None and not slot.first_start.done():
             slot.first_start.set_result(None)
+        slot.backoff_step = 0
+        if slot.recovering_since is not None:
+            slot.recovering_since, slot.losses = None, 0
+            _said_as_torchserve.info("Auto recovery succeeded, reset recoveryStartTS")
         if self.stats.metrics is not None and worker.load_ms is not None:
             self.stats.metrics.worker_loaded(self.name, self.version, worker.id, worker.load_ms)
-        serving_since = time.monotonic()
         queue, others_serve = self.queue, lambda: bool(self.slots)
         if slot.lane is not None:  # a lane's requests wait for this slot alone
             queue, others_serve = slot.lane, lambda: False
@@ -444,16 +451,74 @@ class ModelVersion:
         if ended is None:
             return Ended.RETIRED
         self.last_output = worker.tail()
-        if worker.timed_out:
-            # we killed it for a slow or hung batch: the worker itself was fine, so it is
-            # replaced at once and not counted towards marking the model failed
-            log.warning("model %s: %s; starting a replacement", self.label, ended)
-            return backoff
-        if time.monotonic() - serving_since >= BACKOFF_RESET_AFTER_S:
-            backoff = BACKOFF_START_S
-        log.warning("model %s: %s; restarting in %.1f s", self.label, ended, backoff)
-        await self._sleep_unless_retired(slot, backoff)
-        return min(backoff * 2, BACKOFF_MAX_S)
+        if worker.timed_out:  # we kill it for a slow or hung batch
+            self._no_answer(worker)
+        return ended
+
+    def _no_answer(self, worker: Worker) -> None:
+        """``worker`` passed its startup or response timeout and is killed: TorchServe's two
+        lines (its count of requests in a row without an answer, which an answer from the
+        worker that timed out starts again), which its tests and runbooks wait for."""
+        if worker.answered_batches:
+            self.unanswered = 0
+        self.unanswered += 1
+        _said_as_torchserve.error(
+            "Number or consecutive unsuccessful inference %d", self.unanswered
+        )
+        _said_as_torchserve.error(
+            "Backend worker error\norg.pytorch.serve.wlm.WorkerInitializationException:"
+            " Backend worker did not respond in given time"
+        )
+
+    async def _recover(self, slot: Slot, why: str) -> bool:
+        """``slot`` lost its worker (``why``): restart it after the backoff, as TorchServe's
+        WorkerThread retries (its console lines said in its layout), unless no worker has
+        loaded in the slot for maxRetryTimeoutInSec since it was lost: then the slot gives up
+        (False). The model is marked failed when no other worker serves it, which answers its
+        requests 503 with the reason; otherwise it serves on with fewer workers (``/ping`` says
+        Unhealthy below minWorkers) until it is scaled again."""
+        worker = slot.worker
+        loaded = worker is not None and worker.load_ms is not None
+        state = "WORKER_MODEL_LOADED" if loaded else "WORKER_STARTED"
+        _said_as_torchserve.info("%s Worker disconnected. %s", slot.worker_id, state)
+        now = time.monotonic()
+        slot.losses += 1
+        if slot.recovering_since is None:
+            slot.recovering_since = now
+            _said_as_torchserve.info("Auto recovery start timestamp: %d", time.time() * 1000)
+        else:
+            _said_as_torchserve.warning("Auto recovery failed again")
+        window = max(0.0, float(self.settings.max_retry_timeout_s))
+        if now - slot.recovering_since >= window:
+            self._give_up(slot, why, window)
+            return False
+        slot.backoff_step = min(slot.backoff_step + 1, len(BACKOFF_STEPS) - 1)
+        delay = BACKOFF_STEPS[slot.backoff_step] * BACKOFF_UNIT_S
+        first_line = why.partition("\n")[0].rstrip(": ")
+        log.warning("model %s: %s; restarting in %g s", self.label, first_line, delay)
+        _said_as_torchserve.info("Retry worker: %s in %g seconds.", slot.worker_id, delay)
+        await self._sleep_unless_retired(slot, delay)
+        return True
+
+    def _give_up(self, slot: Slot, why: str, window: float) -> None:
+        tries = "once" if slot.losses == 1 else f"{slot.losses} times"
+        reason = (
+            f"worker {slot.worker_id} was lost {tries} without loading again within"
+            f" maxRetryTimeoutInSec={whole(window)}; last: {why}"
+        )
+        serving = [
+            s for s in self.slots if s is not slot and s.worker and s.worker.state in SERVING
+        ]
+        if not serving:
+            self._mark_failed(reason)
+            return
+        log.error(
+            "model %s: %s; it is not restarted: the model serves with %d worker(s) until it"
+            " is scaled again", self.label, reason, len(serving),
+        )  # fmt: skip
+        if slot in self.slots:
+            self.slots.remove(slot)
+            self._wake_all([slot])
 
     async def _sleep_unless_retired(self, slot: Slot, delay_s: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -464,7 +529,7 @@ class ModelVersion:
         # first start; otherwise failures take the normal restart-with-backoff path instead of
         # ending the slot
         first = asyncio.get_running_loop().create_future() if wait or on_demand else None
-        slot = Slot(first_start=first, on_demand=on_demand)
+        slot = Slot(str(next(_worker_ids)), first_start=first, on_demand=on_demand)
         if self.sequences is not None:
             slot.lane = JobQueue(LANE_SIZE)
         run = self._run_on_demand(slot) if on_demand else self._run_slot(slot)

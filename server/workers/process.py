@@ -34,9 +34,6 @@ from server.workers.launch import Launcher, Process
 from server.workers.ranks import rank_envs
 
 log = logging.getLogger(__name__)
-# TorchServe's words for the same events, which its tests and runbooks wait for: logged in its
-# layout only (server/logs.py)
-_said_as_torchserve = logging.getLogger("org.pytorch.serve.wlm.WorkerThread")
 
 STDERR_TAIL_LINES = 50
 
@@ -106,7 +103,11 @@ class Worker:
         self._channel: Channel | None = None
         self._pipes: list[asyncio.Task[None]] = []
         self._exit_watch: asyncio.Task[None] | None = None
-        self.timed_out = False  # killed by us because a batch passed response_timeout_s
+        # killed by us because it passed startup_timeout_s or a batch response_timeout_s
+        self.timed_out = False
+        # batches it answered (a result or the handler's error): whether it answered anything
+        # before it timed out (TorchServe's count of consecutive unanswered requests)
+        self.answered_batches = 0
         self._killing: asyncio.Future[None] | None = None
         self._batch_ids = 0
         self._on_withdraw: Callable[[Batch, str], None] | None = None
@@ -336,11 +337,8 @@ class Worker:
         try:
             imports = await asyncio.wait_for(self._handshake(), timeout_s)
         except asyncio.TimeoutError:
+            self.timed_out = True
             await self.kill()
-            _said_as_torchserve.error(
-                "Backend worker error\norg.pytorch.serve.wlm.WorkerInitializationException:"
-                " Backend worker did not respond in given time"
-            )
             raise HandlerLoadFailed(
                 f"worker {self.id} of {self.model_label} did not load its handler within"
                 f" startup_timeout_s={timeout_s:g}"
@@ -458,6 +456,7 @@ class Worker:
         finally:
             if channel.in_flight == 0 and self.state is WorkerState.BUSY:
                 self.state = WorkerState.READY
+        self.answered_batches += 1
         if reply.kind == Kind.BATCH_FAILED:
             raise HandlerError(f"handler of {self.model_label} failed: {reply.meta.get('error')}")
         if reply.kind != Kind.RESULT:
@@ -486,6 +485,7 @@ class Worker:
         channel = self._channel
         if channel is not None and channel.in_flight == 0 and self.state is _BUSY:
             self.state = _READY
+        self.answered_batches += 1
         return responses
 
     def result_metrics(self, batch: Batch) -> tuple[float | None, list[MetricEntry]]:

@@ -429,4 +429,4 @@ def test_workers_killed_after_serving_are_restarted_and_the_model_never_answers_
     )  # fmt: skip
     failed = server.predict("broken", {})
     assert failed.status == 503
-    assert "worker failures within 120 s" in failed.json()["message"]
+    assert "without loading again within maxRetryTimeoutInSec=10" in failed.json()["message"]

@@ -3,27 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
 
+from mserve_worker.protocol import RequestItem
 from server.config.model_settings import ModelSettings
 from server.devices import GpuAllocator
-from server.errors import InvalidModel
+from server.errors import InvalidModel, ServiceUnavailable
 from server.models.version import ModelVersion
 from server.workers.launch import Launcher
 
 HANDLERS = Path(__file__).resolve().parent.parent / "handlers"
 
 
-def _model(python: str, launcher: Launcher) -> ModelVersion:
+def _model(
+    python: str,
+    launcher: Launcher,
+    handler: str = "probe:handle",
+    model_dir: Path = HANDLERS / "probe",
+    max_retry_timeout_s: float = 10.0,
+) -> ModelVersion:
     settings = ModelSettings(
         batch_size=1, max_batch_delay_ms=1, response_timeout_s=10, startup_timeout_s=10,
         min_workers=1, max_workers=1, job_queue_size=10, device_ids=None,
+        max_retry_timeout_s=max_retry_timeout_s,
     )  # fmt: skip
     return ModelVersion(
-        name="probe", version="1.0", url="probe.mar", model_dir=HANDLERS / "probe",
-        manifest={"model": {"modelName": "probe"}}, handler="probe:handle", settings=settings,
+        name="probe", version="1.0", url="probe.mar", model_dir=model_dir,
+        manifest={"model": {"modelName": "probe"}}, handler=handler, settings=settings,
         model_yaml_config={}, python=python, gpus=GpuAllocator([]).plan("probe:1.0", None, None), launcher=launcher,
         server_version="test", max_payload_bytes=1 << 20, loaded_at_startup=False,
     )  # fmt: skip
@@ -46,22 +55,9 @@ def test_missing_interpreter_fails_the_registration_instead_of_hanging(fork: boo
     assert "cannot start a worker for probe:1.0 with /nonexistent/bin/python" in message
 
 
-def test_restart_backoff_doubles_and_starts_again_after_a_worker_served_a_while(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Crashes in quick succession double the delay; a worker that served longer than
-    BACKOFF_RESET_AFTER_S before dying restarts the sequence (read from the supervisor's log)."""
-    import logging
-    import os
-    import signal
-    import sys
-
-    import server.models.version as model_module
-    from server.workers.process import WorkerState
-
-    monkeypatch.setattr(model_module, "BACKOFF_START_S", 0.2)
-    monkeypatch.setattr(model_module, "BACKOFF_RESET_AFTER_S", 1.0)
-    monkeypatch.setattr(model_module, "FAILURES_TO_GIVE_UP", 100)
+def _restart_delays() -> tuple[list[str], logging.Handler]:
+    """The delays the supervisor's log gives its restarts ("restarting in 0.05 s"), collected
+    by a handler to remove afterwards."""
     delays: list[str] = []
 
     class Collect(logging.Handler):
@@ -72,28 +68,91 @@ def test_restart_backoff_doubles_and_starts_again_after_a_worker_served_a_while(
 
     handler = Collect()
     logging.getLogger("server.models.version").addHandler(handler)
+    return delays, handler
 
-    async def crash(model: ModelVersion, served_s: float) -> None:
+
+def test_a_worker_that_cannot_load_is_retried_with_torchserves_backoff_until_the_window_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As TorchServe's WorkerThread: a slot whose worker fails to load retries it after 1, 1,
+    2, 3, 5... units, and gives up once none has loaded for maxRetryTimeoutInSec since it was
+    lost; with no other worker serving, the model is marked failed, naming the load error."""
+    import sys
+
+    import server.models.version as model_module
+
+    monkeypatch.setattr(model_module, "BACKOFF_UNIT_S", 0.05)
+    delays, handler = _restart_delays()
+
+    async def scenario() -> tuple[str, str]:
+        launcher = Launcher(use_templates=False)
+        model = _model(sys.executable, launcher, handler="failing_init:FailingModel",
+                       model_dir=HANDLERS / "recovery", max_retry_timeout_s=1.5)  # fmt: skip
+        try:
+            await model.scale(1, 1, synchronous=False)
+            worker_id = model.slots[0].worker_id
+            for _ in range(600):
+                if model.failed is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert model.failed is not None, "the model was not marked failed"
+            with pytest.raises(ServiceUnavailable):
+                model.enqueue(RequestItem("r1", "application/json", [], b"{}"))
+            return model.failed, worker_id
+        finally:
+            await model.stop(5)
+            await launcher.close()
+
+    try:
+        failed, worker_id = asyncio.run(scenario())
+    finally:
+        logging.getLogger("server.models.version").removeHandler(handler)
+    steps = ["0.05 s", "0.05 s", "0.1 s", "0.15 s", "0.25 s", "0.4 s", "0.65 s", "1.05 s"]
+    assert len(delays) >= 3 and delays == steps[: len(delays)], delays
+    tries = len(delays) + 1
+    assert failed.startswith(
+        f"worker {worker_id} was lost {tries} times without loading again within"
+        " maxRetryTimeoutInSec=1.5; last: handler of probe:1.0 failed to load: AssertionError"
+    ), failed
+    assert "in call5" in failed  # the handler's traceback
+
+
+def test_a_worker_that_loaded_restarts_after_one_step_and_keeps_its_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker that loaded, then died, starts its slot's backoff again (TorchServe's reset on
+    load): each restart waits one unit, however many in a row, the model never fails, and the
+    restarted worker keeps the slot's id, as a TorchServe worker keeps its port."""
+    import os
+    import signal
+    import sys
+
+    import server.models.version as model_module
+    from server.workers.process import WorkerState
+
+    monkeypatch.setattr(model_module, "BACKOFF_UNIT_S", 0.05)
+    delays, handler = _restart_delays()
+
+    async def crash(model: ModelVersion) -> None:
         worker = model.slots[0].worker
         assert worker is not None and worker.pid is not None
-        await asyncio.sleep(served_s)
         os.kill(worker.pid, signal.SIGKILL)
         for _ in range(300):  # until the replacement is ready
             await asyncio.sleep(0.05)
             now = model.slots[0].worker
             if now is not worker and now is not None and now.state is WorkerState.READY:
+                assert now.id == worker.id
                 return
         raise AssertionError("no replacement worker")
 
     async def scenario() -> None:
         launcher = Launcher(use_templates=False)
-        model = _model(sys.executable, launcher)
+        model = _model(sys.executable, launcher, max_retry_timeout_s=0.01)
         try:
             await model.scale(1, 1, synchronous=True)
-            for _ in range(3):
-                await crash(model, 0)  # dies at once: 0.2, 0.4, 0.8
-            for _ in range(2):
-                await crash(model, 1.2)  # served past the reset: 0.2, then 0.2 again
+            for _ in range(4):
+                await crash(model)
+            assert model.failed is None
         finally:
             await model.stop(5)
             await launcher.close()
@@ -102,7 +161,7 @@ def test_restart_backoff_doubles_and_starts_again_after_a_worker_served_a_while(
         asyncio.run(scenario())
     finally:
         logging.getLogger("server.models.version").removeHandler(handler)
-    assert delays == ["0.2 s", "0.4 s", "0.8 s", "0.2 s", "0.2 s"]
+    assert delays == ["0.05 s"] * 4
 
 
 def test_a_supervision_error_fails_the_waiting_start_at_once_instead_of_hanging(
@@ -155,7 +214,7 @@ def test_a_supervision_error_after_the_start_restarts_the_slot_with_backoff(
     from server.models.pump import BatchPump
     from server.workers.process import WorkerState
 
-    monkeypatch.setattr(model_module, "BACKOFF_START_S", 0.1)
+    monkeypatch.setattr(model_module, "BACKOFF_UNIT_S", 0.1)
     serve = BatchPump.serve
     calls = []
 
