@@ -24,6 +24,7 @@ def _model(
     handler: str = "probe:handle",
     model_dir: Path = HANDLERS / "probe",
     max_retry_timeout_s: float = 10.0,
+    model_yaml_config: dict | None = None,
 ) -> ModelVersion:
     settings = ModelSettings(
         batch_size=1, max_batch_delay_ms=1, response_timeout_s=10, startup_timeout_s=10,
@@ -33,7 +34,7 @@ def _model(
     return ModelVersion(
         name="probe", version="1.0", url="probe.mar", model_dir=model_dir,
         manifest={"model": {"modelName": "probe"}}, handler=handler, settings=settings,
-        model_yaml_config={}, python=python, gpus=GpuAllocator([]).plan("probe:1.0", None, None), launcher=launcher,
+        model_yaml_config=model_yaml_config or {}, python=python, gpus=GpuAllocator([]).plan("probe:1.0", None, None), launcher=launcher,
         server_version="test", max_payload_bytes=1 << 20, loaded_at_startup=False,
     )  # fmt: skip
 
@@ -162,6 +163,56 @@ def test_a_worker_that_loaded_restarts_after_one_step_and_keeps_its_id(
     finally:
         logging.getLogger("server.models.version").removeHandler(handler)
     assert delays == ["0.05 s"] * 4
+
+
+def test_a_slot_that_gives_up_leaves_the_model_serving_with_its_other_workers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One worker of two is lost and its replacements cannot load (one bad GPU, say): its slot
+    gives up after maxRetryTimeoutInSec, as a TorchServe worker stops retrying, and the model
+    serves on with the other worker instead of failing; a scale adds the slot back."""
+    import json
+    import os
+    import signal
+    import sys
+
+    import server.models.version as model_module
+
+    monkeypatch.setattr(model_module, "BACKOFF_UNIT_S", 0.05)
+    marker = tmp_path / "fail_loads"
+
+    async def scenario() -> None:
+        launcher = Launcher(use_templates=False)
+        model = _model(sys.executable, launcher, handler="gated:Gated",
+                       model_dir=HANDLERS / "recovery", max_retry_timeout_s=0.5,
+                       model_yaml_config={"fail_if": str(marker)})  # fmt: skip
+        try:
+            await model.scale(2, 2, synchronous=True)
+            lost, kept = model.slots
+            assert lost.worker is not None and kept.worker is not None
+            marker.touch()  # from now on no worker loads
+            os.kill(lost.worker.pid or 0, signal.SIGKILL)
+            for _ in range(300):
+                if model.slots == [kept]:
+                    break
+                await asyncio.sleep(0.05)
+            assert model.slots == [kept] and model.failed is None
+            assert not model.healthy()  # below minWorkers: /ping says Unhealthy
+            job = model.enqueue(RequestItem("r1", "application/json", [], b"{}"))
+            answer = await asyncio.wait_for(job.future, 30)
+            assert answer.status == 200
+            assert json.loads(bytes(answer.body))["pid"] == kept.worker.pid
+            marker.unlink()
+            await model.scale(2, 2, synchronous=True)
+            assert len(model.slots) == 2 and model.healthy()
+        finally:
+            await model.stop(5)
+            await launcher.close()
+
+    asyncio.run(scenario())
+    gave_up = [r.getMessage() for r in caplog.records if "it is not restarted" in r.getMessage()]
+    assert gave_up and "the model serves with 1 worker(s) until it is scaled again" in gave_up[0]
+    assert "without loading again within maxRetryTimeoutInSec=0.5; last: handler of" in gave_up[0]
 
 
 def test_a_supervision_error_fails_the_waiting_start_at_once_instead_of_hanging(
