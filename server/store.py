@@ -97,7 +97,8 @@ def _inside(path: Path, store: Path | None, allowed: tuple[str, ...]) -> bool:
     return any(named.is_relative_to(root) or real.is_relative_to(root.resolve()) for root in roots)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB pieces (archives can be gigabytes)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
@@ -111,7 +112,7 @@ CHECKED_SUFFIX = ".checked"
 
 
 def _digest(path: Path, url: str, sha256: str | None, pin: str | None) -> str:
-    digest = sha256 or _sha256(path)
+    digest = sha256 or file_sha256(path)
     if pin is not None and digest != pin:
         raise DigestMismatch(
             f"archive {url}: its sha256 is {digest}, the sha256 parameter asks for {pin}"

@@ -8,7 +8,6 @@ a model manifest of its own (``MAR-INF/MANIFEST.json``) beside the workflow's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import archiver
 from archiver import ArchiverError
 from archiver.workflow import WorkflowManifest, open_workflow_archive
 from server.rundir import write_json_atomic
+from server.store import file_sha256
 from server.workflows.errors import InvalidWorkflow
 
 log = logging.getLogger(__name__)
@@ -35,14 +35,6 @@ class UnpackedWorkflow:
     spec_text: str
     handler_source: str
     sha256: str
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _read(folder: Path, name: str, limit: int, what: str, url: str) -> str:
@@ -68,7 +60,7 @@ def unpack_workflow(
     """Open, check and unpack the ``.war`` at ``path`` (blocking: call it in a thread)."""
     if not path.is_file():
         raise InvalidWorkflow(f"workflow archive {url} is not a file (a .war)")
-    digest = sha256 or _sha256(path)
+    digest = sha256 or file_sha256(path)
     folder = cache / digest
     try:
         with open_workflow_archive(path) as war:
