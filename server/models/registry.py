@@ -18,7 +18,7 @@ from archiver import Manifest
 from mserve_worker.protocol import MAX_U32
 from server import tracing
 from server.config import ModelEntry, ServerConfig
-from server.config.model_settings import SETTINGS, ModelSettings, parallel_settings
+from server.config.model_settings import SETTINGS, ModelSettings, parallel_settings, whole
 from server.devices import GpuAllocator
 from server.download import Downloader, Progress, is_remote
 from server.errors import (
@@ -256,13 +256,18 @@ class Registry:
             await self._drop(model)
             raise
         if request.synchronous:
+            # TorchServe's layout retries a startup model's workers as it does lost ones
+            retry = request.at_startup and cfg.torchserve
             try:
-                await self._prepare(model, env, wait=True)
+                await self._prepare(model, env, wait=True, keep_trying=retry)
             except MserveError as exc:
                 if not (request.at_startup and model.prepared):
                     await self._drop(model)
                     raise
-                self._keep_failed(model, exc)
+                if retry and model.slots and model.failed is None:
+                    self._keep_retrying(model, exc)
+                else:
+                    self._keep_failed(model, exc)
             except BaseException:
                 await self._drop(model)
                 raise
@@ -313,8 +318,11 @@ class Registry:
             isolated=bool(config.get("isolatedEnv", False)),
         )
 
-    async def _prepare(self, model: ModelVersion, env: EnvRequest | None, wait: bool) -> None:
-        """Build (or reuse) the model's environment, then start its workers."""
+    async def _prepare(
+        self, model: ModelVersion, env: EnvRequest | None, wait: bool, keep_trying: bool = False
+    ) -> None:
+        """Build (or reuse) the model's environment, then start its workers (``keep_trying``:
+        see :meth:`ModelVersion.scale`)."""
         with tracing.span("mserve.model.load", **{
             "mserve.model": model.name, "mserve.model_version": model.version
         }):  # fmt: skip
@@ -328,8 +336,9 @@ class Registry:
             model.stage = "starting workers" if wait else None
             model.prepared = True  # from now on a request finding no worker starts one
             await model.scale(
-                model.settings.min_workers, model.settings.max_workers, wait, source=None
-            )
+                model.settings.min_workers, model.settings.max_workers, wait, source=None,
+                keep_trying=keep_trying,
+            )  # fmt: skip
             model.stage = None
 
     def _keep_failed(self, model: ModelVersion, error: MserveError) -> None:
@@ -337,12 +346,26 @@ class Registry:
         could not load stays registered, marked failed as the breaker marks one: describe shows
         the failure, requests get 503 naming it, ``/ping`` is Unhealthy, and the snapshot keeps
         it, until a scale (``PUT /models/{name}?min_worker=N``) tries again or it is
-        unregistered. TorchServe also keeps such a model (its workers retry for ever)."""
+        unregistered. In TorchServe's layout this comes only once its workers gave up
+        retrying (:meth:`_keep_retrying`), or when none could be started at all."""
         model.stage = None
-        model.failed = error.message
+        if model.failed is None:  # else its workers gave up already, and said so
+            model.failed = error.message
         log.error(
             "startup model %s failed to load: %s (kept as failed: requests get 503 until it is"
             " scaled again or unregistered)", model.label, error.message,
+        )  # fmt: skip
+
+    def _keep_retrying(self, model: ModelVersion, error: MserveError) -> None:
+        """TorchServe's layout: a startup model whose workers failed their first load is not
+        failed yet. They are retried with the backoff for maxRetryTimeoutInSec, as TorchServe
+        retries them (server/models/version.py), requests waiting in its queue meanwhile; the
+        start goes on. A slot that gives up with no worker serving marks the model failed."""
+        model.stage = None
+        log.warning(
+            "startup model %s failed to load: %s; its workers are retried for up to"
+            " maxRetryTimeoutInSec=%s s, requests waiting meanwhile",
+            model.label, error.message, whole(model.settings.max_retry_timeout_s),
         )  # fmt: skip
 
     async def _prepare_in_background(self, model: ModelVersion, env: EnvRequest | None) -> None:

@@ -31,6 +31,9 @@ class Slot:
     first_start: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
     on_demand: bool = False  # started by a request to a model that had no worker
+    # a failed first start is told to whoever waits on it, and the slot retries all the same,
+    # as after a lost worker (a startup model in TorchServe's layout); else the slot ends
+    keep_trying: bool = False
     lane: JobQueue | None = None  # sequence batching: the requests of its sequences
     # its recovery, as TorchServe's WorkerThread keeps it: when it lost its worker with none
     # loaded since (monotonic; None while a worker is loaded), the losses since, and how far

@@ -369,7 +369,8 @@ class ModelVersion:
     def _mark_failed(self, reason: str) -> None:
         self.failed = reason
         log.error("model %s marked failed: %s", self.label, reason)
-        self._fail_queued(ServiceUnavailable(f"model {self.label} has failed"))
+        # the requests that waited get the answer the next ones get
+        self._fail_queued(ServiceUnavailable(f"model {self.label} has failed: {reason}"))
 
     async def _run_slot(self, slot: Slot) -> None:
         """Keep a worker running in ``slot`` until it retires, the slot gives up (see
@@ -392,7 +393,8 @@ class ModelVersion:
                     await worker.kill()
                 if slot.first_start is not None and not slot.first_start.done():
                     slot.first_start.set_exception(error)
-                    return
+                    if not slot.keep_trying:
+                        return
                 outcome = error.message
             if outcome is Ended.FIRST_START_FAILED:
                 return
@@ -426,7 +428,8 @@ class ModelVersion:
             self.last_output = worker.tail()
             if slot.first_start is not None and not slot.first_start.done():
                 slot.first_start.set_exception(exc)
-                return Ended.FIRST_START_FAILED
+                if not slot.keep_trying:
+                    return Ended.FIRST_START_FAILED
             return exc.message
         if slot.first_start is not None and not slot.first_start.done():
             slot.first_start.set_result(None)
@@ -524,12 +527,15 @@ class ModelVersion:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(slot.retire.wait(), delay_s)
 
-    def _add_slot(self, wait: bool, on_demand: bool = False) -> Slot:
+    def _add_slot(self, wait: bool, on_demand: bool = False, keep_trying: bool = False) -> Slot:
         # only a synchronous caller (or a request waiting for an on-demand load) waits on the
         # first start; otherwise failures take the normal restart-with-backoff path instead of
-        # ending the slot
+        # ending the slot. ``keep_trying``: the caller is told of a failed first start and the
+        # slot takes that path all the same
         first = asyncio.get_running_loop().create_future() if wait or on_demand else None
-        slot = Slot(str(next(_worker_ids)), first_start=first, on_demand=on_demand)
+        slot = Slot(
+            str(next(_worker_ids)), first_start=first, on_demand=on_demand, keep_trying=keep_trying
+        )
         if self.sequences is not None:
             slot.lane = JobQueue(LANE_SIZE)
         run = self._run_on_demand(slot) if on_demand else self._run_slot(slot)
@@ -621,9 +627,12 @@ class ModelVersion:
         return out
 
     async def scale(
-        self, min_workers: int, max_workers: int | None, synchronous: bool, source: str = "api"
-    ) -> None:
+        self, min_workers: int, max_workers: int | None, synchronous: bool, source: str = "api",
+        keep_trying: bool = False,
+    ) -> None:  # fmt: skip
         """Bring the worker count to ``min_workers``; with ``synchronous`` wait for them.
+        ``keep_trying`` (a startup model in TorchServe's layout): new workers that fail to load
+        are retried with the backoff, as lost workers are, while this raises their first error.
 
         New workers must fit the server's budget (server/models/residency.py) like loads on demand:
         idle models are evicted for them, or the call waits up to ``load_wait_s`` and raises
@@ -648,7 +657,10 @@ class ModelVersion:
         self.failed = None
         self.recent_failures = []
         # no await since the admission: the slots exist before the next one is counted
-        new = [self._add_slot(synchronous) for _ in range(min_workers - len(self.slots))]
+        new = [
+            self._add_slot(synchronous, keep_trying=keep_trying)
+            for _ in range(min_workers - len(self.slots))
+        ]
         retire = len(self.slots) - min_workers
         retired: list[Slot] = []
         if retire > 0:
@@ -656,19 +668,20 @@ class ModelVersion:
             retired = order[:retire]
             self._retire(retired)
         if synchronous:
-            await self._await_started(new)
+            await self._await_started(new, keep_trying)
             await asyncio.gather(*(s.task for s in retired if s.task is not None))
 
-    async def _await_started(self, slots: list[Slot]) -> None:
+    async def _await_started(self, slots: list[Slot], keep_trying: bool = False) -> None:
         starts = [s.first_start for s in slots if s.first_start is not None]
         outcomes = await asyncio.gather(*starts, return_exceptions=True)
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         if errors:
-            for slot in slots:
-                slot.retire.set()
-                if slot in self.slots:
-                    self.slots.remove(slot)
-            self._wake_all(slots)
+            if not keep_trying:  # the slots go; kept, they retry (see :meth:`_recover`)
+                for slot in slots:
+                    slot.retire.set()
+                    if slot in self.slots:
+                        self.slots.remove(slot)
+                self._wake_all(slots)
             first = errors[0]
             raise first if isinstance(first, MserveError) else InvalidModel(str(first))
 

@@ -5,7 +5,8 @@ folder (tests/server/test_torchserve_layout.py's harness), answers over REST and
 
 - a config snapshot that names an archive no longer in the model store stops the start; one
   whose archive was replaced by a file that is no archive starts (TorchServe's test expects it);
-- a startup model whose handler cannot load stays registered, failed: 503 naming the error;
+- a startup model whose handler cannot load stays registered, retried, then failed: 503
+  naming the error;
 - ``GET /models`` entries have TorchServe's two keys;
 - the model API's refusal over gRPC is TorchServe's ``PERMISSION_DENIED`` "Model API disabled";
   a registration URL holding ``..`` is its 404 "Relative path is not allowed in url: ...".
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 import pytest
@@ -22,6 +25,7 @@ import pytest
 from server.rpc.protos import management_pb2 as mpb
 from server.rpc.protos import management_pb2_grpc
 from server.ts_config import parse_properties
+from tests.server.conftest import wait_until
 from tests.server.test_torchserve_layout import TORCHSERVE, Console, TorchServeDir
 from tests.server.test_torchserve_layout import ts_dir as layout_ts_dir  # noqa: F401
 
@@ -44,8 +48,13 @@ def _grpc_error(ts_dir: TorchServeDir, method: str, request: object) -> tuple[Co
     return err.value.code(), err.value.details()
 
 
-def test_startup_failures_and_a_snapshot_whose_archive_is_gone(ts_dir: TorchServeDir) -> None:
+def test_startup_failures_and_a_snapshot_whose_archive_is_gone(
+    ts_dir: TorchServeDir, make_archive: Callable[..., Path], tmp_path: Path
+) -> None:
     store = (ts_dir.root / "model_store").resolve()
+    config = tmp_path / "model_config.yaml"  # broken is retried for 1 s, not 300
+    config.write_text("maxRetryTimeoutInSec: 1\n")
+    make_archive("bad_import", "broken", "broken", "-c", str(config))
     ts_dir.start("--model-store", "model_store", "--models", "echo.mar", "printer=printer.mar",
                  "broken=broken.mar", "--ts-config", "config.properties")  # fmt: skip
 
@@ -55,16 +64,20 @@ def test_startup_failures_and_a_snapshot_whose_archive_is_gone(ts_dir: TorchServ
         {"modelName": n, "modelUrl": f"{n}.mar"} for n in ("broken", "echo", "printer")
     ]
 
-    # a startup model whose handler cannot load stays, failed: 503 naming the load error
+    # a startup model whose handler cannot load stays: retried for maxRetryTimeoutInSec
+    # (the request waits meanwhile), then failed: 503 naming the load error
     failed = ts_dir.call("inference", "POST", "/predictions/broken", b"x")
     assert failed.status == 503 and failed.json()["type"] == "ServiceUnavailableException"
-    assert failed.json()["message"].startswith(
-        "model broken:1.0 has failed: handler of broken:1.0 failed to load: ModuleNotFoundError:"
-        " No module named 'mserve_test_missing_dependency'"
-    ), failed.body
+    message = failed.json()["message"]
+    assert message.startswith("model broken:1.0 has failed: worker "), message
+    assert (
+        "; last: handler of broken:1.0 failed to load: ModuleNotFoundError: No module named"
+        " 'mserve_test_missing_dependency'"
+    ) in message, message
     described = ts_dir.call("management", "GET", "/models/broken").json()[0]
     assert described["status"] == "FAILED" and "ModuleNotFoundError" in described["failure"]
-    assert ts_dir.status["models"]["broken"].startswith("failed: handler of broken:1.0")
+    wait_until(lambda: ts_dir.status["models"]["broken"].startswith("failed: worker "), 10,
+               "broken failed in the status file")  # fmt: skip
 
     # the model API is off (TorchServe's default): gRPC says so in TorchServe's words
     assert _grpc_error(ts_dir, "RegisterModel", mpb.RegisterModelRequest(url="echo.mar")) == (
@@ -79,7 +92,8 @@ def test_startup_failures_and_a_snapshot_whose_archive_is_gone(ts_dir: TorchServ
     ts_dir.start("--model-store", "model_store")
     assert ts_dir.call("inference", "POST", "/predictions/echo", b"back").body == b"back"
     assert ts_dir.status["models"]["printer"].startswith("failed: cannot load archive")
-    assert ts_dir.status["models"]["broken"].startswith("failed: handler of broken:1.0")
+    wait_until(lambda: ts_dir.status["models"]["broken"].startswith("failed: worker "), 30,
+               "broken failed again in the status file")  # fmt: skip
     assert ts_dir.command("--stop", "--foreground").returncode == 0
     # printer is kept in the snapshots, as TorchServe (which registered it) would keep it
     shutdown = ts_dir.root / "logs" / "config" / ts_dir.snapshots()[-1]

@@ -159,3 +159,34 @@ def test_a_handler_that_cannot_initialize_is_retried_with_its_traceback_each_tim
         " load: AssertionError"
     ), message
     assert ts_dir.call("management", "GET", "/models/test_model").json()[0]["status"] == "FAILED"
+
+
+def test_a_startup_model_that_cannot_load_is_retried_after_the_start(
+    ts_dir: TorchServeDir, make_archive: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A model given at start whose handler cannot load is retried as a lost worker is (not
+    failed at its first failed load): ``torchserve --start`` returns once the first load has
+    failed, requests wait in the model's queue meanwhile, and once maxRetryTimeoutInSec has
+    passed the model is failed and the waiting request gets the 503 naming the load error."""
+    config = tmp_path / "model_config.yaml"
+    config.write_text("maxRetryTimeoutInSec: 4\n")
+    make_archive("recovery", "failing_init:FailingModel", "test_model", "-c", str(config))
+    console = ts_dir.start("--ncs", "--model-store", "model_store", "--models",
+                           "test_model.mar", "--ts-config", "config.properties")  # fmt: skip
+    started = console.lines.index("Model server started.")
+    assert any("AssertionError" in line for line in console.lines[:started]), console.text
+    described = ts_dir.call("management", "GET", "/models/test_model").json()[0]
+    assert described["status"] != "FAILED", described
+    worker = described["workers"][0]["id"]
+    reply = ts_dir.call("inference", "POST", "/predictions/test_model", b"1")  # waits
+    assert reply.status == 503, reply.body
+    assert reply.json()["message"].startswith(
+        f"model test_model:1.0 has failed: worker {worker} was lost 4 times without loading"
+        " again within maxRetryTimeoutInSec=4; last: handler of test_model:1.0 failed to"
+        " load: AssertionError"
+    ), reply.body
+    retry = _after(console, started, "Retry worker")
+    _line(console, retry, "INFO", f"Retry worker: {worker} in 1 seconds.")
+    failed = _after(console, retry, "marked failed")
+    assert sum("Retry worker" in line for line in console.lines[:failed]) == 3
+    assert ts_dir.call("management", "GET", "/models/test_model").json()[0]["status"] == "FAILED"
