@@ -191,10 +191,24 @@ class JsonFormatter(logging.Formatter):
         return f"{stamp}.{int(record.msecs):03d}{zone[:3]}:{zone[3:]}"
 
 
+def worker_facts(model: str, version: str, worker_id: str) -> dict[str, str]:
+    """What a line about one worker carries (``log.info(..., extra=worker_facts(...))``): the
+    JSON lines show the three facts, TorchServe's layout names the worker's thread from them."""
+    return {"model": model, "version": version, "worker": worker_id}
+
+
+def _worker_thread(worker_id: object, model: object, version: object) -> str:
+    """TorchServe's name for a worker's thread (its WorkerThread's getWorkerName)."""
+    return f"W-{worker_id}-{model}_{version}"
+
+
 class TorchServeFormatter(logging.Formatter):
     """TorchServe's log4j2 line, ``2024-05-01T12:00:00,123 [INFO ] thread logger - message``,
-    for tools that parse its files. A worker's output line is written as TorchServe writes it:
-    thread ``W-9000-<model>_<version>-stdout``, logger ``MODEL_LOG``, the line as printed."""
+    for tools that parse its files. A line about a worker (:func:`worker_facts`) names the
+    worker's thread, ``W-9000-<model>_<version>``, as TorchServe's WorkerThread lines do; other
+    lines ``main``. A worker's output line is written as TorchServe writes it: thread
+    ``W-9000-<model>_<version>-stdout`` (or ``-stderr``), logger ``MODEL_LOG``, the line as
+    printed."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s [%(ts_level)-5s] %(ts_thread)s %(ts_logger)s - %(message)s")
@@ -208,14 +222,21 @@ class TorchServeFormatter(logging.Formatter):
         worker_line = record.name.startswith("mserve.model.") and isinstance(record.args, tuple)
         if worker_line and len(record.args) == 2:  # type: ignore[arg-type]
             worker_id, line = record.args  # type: ignore[misc]
-            label = record.name[len("mserve.model.") :].replace(":", "_")
-            record.ts_thread = f"W-{worker_id}-{label}-{getattr(record, 'stream', 'stdout')}"
+            model, _, version = record.name[len("mserve.model.") :].partition(":")
+            thread = _worker_thread(worker_id, model, version)
+            record.ts_thread = f"{thread}-{getattr(record, 'stream', 'stdout')}"
             record.ts_logger = "MODEL_LOG"
             record.msg, record.args = "%s", (line,)
             try:
                 return super().format(record)
             finally:
                 record.msg, record.args = "[worker %s] %s", (worker_id, line)
-        record.ts_thread = "main" if record.threadName == "MainThread" else record.threadName
+        worker = record.__dict__.get("worker")
+        if worker is not None:
+            record.ts_thread = _worker_thread(
+                worker, record.__dict__.get("model"), record.__dict__.get("version")
+            )
+        else:
+            record.ts_thread = "main" if record.threadName == "MainThread" else record.threadName
         record.ts_logger = ts_logger_name(record.name)
         return super().format(record)

@@ -36,6 +36,7 @@ from server.errors import (
     TooManyRequests,
 )
 from server.inference_log import InferenceLogger
+from server.logs import worker_facts
 from server.metrics.model_stats import ModelStats
 from server.metrics.server_metrics import Metrics
 from server.models.batching import Job, JobQueue, QueueFull
@@ -384,7 +385,8 @@ class ModelVersion:
             try:
                 outcome = await self._run_worker(slot, gpu)
             except Exception as exc:
-                log.exception("model %s: unexpected error supervising a worker", self.label)
+                log.exception("model %s: unexpected error supervising a worker", self.label,
+                              extra=self._about(slot.worker_id))  # fmt: skip
                 error = InternalError(
                     f"internal error supervising a worker of {self.label}: {exc!r}"
                 )
@@ -424,7 +426,7 @@ class ModelVersion:
         except InvalidModel as exc:
             if worker.timed_out:
                 self._no_answer(worker)
-            log.error("model %s: %s", self.label, exc.message)
+            log.error("model %s: %s", self.label, exc.message, extra=self._about(worker.id))
             self.last_output = worker.tail()
             if slot.first_start is not None and not slot.first_start.done():
                 slot.first_start.set_exception(exc)
@@ -436,7 +438,9 @@ class ModelVersion:
         slot.backoff_step = 0
         if slot.recovering_since is not None:
             slot.recovering_since, slot.losses = None, 0
-            _said_as_torchserve.info("Auto recovery succeeded, reset recoveryStartTS")
+            _said_as_torchserve.info(
+                "Auto recovery succeeded, reset recoveryStartTS", extra=self._about(worker.id)
+            )
         if self.stats.metrics is not None and worker.load_ms is not None:
             self.stats.metrics.worker_loaded(self.name, self.version, worker.id, worker.load_ms)
         queue, others_serve = self.queue, lambda: bool(self.slots)
@@ -465,13 +469,18 @@ class ModelVersion:
         if worker.answered_batches:
             self.unanswered = 0
         self.unanswered += 1
+        about = self._about(worker.id)
         _said_as_torchserve.error(
-            "Number or consecutive unsuccessful inference %d", self.unanswered
+            "Number or consecutive unsuccessful inference %d", self.unanswered, extra=about
         )
         _said_as_torchserve.error(
             "Backend worker error\norg.pytorch.serve.wlm.WorkerInitializationException:"
-            " Backend worker did not respond in given time"
-        )
+            " Backend worker did not respond in given time", extra=about,
+        )  # fmt: skip
+
+    def _about(self, worker_id: str) -> dict[str, str]:
+        """The facts a log line about one of its workers carries (server/logs.py)."""
+        return worker_facts(self.name, self.version, worker_id)
 
     async def _recover(self, slot: Slot, why: str) -> bool:
         """``slot`` lost its worker (``why``): restart it after the backoff, as TorchServe's
@@ -483,14 +492,17 @@ class ModelVersion:
         worker = slot.worker
         loaded = worker is not None and worker.load_ms is not None
         state = "WORKER_MODEL_LOADED" if loaded else "WORKER_STARTED"
-        _said_as_torchserve.info("%s Worker disconnected. %s", slot.worker_id, state)
+        about = self._about(slot.worker_id)  # TorchServe's lines, on its worker's thread
+        _said_as_torchserve.info("%s Worker disconnected. %s", slot.worker_id, state, extra=about)
         now = time.monotonic()
         slot.losses += 1
         if slot.recovering_since is None:
             slot.recovering_since = now
-            _said_as_torchserve.info("Auto recovery start timestamp: %d", time.time() * 1000)
+            _said_as_torchserve.info(
+                "Auto recovery start timestamp: %d", time.time() * 1000, extra=about
+            )
         else:
-            _said_as_torchserve.warning("Auto recovery failed again")
+            _said_as_torchserve.warning("Auto recovery failed again", extra=about)
         window = max(0.0, float(self.settings.max_retry_timeout_s))
         if now - slot.recovering_since >= window:
             self._give_up(slot, why, window)
@@ -498,8 +510,10 @@ class ModelVersion:
         slot.backoff_step = min(slot.backoff_step + 1, len(BACKOFF_STEPS) - 1)
         delay = BACKOFF_STEPS[slot.backoff_step] * BACKOFF_UNIT_S
         first_line = why.partition("\n")[0].rstrip(": ")
-        log.warning("model %s: %s; restarting in %g s", self.label, first_line, delay)
-        _said_as_torchserve.info("Retry worker: %s in %g seconds.", slot.worker_id, delay)
+        log.warning("model %s: %s; restarting in %g s", self.label, first_line, delay, extra=about)
+        _said_as_torchserve.info(
+            "Retry worker: %s in %g seconds.", slot.worker_id, delay, extra=about
+        )
         await self._sleep_unless_retired(slot, delay)
         return True
 
@@ -518,6 +532,7 @@ class ModelVersion:
         log.error(
             "model %s: %s; it is not restarted: the model serves with %d worker(s) until it"
             " is scaled again", self.label, reason, len(serving),
+            extra=self._about(slot.worker_id),
         )  # fmt: skip
         if slot in self.slots:
             self.slots.remove(slot)

@@ -29,6 +29,7 @@ from mserve_worker.imports import valid_names
 from mserve_worker.protocol import Frame, Kind, MetricEntry, RequestItem, ResponseItem
 from server.config.model_settings import Parallel
 from server.errors import HandlerError, HandlerLoadFailed, WorkerDied, WorkerTimeout
+from server.logs import worker_facts
 from server.workers.channel import Batch, BatchExpired, Channel, ChannelClosed
 from server.workers.launch import Launcher, Process
 from server.workers.ranks import rank_envs
@@ -118,6 +119,12 @@ class Worker:
         self.lost_rank: Worker | None = None  # the rank whose end ended the group
         self._on_exit: Callable[[Worker], None] | None = None
         self._stopping = False
+
+    @property
+    def facts(self) -> dict[str, str]:
+        """What a log line about this worker carries (server/logs.py)."""
+        init = self.spec.init
+        return worker_facts(str(init.get("model_name")), str(init.get("model_version")), self.id)
 
     @property
     def pid(self) -> int | None:
@@ -236,7 +243,8 @@ class Worker:
         if self.lost_rank is None:
             self.lost_rank = rank
             if rank is not self:
-                log.warning("%s; killing worker %s's other ranks", rank.exit_text(), self.id)
+                log.warning("%s; killing worker %s's other ranks", rank.exit_text(), self.id,
+                            extra=self.facts)  # fmt: skip
         for other in (self, *self.peers):
             proc = other._proc
             if other is not rank and proc is not None and proc.returncode is None:
@@ -332,8 +340,9 @@ class Worker:
         )
         self._exit_watch = asyncio.create_task(self._watch_exit())
         log.info(
-            "worker %s of %s started, pid %s, gpu %s", self.id, self.model_label, self.pid, self.gpu
-        )
+            "worker %s of %s started, pid %s, gpu %s", self.id, self.model_label, self.pid,
+            self.gpu, extra=self.facts,
+        )  # fmt: skip
         try:
             imports = await asyncio.wait_for(self._handshake(), timeout_s)
         except asyncio.TimeoutError:
@@ -379,18 +388,20 @@ class Worker:
         log.info(
             "worker %s of %s ready in %.2f s (handler style %s)",
             self.id, self.model_label, time.time() - self.started_at, self.style,
+            extra=self.facts,
         )  # fmt: skip
         unusable = reply.meta.get("gpu_unusable")
         if isinstance(unusable, str):
             log.warning("worker %s of %s was given GPU %s but cannot use it: %s",
-                        self.id, self.model_label, self.gpu, unusable)  # fmt: skip
+                        self.id, self.model_label, self.gpu, unusable,
+                        extra=self.facts)  # fmt: skip
         if "imports" not in reply.meta:
             return None
         try:
             return valid_names(reply.meta["imports"])
         except ValueError as exc:
             log.warning("worker %s of %s reported unusable imports (%s); ignored",
-                        self.id, self.model_label, exc)  # fmt: skip
+                        self.id, self.model_label, exc, extra=self.facts)  # fmt: skip
             return None
 
     def tail(self, lines: int = 20) -> str:
@@ -503,7 +514,8 @@ class Worker:
         except protocol.ProtocolError as exc:
             if not self._bad_metrics_logged:
                 self._bad_metrics_logged = True
-                log.warning("worker %s sent malformed metrics (dropped): %s", self.id, exc)
+                log.warning("worker %s sent malformed metrics (dropped): %s", self.id, exc,
+                            extra=self.facts)  # fmt: skip
             return None, []
 
     def _responses(self, batch_id: int, reply: Frame, size: int) -> list[ResponseItem]:
@@ -568,13 +580,14 @@ class Worker:
                 await asyncio.wait_for(self._proc.wait(), deadline_s)
             except asyncio.TimeoutError:
                 log.warning(
-                    "worker %s ignored channel close for %.1f s; SIGTERM", self.id, deadline_s
-                )
+                    "worker %s ignored channel close for %.1f s; SIGTERM", self.id, deadline_s,
+                    extra=self.facts,
+                )  # fmt: skip
                 self._proc.terminate()
                 try:
                     await asyncio.wait_for(self._proc.wait(), 2.0)
                 except asyncio.TimeoutError:
-                    log.warning("worker %s ignored SIGTERM; SIGKILL", self.id)
+                    log.warning("worker %s ignored SIGTERM; SIGKILL", self.id, extra=self.facts)
                     await self.kill()
         await self._close()
         self.state = WorkerState.STOPPED

@@ -58,3 +58,7 @@ def test_json_logs_request_ids_and_the_clients_trace_id(make_archive, start_serv
     worker_lines = [e for e in entries if e.get("model") == "echo"]
     assert worker_lines and all(e["worker"].isdigit() for e in worker_lines)
     assert any("trace_echo was asked to fail" in e["message"] for e in worker_lines)
+    # and so do the server's lines about one worker
+    ready = next(e for e in entries if " of echo:1.0 ready in " in e["message"])
+    assert (ready["model"], ready["version"]) == ("echo", "1.0"), ready
+    assert ready["message"].startswith(f"worker {ready['worker']} of echo:1.0 ready"), ready

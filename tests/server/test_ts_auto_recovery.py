@@ -9,7 +9,9 @@ stdout read line by line.
   ``Auto recovery start timestamp: <ms>``, ``Retry worker: <id> in <n> seconds.``, ``Auto
   recovery succeeded, reset recoveryStartTS``;
 - a handler whose ``initialize`` fails is retried (1, 1, 2 seconds...) with its traceback on
-  the console each time until ``maxRetryTimeoutInSec`` has passed, then the model is failed.
+  the console each time until ``maxRetryTimeoutInSec`` has passed, then the model is failed;
+- those lines name the worker's thread as TorchServe's do (``W-9000-<model>_<version>``, and
+  ``-stdout``/``-stderr`` after it for the worker's own output).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from tests.server.test_torchserve_layout import Console, TorchServeDir
 from tests.server.test_torchserve_layout import ts_dir as layout_ts_dir  # noqa: F401
 
 TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{3}"
-THREAD_LOGGER = r"\S+ org\.pytorch\.serve\.wlm\.WorkerThread - "
+LOGGER = r"org\.pytorch\.serve\.wlm\.WorkerThread - "
 
 
 @pytest.fixture
@@ -46,10 +48,10 @@ def _after(console: Console, start: int, text: str, timeout_s: float = 30.0) -> 
     return found[0]
 
 
-def _line(console: Console, at: int, level: str, message: str) -> None:
-    assert re.fullmatch(rf"{TS} \[{level} *\] {THREAD_LOGGER}{message}", console.lines[at]), (
-        console.lines[at]
-    )
+def _line(console: Console, at: int, level: str, message: str, thread: str) -> None:
+    """Line ``at`` is TorchServe's WorkerThread saying ``message`` on ``thread``."""
+    pattern = rf"{TS} \[{level} *\] {re.escape(thread)} {LOGGER}{message}"
+    assert re.fullmatch(pattern, console.lines[at]), console.lines[at]
 
 
 def test_a_worker_that_stops_answering_or_exits_recovers_as_torchserves_does(
@@ -63,21 +65,26 @@ def test_a_worker_that_stops_answering_or_exits_recovers_as_torchserves_does(
     query = "url=tp_model.mar&initial_workers=1&synchronous=true&batch_size=1"
     assert ts_dir.call("management", "POST", f"/models?{query}").status == 200
     worker = ts_dir.call("management", "GET", "/models/tp_model").json()[0]["workers"][0]["id"]
-    _after(console, 0, "[xxx] Model initialization ... DONE")
+    thread = f"W-{worker}-tp_model_1.0"  # TorchServe's WorkerThread's name
+    loaded = _after(console, 0, "[xxx] Model initialization ... DONE")
+    assert re.fullmatch(  # the worker's stdout, as TorchServe's reader thread logs it
+        rf"{TS} \[INFO \] {thread}-stdout MODEL_LOG - \[xxx\] Model initialization \.\.\. DONE !!",
+        console.lines[loaded],
+    ), console.lines[loaded]
 
     # TorchServe's test_auto_recover: a request the worker does not answer in time
     start = len(console.lines)
     reply = ts_dir.call("inference", "POST", "/predictions/tp_model", b"42")
     assert reply.status == 500
     count = _after(console, start, "Number or consecutive unsuccessful inference")
-    _line(console, count, "ERROR", "Number or consecutive unsuccessful inference 1")
+    _line(console, count, "ERROR", "Number or consecutive unsuccessful inference 1", thread)
     assert "Backend worker error" in console.lines[count + 1]
     gone = _after(console, count, "Worker disconnected")
-    _line(console, gone, "INFO", f"{worker} Worker disconnected. WORKER_MODEL_LOADED")
+    _line(console, gone, "INFO", f"{worker} Worker disconnected. WORKER_MODEL_LOADED", thread)
     began = _after(console, gone, "Auto recovery start timestamp")
-    _line(console, began, "INFO", r"Auto recovery start timestamp: \d{13}")
+    _line(console, began, "INFO", r"Auto recovery start timestamp: \d{13}", thread)
     retry = _after(console, began, "Retry worker")
-    _line(console, retry, "INFO", f"Retry worker: {worker} in 1 seconds.")
+    _line(console, retry, "INFO", f"Retry worker: {worker} in 1 seconds.", thread)
     done = _after(console, retry, "Auto recovery succeeded, reset recoveryStartTS")
     assert any("Model initialization ... DONE" in line for line in console.lines[retry:done])
     assert not any("Auto recovery failed again" in line for line in console.lines[start:])
@@ -91,20 +98,20 @@ def test_a_worker_that_stops_answering_or_exits_recovers_as_torchserves_does(
     start = len(console.lines)
     assert ts_dir.call("inference", "POST", "/predictions/tp_model", b"42").status == 500
     count = _after(console, start, "Number or consecutive unsuccessful inference")
-    _line(console, count, "ERROR", "Number or consecutive unsuccessful inference 1")
+    _line(console, count, "ERROR", "Number or consecutive unsuccessful inference 1", thread)
     _after(console, count, "Auto recovery succeeded, reset recoveryStartTS")
     assert ts_dir.call("inference", "POST", "/predictions/tp_model", b"42").status == 500
     count = _after(console, count + 1, "Number or consecutive unsuccessful inference")
-    _line(console, count, "ERROR", "Number or consecutive unsuccessful inference 2")
+    _line(console, count, "ERROR", "Number or consecutive unsuccessful inference 2", thread)
     _after(console, count, "Auto recovery succeeded, reset recoveryStartTS")
 
     # a worker whose process ends: the same recovery, without the unanswered count
     start = len(console.lines)
     assert ts_dir.call("inference", "POST", "/predictions/tp_model", b"exit").status == 500
     gone = _after(console, start, "Worker disconnected")
-    _line(console, gone, "INFO", f"{worker} Worker disconnected. WORKER_MODEL_LOADED")
+    _line(console, gone, "INFO", f"{worker} Worker disconnected. WORKER_MODEL_LOADED", thread)
     retry = _after(console, gone, "Retry worker")
-    _line(console, retry, "INFO", f"Retry worker: {worker} in 1 seconds.")
+    _line(console, retry, "INFO", f"Retry worker: {worker} in 1 seconds.", thread)
     _after(console, retry, "Auto recovery succeeded, reset recoveryStartTS")
     assert not any("unsuccessful inference" in line for line in console.lines[start:])
     assert ts_dir.call("inference", "POST", "/predictions/tp_model", b"1").status == 200
@@ -126,26 +133,28 @@ def test_a_handler_that_cannot_initialize_is_retried_with_its_traceback_each_tim
     described = ts_dir.call("management", "GET", "/models/test_model").json()[0]
     assert described["maxRetryTimeoutInSec"] == 4
     worker = described["workers"][0]["id"]
+    thread = f"W-{worker}-test_model_1.0"
     traceback = ["Traceback (most recent call last):", "in initialize", "self.call1()",
                  "in call1", "self.call2()", "in call4", "self.call5()", "in call5",
                  "assert False", "AssertionError"]  # fmt: skip
     at = 0
     for attempt in range(4):  # the first try, then three retries
         end = _after(console, at, "AssertionError")
+        assert console.lines[end].endswith(f" {thread}-stderr MODEL_LOG - AssertionError")
         tried = console.lines[at : end + 1]
         for part in traceback:
             assert any(part in line for line in tried), (attempt, part, "\n".join(tried))
         at = end + 1
         if attempt < 3:
             gone = _after(console, at, "Worker disconnected")
-            _line(console, gone, "INFO", f"{worker} Worker disconnected. WORKER_STARTED")
+            _line(console, gone, "INFO", f"{worker} Worker disconnected. WORKER_STARTED", thread)
             if attempt == 0:
-                _line(console, gone + 1, "INFO", r"Auto recovery start timestamp: \d{13}")
+                _line(console, gone + 1, "INFO", r"Auto recovery start timestamp: \d{13}", thread)
             else:
-                _line(console, gone + 1, "WARN", "Auto recovery failed again")
+                _line(console, gone + 1, "WARN", "Auto recovery failed again", thread)
             delay = (1, 1, 2)[attempt]
             retry = _after(console, gone, "Retry worker")
-            _line(console, retry, "INFO", f"Retry worker: {worker} in {delay} seconds.")
+            _line(console, retry, "INFO", f"Retry worker: {worker} in {delay} seconds.", thread)
             at = retry + 1
     # past maxRetryTimeoutInSec: no retry, the model is failed and says why
     failed = _after(console, at, "marked failed")
@@ -178,6 +187,7 @@ def test_a_startup_model_that_cannot_load_is_retried_after_the_start(
     described = ts_dir.call("management", "GET", "/models/test_model").json()[0]
     assert described["status"] != "FAILED", described
     worker = described["workers"][0]["id"]
+    thread = f"W-{worker}-test_model_1.0"
     reply = ts_dir.call("inference", "POST", "/predictions/test_model", b"1")  # waits
     assert reply.status == 503, reply.body
     assert reply.json()["message"].startswith(
@@ -186,7 +196,7 @@ def test_a_startup_model_that_cannot_load_is_retried_after_the_start(
         " load: AssertionError"
     ), reply.body
     retry = _after(console, started, "Retry worker")
-    _line(console, retry, "INFO", f"Retry worker: {worker} in 1 seconds.")
+    _line(console, retry, "INFO", f"Retry worker: {worker} in 1 seconds.", thread)
     failed = _after(console, retry, "marked failed")
     assert sum("Retry worker" in line for line in console.lines[:failed]) == 3
     assert ts_dir.call("management", "GET", "/models/test_model").json()[0]["status"] == "FAILED"
