@@ -125,8 +125,9 @@ def _start_daemon(
     fresh interpreter: the daemon starts with what was imported and read already. In the
     TorchServe layout the daemon keeps this command's stdout and stderr (its console), as
     TorchServe's server does; otherwise its output goes to ``mserve.out`` in the log folder."""
-    config.log_path.mkdir(parents=True, exist_ok=True)
     out_path = None if config.torchserve else config.log_path / "mserve.out"
+    if out_path is not None:  # TorchServe's layout has no such file (server/logs.py)
+        config.log_path.mkdir(parents=True, exist_ok=True)
     if prefork is not None:
         try:
             prefork.hand_over(config, startup, warnings, out_path)

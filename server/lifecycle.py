@@ -22,6 +22,7 @@ import os
 import signal
 import time
 from collections.abc import Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -500,7 +501,9 @@ def run_server(
     _remove_stale_keys(config)
     if early is None:
         early = start_early(config, models)
-    console = setup_logging(config, foreground)
+    console, no_log_files = setup_logging(config, foreground)
+    if no_log_files:  # said once (TorchServe's layout): no access log either
+        config = replace(config, access_log=False)
     tracing.setup(config)  # before hide_own_environ: the OTEL_* variables are read here
     if config.torchserve:
         answer_as_torchserve()

@@ -20,10 +20,14 @@ from server.config import ServerConfig
 from server.console import ConsoleHandler
 
 
-def setup_logging(config: ServerConfig, foreground: bool) -> ConsoleHandler | None:
+def setup_logging(
+    config: ServerConfig, foreground: bool
+) -> tuple[ConsoleHandler | None, str | None]:
     """The log files, and a console: stderr in the foreground; in the TorchServe layout, stdout
-    (TorchServe's console), daemon or not. The console handler, if any, is returned."""
-    config.log_path.mkdir(parents=True, exist_ok=True)
+    (TorchServe's console), daemon or not. Returns the console handler, if any, and why the
+    log files are not written, if they are not: in the TorchServe layout a log folder that
+    cannot be made or written in is a warning and the console carries the log alone, as
+    TorchServe starts when log4j cannot open its files (elsewhere the error is raised)."""
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
@@ -36,25 +40,44 @@ def setup_logging(config: ServerConfig, foreground: bool) -> ConsoleHandler | No
         said_as_torchserve.addHandler(logging.NullHandler())
     if config.log_layout == "torchserve":
         fmt = TorchServeFormatter()
+    elif config.log_format == "json":
+        fmt = JsonFormatter()
+    problem = None
+    try:
+        _add_files(config, fmt)
+    except OSError as exc:
+        if not config.torchserve:
+            raise
+        problem = (
+            f"log folder {config.log_path} cannot be used ({exc.strerror or exc}): logging to"
+            " the console only, with no ts_log.log, model_log.log or access_log.log, and no"
+            " config snapshots"
+        )
+    if config.torchserve:
+        console: logging.Handler = ConsoleHandler(1)
+    elif foreground:
+        console = logging.StreamHandler()
+    else:
+        return None, problem
+    console.setFormatter(fmt)
+    root.addHandler(console)
+    if problem is not None:
+        logging.getLogger(__name__).warning("%s", problem)
+    return (console if isinstance(console, ConsoleHandler) else None), problem
+
+
+def _add_files(config: ServerConfig, fmt: logging.Formatter) -> None:
+    """The log files in the log folder, made if need be; OSError when they cannot be opened."""
+    config.log_path.mkdir(parents=True, exist_ok=True)
+    if config.log_layout == "torchserve":
         main = _rotating(config.log_path / "ts_log.log")
         models = _rotating(config.log_path / "model_log.log")
         models.setFormatter(fmt)
         logging.getLogger("mserve.model").addHandler(models)  # and on to ts_log.log, as there
     else:
         main = _rotating(config.log_path / "mserve.log")
-        if config.log_format == "json":
-            fmt = JsonFormatter()
     main.setFormatter(fmt)
-    root.addHandler(main)
-    if config.torchserve:
-        console: logging.Handler = ConsoleHandler(1)
-    elif foreground:
-        console = logging.StreamHandler()
-    else:
-        return None
-    console.setFormatter(fmt)
-    root.addHandler(console)
-    return console if isinstance(console, ConsoleHandler) else None
+    logging.getLogger().addHandler(main)
 
 
 _LOG4J_LEVELS = {"WARNING": "WARN", "CRITICAL": "FATAL"}

@@ -242,6 +242,38 @@ def test_log_and_metrics_locations(ts_dir: TorchServeDir, tmp_path: Path) -> Non
     assert [n.rsplit("-", 1)[1] for n in ts_dir.snapshots(logs)] == ["startup.cfg", "shutdown.cfg"]
 
 
+def test_a_log_location_that_cannot_be_made_leaves_the_console_only(
+    ts_dir: TorchServeDir, tmp_path: Path
+) -> None:
+    """TorchServe starts when LOG_LOCATION cannot be written (log4j only complains): so does
+    the ``torchserve`` command, logging to the console only, with one warning naming the
+    folder; the config snapshots it cannot write are warned about, and it serves and stops."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")  # under a file: no folder, whoever runs the test
+    logs = blocker / "logs"
+    console = ts_dir.start("--model-store", "model_store", "--models", "echo.mar",
+                           "--enable-model-api", "--ts-config", "config.properties",
+                           env={"LOG_LOCATION": str(logs)})  # fmt: skip
+    assert not any("Traceback" in line for line in console.lines), console.text
+    warned = [line for line in console.lines if f"log folder {logs} cannot be used" in line]
+    assert len(warned) == 1 and "[WARN ]" in warned[0], console.text
+    assert "logging to the console only" in warned[0], warned[0]
+    assert ts_dir.call("inference", "POST", "/predictions/echo", b"x").body == b"x"
+    # a change would write a config snapshot: it cannot, which is said, and the call succeeds
+    start = len(console.lines)
+    scaled = ts_dir.call("management", "PUT", "/models/echo?min_worker=2&synchronous=true")
+    assert scaled.status == 200, scaled.body
+    wait_until(lambda: any("config snapshot" in line for line in console.lines[start:]), 10,
+               "a line about the snapshot not written")  # fmt: skip
+    assert ts_dir.command("--stop", "--foreground").returncode == 0
+    assert blocker.read_text() == "not a folder"
+    assert not any("Traceback" in line for line in console.lines), console.text
+    # the next start looks for a snapshot to restore there: none, and it starts
+    console = ts_dir.start("--model-store", "model_store", env={"LOG_LOCATION": str(logs)})
+    assert not any("Traceback" in line for line in console.lines), console.text
+    assert ts_dir.command("--stop", "--foreground").returncode == 0
+
+
 def test_snapshots_restore_models_and_workers_across_a_stop_and_start(
     ts_dir: TorchServeDir,
 ) -> None:
