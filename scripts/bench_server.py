@@ -1,6 +1,6 @@
 """Serving benchmark: echo and a small torch MLP through a real mserve, figures printed.
 
-Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--rounds 3]]
+Usage: python scripts/bench_server.py [--duration 10] [--quick] [--batching [--rounds 3] [--lone]]
        python scripts/bench_server.py --ceiling [--rounds 3] [--callgrind 2000]
        python scripts/bench_server.py --lean [--rounds 3] | --profile-start [--fresh]
        python scripts/bench_server.py --inference-log [--rounds 3]
@@ -24,7 +24,12 @@ with ``json.loads``, as a user's own would; mserve's workers decode request bodi
 batch 8 should reach there) and at batch 8 with a 5 ms delay at 1, 16 and 64 connections, one
 worker, with the default ``batch_wait`` (``b8``) and with ``fill`` (``b8 fill``, TorchServe's
 way: what every batch did before ``busy`` existed), each round taking every row in turn; then
-each row's median over the rounds.
+each row's median over the rounds. Each round also prints ``b8/b1`` (and ``fill/b1``): batch 8's
+req/s at 1 connection over batch 1's, taken in the same round (the 1-connection rows swap order
+from one round to the next); the medians come with the median and range of those ratios. By
+``busy``'s design a lone request costs nothing for a batch setting, so ``b8/b1`` should read
+about 1 (``fill`` pays the delay on every request). ``--lone``: only the 1-connection rows. The
+default run prints ``b8/b1`` at 1 connection too, for 1 and 2 workers.
 
 ``--ceiling``: only the echo model (1 worker, 16 connections) next to bare HTTP echo servers
 started in the same run, round by round: a bare protocol over httptools and uvloop (what
@@ -177,10 +182,13 @@ HEADER = (
 )
 
 
-def batching_rows(server: Server, load, body: bytes, duration: int, rounds: int) -> None:
+def batching_rows(
+    server: Server, load, body: bytes, duration: int, rounds: int, lone: bool = False
+) -> None:
     """The MLP at batch 1 and 1 connection, then at batch 8 (5 ms delay) at 1, 16 and 64
-    connections, batch_wait busy and fill, one worker; rows interleaved round by round, then
-    the medians."""
+    connections (``lone``: 1 only), batch_wait busy and fill, one worker; rows interleaved
+    round by round, the 1-connection rows in the opposite order every other round; each
+    round's b8/b1 and fill/b1 at 1 connection; then the medians."""
     batch8 = "&batch_size=8&max_batch_delay=5"
     for name, query in (("mlp", ""), ("mlp8", batch8), ("mlp8f", batch8 + "&batch_wait=fill")):
         s, b = server.request(
@@ -189,22 +197,34 @@ def batching_rows(server: Server, load, body: bytes, duration: int, rounds: int)
         )  # fmt: skip
         assert s == 200, b
         server.request("POST", f"/predictions/{name}", body)
-    cells = [("mlp", 1, 1)] + [(m, 8, c) for c in (1, 16, 64) for m in ("mlp8", "mlp8f")]
+    single = [("mlp", 1, 1), ("mlp8", 8, 1), ("mlp8f", 8, 1)]
+    more = [] if lone else [(m, 8, c) for c in (16, 64) for m in ("mlp8", "mlp8f")]
     labels = {"mlp": "mlp", "mlp8": "b8", "mlp8f": "b8 fill"}
     results: dict[tuple[str, int], list[dict[str, float]]] = {}
+    ratios: dict[str, list[float]] = {"b8/b1": [], "fill/b1": []}
     print(HEADER)
     for n in range(rounds):
         print(f"round {n + 1} of {rounds}")
-        for model, batch, conns in cells:
+        for model, batch, conns in (single if n % 2 == 0 else single[::-1]) + more:
             r = measured(server, model, load, f"/predictions/{model}", body, conns, duration)
             r["bare"] = bare_mlp(batch)
             results.setdefault((model, conns), []).append(r)
             print(_row(labels[model], 1, conns, r))
+        b1 = results[("mlp", 1)][-1]["rps"]
+        ratios["b8/b1"].append(results[("mlp8", 1)][-1]["rps"] / b1)
+        ratios["fill/b1"].append(results[("mlp8f", 1)][-1]["rps"] / b1)
+        print(
+            "1 connection, this round: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in ratios.items())
+        )
     print(f"medians over {rounds} round(s):")
-    for model, _batch, conns in cells:
+    for model, _batch, conns in single + more:
         runs = results[(model, conns)]
         med = medians(runs)
         print(_row(labels[model], 1, conns, med))
+    print("1 connection, req/s over batch 1's in the same round: " + "; ".join(
+        f"{k} median {statistics.median(v):.2f} (rounds {min(v):.2f} to {max(v):.2f})"
+        for k, v in ratios.items()
+    ))  # fmt: skip
     steals = [r["steal"] for runs in results.values() for r in runs]
     print(f"median steal over {len(steals)} load rows: {statistics.median(steals):.0f}%"
           f" (max {max(steals):.0f}%)")  # fmt: skip
@@ -834,6 +854,8 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="3 s runs, 16 connections only")
     parser.add_argument("--batching", action="store_true", help="only the batching rows")
+    parser.add_argument("--lone", action="store_true",
+                        help="with --batching: only the 1-connection rows")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of --batching, --ceiling and --lean rows")  # fmt: skip
     parser.add_argument("--ceiling", action="store_true",
@@ -939,7 +961,7 @@ def main() -> None:
             if not with_mlp:
                 raise SystemExit("--batching needs torch")
             mlp_body = json.dumps({"data": [0.01 * i for i in range(256)]}).encode()
-            batching_rows(server, load, mlp_body, duration, args.rounds)
+            batching_rows(server, load, mlp_body, duration, args.rounds, args.lone)
             server.stop()
             return
         models = ["echo"]
@@ -951,6 +973,7 @@ def main() -> None:
             models.append("mlp")
         print(HEADER)
         steals: list[float] = []
+        lone: dict[tuple[str, int], float] = {}  # (model, workers): req/s at 1 connection
         for model in models:
             for workers in (1, 2):
                 scale(server, model, workers)
@@ -961,6 +984,8 @@ def main() -> None:
                     if model == "mlp":  # the ceiling, measured next to the run it bounds
                         r["bare"] = bare_mlp(1) * workers
                     steals.append(r["steal"])
+                    if conns == 1:
+                        lone[(model, workers)] = r["rps"]
                     print(_row(model, workers, conns, r))
             scale(server, model, 1)
         if with_mlp:  # dynamic batching: batch 8, 5 ms delay
@@ -974,7 +999,14 @@ def main() -> None:
                                  conns, duration)  # fmt: skip
                     r["bare"] = bare_mlp(8) * workers
                     steals.append(r["steal"])
+                    if conns == 1:
+                        lone[("mlp8", workers)] = r["rps"]
                     print(_row("mlp b8", workers, conns, r))
+            if ("mlp", 1) in lone and ("mlp8", 1) in lone:  # not with --quick (16 only)
+                print("mlp at 1 connection, b8/b1 (batch 8's req/s over batch 1's, rows taken"
+                      " minutes apart; --batching --lone pairs them round by round): " + ", ".join(
+                    f"{w} worker(s) {lone[('mlp8', w)] / lone[('mlp', w)]:.2f}" for w in (1, 2)
+                ))  # fmt: skip
         print(
             f"median steal over {len(steals)} load rows: {statistics.median(steals):.0f}%"
             f" (max {max(steals):.0f}%): compare only rows taken at low steal"
