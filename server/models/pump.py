@@ -153,6 +153,8 @@ class BatchPump:
         worker.on_chunk(functools.partial(self._chunk, worker))
         queue, timeout_s = self.queue, self.settings.response_timeout_s
         send_failed = f"unexpected error sending a batch to worker {worker.id}"
+        size = self.settings.batch_size
+        one = size == 1
 
         def send(live: list[Job]) -> bool:
             """Send one batch; False if that failed (its callers got a 500; the caller then
@@ -176,11 +178,15 @@ class BatchPump:
             return True
 
         def take() -> bool:
-            """Batches of one: send the next queued request from here, a callback, rather than
-            wake this task to do it (a task step, futures and coroutines per request), when
-            nothing would keep this task from sending it at once. True if it took one."""
+            """Send what is queued from here, a callback, rather than wake this task to do it (a
+            task step, futures and coroutines per request), when nothing would keep this task
+            from sending it at once: at batch size 1 the next request; at a larger one (not
+            ``fill``) what is queued, up to ``batch_size``, when the worker is idle, which is
+            what the gatherer would send (so a lone request costs what it does at batch size
+            1). True if it took any."""
             if (
                 pipe.in_flight >= pipe.depth
+                or (pipe.in_flight and not one)
                 or pipe.lost.is_set()
                 or retired.is_set()
                 or not worker.can_take()
@@ -189,7 +195,10 @@ class BatchPump:
             job = queue.pop()
             if job is None:
                 return False
-            if not send([job]):
+            live = [job]
+            while len(live) < size and (job := queue.pop()) is not None:
+                live.append(job)
+            if not send(live):
                 kill = asyncio.ensure_future(worker.kill())
                 pipe.tasks.add(kill)
                 kill.add_done_callback(pipe.tasks.discard)
@@ -201,7 +210,6 @@ class BatchPump:
             idle worker's gets it first: queue.put picks the least loaded)."""
             return not queue.has_waiters() and take()
 
-        one = self.settings.batch_size == 1
         if one:
             pipe.refill = refill
         while not pipe.lost.is_set():
@@ -211,7 +219,7 @@ class BatchPump:
             await worker.drain()
             jobs = await gather_batch(
                 queue, self.settings.batch_size, delay_s, retired, pipe.lost,
-                load=pipe.load, fill=fill, take=take if one else None,
+                load=pipe.load, fill=fill, take=take if one or not fill else None,
             )  # fmt: skip
             if jobs is None:
                 break

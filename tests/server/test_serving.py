@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -476,6 +477,47 @@ def test_a_batch_waits_for_company_only_while_its_worker_is_busy(
     assert bad.json()["message"] == (
         "parameter 'batch_wait' should be one of busy, fill, found 'sometimes'"
     )
+
+
+def test_a_request_for_an_idle_worker_goes_from_the_call_that_queues_it(
+    make_archive, start_server
+) -> None:
+    """A batching model (batch_wait busy) sends a request that finds its worker idle from the
+    very call that queues it, as a model of batch size 1 does, not a loop turn later by waking
+    its batch gatherer (what a lone request paid for a batch setting: docs/server.md, Workers).
+    Two requests written at once on one connection are queued by one read of the server: the
+    first goes alone at once; the second finds the worker busy and goes when it is free, well
+    before max_batch_delay (a gatherer woken a turn later found both: one batch of 2)."""
+    make_archive("probe", "probe:handle", "probe")
+    server = start_server()
+    path = "/models?url=probe.mar&batch_size=8&max_batch_delay=2000&initial_workers=1"
+    assert server.manage("POST", path).status == 200
+    assert server.predict("probe", {}).status == 200  # the worker has served: it is idle now
+    host, port = server.status["inference"].rsplit(":", 1)
+    body = json.dumps({"n": 1}).encode()
+    request = (
+        b"POST /predictions/probe HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    started = time.monotonic()
+    answers = []
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request * 2)
+        received = b""
+        while len(answers) < 2:
+            head, found, rest = received.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length: *(\d+)", head) if found else None
+            if length is None or len(rest) < int(length[1]):
+                chunk = sock.recv(65536)
+                assert chunk, f"the server closed the connection: {received!r}"
+                received += chunk
+                continue
+            assert head.startswith(b"HTTP/1.1 200 "), head
+            answers.append(json.loads(rest[: int(length[1])]))
+            received = rest[int(length[1]) :]
+    took = time.monotonic() - started
+    assert [a["batch_len"] for a in answers] == [1, 1]
+    assert took < 1.5, f"the second request waited {took:.2f} s for company"
 
 
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "exec"])
