@@ -129,13 +129,13 @@ class ServerConfig:
     metrics_log_dir: str | None = None
     # the properties file's own keys and values, as read (written back into the snapshots)
     ts_properties: tuple[tuple[str, str], ...] = ()
+    # the properties file read (TorchServe's console names it at start), set by the CLI
+    ts_config_file: str | None = None
     # Token authorization (server/auth.py): on unless disabled. Keys expire after
     # token_expiration_min, or the per-kind value when set; the paths that need no key (on the
     # inference and management ports); whether the metrics port wants the management key.
     disable_token_authorization: bool = False
     token_expiration_min: float = 60.0
-    # the properties file read (TorchServe's console names it at start), set by the CLI
-    ts_config_file: str | None = None
     inference_token_expiration_min: float | None = None
     management_token_expiration_min: float | None = None
     # Fixed keys instead of random ones (a mounted Secret, so every replica behind a Service
