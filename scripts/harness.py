@@ -305,6 +305,31 @@ def timed_calls(call: Callable[[], object], seconds: float) -> tuple[float, floa
 # --- the machine ---------------------------------------------------------------------------
 
 
+def measured(server: Server, model: str, load, path: str, body: bytes, conns: int,
+             duration: int) -> dict[str, float]:  # fmt: skip
+    """One load run plus the CPU the frontend and the model's workers spent per request: on a
+    shared VM req/s swings between identical runs, CPU per request much less."""
+    workers = server.worker_pids(model)
+    frontend = [server.pid]
+    before = cpu_seconds(frontend), cpu_seconds(workers)
+    machine = psutil.cpu_times()
+    r = load(server, path, body, conns, duration)
+    r.update(cpu_split(machine, psutil.cpu_times()))
+    requests = max(r["rps"] * duration, 1.0)
+    r["frontend_us"] = (cpu_seconds(frontend) - before[0]) / requests * 1e6
+    r["worker_us"] = (cpu_seconds(workers) - before[1]) / requests * 1e6
+    return r
+
+
+def scale(server: Server, model: str, workers: int) -> float:
+    started = time.perf_counter()
+    status, body = server.request(
+        "PUT", f"/models/{model}?min_worker={workers}&synchronous=true", api="management"
+    )
+    assert status == 200, body
+    return time.perf_counter() - started
+
+
 def cpu_seconds(pids: Iterable[int]) -> float:
     """User + system CPU the processes have used so far (gone ones count 0)."""
     total = 0.0
