@@ -74,6 +74,10 @@ against the same models without it, in one run (scripts/bench_inflog.py says how
 /proc/stat (psutil) before and after. The hypervisor steals CPU from this VM (up to 32% seen
 under load): a run taken while it steals X% is slower by about that much, so compare only rows
 taken at low steal. The last line gives the median steal over all rows.
+
+One file for the serving figures docs/server.md quotes, one mode a few functions each, sharing
+the load and measuring helpers (harness.py); the modes with code of their own live beside it
+(bench_ceiling.py, bench_inflog.py, bench_otel.py).
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """One registered model version: its settings, its job queue and its supervised workers.
 
 Each worker slot (server/models/slot.py) is a task that starts a worker, serves batches from the
-queue while it lives, and restarts it with capped exponential backoff when it dies. Scaling adds
-slots or retires them; a retiring worker finishes its batch first, and idle workers are retired
-before busy ones. A model that loads on demand starts its first slot from a request.
+queue while it lives, and restarts it with TorchServe's backoff when it is lost, until no worker
+has loaded for maxRetryTimeoutInSec. Scaling adds slots or retires them; a retiring worker
+finishes its batch first, and idle workers are retired before busy ones. A model that loads on
+demand starts its first slot from a request.
 
 What the management API shows of it is server/models/describe.py. The rest stays one class, at
-some 600 lines: admission, supervision, scaling and on-demand loading all read and change the
-same slots, queue and failure state, and split apart they would pass it all around.
+some 700 lines: admission, supervision and recovery, scaling and on-demand loading all read and
+change the same slots, queue and failure state, and split apart they would pass it all around.
 """
 
 from __future__ import annotations
