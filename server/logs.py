@@ -44,7 +44,7 @@ def setup_logging(
         fmt = JsonFormatter()
     problem = None
     try:
-        _add_files(config, fmt)
+        _add_files(config, fmt, config.log_layout == "torchserve")
     except OSError as exc:
         if not config.torchserve:
             raise
@@ -60,23 +60,29 @@ def setup_logging(
     else:
         return None, problem
     console.setFormatter(fmt)
+    if config.log_layout == "torchserve":
+        console.addFilter(_not_ours_only)
     root.addHandler(console)
     if problem is not None:
         logging.getLogger(__name__).warning("%s", problem)
     return (console if isinstance(console, ConsoleHandler) else None), problem
 
 
-def _add_files(config: ServerConfig, fmt: logging.Formatter) -> None:
-    """The log files in the log folder, made if need be; OSError when they cannot be opened."""
+def _add_files(config: ServerConfig, fmt: logging.Formatter, torchserve: bool) -> None:
+    """The log files in the log folder, made if need be; OSError when they cannot be opened.
+    ``torchserve``: TorchServe's layout, whose files leave out our lines marked OURS_ONLY."""
     config.log_path.mkdir(parents=True, exist_ok=True)
     if config.log_layout == "torchserve":
         main = _rotating(config.log_path / "ts_log.log")
         models = _rotating(config.log_path / "model_log.log")
         models.setFormatter(fmt)
+        models.addFilter(_not_ours_only)
         logging.getLogger("mserve.model").addHandler(models)  # and on to ts_log.log, as there
     else:
         main = _rotating(config.log_path / "mserve.log")
     main.setFormatter(fmt)
+    if torchserve:
+        main.addFilter(_not_ours_only)
     logging.getLogger().addHandler(main)
 
 
@@ -106,6 +112,14 @@ _TS_LOGGERS = {
 # (``logging.getLogger(TS_LOGGER_ROOT + ".wlm.WorkerThread")``): said in the TorchServe layout
 # only (:func:`setup_logging`), next to our own line for the same event.
 TS_LOGGER_ROOT = "org.pytorch.serve"
+# extra= of our own line for an event that TorchServe's layout tells otherwise (a failed load:
+# the handler's traceback, then TorchServe's WorkerThread lines): not written in that layout,
+# where tools read the console line by line for TorchServe's sequence
+OURS_ONLY = {"mserve_layout_only": True}
+
+
+def _not_ours_only(record: logging.LogRecord) -> bool:
+    return not record.__dict__.get("mserve_layout_only", False)
 
 
 def ts_logger_name(name: str) -> str:

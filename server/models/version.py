@@ -37,7 +37,7 @@ from server.errors import (
     TooManyRequests,
 )
 from server.inference_log import InferenceLogger
-from server.logs import worker_facts
+from server.logs import OURS_ONLY, worker_facts
 from server.metrics.model_stats import ModelStats
 from server.metrics.server_metrics import Metrics
 from server.models.batching import Job, JobQueue, QueueFull
@@ -427,7 +427,10 @@ class ModelVersion:
         except InvalidModel as exc:
             if worker.timed_out:
                 self._no_answer(worker)
-            log.error("model %s: %s", self.label, exc.message, extra=self._about(worker.id))
+            log.error(  # in TorchServe's layout its traceback and WorkerThread lines say it
+                "model %s: %s", self.label, exc.message,
+                extra={**self._about(worker.id), **OURS_ONLY},
+            )  # fmt: skip
             self.last_output = worker.tail()
             if slot.first_start is not None and not slot.first_start.done():
                 slot.first_start.set_exception(exc)
