@@ -208,6 +208,31 @@ def test_handler_metrics_are_aggregated_across_workers(
     assert_java_client_text(text)
 
 
+def test_metric_log_lines_reach_the_file_in_the_loop_pass_that_wrote_them(tmp_path) -> None:
+    """TorchServe's test_metrics reads ts_metrics.log right after its answer: a line is in the
+    file once the event loop has gone round, written with the others of its pass."""
+    import asyncio
+
+    from server.metrics.formats import MetricLog
+
+    path = tmp_path / "ts_metrics.log"
+
+    async def write() -> list[str]:
+        log = MetricLog(path)
+        log.add("Requests2XX.Count:1.0|#Level:Host|#hostname:h")
+        log.add("QueueTime.Milliseconds:0.1|#Level:Host|#hostname:h")
+        assert path.read_text() == ""  # not a write per line
+        await asyncio.sleep(0)
+        lines = path.read_text().splitlines()
+        log.close()
+        return lines
+
+    lines = asyncio.run(write())
+    assert [line.split(" - ", 1)[1].split("|")[0] for line in lines] == [
+        "Requests2XX.Count:1.0", "QueueTime.Milliseconds:0.1"
+    ]
+
+
 def test_metrics_the_config_declares_need_no_definition_in_the_handler(
     make_archive, start_server, tmp_path
 ) -> None:

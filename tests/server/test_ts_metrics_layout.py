@@ -75,7 +75,8 @@ def names_in(path: Path, names: list[str]) -> list[str]:
 
 
 def wait_for_lines(path: Path, names: list[str]) -> None:
-    """Metric lines reach the files within a second (the server's flusher)."""
+    """Metric lines reach the files in the event loop pass that wrote them; system metrics come
+    from a thread after the start."""
     deadline = time.monotonic() + 10
     while missing := [n for n in names if not path.is_file() or not names_in(path, [n])]:
         assert time.monotonic() < deadline, f"{missing} not in {path}:\n{_read(path)}"
