@@ -1,0 +1,1 @@
+"""The names TorchServe's tests import from ``model_archiver.manifest_components``."""
