@@ -171,10 +171,10 @@ def test_ts_names_are_mserves(ts_path, tmp_path) -> None:
 
     assert (TsContext, TsBase) == (Context, BaseHandler)
     # TorchServe's handler tests build their context's store as TorchServe does
-    store = MetricsStore("a-request-id", "mnist")
-    assert isinstance(store, Metrics) and store.model_name == "mnist"
-    store.add_counter("Seen", 1, idx=0)
-    assert store.drain()[0]["request_id"] == "a-request-id"
+    made = MetricsStore("a-request-id", "mnist")
+    assert isinstance(made, Metrics) and made.model_name == "mnist"
+    made.add_counter("Seen", 1, idx=0)
+    assert made.drain()[0]["request_id"] == "a-request-id"
     assert ImangeSegmenter is ImageSegmenter
     assert util.PredictionException is PredictionException
     assert str(util.PredictionException("busy", 503)) == "busy : 503"
