@@ -229,7 +229,8 @@ def test_metric_log_lines_reach_the_file_in_the_loop_pass_that_wrote_them(tmp_pa
 
     lines = asyncio.run(write())
     assert [line.split(" - ", 1)[1].split("|")[0] for line in lines] == [
-        "Requests2XX.Count:1.0", "QueueTime.Milliseconds:0.1"
+        "Requests2XX.Count:1.0",
+        "QueueTime.Milliseconds:0.1",
     ]
 
 
