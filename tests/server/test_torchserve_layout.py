@@ -136,15 +136,22 @@ class TorchServeDir:
         return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
+def torchserve_env(run_dir: Path) -> dict[str, str]:
+    """The environment a test's ``torchserve`` runs in: this one without mserve's, TorchServe's
+    and the log-location variables, no GPU, and a run dir of the test's own."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MSERVE_", "TS_")) and k not in ("LOG_LOCATION", "METRICS_LOCATION")}  # fmt: skip
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env["MSERVE_RUN_DIR"] = str(run_dir)
+    return env
+
+
 @pytest.fixture
 def ts_dir(tmp_path: Path, make_archive: Callable[..., Path]) -> Iterator[TorchServeDir]:
     root = tmp_path / "serve"
     root.mkdir()
     (root / "config.properties").write_text(PROPERTIES)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MSERVE_", "TS_")) and k not in ("LOG_LOCATION", "METRICS_LOCATION")}  # fmt: skip
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    env["MSERVE_RUN_DIR"] = str(tmp_path / "run")
+    env = torchserve_env(tmp_path / "run")
     make_archive("console_print", "printer:handle", "printer")
     make_archive("echo_fn", "echo:handle", "echo")
     make_archive("probe", "probe:handle", "probe")

@@ -8,7 +8,6 @@ and ``/metrics`` read for which metric names each holds, in each ``metrics_mode`
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from tests.server.conftest import HANDLERS, http, pid_alive, wait_until
-from tests.server.test_torchserve_layout import PROPERTIES, TorchServeDir, _pid, _read
+from tests.server.test_torchserve_layout import (
+    PROPERTIES,
+    TorchServeDir,
+    _pid,
+    _read,
+    torchserve_env,
+)
 
 LEGACY = ["ts_inference_requests_total", "ts_inference_latency_microseconds",
           "ts_queue_latency_microseconds"]  # fmt: skip
@@ -40,10 +45,7 @@ AUTO_DETECT_YAML = HANDLERS / "ts_custom_metrics" / "metrics_auto_detect.yaml"
 def ts_dir(tmp_path: Path, make_archive: Callable[..., Path]) -> Iterator[TorchServeDir]:
     root = tmp_path / "serve"
     root.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MSERVE_", "TS_")) and k not in ("LOG_LOCATION", "METRICS_LOCATION")}  # fmt: skip
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    env["MSERVE_RUN_DIR"] = str(tmp_path / "run")
+    env = torchserve_env(tmp_path / "run")
     make_archive("ts_custom_metrics", "metrics_example:CustomMetricsHandler", "custom")
     (root / "model_store").symlink_to(tmp_path / "store")
     served = TorchServeDir(root, env)

@@ -9,7 +9,6 @@ test of the module; they run in order (register first, unregister last).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import zipfile
 from collections.abc import Callable, Iterator
@@ -21,7 +20,7 @@ from click.testing import CliRunner
 from archiver.workflow_cli import main as workflow_archiver
 from tests.conftest import ARCHIVER_SCRIPT
 from tests.server.conftest import HANDLERS, Reply, Server, http, pid_alive
-from tests.server.test_torchserve_layout import PROPERTIES, TorchServeDir, _pid
+from tests.server.test_torchserve_layout import PROPERTIES, TorchServeDir, _pid, torchserve_env
 
 WORKFLOW = HANDLERS / "workflow"
 
@@ -62,10 +61,7 @@ def ts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServeDir]:
     (root / "config.properties").write_text(
         PROPERTIES + f"model_store={store}\nworkflow_store=wf\n"
     )
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MSERVE_", "TS_")) and k not in ("LOG_LOCATION", "METRICS_LOCATION")}  # fmt: skip
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    env["MSERVE_RUN_DIR"] = str(tmp / "run")
+    env = torchserve_env(tmp / "run")
     served = TorchServeDir(root, env)
     console = served.start("--ncs", "--ts-config", "config.properties", "--enable-model-api")
     # TorchServe's banner names the workflow store (relative to the start folder, as there)
