@@ -91,6 +91,11 @@ class InvalidModel(MserveError):
     type = "InvalidModelException"
 
 
+class UnsafeWeights(InvalidModel):
+    """A weights file would import globals off the allow-list when unpickled, and
+    ``weights_scan`` is require (server/weights/policy.py)."""
+
+
 class HandlerLoadFailed(InvalidModel):
     """A worker could not load the model's handler (it raised, or did not answer within the
     startup timeout): 400 here, TorchServe's 500 in its layout (:data:`TORCHSERVE_ANSWERS`)."""

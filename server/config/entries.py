@@ -37,6 +37,8 @@ def _entry_value(setting: Setting, raw: Any, key: str, where: str) -> int | str 
     """One setting of a ``models`` or snapshot entry; None: unset (0 or less, which TorchServe
     reads as "not given", except a snapshot's worker counts)."""
     if setting.unit == "choice":
+        if raw is False and "off" in setting.choices:  # YAML reads a bare off as false
+            raw = "off"
         if raw not in setting.choices:
             raise ConfigError(
                 f"{where} {setting.key} should be one of {', '.join(setting.choices)},"

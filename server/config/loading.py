@@ -17,7 +17,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from server.config.addresses import ADDRESS_KEYS, GRPC_ADDRESS_KEYS, grpc_tls, split_address
 from server.config.entries import parse_model_entries
-from server.config.model_settings import BATCH_WAITS, INFERENCE_LOG_MODES
+from server.config.model_settings import BATCH_WAITS, INFERENCE_LOG_MODES, WEIGHTS_SCAN_MODES
 from server.config.server_config import ServerConfig
 from server.errors import ConfigError
 from server.tracing.settings import trace_settings
@@ -67,6 +67,7 @@ _CHOICES = {
     "layout": ("mserve", "torchserve"),
     "batch_wait": BATCH_WAITS,
     "inference_log": INFERENCE_LOG_MODES,
+    "weights_scan": WEIGHTS_SCAN_MODES,
     "service_envelope": ("", "kserve", "kservev2", "json", "body"),
 }
 
@@ -92,6 +93,8 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             return value
         return parse_model_entries(value, key, source)
     kind, optional = _base_type(_types()[key])
+    if value is False and "off" in _CHOICES.get(key, ()):  # YAML reads a bare off as false
+        return "off"
     if value is None:
         if optional:
             return None

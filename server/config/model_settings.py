@@ -27,6 +27,7 @@ SEQUENCE_HEADERS = (
     "ts_request_sequence_end",
 )
 INFERENCE_LOG_MODES = ("off", "request", "response", "all")  # KServe's logger modes, and off
+WEIGHTS_SCAN_MODES = ("off", "warn", "require")  # weakest first (server/weights/policy.py)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,10 @@ SETTINGS = (
             request="inference_log_file"),
     Setting("inferenceLogRedact", "inference_log_redact", "inference_log_redact", "list",
             request="inference_log_redact"),
+    # pickled weights scanned at registration (server/weights/): a models entry or the model
+    # config can only make it stricter
+    Setting("weightsScan", "weights_scan", "weights_scan", "choice", entry=True,
+            choices=WEIGHTS_SCAN_MODES),
 )  # fmt: skip
 ENTRY_SETTINGS = tuple(s for s in SETTINGS if s.entry)
 # TorchServe's parallelType values (ModelConfig.ParallelType): pp, tp and pptp start each worker
@@ -224,6 +229,7 @@ class ModelSettings:
     inference_log_url: str | None = None
     inference_log_file: bool = True
     inference_log_redact: tuple[str, ...] = ()
+    weights_scan: str = "warn"  # off, warn, require (server/weights/policy.py)
     # parallelType, parallelLevel, torchrun: the archive's model config alone sets them
     parallel: Parallel = Parallel()
     sources: dict[str, str] = field(default_factory=dict)

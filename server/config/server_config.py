@@ -186,6 +186,10 @@ class ServerConfig:
     # expression the whole name must match, on top.
     worker_env_deny: tuple[str, ...] = DEFAULT_DENY
     worker_env_deny_regex: str | None = None
+    # Pickled weights scanned at registration for imports off the allow-list (server/weights/,
+    # docs/weights-safety.md): off; warn (register, log, describe); require (refuse). A model's
+    # models entry or model config (weightsScan) can only make it stricter.
+    weights_scan: str = "warn"
     # Inference logging (server/inference_log/, docs/server.md): every model's defaults, which
     # its config (inferenceLog, ...) and registration (inference_log, ...) override: off,
     # request, response or all; every Nth request; records per send; a CloudEvents receiver;

@@ -134,6 +134,12 @@ class Metrics:
             "mserve_inference_log_records", "Inference log records by sink and outcome",
             ["model", "version", "sink", "outcome"], registry=self.prom,
         )  # fmt: skip
+        # weights files a registration's scan flagged (server/weights/), by verdict (dangerous,
+        # unknown, unscannable) and action (refused under require, warned under warn)
+        self.weights_flagged = Counter(
+            "mserve_weights_flagged_files", "Weights files flagged by the registration's scan",
+            ["model", "version", "verdict", "action"], registry=self.prom,
+        )  # fmt: skip
         self._models: Callable[[], Iterable[ObservedModel]] = tuple
         self._residency: ObservedResidency | None = None
         # (certificate file, its notAfter in epoch seconds) of the TLS listeners

@@ -66,6 +66,8 @@ def describe(model: ModelVersion) -> dict[str, Any]:
         "python": model.python,
         "environment": model.env_key,
         "sandbox": model.sandbox.shown() if model.sandbox is not None else None,
+        # weightsScan (above) is the mode; this, what its scan found (None: off)
+        "weightsScanResult": model.weights_scan.shown() if model.weights_scan else None,
         "workers": workers,
     }
 

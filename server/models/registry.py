@@ -27,6 +27,7 @@ from server.errors import (
     ModelNotFound,
     ModelVersionNotFound,
     MserveError,
+    UnsafeWeights,
 )
 from server.inference_log.logger import build as build_inference_log
 from server.metrics.server_metrics import Metrics
@@ -35,6 +36,8 @@ from server.models.residency import Residency
 from server.models.version import ModelVersion
 from server.redaction import PathRedactor
 from server.store import UnpackedModel, resolve_url, unpack
+from server.weights import policy as weights_policy
+from server.weights.scan import WeightsScan
 from server.workers.launch import Launcher
 from server.workers.process import default_python
 from server.workers.sandbox import Sandbox
@@ -188,6 +191,7 @@ class Registry:
         )
         parallel = parallel_settings(unpacked.model_config, f"{name}:{version}")
         settings = replace(settings, parallel=parallel)
+        settings, weights = await self._check_weights(request, unpacked, settings, name, version)
         if parallel.broadcast and parallel.ranks > 1 and settings.continuous_batching:
             raise InvalidModel(
                 f"model {name}:{version}: continuousBatching with parallelType"
@@ -237,6 +241,7 @@ class Registry:
                 sandbox=sandbox,
             )
             model.trusted = request.trusted
+            model.weights_scan = weights
             model.residency = self.residency
             if inference_log is not None:
                 model.inference_log = inference_log
@@ -291,6 +296,27 @@ class Registry:
             return await asyncio.to_thread(unpack, fetched.path, fetched.url, cache, fetched.sha256)
         except InvalidModel:  # not an archive: nothing will ever use these bytes
             self._discard_download(fetched.url, fetched.sha256)
+            raise
+
+    async def _check_weights(
+        self, request: RegisterRequest, unpacked: UnpackedModel, settings: ModelSettings,
+        name: str, version: str,
+    ) -> tuple[ModelSettings, WeightsScan | None]:  # fmt: skip
+        """weights_scan before any worker starts (server/weights/policy.py); a refusal removes
+        what this registration unpacked or downloaded, unless a registered model uses it."""
+        cache = self.config.run_path / "unpacked"
+        counter = self.metrics.weights_flagged if self.metrics is not None else None
+        try:
+            return await weights_policy.admit(
+                unpacked.model_dir, unpacked.sha256, cache, settings, self.config.weights_scan,
+                self.config.model_entry(name, version), unpacked.model_config,
+                f"{name}:{version}", counter,
+            )  # fmt: skip
+        except UnsafeWeights:
+            if all(mv.model_dir != unpacked.model_dir for mv in self.all()):
+                weights_policy.discard_unpacked(unpacked.model_dir, cache)
+                if is_remote(request.url) and unpacked.sha256:
+                    self._discard_download(unpacked.url, unpacked.sha256)
             raise
 
     def _env_request(

@@ -47,6 +47,7 @@ from server.models.residency import Residency
 from server.models.sequences import Sequences
 from server.models.slot import SERVING, Ended, Slot
 from server.streaming import ChunkStream
+from server.weights.scan import WeightsScan
 from server.workers.launch import Launcher
 from server.workers.process import Worker, WorkerSpec, WorkerState
 from server.workers.sandbox import ModelSandbox
@@ -143,6 +144,7 @@ class ModelVersion:
         self.stage: str | None = None  # what a loading model is doing (building environment, ...)
         self.env_key: str | None = None
         self.trusted = False  # registered by the operator (--models, snapshot), not the API
+        self.weights_scan: WeightsScan | None = None  # its weights' scan (server/weights/)
         self.archive_sha256: str | None = None  # pinned in the snapshot (see server/download.py)
         self.handler_overridden = False
         self.last_output = ""  # the last lines a failed worker printed, for describe

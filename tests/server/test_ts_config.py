@@ -471,6 +471,7 @@ def test_every_setting_a_snapshot_writes_is_read_back_and_restored_as_registered
     assert written == {
         "minWorkers": 0, "maxWorkers": 3, "batchSize": 4, "maxBatchDelay": 20,
         "responseTimeout": 30, "startupTimeout": 90, "batchWait": "fill",
+        "weightsScan": "warn",  # a restore can only make it stricter (server/weights/policy.py)
     }  # fmt: skip
     snapshot = {"models": {"m": {"1.0": {"marName": "m.mar", **written}}}}
     (entry,) = parse_model_entries(snapshot, "model_snapshot", "snap.cfg")

@@ -1,0 +1,188 @@
+"""Pickled weights scanned at registration (server/weights/, docs/weights-safety.md): a real
+mserve, real archives, pickles whose ``__reduce__`` would run ``os.system``.
+
+The hostile pickles' command would create a marker file: every test checks it never appears, so
+nothing unpickled them (not the scan, not a worker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from server.weights.policy import strictest
+from server.weights.scan import scan_file
+from tests.conftest import ARCHIVER_SCRIPT
+from tests.server.conftest import HANDLERS, MSERVE, Server, http, pid_alive
+
+pytestmark = pytest.mark.timeout(180)
+FOLDER = HANDLERS / "weights_safety"
+
+
+class RunsCommand:
+    """Unpickled, runs ``touch marker``: what a hostile checkpoint does."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def hostile_files(folder: Path, marker: Path) -> dict[str, Path]:
+    """A plain pickle and a torch zip file (its data.pkl names posix.system) that would run a
+    command, and a clean state dict."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"evil": folder / "evil.pkl", "evilzip": folder / "evil.pt",
+             "clean": folder / "clean.pt"}  # fmt: skip
+    files["evil"].write_bytes(pickle.dumps({"w": RunsCommand(marker)}))
+    torch.save({"w": torch.zeros(2), "hook": RunsCommand(marker)}, files["evilzip"])
+    torch.save(torch.nn.Linear(2, 1).state_dict(), files["clean"])
+    return files
+
+
+def archive(store: Path, name: str, weights: Path, *extra: str) -> None:
+    args = [ARCHIVER_SCRIPT, "--model-name", name, "--handler", "noload:handle",
+            "--model-path", str(FOLDER), "--serialized-file", str(weights),
+            "--export-path", str(store), "-f", *extra]  # fmt: skip
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path, Path]]:
+    """One server (weights_scan warn; the models entry of ``strict`` says require), its store,
+    and the marker the hostile pickles would create."""
+    root = tmp_path_factory.mktemp("weights")
+    store, marker = root / "store", root / "PWNED"
+    store.mkdir()
+    files = hostile_files(root / "weights", marker)
+    archive(store, "strict", files["evil"])
+    archive(store, "lenient", files["evil"])
+    archive(store, "zipped", files["evilzip"])
+    archive(store, "clean", files["clean"])
+    config = root / "off.yaml"
+    config.write_text("weightsScan: off\n")  # YAML: false
+    archive(store, "weaker", files["evilzip"], "-c", str(config))
+    settings = {
+        "inference_address": "127.0.0.1:0", "management_address": "127.0.0.1:0",
+        "metrics_address": "127.0.0.1:0", "grpc_inference_address": "127.0.0.1:0",
+        "grpc_management_address": "127.0.0.1:0", "model_store": str(store),
+        "disable_token_authorization": True, "enable_model_api": True,
+        "weights_scan": "warn",
+        "models": {"strict": {"1.0": {"weightsScan": "require"}},
+                   "weaker": {"1.0": {"weightsScan": "require"}}},
+    }  # fmt: skip
+    config_file = root / "mserve.yaml"
+    config_file.write_text(yaml.safe_dump(settings))
+    run_dir = root / "run"
+    args = ["--config", str(config_file), "--run-dir", str(run_dir)]
+    started = subprocess.run([MSERVE, "--start", *args], capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    server = Server(run_dir, json.loads((run_dir / "status.json").read_text()), args)
+    yield server, store, marker
+    if pid_alive(server.pid):
+        server.cli("--stop")
+
+
+def unpacked(server: Server) -> list[str]:
+    folder = server.run_dir / "unpacked"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def test_require_refuses_before_any_worker_and_leaves_nothing(setup) -> None:
+    server, _store, marker = setup
+    before = unpacked(server)
+    reply = server.manage("POST", "/models?url=strict.mar&initial_workers=1")
+    assert reply.status == 400, reply.body
+    message = reply.json()["message"]
+    assert reply.json()["type"] == "InvalidModelException"
+    assert "model strict:1.0: weights that would run code when loaded: evil.pkl imports" in message
+    assert "posix.system" in message and "weights_scan is require" in message
+    assert server.manage("GET", "/models/strict").status == 404
+    assert unpacked(server) == before  # no unpacked folder, no marker, no cached verdict
+    assert not marker.exists()
+    log = (server.run_dir / "logs" / "mserve.log").read_text().splitlines()
+    assert not [line for line in log if "strict:1.0" in line and "worker" in line]
+
+
+def test_a_model_config_cannot_weaken_the_policy(setup) -> None:
+    server, _store, marker = setup
+    reply = server.manage("POST", "/models?url=weaker.mar")  # weightsScan off in its config
+    assert reply.status == 400
+    assert "evil.pt imports posix.system" in reply.json()["message"]
+    assert not marker.exists()
+
+
+def test_warn_registers_and_says_so(setup) -> None:
+    server, _store, marker = setup
+    assert server.manage("POST", "/models?url=lenient.mar&initial_workers=1").status == 200
+    described = server.manage("GET", "/models/lenient").json()[0]
+    assert described["weightsScan"] == "warn"
+    assert described["settingSources"]["weights_scan"] == "server"
+    result = described["weightsScanResult"]
+    assert result["files"] == 1 and not result["cached"]
+    assert result["flagged"] == [{"path": "evil.pkl", "verdict": "dangerous",
+                                  "dangerous": ["posix.system"], "unknown": []}]  # fmt: skip
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    assert "model lenient:1.0: evil.pkl imports posix.system: loading it may run code" in log
+    assert server.predict("lenient", {"x": 1}).json() == {"ok": True}
+    assert not marker.exists()
+
+    # the same bytes again: the verdict kept beside the unpack cache, no second scan
+    assert server.manage("DELETE", "/models/lenient").status == 200
+    assert server.manage("POST", "/models?url=lenient.mar&initial_workers=0").status == 200
+    again = server.manage("GET", "/models/lenient").json()[0]["weightsScanResult"]
+    assert again["cached"] and again["flagged"] == result["flagged"]
+
+
+def test_torch_zip_data_pkl_is_flagged_and_clean_state_dict_passes(setup) -> None:
+    server, _store, marker = setup
+    assert server.manage("POST", "/models?url=zipped.mar&initial_workers=0").status == 200
+    flagged = server.manage("GET", "/models/zipped").json()[0]["weightsScanResult"]["flagged"]
+    assert [(f["path"], f["dangerous"]) for f in flagged] == [("evil.pt", ["posix.system"])]
+    assert server.manage("POST", "/models?url=clean.mar&initial_workers=0").status == 200
+    clean = server.manage("GET", "/models/clean").json()[0]["weightsScanResult"]
+    assert clean == {"files": 1, "flagged": [], "cached": False}
+    assert not marker.exists()
+
+
+def test_flagged_files_are_counted_by_verdict(setup) -> None:
+    server, _store, _marker = setup
+    server.manage("POST", "/models?url=strict.mar")  # refused again: counted again
+    text = http("GET", server.url("metrics", "/metrics")).body.decode()
+    rows = [line for line in text.splitlines() if line.startswith("mserve_weights_flagged")]
+    assert ('mserve_weights_flagged_files_total{action="refused",model="strict",verdict="dangerous",'
+            'version="1.0"} 2.0') in rows  # fmt: skip
+    assert any('model="lenient"' in r and 'action="warned"' in r for r in rows)
+
+
+def test_verdicts_of_files(tmp_path: Path) -> None:
+    """The scanner alone: a whole pickled module is off the allow-list (unknown); a legacy
+    (non-zip) torch file's later pickles are read too."""
+    marker = tmp_path / "PWNED"
+    torch.save(torch.nn.Linear(2, 1), tmp_path / "module.pt")
+    torch.save({"hook": RunsCommand(marker)}, tmp_path / "legacy.pt",
+               _use_new_zipfile_serialization=False)  # fmt: skip
+    module = scan_file(tmp_path / "module.pt", "module.pt")
+    assert module.verdict == "unknown"
+    assert "torch.nn.modules.linear.Linear" in module.unknown
+    legacy = scan_file(tmp_path / "legacy.pt", "legacy.pt")
+    assert (legacy.verdict, legacy.dangerous) == ("dangerous", ("posix.system",))
+    assert not marker.exists()
+
+
+def test_stricter_only() -> None:
+    assert strictest("warn", "require", None, "m:1") == ("require", "models")
+    assert strictest("require", None, "off", "m:1") == ("require", "server")
+    assert strictest("off", None, "warn", "m:1") == ("warn", "archive")
+    with pytest.raises(Exception, match="m:1: weightsScan should be one of off, warn, require"):
+        strictest("warn", None, "never", "m:1")
