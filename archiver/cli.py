@@ -16,7 +16,13 @@ from typing import Any
 import click
 
 from archiver import __version__
-from archiver.errors import ArchiverError, ExportPathMissing, OutputExists, UsageError
+from archiver.errors import (
+    ArchiverError,
+    DigestMismatch,
+    ExportPathMissing,
+    OutputExists,
+    UsageError,
+)
 from archiver.handler_spec import BUILTIN_HANDLERS, HANDLER_STYLES, HandlerSpec, parse_handler
 from archiver.manifest import (
     Manifest,
@@ -92,6 +98,8 @@ def build(
     model_path: str | None,
     wheelhouse: str | None = None,
     handler_style: str = "auto",
+    sign: str | None = None,
+    sign_certificate: str | None = None,
 ) -> Path:
     """Validate every input first, then write; a mistake leaves nothing behind."""
     if not is_valid_model_name(model_name):
@@ -110,6 +118,13 @@ def build(
     if not force and (target.exists() or target.is_symlink()):
         raise OutputExists(str(target))
 
+    signs = None
+    if sign:  # the key is read before anything is written: a bad one leaves nothing behind
+        from archiver.signing import load_signer, sign_function
+
+        signs = sign_function(load_signer(sign, sign_certificate), model_name)
+    elif sign_certificate:
+        raise UsageError("--sign-certificate goes with --sign KEY (the certificate's key)")
     spec = parse_handler(handler)
     members = MemberSet()
     if model_path:
@@ -158,7 +173,7 @@ def build(
 
     console = Console(stderr=True)
     if total < PROGRESS_MIN_BYTES or not console.is_terminal:  # piped (CI, scripts): quiet
-        return write_archive(manifest, todo, export_dir, fmt, force=force)
+        return write_archive(manifest, todo, export_dir, fmt, force=force, sign=signs)
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -175,7 +190,7 @@ def build(
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(f"archiving {model_name}", total=total)
         return write_archive(
-            manifest, todo, export_dir, fmt, force=force,
+            manifest, todo, export_dir, fmt, force=force, sign=signs,
             progress=lambda done: bar.advance(task, done),
         )  # fmt: skip
 
@@ -203,6 +218,26 @@ def _inspect(path: str, as_json: bool) -> int:
                 for problem in report.problems:
                     click.echo(f"  - {problem}")
         return 0 if report.ok else 8
+
+
+def _verify(path: str, trust: tuple[str, ...]) -> int:
+    """Who signed the archive, and whether every byte is what they signed: the signature
+    against the manifest's digests, then each member's bytes against those (one read)."""
+    from archiver.signing import TrustList, check_signature
+
+    trusted = TrustList.load(trust)
+    with open_archive(path) as archive:
+        check = check_signature(archive, trusted)
+        report = archive.verify()
+        click.echo(f"archive:   {archive.path}")
+        click.echo(f"signed by: {check.signer}")
+        if not report.ok:
+            click.echo("verify:    FAILED, the content differs from what was signed")
+            for problem in report.problems:
+                click.echo(f"  - {problem}")
+            return DigestMismatch.exit_code
+        click.echo(f"verify:    OK, {check.files} files are what was signed")
+    return 0
 
 
 def _inspect_json(archive: Archive, problems: list[str], recorded: bool) -> dict[str, Any]:
@@ -310,11 +345,46 @@ _FORMATS = [f.value for f in ArchiveFormat]
     help="Print an archive's manifest and members and verify every digest.",
 )
 @click.option("--json", "as_json", is_flag=True, help="With --inspect: print JSON.")
-def main(inspect_path: str | None, as_json: bool, **options: Any) -> None:
+@click.option(
+    "--sign",
+    metavar="KEY|sigstore",
+    help="Sign the archive's content: a PEM private key (ECDSA or Ed25519), or 'sigstore' for"
+    " Sigstore's keyless flow (needs the network). See docs/signing.md.",
+)
+@click.option(
+    "--sign-certificate",
+    metavar="PEM",
+    help="With --sign KEY: the key's certificate (then its chain), carried in the signature.",
+)
+@click.option(
+    "--verify",
+    "verify_path",
+    metavar="ARCHIVE",
+    help="Check an archive's signature against --trust and every byte against it; print the"
+    " signer.",
+)
+@click.option(
+    "--trust",
+    multiple=True,
+    metavar="ENTRY",
+    help="With --verify: a trusted public key or certificate file, or 'sigstore:IDENTITY"
+    " ISSUER'; repeat for more.",
+)
+def main(
+    inspect_path: str | None,
+    as_json: bool,
+    verify_path: str | None,
+    trust: tuple[str, ...],
+    **options: Any,
+) -> None:
     """Pack a model into a .mar archive, compatible with torch-model-archiver and MMS."""
     try:
         if inspect_path:
             sys.exit(_inspect(inspect_path, as_json))
+        if verify_path:
+            sys.exit(_verify(verify_path, trust))
+        if trust:
+            raise UsageError("--trust goes with --verify ARCHIVE")
         for flag in ("model_name", "handler"):
             if not options[flag]:
                 raise UsageError(

@@ -146,3 +146,69 @@ class DigestMismatch(ArchiverError):
         super().__init__(f"archive {path} failed verification: " + "; ".join(problems))
         self.path = path
         self.problems = problems
+
+
+class KeyUnusable(ArchiverError):
+    """A signing key, certificate or trust-list entry cannot be read or used (names the file)."""
+
+    code = "unusable_key"
+    exit_code = 3
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class SignatureError(ArchiverError):
+    """An archive's signature does not establish who made it; ``reason`` says which way (the
+    server counts refusals by it): unsigned, invalid, untrusted or mismatch."""
+
+    code = "signature_error"
+    exit_code = 9
+    reason = "invalid"
+
+
+class Unsigned(SignatureError):
+    reason = "unsigned"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"archive {path} is not signed (no MAR-INF/signature.sigstore.json)")
+        self.path = path
+
+
+class SignatureInvalid(SignatureError):
+    """The bundle does not parse, or its signature is not valid for its payload."""
+
+    reason = "invalid"
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"the signature of {where} is not valid: {problem}")
+        self.where = where
+        self.problem = problem
+
+
+class SignerNotTrusted(SignatureError):
+    reason = "untrusted"
+
+    def __init__(self, where: str, signer: str) -> None:
+        super().__init__(
+            f"archive {where} is signed by {signer}, which is not a trusted signer",
+            hint="add its public key, certificate or identity to the trusted signers",
+        )
+        self.where = where
+        self.signer = signer
+
+
+class SignatureMismatch(SignatureError):
+    """A valid signature by a trusted signer over other content than the archive holds."""
+
+    reason = "mismatch"
+
+    def __init__(self, where: str, signer: str, problems: list[str]) -> None:
+        super().__init__(
+            f"archive {where} does not match its signature by {signer}: " + "; ".join(problems)
+        )
+        self.where = where
+        self.signer = signer
+        self.problems = problems

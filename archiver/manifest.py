@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import jsonschema
 
 MANIFEST_PATH = "MAR-INF/MANIFEST.json"
+# An archive's signature (archiver/signing/): the one member its manifest does not record
+SIGNATURE_PATH = "MAR-INF/signature.sigstore.json"
 DEFAULT_MODEL_VERSION = "1.0"
 DEFAULT_RUNTIME = "python"
 MSERVE_KEY = "mserve"

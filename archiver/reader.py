@@ -32,7 +32,7 @@ from archiver.errors import (
     LimitExceeded,
     UnsafeArchive,
 )
-from archiver.manifest import MANIFEST_PATH, Manifest, parse
+from archiver.manifest import MANIFEST_PATH, SIGNATURE_PATH, Manifest, parse
 
 GiB = 1 << 30
 # What reading a damaged or unsupported member raises (bad headers, CRC, truncation, an unknown
@@ -235,6 +235,7 @@ class Archive:
         self.path = path
         self.limits = limits
         self.format, self._backend = _backend_for(path)
+        self.manifest_bytes = b""
         try:
             self._raw_names: dict[str, str] = {}
             self._members = self._scan()
@@ -357,6 +358,7 @@ class Archive:
             raw = read(MAX_MANIFEST_BYTES + 1)
         if len(raw) > MAX_MANIFEST_BYTES:
             raise InvalidManifest(where, f"larger than {MAX_MANIFEST_BYTES} bytes")
+        self.manifest_bytes = raw  # what a signature covers (archiver/signing/)
         return self._parse_manifest(raw, where)
 
     def _parse_manifest(self, raw: bytes, where: str) -> Manifest:
@@ -373,6 +375,12 @@ class Archive:
                 str(self.path), "max_bytes", f"member '{name}' is over {max_bytes} bytes"
             )
         return data
+
+    def signature_bytes(self, max_bytes: int) -> bytes | None:
+        """The signature bundle (``MAR-INF/signature.sigstore.json``), None when unsigned."""
+        if SIGNATURE_PATH not in self._raw_names:
+            return None
+        return self.read_bytes(SIGNATURE_PATH, max_bytes)
 
     def _stream(self, name: str, sink: IO[bytes] | None, declared: int) -> str:
         """Copy one member to ``sink`` (or nowhere); return its sha256; refuse extra bytes.
@@ -396,8 +404,9 @@ class Archive:
         return digest.hexdigest()
 
     def _files(self) -> dict[str, MemberInfo]:
-        manifest = self.manifest_path
-        return {m.name: m for m in self._members if not m.is_dir and m.name != manifest}
+        # the signature covers the others: the manifest cannot record it (archiver/signing/)
+        unrecorded = (self.manifest_path, SIGNATURE_PATH)
+        return {m.name: m for m in self._members if not m.is_dir and m.name not in unrecorded}
 
     def _unrecorded(self) -> list[str]:
         """Files the manifest's digests do not account for, both ways (empty without digests)."""

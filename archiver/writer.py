@@ -20,7 +20,7 @@ import tarfile
 import time
 import zipfile
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import replace
@@ -29,13 +29,16 @@ from pathlib import Path
 from typing import BinaryIO
 
 from archiver.errors import OutputExists
-from archiver.manifest import MANIFEST_PATH, FileDigest, Manifest, created_on
+from archiver.manifest import MANIFEST_PATH, SIGNATURE_PATH, FileDigest, Manifest, created_on
 from archiver.members import Member
 
 CHUNK_BYTES = 1 << 20
 _ZIP_EPOCH_MIN = 315532800  # 1980-01-01, the earliest time a zip entry can carry
 
 Progress = Callable[[int], None]
+# Signs the content once its digests are known: (manifest bytes, digests) -> a signature
+# bundle, written as SIGNATURE_PATH after the manifest (archiver/signing/ makes one)
+Sign = Callable[[bytes, Mapping[str, FileDigest]], bytes]
 
 
 class ArchiveFormat(str, Enum):
@@ -141,6 +144,7 @@ def _write_zip(
     epoch: int,
     stored: bool,
     progress: Progress | None,
+    sign: Sign | None = None,
 ) -> dict[str, FileDigest]:
     date_time = time.gmtime(max(epoch, _ZIP_EPOCH_MIN))[:6]
     default = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
@@ -158,6 +162,8 @@ def _write_zip(
                     digests[member.arcname] = _copy_hashing(src, dst, progress)
         body = replace(manifest, files=digests).to_bytes()
         zf.writestr(_zip_info(MANIFEST_PATH, date_time, default), body)
+        if sign is not None:
+            zf.writestr(_zip_info(SIGNATURE_PATH, date_time, default), sign(body, digests))
     return digests
 
 
@@ -172,7 +178,12 @@ def _tar_info(name: str, size: int, epoch: int) -> tarfile.TarInfo:
 
 
 def _write_tgz(
-    tmp: Path, members: Sequence[Member], manifest: Manifest, epoch: int, progress: Progress | None
+    tmp: Path,
+    members: Sequence[Member],
+    manifest: Manifest,
+    epoch: int,
+    progress: Progress | None,
+    sign: Sign | None = None,
 ) -> dict[str, FileDigest]:
     """Members go under a ``<model-name>/`` folder, the layout TorchServe's tgz loader expects."""
     top = manifest.model.model_name
@@ -193,11 +204,19 @@ def _write_tgz(
                 digests[member.arcname] = FileDigest(reader.digest.hexdigest(), reader.size)
         body = replace(manifest, files=digests).to_bytes()
         tar.addfile(_tar_info(f"{top}/{MANIFEST_PATH}", len(body), epoch), io.BytesIO(body))
+        if sign is not None:
+            bundle = sign(body, digests)
+            info = _tar_info(f"{top}/{SIGNATURE_PATH}", len(bundle), epoch)
+            tar.addfile(info, io.BytesIO(bundle))
     return digests
 
 
 def _write_folder(
-    tmp: Path, members: Sequence[Member], manifest: Manifest, progress: Progress | None
+    tmp: Path,
+    members: Sequence[Member],
+    manifest: Manifest,
+    progress: Progress | None,
+    sign: Sign | None = None,
 ) -> dict[str, FileDigest]:
     digests: dict[str, FileDigest] = {}
     tmp.mkdir()
@@ -207,7 +226,10 @@ def _write_folder(
         with open(member.source, "rb") as src, open(dest, "wb") as dst:
             digests[member.arcname] = _copy_hashing(src, dst, progress)
     (tmp / "MAR-INF").mkdir(exist_ok=True)
-    (tmp / MANIFEST_PATH).write_bytes(replace(manifest, files=digests).to_bytes())
+    body = replace(manifest, files=digests).to_bytes()
+    (tmp / MANIFEST_PATH).write_bytes(body)
+    if sign is not None:
+        (tmp / SIGNATURE_PATH).write_bytes(sign(body, digests))
     return digests
 
 
@@ -251,10 +273,12 @@ def write_archive(
     *,
     force: bool = False,
     progress: Progress | None = None,
+    sign: Sign | None = None,
 ) -> Path:
     """Build the archive for ``manifest`` from ``members`` and return the published path.
 
-    ``manifest.files`` is filled in here with the digests computed while writing.
+    ``manifest.files`` is filled in here with the digests computed while writing; ``sign``
+    signs them (and the manifest) into ``MAR-INF/signature.sigstore.json``.
     """
     target = target_path(export_dir, manifest.model.model_name, fmt)
     if not force and (target.exists() or target.is_symlink()):
@@ -266,11 +290,12 @@ def write_archive(
     tmp = export_dir / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         if fmt is ArchiveFormat.TGZ:
-            _write_tgz(tmp, members, manifest, stamp, progress)
+            _write_tgz(tmp, members, manifest, stamp, progress, sign)
         elif fmt is ArchiveFormat.NO_ARCHIVE:
-            _write_folder(tmp, members, manifest, progress)
+            _write_folder(tmp, members, manifest, progress, sign)
         else:
-            _write_zip(tmp, members, manifest, stamp, fmt is ArchiveFormat.ZIP_STORE, progress)
+            stored = fmt is ArchiveFormat.ZIP_STORE
+            _write_zip(tmp, members, manifest, stamp, stored, progress, sign)
         _publish(tmp, target, force)
     finally:
         if tmp.exists() or tmp.is_symlink():
