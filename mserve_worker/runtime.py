@@ -30,6 +30,7 @@ from .protocol import (
     parse_batch,
     result_frame,
 )
+from .sdk import weights
 from .service import BatchFailed, HandlerService, LoadFailed
 
 # After the server closes the channel, how long a worker still busy in its handler may run on
@@ -86,6 +87,8 @@ def _load(init: dict, channel: Channel, sandbox: dict | None = None) -> HandlerS
     # generating, measured in process on examples/tiny_lm)
     gc.freeze()
     ready = {"load_s": service.load_s, "style": service.style, "imports": service.imports}
+    if weights.enabled():  # the checkpoints it mapped: the server keeps them warm
+        ready["mapped"] = weights.mapped_files()
     if sandbox is not None:
         ready["sandbox"] = sandbox
     if init.get("gpu_id") is not None:

@@ -31,6 +31,7 @@ from .oip.signature import SignatureError
 from .oip.tensors import OIPError
 from .payload import PayloadError, decode_request, encode_output
 from .protocol import STREAM_FAILED_HEADER, TOO_LARGE_HEADER, RequestItem, ResponseItem
+from .sdk import weights
 from .sdk.errors import PredictionException
 from .steps import NEXT_HEADER, Steps
 
@@ -90,6 +91,7 @@ class HandlerService:
         stand_ins.install()  # `import mlrun` / `redhareapi` find ours only where missing
         _log_shadowing()
         os.chdir(model_dir)
+        weights.enable(init.get("warm_tier") is True)  # map checkpoints (docs/warm-tier.md)
         context = Context(
             model_name=init["model_name"],
             model_dir=model_dir,

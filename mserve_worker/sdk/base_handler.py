@@ -23,7 +23,7 @@ import pickle
 import time
 from typing import Any
 
-from . import onnx_session, profiling, pt2
+from . import onnx_session, profiling, pt2, weights
 
 # Manifest keys, as TorchServe writes them.
 _SERIALIZED_FILE = "serializedFile"
@@ -177,16 +177,20 @@ class BaseHandler:
                 f"(the model to build); found {len(classes)}: {found}. Move the others to "
                 f"another module, or override _load_pickled_model()"
             )
+        if model_pt_path is None:
+            return classes[0]()
+        state = self._load_state_dict(model_pt_path)
+        if weights.is_mapped(model_pt_path):  # warm tier: no initialisation, no copy
+            return weights.build_with_state(classes[0], state)
         model = classes[0]()
-        if model_pt_path is not None:
-            model.load_state_dict(self._load_state_dict(model_pt_path))
+        model.load_state_dict(state)
         return model
 
     def _load_state_dict(self, path: str) -> Any:
-        import torch
-
+        """The state dict, mapped from the page cache when the server's warm tier is on
+        (weights.py)."""
         try:
-            return torch.load(path, map_location=self.device, weights_only=True)
+            return weights.load_weights(path, map_location=self.device, weights_only=True)
         except pickle.UnpicklingError as exc:
             raise ModelLoadError(
                 f"{path} is not a plain state dict (torch.load with weights_only=True refused "

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contract import HandlerLoadError, create_instance
+from .weights import load_weights
 
 
 class NullDriver:
@@ -121,7 +122,7 @@ class PyTorchDriver:
             return torch.jit.load(path, map_location=self.device)
         if self.model_class is not None:
             try:
-                state = torch.load(path, map_location=self.device, weights_only=True)
+                state = load_weights(path, map_location=self.device, weights_only=True)
             except pickle.UnpicklingError as exc:
                 raise HandlerLoadError(
                     f"{self.label}: {path} is not a plain state dict (it pickles objects), but "
@@ -149,7 +150,7 @@ class PyTorchDriver:
             return model.to(self.device)
         # A whole pickled module: unpickling runs code, as torch.save(model) requires. The
         # archive is the model author's own, loaded as TorchServe loads it.
-        model = torch.load(path, map_location=self.device, weights_only=False)
+        model = load_weights(path, map_location=self.device, weights_only=False)
         if isinstance(model, torch.nn.Module):
             return model.to(self.device)
         kind = "a state dict" if isinstance(model, dict) else f"a {type(model).__name__}"

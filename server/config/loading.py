@@ -66,6 +66,7 @@ _CHOICES = {
     "log_format": ("text", "json"),
     "layout": ("mserve", "torchserve"),
     "batch_wait": BATCH_WAITS,
+    "eviction": ("cost", "lru"),
     "inference_log": INFERENCE_LOG_MODES,
     "weights_scan": WEIGHTS_SCAN_MODES,
     "service_envelope": ("", "kserve", "kservev2", "json", "body"),

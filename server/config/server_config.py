@@ -54,6 +54,11 @@ class ServerConfig:
     worker_memory_budget_mb: int | None = None
     max_loaded_models: int | None = None
     load_wait_s: float = 30.0
+    # the warm tier (server/models/warm.py, docs/warm-tier.md): page cache the server keeps
+    # evicted models' mapped weights in (None or 0: off); which idle model an eviction picks:
+    # "cost" (request rate x reload time, server/models/eviction.py) or "lru"
+    warm_tier_budget_mb: int | None = None
+    eviction: str = "cost"
     # a batch waits for more requests only while its worker is busy ("busy"), or up to
     # max_batch_delay_ms whatever the worker does ("fill", TorchServe's way)
     batch_wait: str = "busy"

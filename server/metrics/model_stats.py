@@ -9,7 +9,7 @@ round.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from mserve_worker.protocol import MetricEntry, RequestItem
@@ -70,6 +70,19 @@ class ObservedResidency(Protocol):
     @property
     def budget_bytes(self) -> int | None: ...
     def loaded_models(self) -> int: ...
+    @property
+    def warm(self) -> ObservedWarmTier: ...
+
+
+class ObservedWarmTier(Protocol):
+    """The warm tier (server/models/warm.py), for its gauges."""
+
+    @property
+    def budget_bytes(self) -> int | None: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def entries(self) -> Mapping[str, Any]: ...
 
 
 class StatsSink(Protocol):

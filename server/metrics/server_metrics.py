@@ -119,6 +119,16 @@ class Metrics:
             "mserve_model_evictions", "Idle models scaled down to minWorkers",
             ["model", "version", "reason"], registry=self.prom,
         )  # fmt: skip
+        # the warm tier (server/models/warm.py): loads on demand by where the weights came
+        # from (tier: warm, cold), and models dropped from warm to cold (reason)
+        self.model_wakes = Counter(
+            "mserve_model_wakes", "Loads on demand by the tier the model came from",
+            ["model", "version", "tier"], registry=self.prom,
+        )  # fmt: skip
+        self.warm_drops = Counter(
+            "mserve_warm_tier_drops", "Models dropped from the warm tier to cold, by reason",
+            ["model", "version", "reason"], registry=self.prom,
+        )  # fmt: skip
         self.cancelled = Counter(
             "mserve_requests_cancelled", "Requests stopped before their answer was complete",
             ["model", "version", "reason"], registry=self.prom,
@@ -258,6 +268,15 @@ class Metrics:
     def model_evicted(self, name: str, version: str, reason: str) -> None:
         """``reason``: ``idle`` (idle_unload_s) or ``budget`` (room for another model)."""
         self.model_evictions.labels(name, version, reason).inc()
+
+    def model_woken(self, name: str, version: str, tier: str) -> None:
+        """A load on demand ended well; ``tier``: ``warm`` (weights in the warm tier) or
+        ``cold``."""
+        self.model_wakes.labels(name, version, tier).inc()
+
+    def warm_dropped(self, name: str, version: str, reason: str) -> None:
+        """``reason``: ``budget``, ``too_big``, ``stale`` or ``unregistered``."""
+        self.warm_drops.labels(name, version, reason).inc()
 
     def worker_loaded(self, name: str, version: str, worker_id: str, load_ms: float) -> None:
         if self.log_frontend:
@@ -454,6 +473,21 @@ class Metrics:
         loaded = GaugeMetricFamily("mserve_models_loaded", "Model versions with workers")
         loaded.add_metric([], residency.loaded_models())
         yield loaded
+        warm = residency.warm
+        if warm.budget_bytes is not None:
+            held = GaugeMetricFamily(
+                "mserve_warm_tier_bytes", "Evicted models' weights kept in the page cache"
+            )
+            held.add_metric([], warm.bytes)
+            yield held
+            budget = GaugeMetricFamily(
+                "mserve_warm_tier_budget_bytes", "warm_tier_budget_mb, in bytes"
+            )
+            budget.add_metric([], warm.budget_bytes)
+            yield budget
+            models = GaugeMetricFamily("mserve_models_warm", "Model versions in the warm tier")
+            models.add_metric([], len(warm.entries))
+            yield models
 
     def _token_families(self) -> list[CounterMetricFamily]:
         labels = ["model", "version"]

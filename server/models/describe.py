@@ -59,6 +59,9 @@ def describe(model: ModelVersion) -> dict[str, Any]:
         "settingSources": s.sources,
         "loadedAtStartup": model.loaded_at_startup,
         "loadState": model.load_state(),
+        # measured, not declared: a worker's PSS, its weights in the warm tier, load and wake
+        # times (server/models/footprints.py), kept across restarts
+        "footprint": model.residency.shown(model) if model.residency is not None else None,
         "status": "FAILED" if model.failed else ("READY" if model.healthy() else "LOADING"),
         "stage": model.stage,
         "failure": model.failed,

@@ -38,6 +38,9 @@ from server.config import ServerConfig
 from server.config.model_settings import ModelSettings
 from server.errors import BudgetExhausted
 from server.metrics.server_metrics import Metrics
+from server.models.eviction import DEFAULT_RELOAD_S, Rates
+from server.models.footprints import Footprints
+from server.models.warm import WarmTier
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,9 @@ class Resident(Protocol):
     def live_workers(self, retiring: bool = True) -> list[tuple[int | None, bool]]: ...
     def idle_since(self) -> float | None: ...
     def unload(self, why: str) -> list[asyncio.Task[None]]: ...
+    def mapped_files(self) -> list[tuple[str, int]]: ...
+    @property
+    def asked(self) -> int: ...
 
 
 class Residency:
@@ -81,7 +87,17 @@ class Residency:
         self.evictions = 0
         self._models: Callable[[], Sequence[Resident]] = list
         self._lock = asyncio.Lock()
-        self._per_worker: dict[str, int] = {}  # model label: a ready worker's memory, last seen
+        # what each model version was measured to take, kept across restarts (footprints.py)
+        self.footprints = Footprints(config.run_path)
+        # evicted models' weights kept in the page cache (warm.py); off without a budget
+        warm_mb = config.warm_tier_budget_mb
+        self.warm = WarmTier(warm_mb * MIB if warm_mb else None)
+        self.warm.on_drop = self._warm_dropped
+        self.eviction = config.eviction  # "cost" or "lru" (see _victim)
+        self._waking: dict[str, bool] = {}  # label: whether its load in progress is a wake
+        self._rates = Rates()
+        self._keeping: set[asyncio.Task[int]] = set()
+        self._warm_measured_at = 0.0
         self._measured_at = 0.0
         self._sizes: dict[int, tuple[float, int]] = {}  # pid: (when read, bytes)
 
@@ -104,17 +120,67 @@ class Residency:
         """An on-demand load ended (server/models/version.py)."""
         self.loads += 1
         self.failed_loads += not ok
+        warm = self._waking.pop(model.label, False)
+        if ok:
+            self.footprints.loaded(model.label, seconds, warm=warm)
         if self.metrics is not None:
             self.metrics.model_loaded(model.name, model.version, seconds, ok)
+            if ok:
+                self.metrics.model_woken(model.name, model.version, "warm" if warm else "cold")
 
-    def _evicted(self, model: Resident, reason: str) -> None:
+    def _unload(self, model: Resident, why: str, reason: str) -> bool:
+        """Evict ``model`` if it is idle (``reason``: ``idle`` or ``budget``); its mapped
+        weights go to the warm tier. False when it could not be unloaded now."""
+        files = model.mapped_files() if self.warm.enabled else []
+        if not model.unload(why):
+            return False
         self.evictions += 1
         if self.metrics is not None:
             self.metrics.model_evicted(model.name, model.version, reason)
+        if files:
+            task = asyncio.get_running_loop().create_task(self._keep_warm(model, files))
+            self._keeping.add(task)
+            task.add_done_callback(self._keeping.discard)
+        return True
+
+    async def _keep_warm(self, model: Resident, files: list[tuple[str, int]]) -> int:
+        try:
+            kept = await self.warm.keep(model.label, files, self._worth_warm)
+        except Exception:  # a task of its own: nothing else would see it
+            log.exception("could not keep model %s warm", model.label)
+            return 0
+        if kept:
+            self.footprints.warm(model.label, kept)
+            log.info("model %s is warm: %.0f MiB of weights kept in the page cache",
+                     model.label, kept / MIB)  # fmt: skip
+        return kept
+
+    def _warm_dropped(self, label: str, reason: str) -> None:
+        if self.metrics is not None:
+            name, _, version = label.rpartition(":")
+            self.metrics.warm_dropped(name, version, reason)
+
+    def tier(self, model: Resident) -> str:
+        """``loaded`` (workers starting or serving), ``warm`` (its weights in the warm tier)
+        or ``cold``."""
+        if model.live_workers(retiring=False):
+            return "loaded"
+        return "warm" if self.warm.holds(model.label) else "cold"
+
+    def shown(self, model: Resident) -> dict[str, float | int | None]:
+        """describe's ``footprint``: what ``model`` was measured to take (footprints.py)."""
+        return {"tier": self.tier(model), **self.footprints.get(model.label).shown()}
 
     # --- admission --------------------------------------------------------------------------
 
     async def admit(self, model: Resident, count: int = 1) -> None:
+        """:meth:`_admit`, then the model's weights leave the warm tier for its workers
+        (whether this load is a wake is counted when it ends)."""
+        await self._admit(model, count)
+        if self.warm.enabled:
+            self._waking[model.label] = self.warm.take(model.label)
+
+    async def _admit(self, model: Resident, count: int = 1) -> None:
         """Return when ``count`` new workers of ``model`` may start: evict idle models until
         they fit, wait for room up to ``load_wait_s``; raise :class:`BudgetExhausted` past it.
 
@@ -135,10 +201,11 @@ class Residency:
                 if why is None:
                     return
                 victim = self._victim(model)
-                if victim is not None and victim.unload(f"evicted for {model.label}: {why}"):
+                if victim is not None and self._unload(
+                    victim, f"evicted for {model.label}: {why}", "budget"
+                ):
                     # no wait for its workers to exit (tens of ms, more on a busy machine):
                     # the check below leaves their memory out already
-                    self._evicted(victim, "budget")
                     continue
                 if loop.time() >= deadline:
                     raise BudgetExhausted(self._refusal(model, count, why))
@@ -180,22 +247,41 @@ class Residency:
         )
 
     def _victim(self, model: Resident) -> Resident | None:
-        """The least recently used model that could be unloaded now, other than ``model``."""
-        best: tuple[float, Resident] | None = None
-        for m in self._models():
+        """The model, other than ``model``, that could be unloaded now and costs least to
+        evict (eviction.py: its request rate x what bringing it back takes; least recently
+        used among equals), or the least recently used with ``eviction: lru``."""
+        now = time.monotonic()
+        models = self._models()
+        if self.eviction == "cost":
+            self._rates.sample(models, now)
+        best: tuple[float, float, Resident] | None = None
+        for m in models:
             since = m.idle_since() if m is not model else None
-            if since is not None and (best is None or since < best[0]):
-                best = (since, m)
-        return best[1] if best else None
+            if since is None:
+                continue
+            cost = self.eviction_cost(m, now) if self.eviction == "cost" else 0.0
+            if best is None or (cost, since) < best[:2]:
+                best = (cost, since, m)
+        return best[2] if best else None
+
+    def eviction_cost(self, model: Resident, now: float) -> float:
+        """Seconds of loading per second that evicting ``model`` is expected to cost."""
+        warm = self.warm.enabled and bool(model.mapped_files())
+        reload_s = self.footprints.get(model.label).reload_s(warm)
+        return self._rates.rate(model.label, now) * (reload_s or DEFAULT_RELOAD_S)
+
+    def _worth_warm(self, label: str) -> float:
+        """What keeping ``label`` warm saves, per second: its rate x its cold load time."""
+        load_s = self.footprints.get(label).load_s
+        return self._rates.rate(label, time.monotonic()) * (load_s or DEFAULT_RELOAD_S)
 
     def _estimate(self, model: Resident) -> int:
         """A worker of ``model`` takes what its last one took; never seen: the mean of all."""
-        known = self._per_worker.get(model.label)
+        known = self.footprints.get(model.label).worker_bytes
         if known is not None:
             return known
-        if self._per_worker:
-            return sum(self._per_worker.values()) // len(self._per_worker)
-        return 0
+        seen = self.footprints.known_worker_bytes()
+        return sum(seen) // len(seen) if seen else 0
 
     async def measure(self) -> int:
         """The workers' memory now: each one's PSS (a starting one counts what a worker of its
@@ -223,7 +309,7 @@ class Residency:
             if starting:
                 size = max(size, self._estimate(m))
             elif size and pid in staying:
-                self._per_worker[m.label] = size
+                self.footprints.worker(m.label, size)
             used += size
             if pid not in staying:
                 leaving += size
@@ -241,8 +327,8 @@ class Residency:
             if not idle_s:
                 continue
             since = m.idle_since()
-            if since is not None and now - since >= idle_s and m.unload(f"idle for {idle_s:g} s"):
-                self._evicted(m, "idle")
+            if since is not None and now - since >= idle_s:
+                self._unload(m, f"idle for {idle_s:g} s", "idle")
 
     async def run(self) -> None:
         """The server's chore: idle unloads (checked at a quarter of the shortest
@@ -258,6 +344,12 @@ class Residency:
                     await self.measure()
                 except (OSError, psutil.Error) as exc:
                     log.warning("could not measure the workers' memory: %s", exc)
+            self.footprints.save()  # when a figure changed
+            self._rates.sample(self._models(), now)
+            if self.warm.entries and now - self._warm_measured_at >= MEASURE_EVERY_S:
+                self._warm_measured_at = now
+                self.warm.prune(m.label for m in self._models())
+                await self.warm.measure()
             idle = [m.settings.idle_unload_s for m in self._models() if m.settings.idle_unload_s]
             await asyncio.sleep(min(1.0, max(0.05, min(idle) / 4)) if idle else 1.0)
 

@@ -160,6 +160,7 @@ class ModelVersion:
         self.residency: Residency | None = None
         self.prepared = False
         self.last_used = time.monotonic()
+        self.asked = 0  # requests queued: their rate weighs evictions (server/models/eviction.py)
         # records each sampled request for monitoring (server/inference_log/); None: off
         self.inference_log: InferenceLogger | None = None
         # the workflow this version is a node of (server/workflows/), else None
@@ -259,6 +260,7 @@ class ModelVersion:
                 )
             self._load_on_demand()
         self.last_used = time.monotonic()
+        self.asked += 1
         job = Job(item, self.queue.new_future())
         job.trace = trace
         try:
@@ -346,6 +348,8 @@ class ModelVersion:
             init["inference_log"] = True
         if self.declared_metrics:
             init["model_metrics"] = self.declared_metrics
+        if self.residency is not None and self.residency.warm.enabled:
+            init["warm_tier"] = True  # map checkpoints from the page cache (docs/warm-tier.md)
         env = {**self.worker_env, **worker_env_for(gpu)}
         if self.sandbox is not None:
             init["sandbox"] = self.sandbox.policy(gpu, self.python)
@@ -635,6 +639,11 @@ class ModelVersion:
             if slot.task is not None:
                 slot.task.add_done_callback(lambda _t, s=slot: self._retiring.discard(s))
         self._wake_all()
+
+    def mapped_files(self) -> list[tuple[str, int]]:
+        """The checkpoints its workers mapped (what the warm tier keeps when it is evicted)."""
+        files = {f for s in self.slots if s.worker is not None for f in s.worker.mapped}
+        return sorted(files)
 
     def live_workers(self, retiring: bool = True) -> list[tuple[int | None, bool]]:
         """(pid, still starting) of every worker not yet stopped, retiring ones included unless

@@ -99,6 +99,9 @@ class Worker:
         # how the worker confined itself (mserve_worker/confine.py): what was applied, or why
         # nothing was; None until it is ready, or when the sandbox is off
         self.sandbox: dict[str, Any] | None = None
+        # (path, bytes) of the checkpoints it mapped from the page cache: what the warm tier
+        # keeps when its model is evicted (server/models/warm.py)
+        self.mapped: list[tuple[str, int]] = []
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._proc: Process | None = None
         self._channel: Channel | None = None
@@ -384,6 +387,7 @@ class Worker:
         self.style = reply.meta.get("style")
         confined = reply.meta.get("sandbox")
         self.sandbox = confined if isinstance(confined, dict) else None
+        self.mapped = _mapped_files(reply.meta.get("mapped"))
         self.state = WorkerState.READY
         log.info(
             "worker %s of %s ready in %.2f s (handler style %s)",
@@ -609,3 +613,18 @@ class Worker:
 
 def default_python() -> str:
     return sys.executable
+
+
+def _mapped_files(reported: Any) -> list[tuple[str, int]]:
+    """READY's ``mapped``, ``[[path, bytes], ...]``; anything else in it is left out (a
+    worker's word, bounded: at most 4096 files)."""
+    if not isinstance(reported, list):
+        return []
+    out = []
+    for entry in reported[:4096]:
+        if (
+            isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+            and type(entry[1]) is int and entry[1] >= 0 and os.path.isabs(entry[0])
+        ):  # fmt: skip
+            out.append((entry[0], entry[1]))
+    return out

@@ -1,0 +1,230 @@
+"""The warm tier: an evicted model's weights kept in the page cache, mapped by the server.
+
+Between loaded (workers serve it) and cold (the next load reads and unpickles its weights from
+disk) a model can be warm: its workers were stopped, but the checkpoints they mapped
+(mserve_worker/sdk/weights.py reports them with READY) stay in the page cache, mapped by the
+server itself. A new worker maps the same pages (``torch.load(mmap=True)``): no read, no unpickled
+copy, no random initialisation, and it is forked from the environment's template with the
+imports done. docs/warm-tier.md has the walk-through and figures.
+
+Page cache is not free, so the tier is bounded: ``warm_tier_budget_mb`` counts the pages the
+server's mappings hold, as /proc/self/smaps tells them (what the kernel has not reclaimed).
+When a newly evicted model does not fit, the warm models worth least (their request rate times
+what a cold load costs more than a wake) drop to cold: the mapping is closed and the file's
+pages handed back to the kernel (``posix_fadvise(DONTNEED)``), counted in
+``mserve_warm_tier_drops_total{reason}``.
+
+Never stale: a wake maps the file at its path, whatever is there now, and the page cache is
+the file's own, so a worker cannot read old weights from it. The tier only remembers each
+file's identity (device, inode, size, modification time) to tell whether a wake is one: a
+model whose files changed (a new archive registered under the same name, a file replaced)
+is dropped as ``stale`` and loads cold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mmap
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+MIB = 2**20
+Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+@dataclass
+class WarmFile:
+    path: str
+    identity: Identity
+    view: mmap.mmap
+
+
+@dataclass
+class WarmEntry:
+    label: str
+    files: list[WarmFile] = field(default_factory=list)
+    bytes: int = 0  # its pages the server's mappings hold, last measured
+    since: float = field(default_factory=time.monotonic)
+
+
+class WarmTier:
+    """The warm models, ``{label: WarmEntry}``, within ``budget_bytes``."""
+
+    def __init__(self, budget_bytes: int | None) -> None:
+        self.budget_bytes = budget_bytes or None  # 0 or None: no warm tier
+        self.entries: dict[str, WarmEntry] = {}
+        self.drops: Counter[str] = Counter()  # reason: models dropped to cold
+        self.on_drop: Callable[[str, str], None] | None = None  # (label, reason): metrics
+        self._lock = asyncio.Lock()  # one keep at a time: each measures, then fits the budget
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_bytes is not None
+
+    @property
+    def bytes(self) -> int:
+        return sum(e.bytes for e in self.entries.values())
+
+    def holds(self, label: str) -> bool:
+        """Whether ``label`` is warm (its files unchanged since it was kept)."""
+        entry = self.entries.get(label)
+        return entry is not None and all(_identity(f.path) == f.identity for f in entry.files)
+
+    def take(self, label: str) -> bool:
+        """A worker of ``label`` is about to start: True when it wakes from the tier. The
+        entry leaves the tier either way (the worker maps the pages now; the server's mapping
+        is closed, the pages stay in the page cache). A stale one drops its pages."""
+        entry = self.entries.get(label)
+        if entry is None:
+            return False
+        if not self.holds(label):
+            self.drop(label, "stale")
+            return False
+        del self.entries[label]
+        _close(entry, evict=False)
+        return True
+
+    def drop(self, label: str, reason: str) -> None:
+        """``label`` goes cold: its mapping closed, its pages handed back to the kernel."""
+        entry = self.entries.pop(label, None)
+        if entry is None:
+            return
+        _close(entry, evict=True)
+        self.drops[reason] += 1
+        log.info("model %s dropped from the warm tier to cold (%s; %.0f MiB)",
+                 label, reason, entry.bytes / MIB)  # fmt: skip
+        if self.on_drop is not None:
+            self.on_drop(label, reason)
+
+    def prune(self, registered: Iterable[str]) -> None:
+        """Drop the models no longer registered."""
+        keep = set(registered)
+        for label in [lb for lb in self.entries if lb not in keep]:
+            self.drop(label, "unregistered")
+
+    async def keep(
+        self, label: str, files: list[tuple[str, int]], worth: Callable[[str], float]
+    ) -> int:
+        """Keep ``label``'s evicted ``files`` warm: map them (which reads in any page the
+        kernel reclaimed meanwhile), measure, then drop the warm models worth least
+        (``worth``) until the tier fits its budget, this one included if it is worth least
+        or alone too big. Returns the bytes kept (0: not kept)."""
+        if not self.enabled or not files:
+            return 0
+        budget = self.budget_bytes or 0
+        declared = sum(size for _path, size in files)
+        async with self._lock:
+            old = self.entries.pop(label, None)  # kept before and not woken since
+            if old is not None:
+                _close(old, evict=False)
+            if declared > budget:
+                self.drops["too_big"] += 1
+                if self.on_drop is not None:
+                    self.on_drop(label, "too_big")
+                log.info(
+                    "model %s is not kept warm: its weights (%.0f MiB) exceed"
+                    " warm_tier_budget_mb=%d", label, declared / MIB, budget // MIB,
+                )  # fmt: skip
+                return 0
+            # make room by the files' sizes first, so the tier never maps past its budget
+            self._fit(declared, worth)
+            try:
+                entry = await asyncio.to_thread(_map, label, files)
+            except OSError as exc:
+                log.warning("model %s is not kept warm: %s", label, exc)
+                return 0
+            self.entries[label] = entry
+            await self.measure()
+            self._fit(0, worth)
+            entry = self.entries.get(label)
+        return entry.bytes if entry is not None else 0
+
+    def _fit(self, extra: int, worth: Callable[[str], float]) -> None:
+        """Drop the warm models worth least until they and ``extra`` bytes fit the budget."""
+        budget = self.budget_bytes or 0
+        while self.entries and self.bytes + extra > budget:
+            victim = min(self.entries, key=lambda lb: (worth(lb), self.entries[lb].since))
+            self.drop(victim, "budget")
+
+    async def measure(self) -> int:
+        """Each warm model's pages the server's mappings hold now (/proc/self/smaps: what
+        the kernel has not reclaimed). Returns the total."""
+        if not self.entries:
+            return 0
+        try:
+            resident = await asyncio.to_thread(_resident_by_path)
+        except (OSError, psutil.Error) as exc:
+            log.warning("could not measure the warm tier: %s", exc)
+            return self.bytes
+        for entry in self.entries.values():
+            entry.bytes = sum(resident.get(f.path, 0) for f in entry.files)
+        return self.bytes
+
+    def close(self) -> None:
+        """At shutdown: close the mappings (the pages stay in the page cache)."""
+        for entry in self.entries.values():
+            _close(entry, evict=False)
+        self.entries.clear()
+
+
+def _identity(path: str) -> Identity | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _map(label: str, files: list[tuple[str, int]]) -> WarmEntry:
+    """Map each file read-only with its page tables filled (MAP_POPULATE): pages still in the
+    page cache are mapped at once, reclaimed ones read back in."""
+    entry = WarmEntry(label)
+    try:
+        for path, _size in files:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                if st.st_size == 0:
+                    continue
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                view = mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            entry.files.append(WarmFile(os.path.realpath(path), identity, view))
+    except OSError:
+        _close(entry, evict=False)
+        raise
+    return entry
+
+
+def _close(entry: WarmEntry, evict: bool) -> None:
+    for f in entry.files:
+        f.view.close()
+        if evict:  # pages no process maps any more go back to the kernel
+            try:
+                fd = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                if _identity(f.path) == f.identity:  # never the pages of a newer file
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    entry.files.clear()
+
+
+def _resident_by_path() -> dict[str, int]:
+    """This process's resident bytes per mapped file (RSS of its mappings, /proc/self/smaps)."""
+    out: dict[str, int] = {}
+    for m in psutil.Process().memory_maps(grouped=True):
+        out[m.path] = out.get(m.path, 0) + int(m.rss)
+    return out

@@ -1,0 +1,44 @@
+"""BaseHandler's own loading (modelFile + serializedFile), unchanged: the warm tier maps its
+state dict. Answers a digest of the output for a seeded input, the worker's pid and whether its
+weights were mapped. ``handler: {load_sleep_s: ...}`` in the model config makes each load that
+much slower (a model that is dear to reload)."""
+
+import hashlib
+import os
+import time
+
+import torch
+from stack import WIDTH
+
+from mserve_worker.sdk import weights
+from mserve_worker.sdk.base_handler import BaseHandler
+
+
+class Handler(BaseHandler):
+    handler_options = ("load_sleep_s",)
+    load_sleep_s = 0.0
+
+    def initialize(self, context):
+        super().initialize(context)
+        time.sleep(self.load_sleep_s)
+
+    def preprocess(self, data):
+        seeds = [int((row.get("body") or row.get("data") or {}).get("seed", 0)) for row in data]
+        return torch.stack(
+            [torch.randn(WIDTH, generator=torch.Generator().manual_seed(s)) for s in seeds]
+        )
+
+    def inference(self, data):
+        with torch.no_grad():
+            return self.model(data)
+
+    def postprocess(self, output):
+        return [
+            {
+                "digest": hashlib.sha256(row.numpy().tobytes()).hexdigest(),
+                "pid": os.getpid(),
+                "mapped": weights.is_mapped(self.model_pt_path),
+                "model_dir": os.path.dirname(self.model_pt_path),
+            }
+            for row in output
+        ]

@@ -1,0 +1,277 @@
+"""The warm tier, measured footprints and eviction by cost (docs/warm-tier.md): one real server,
+real torch workers, real weights files (16 MiB, made from fixed seeds) and real archives."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import yaml
+
+from tests.conftest import ARCHIVER_SCRIPT
+from tests.server.conftest import HANDLERS, MSERVE, Server, http, pid_alive, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+FOLDER = HANDLERS / "warm_weights"
+MIB = 2**20
+WARM_BUDGET_MB = 40  # two of the 16 MiB models, not three
+WORKER_BUDGET_MB = 250
+
+
+def _weights(path: Path, seed: int) -> Path:
+    import sys
+
+    sys.path.insert(0, str(FOLDER))
+    try:
+        from stack import Stack
+    finally:
+        sys.path.remove(str(FOLDER))
+    torch.manual_seed(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(Stack().state_dict(), path)
+    return path
+
+
+def _archive(store: Path, name: str, seed: int, handler: str = "handler.py",
+             config: dict | None = None) -> None:  # fmt: skip
+    work = store.parent / f"src-{name}"
+    weights = _weights(work / "weights.pt", seed)
+    args = [
+        ARCHIVER_SCRIPT, "--model-name", name, "--handler", str(FOLDER / handler),
+        "--model-file", str(FOLDER / "stack.py"), "--serialized-file", str(weights),
+        "--export-path", str(store), "--archive-format", "zip-store", "-f",
+    ]  # fmt: skip
+    if handler != "handler.py":
+        args[args.index("--model-file") : args.index("--model-file")] = [
+            "--extra-files", str(FOLDER / "stack.py"),
+        ]  # fmt: skip
+    if config is not None:
+        cfg = work / "model-config.yaml"
+        cfg.write_text(yaml.safe_dump(config))
+        args += ["-c", str(cfg)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def _start(root: Path) -> Server:
+    settings = {
+        "inference_address": "127.0.0.1:0",
+        "management_address": "127.0.0.1:0",
+        "metrics_address": "127.0.0.1:0",
+        "grpc_inference_address": "127.0.0.1:0",
+        "grpc_management_address": "127.0.0.1:0",
+        "model_store": str(root / "store"),
+        "disable_token_authorization": True,
+        "enable_model_api": True,
+        "warm_tier_budget_mb": WARM_BUDGET_MB,
+        "worker_memory_budget_mb": WORKER_BUDGET_MB,
+        "max_loaded_models": 2,
+    }
+    config_file = root / "mserve.yaml"
+    config_file.write_text(yaml.safe_dump(settings))
+    args = ["--config", str(config_file), "--run-dir", str(root / "run")]
+    started = subprocess.run([MSERVE, "--start", *args], capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    return Server(root / "run", json.loads((root / "run" / "status.json").read_text()), args)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("warm")
+    store = root / "store"
+    store.mkdir()
+    for name, seed in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
+        _archive(store, name, seed)
+    _archive(store, "custom", 1, handler="custom.py")
+    _archive(store, "cheap", 5)
+    _archive(store, "dear", 6, config={"handler": {"load_sleep_s": 1.5}})
+    served = _start(root)
+    yield served
+    if pid_alive(served.pid):
+        served.cli("--stop")
+
+
+def _register(server: Server, name: str, idle_s: int = 0) -> None:
+    reply = server.manage(
+        "POST",
+        f"/models?url={name}.mar&model_name={name}&initial_workers=0&idle_unload_timeout={idle_s}",
+    )
+    assert reply.status == 200, reply.body
+
+
+def _ask(server: Server, name: str, seed: int = 7) -> dict:
+    reply = server.predict(name, {"seed": seed})
+    assert reply.status == 200, reply.body
+    return reply.json()
+
+
+def _described(server: Server, name: str) -> dict:
+    return server.manage("GET", f"/models/{name}").json()[0]
+
+
+def _tier(server: Server, name: str) -> str:
+    return _described(server, name)["footprint"]["tier"]
+
+
+def _metric(server: Server, pattern: str) -> float:
+    text = http("GET", server.url("metrics", "/metrics")).body.decode()
+    found = re.search(rf"^{pattern} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _server_maps(server: Server, path_part: str) -> int:
+    """The server process's resident bytes of mapped files whose path holds ``path_part``
+    (/proc/<pid>/smaps)."""
+    maps = psutil.Process(server.pid).memory_maps(grouped=True)
+    return sum(m.rss for m in maps if path_part in m.path)
+
+
+def _unload(server: Server, name: str) -> None:
+    """Wait for ``name`` (registered with an idle unload) to go warm or cold."""
+    wait_until(lambda: _tier(server, name) != "loaded", 30, f"{name} unloaded")
+
+
+def test_a_worker_footprint_is_measured_against_proc(
+    server: Server,
+) -> None:
+    _register(server, "a", idle_s=0)
+    answer = _ask(server, "a")
+    assert answer["mapped"] is True  # BaseHandler's loading, unchanged, mapped the weights
+    pid = answer["pid"]
+    wait_until(
+        lambda: _described(server, "a")["footprint"]["workerPssBytes"] is not None, 15,
+        "a's footprint",
+    )  # fmt: skip
+    shown = _described(server, "a")["footprint"]
+    pss = psutil.Process(pid).memory_full_info().pss
+    assert abs(shown["workerPssBytes"] - pss) < 0.25 * pss, (shown, pss)
+    assert shown["tier"] == "loaded" and shown["coldLoadSeconds"] > 0
+    assert (
+        server.manage("PUT", "/models/a?min_worker=0&max_worker=1&synchronous=true").status == 200
+    )
+    saved = json.loads((server.run_dir / "footprints.json").read_text())
+    assert saved["models"]["a:1.0"]["worker_bytes"] > 0
+
+
+def test_a_model_woken_from_warm_answers_exactly_what_it_answered_loaded(server: Server) -> None:
+    _register(server, "b", idle_s=1)
+    loaded = _ask(server, "b")
+    _unload(server, "b")
+    wait_until(lambda: _tier(server, "b") == "warm", 15, "b warm")
+    weights = Path(loaded["model_dir"]) / "weights.pt"
+    size = weights.stat().st_size
+    # the warm tier's pages, as the server's own mapping holds them in /proc
+    held = _server_maps(server, str(weights))
+    assert held > 0.9 * size, (held, size)
+    wait_until(lambda: (_described(server, "b")["footprint"]["warmBytes"] or 0) > 0.9 * size, 15)
+    wakes = 'mserve_model_wakes_total{model="b",tier="warm",version="1.0"}'
+    assert _metric(server, re.escape(wakes)) == 0
+    woken = _ask(server, "b")
+    assert woken["pid"] != loaded["pid"] and woken["mapped"] is True
+    assert woken["digest"] == loaded["digest"]
+    assert _metric(server, re.escape(wakes)) == 1
+    assert _tier(server, "b") == "loaded"
+    assert _described(server, "b")["footprint"]["warmWakeSeconds"] > 0
+
+
+def test_a_handler_calling_the_helper_gets_the_warm_tier_too(server: Server) -> None:
+    _register(server, "custom", idle_s=1)
+    loaded = _ask(server, "custom")
+    assert loaded["mapped"] is True
+    _unload(server, "custom")
+    wait_until(lambda: _tier(server, "custom") == "warm", 15, "custom warm")
+    woken = _ask(server, "custom")
+    assert (woken["digest"], woken["mapped"]) == (loaded["digest"], True)
+    assert woken["pid"] != loaded["pid"]
+
+
+def test_a_changed_weights_file_is_never_woken_stale(server: Server) -> None:
+    _register(server, "c", idle_s=1)
+    _register(server, "d", idle_s=1)
+    old = _ask(server, "c")
+    other = _ask(server, "d")  # what seed 4's weights answer
+    assert other["digest"] != old["digest"]
+    _unload(server, "c")
+    wait_until(lambda: _tier(server, "c") == "warm", 15, "c warm")
+    # the file under c's unpacked archive replaced by d's weights (a new inode)
+    target = Path(old["model_dir"]) / "weights.pt"
+    fresh = target.with_name("weights.new")
+    fresh.write_bytes((Path(other["model_dir"]) / "weights.pt").read_bytes())
+    fresh.replace(target)
+    assert _tier(server, "c") == "cold"  # its identity no longer matches
+    woken = _ask(server, "c")
+    assert woken["digest"] == other["digest"] != old["digest"]
+    stale = 'mserve_warm_tier_drops_total{model="c",reason="stale",version="1.0"}'
+    assert _metric(server, re.escape(stale)) == 1
+    cold = 'mserve_model_wakes_total{model="c",tier="cold",version="1.0"}'
+    assert _metric(server, re.escape(cold)) == 2
+
+
+def _workers_pss(server: Server) -> int:
+    """The PSS of the server's workers (forked by its templates: its grandchildren), from /proc."""
+    total = 0
+    for template in psutil.Process(server.pid).children():
+        for worker in template.children():
+            try:
+                total += worker.memory_full_info().pss
+            except psutil.Error:
+                continue
+    return total
+
+
+def test_the_budgets_hold_and_drops_to_cold_are_counted(server: Server) -> None:
+    names = ("b", "c", "d", "custom")  # registered above, idle unload after 1 s
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append(_workers_pss(server))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        for _round in range(2):
+            for name in names:  # no wait: the budgets evict
+                _ask(server, name)
+                # the server's mappings of weights files (page cache, /proc) within the tier
+                held = _server_maps(server, "weights.pt")
+                assert held <= WARM_BUDGET_MB * MIB, held
+    finally:
+        stop.set()
+        sampler.join()
+    wait_until(lambda: sum(_tier(server, n) == "warm" for n in names) == 2, 30, "2 warm")
+    budget = r'mserve_warm_tier_drops_total\{model="\w+",reason="budget",version="1.0"\}'
+    text = http("GET", server.url("metrics", "/metrics")).body.decode()
+    assert sum(float(v) for v in re.findall(rf"^{budget} (\S+)$", text, re.M)) >= 1
+    one = max(_described(server, n)["footprint"]["workerPssBytes"] or 0 for n in names)
+    assert max(samples) <= WORKER_BUDGET_MB * MIB + one, (max(samples), one)
+
+
+def test_eviction_by_cost_evicts_the_cheap_model_first(server: Server) -> None:
+    wait_until(lambda: _metric(server, "mserve_models_loaded") == 0, 30, "others unloaded")
+    _register(server, "cheap")
+    _register(server, "dear")
+    # cheap is asked for a little more often, and more recently: plain LRU would evict dear
+    for _ in range(3):
+        _ask(server, "dear")
+    for _ in range(4):
+        _ask(server, "cheap")
+    described = _described(server, "dear")["footprint"]
+    assert (
+        described["coldLoadSeconds"] > _described(server, "cheap")["footprint"]["coldLoadSeconds"]
+    )
+    # "a" (test 1) loads on demand: max_loaded_models=2, one of them goes
+    _ask(server, "a")
+    assert _tier(server, "dear") == "loaded"
+    assert _tier(server, "cheap") in ("warm", "cold")
