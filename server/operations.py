@@ -7,6 +7,7 @@ messages.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -162,7 +163,12 @@ def describe(registry: Registry, name: str, version: str | None) -> Any:
     if downloading and name not in registry.models:  # listed while its archive arrives
         return downloading
     models = registry.versions(name) if version == "all" else [registry.get(name, version)]
-    return [registry.redact.describe(described(m)) for m in models]
+    out = [registry.redact.describe(described(m)) for m in models]
+    swap = registry.swaps.shown(name)  # the running swap, or the last one (swap_model)
+    if swap is not None:
+        for entry in out:
+            entry["swap"] = swap
+    return out
 
 
 async def register_model(registry: Registry, params: Mapping[str, str]) -> Outcome:
@@ -235,6 +241,7 @@ async def scale_model(
     if max_worker is not None and max_worker < min_worker:
         raise BadRequest(f"max_worker ({max_worker}) is less than min_worker ({min_worker})")
     synchronous = bool_param(params, "synchronous", False)
+    _not_swapping(registry, model.name, model.version, "scaled")
     await model.scale(min_worker, max_worker, synchronous)
     registry.changed()
     if synchronous:
@@ -243,6 +250,7 @@ async def scale_model(
 
 
 async def unregister_model(registry: Registry, name: str, version: str | None) -> Outcome:
+    _not_swapping(registry, name, version or registry.defaults.get(name, ""), "unregistered")
     try:
         model = await registry.unregister(name, version)
     except (ModelNotFound, ModelVersionNotFound):
@@ -257,3 +265,75 @@ async def unregister_model(registry: Registry, name: str, version: str | None) -
 def set_default(registry: Registry, name: str, version: str) -> Outcome:
     registry.set_default(name, version)
     return Outcome(f'Default version successfully updated for model "{name}" to "{version}"')
+
+
+def _not_swapping(registry: Registry, name: str, version: str, what: str) -> None:
+    """A version a swap moves workers from or to is scaled and unregistered by it alone."""
+    swap = registry.swaps.running(name)
+    if swap is not None and version in (swap.source.version, swap.target.version):
+        raise BadRequest(
+            f"model {name} version {version} cannot be {what} while a swap from"
+            f" {swap.source.version} to {swap.target.version} runs ({swap.step}); wait for it"
+            f" to end (GET /models/{name} shows its progress)"
+        )
+
+
+async def swap_model(
+    registry: Registry, name: str, version: str, params: Mapping[str, str]
+) -> Outcome:
+    """``PUT /models/{name}/{version}/swap?to=B``: replace ``version`` by B in place, one worker
+    at a time within the memory budget (server/models/swap.py). ``workers``: B's workers at the
+    end (A's now, at least 1); ``unregister``: unregister A at the end; ``synchronous``: answer
+    when it has ended (a rollback is an error naming why), else at once (202)."""
+    versions = [mv.version for mv in registry.versions(name)]
+    if version not in versions:
+        raise BadRequest(
+            f"version {version!r} (the path's) is not registered for model {name} (registered:"
+            f" {', '.join(versions)})"
+        )
+    to = params.get("to")
+    if not to:
+        raise BadRequest(f"parameter 'to' is required: the version of {name} to swap {version}"
+                         " for")  # fmt: skip
+    if to not in versions:
+        raise BadRequest(
+            f"parameter 'to': version {to!r} is not registered for model {name} (registered:"
+            f" {', '.join(versions)}); register it first (with initial_workers=0)"
+        )
+    if to == version:
+        raise BadRequest(
+            f"parameter 'to': {to!r} is the version being swapped out; name another version"
+        )
+    source, target = registry.get(name, version), registry.get(name, to)
+    running = registry.swaps.running(name)
+    if running is not None:
+        raise BadRequest(
+            f"model {name}: a swap from {running.source.version} to {running.target.version} is"
+            f" already running ({running.step}); wait for it to end"
+        )
+    for mv in (source, target):
+        if mv.removing:
+            raise BadRequest(f"model {mv.label} is being unregistered: it cannot be swapped")
+    workers = workers_param(params, "workers")
+    if workers == 0:
+        raise BadRequest("parameter 'workers' should be >= 1, found 0")
+    workers = workers or max(1, len(source.slots))
+    unregister = bool_param(params, "unregister", False)
+    synchronous = bool_param(params, "synchronous", False)
+    swap = registry.start_swap(source, target, workers, unregister)
+    if not synchronous:
+        return Outcome(
+            f"Swapping model {name} from {version} to {to} ({workers} worker(s)); GET"
+            f" /models/{name} shows its progress",
+            done=False,
+        )
+    assert swap.task is not None
+    await asyncio.shield(swap.task)  # a client that leaves does not stop the swap
+    if swap.error is not None:
+        raise type(swap.error)(
+            f"swap of model {name} from {version} to {to} {swap.state}: {swap.reason}"
+        )
+    return Outcome(
+        f"Model {name} swapped from {version} to {to}: {len(target.slots)} worker(s) of {to}"
+        f" serve, and {to} is the default version"
+    )

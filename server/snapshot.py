@@ -67,7 +67,11 @@ def save(registry: Registry, path: Path) -> None:
             }
         )
     models.extend(registry.unrestored)
-    write_json_atomic(path, {"format": FORMAT, "saved": time.time(), "models": models})
+    saved = {"format": FORMAT, "saved": time.time(), "models": models}
+    swaps = registry.swaps.to_json()  # in-place swaps: a running one resumes at the next start
+    if swaps:
+        saved["swaps"] = swaps
+    write_json_atomic(path, saved)
 
 
 def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict[str, str]]:
@@ -135,3 +139,41 @@ async def restore(registry: Registry, path: Path, load_failures: dict[str, str])
     for name, version in defaults.items():
         if version in registry.models.get(name, {}):
             registry.defaults[name] = version
+    _resume_swaps(registry, path)
+
+
+def _resume_swaps(registry: Registry, path: Path) -> None:
+    """The snapshot's swaps: an ended one is shown by describe again; one the stop interrupted
+    resumes from the worker counts the snapshot kept (saved after each of its steps), its
+    rollback aiming at A's workers from before it began."""
+    try:
+        entries = json.loads(path.read_text()).get("swaps") or []
+    except (OSError, ValueError):
+        return
+    for entry in entries:
+        name = entry.get("model")
+        versions = registry.models.get(name, {})
+        source, target = versions.get(entry.get("from")), versions.get(entry.get("to"))
+        if entry.get("state") != "running":
+            registry.swaps.restored[name] = entry
+            continue
+        if source is None or target is None:
+            log.error(
+                "the swap of %s from %s to %s was interrupted by the stop and cannot resume:"
+                " a version failed to restore", name, entry.get("from"), entry.get("to"),
+            )  # fmt: skip
+            registry.swaps.restored[name] = {
+                **entry, "state": "failed", "reason": "a version failed to restore"
+            }  # fmt: skip
+            continue
+        log.info(
+            "resuming the swap of %s from %s to %s interrupted by the stop (%d and %d"
+            " worker(s) now)", name, source.version, target.version, len(source.slots),
+            len(target.slots),
+        )  # fmt: skip
+        swap = registry.start_swap(
+            source, target, int(entry.get("workers") or 1), bool(entry.get("unregister"))
+        )
+        # the task runs from the next turn of the loop: the rollback's aim is set before
+        swap.source_before = int(entry.get("fromWorkers") or swap.source_before)
+        swap.target_before = int(entry.get("toWorkers") or 0)

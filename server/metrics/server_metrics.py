@@ -129,6 +129,11 @@ class Metrics:
             "mserve_warm_tier_drops", "Models dropped from the warm tier to cold, by reason",
             ["model", "version", "reason"], registry=self.prom,
         )  # fmt: skip
+        # in-place swaps of a model's version (server/models/swap.py), by how they ended
+        self.model_swaps = Counter(
+            "mserve_model_swaps", "In-place swaps of a model's version, by outcome",
+            ["model", "outcome"], registry=self.prom,
+        )  # fmt: skip
         self.cancelled = Counter(
             "mserve_requests_cancelled", "Requests stopped before their answer was complete",
             ["model", "version", "reason"], registry=self.prom,
@@ -277,6 +282,10 @@ class Metrics:
     def warm_dropped(self, name: str, version: str, reason: str) -> None:
         """``reason``: ``budget``, ``too_big``, ``stale`` or ``unregistered``."""
         self.warm_drops.labels(name, version, reason).inc()
+
+    def model_swapped(self, name: str, outcome: str) -> None:
+        """``outcome``: ``done``, ``rolled_back`` or ``failed`` (the rollback failed too)."""
+        self.model_swaps.labels(name, outcome).inc()
 
     def worker_loaded(self, name: str, version: str, worker_id: str, load_ms: float) -> None:
         if self.log_frontend:

@@ -33,6 +33,7 @@ from server.inference_log.logger import build as build_inference_log
 from server.metrics.server_metrics import Metrics
 from server.model_envs import EnvCache, EnvRequest, normalise_requirements
 from server.models.residency import Residency
+from server.models.swap import Swap, Swaps
 from server.models.version import ModelVersion
 from server.redaction import PathRedactor
 from server.store import UnpackedModel, resolve_url, unpack
@@ -141,6 +142,8 @@ class Registry:
         # which models keep workers: idle unload, the memory budget (server/models/residency.py)
         self.residency = Residency(config, metrics)
         self.residency.watch(self.all)
+        # in-place swaps of a model's version, running or ended (server/models/swap.py)
+        self.swaps = Swaps(metrics)
         # server paths out of error answers and describe's worker output (server/redaction.py)
         self.redact = PathRedactor.for_server(
             config.run_path, config.store_path, config.env_path, config.log_path,
@@ -404,6 +407,7 @@ class Registry:
 
     async def close(self) -> None:
         self.downloader.close()
+        await self.swaps.close()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -468,6 +472,19 @@ class Registry:
             log.info("removed %d unrestored snapshot entr%s of %s", dropped,
                      "y" if dropped == 1 else "ies", name)  # fmt: skip
         return dropped
+
+    def start_swap(
+        self, source: ModelVersion, target: ModelVersion, workers: int, unregister: bool = False
+    ) -> Swap:
+        """Replace ``source`` by ``target`` in place (server/models/swap.py); ``unregister``:
+        unregister ``source`` once it has no worker left."""
+
+        async def drop() -> None:
+            await self.unregister(source.name, source.version)
+
+        swap = Swap(source, target, workers, self.residency, self.set_default, self.changed,
+                    drop if unregister else None, self.metrics)  # fmt: skip
+        return self.swaps.start(swap)
 
     def set_default(self, name: str, version: str) -> None:
         self.get(name, version)

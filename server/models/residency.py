@@ -213,6 +213,11 @@ class Residency:
         finally:
             self._lock.release()
 
+    async def fits(self, model: Resident, count: int = 1) -> bool:
+        """Whether ``count`` new workers of ``model`` fit now, evicting nothing and waiting for
+        nothing (an in-place swap, server/models/swap.py, drains a worker first when not)."""
+        return not self.limited or await self._over(model, count) is None
+
     def _refusal(self, model: Resident, count: int, why: str) -> str:
         what = (
             f"load model {model.label}"

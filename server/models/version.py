@@ -165,6 +165,10 @@ class ModelVersion:
         self.inference_log: InferenceLogger | None = None
         # the workflow this version is a node of (server/workflows/), else None
         self.workflow: str | None = None
+        # a swap's new version (server/models/swap.py): a request finding no worker waits for
+        # the swap's next one instead of loading one on demand
+        self.held = False
+        self.removing = False  # being unregistered: its workers are stopping
 
     @property
     def label(self) -> str:
@@ -252,7 +256,7 @@ class ModelVersion:
         failed model). ``trace``: the request's server span (server/tracing/)."""
         if self.failed is not None:
             raise ServiceUnavailable(f"model {self.label} has failed: {self.failed}")
-        if not self.slots:
+        if not self.slots and not self.held:
             if not self.loads_on_demand():
                 raise ServiceUnavailable(  # TorchServe's words
                     f'Model "{self.name}" has no worker to serve inference request. Please use'
@@ -717,6 +721,7 @@ class ModelVersion:
 
     async def stop(self, deadline_s: float) -> None:
         """Stop every worker; queued jobs fail with 503 (in-flight batches finish first)."""
+        self.removing = True
         slots, self.slots = [*self.slots, *self._retiring], []
         for slot in slots:
             slot.retire.set()

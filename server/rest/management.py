@@ -24,6 +24,7 @@ from server.operations import (
     register_model,
     scale_model,
     set_default,
+    swap_model,
     unregister_model,
 )
 from server.rest.description import answer_description
@@ -90,6 +91,10 @@ class ManagementAPI:
             req.allow("PUT")
             done = set_default(registry, parts[1], parts[2])
             conn.answer_json(req, 200, {"status": done.message})
+            return
+        if len(parts) == 4 and parts[0] == "models" and parts[3] == "swap":
+            req.allow("PUT")  # an in-place swap (server/models/swap.py)
+            conn.answer_later(req, _answer(swap_model(registry, parts[1], parts[2], req.query)))
             return
         if len(parts) not in (2, 3) or parts[0] != "models":
             raise req.not_found()
