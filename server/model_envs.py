@@ -36,6 +36,7 @@ from archiver import __version__
 from server import locks
 from server.errors import InvalidModel
 from server.rundir import ENV_META_FILE as META_FILE
+from server.weights import sbom
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +308,7 @@ class EnvCache:
         if probe.returncode != 0:
             raise EnvBuildError(f"the worker runtime does not import in the new environment for"
                                 f" {label}: {probe.stderr.strip()[-500:]}")  # fmt: skip
+        sbom.record(python, tmp, label)  # what it holds, beside it (server/weights/sbom.py)
 
     # --- housekeeping -----------------------------------------------------------------------
 

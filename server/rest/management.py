@@ -29,6 +29,7 @@ from server.operations import (
 )
 from server.rest.description import answer_description
 from server.rest.workflows import WorkflowAPI
+from server.weights import sbom
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,19 @@ async def _answer(outcome: Coroutine[Any, Any, Outcome]) -> Answer:
     """A management operation's outcome as TorchServe's answer: 200, or 202 while under way."""
     done = await outcome
     return json_answer(200 if done.done else 202, {"status": done.message})
+
+
+async def _sbom(registry: Registry, name: str, version: str) -> Answer:
+    """The CycloneDX SBOM of the environment the model's workers run in: its own (made when
+    it was built), or the server's (one for every model on it), made now if missing."""
+    model = registry.get(name, version)
+    if model.env_key:
+        target = registry.envs.path(model.env_key) / sbom.SBOM_FILE
+    else:
+        target = await asyncio.to_thread(sbom.default_env_file, registry.config.run_path,
+                                         model.python)  # fmt: skip
+    body = await asyncio.to_thread(sbom.ensure, model.python, target, model.label)
+    return 200, [["Content-Type", sbom.MEDIA_TYPE]], body
 
 
 # --- management ----------------------------------------------------------------------------
@@ -86,6 +100,10 @@ class ManagementAPI:
                 conn.answer_later(req, self._environments())
             else:
                 conn.answer_later(req, self._prune_environments())
+            return
+        if len(parts) == 4 and parts[0] == "models" and parts[3] == "sbom":
+            req.allow("GET")  # what the model's environment holds (server/weights/sbom.py)
+            conn.answer_later(req, _sbom(registry, parts[1], parts[2]))
             return
         if len(parts) == 4 and parts[0] == "models" and parts[3] == "set-default":
             req.allow("PUT")
