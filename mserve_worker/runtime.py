@@ -28,6 +28,8 @@ from .protocol import (
     Kind,
     ProtocolError,
     parse_batch,
+    parse_reload,
+    reloaded_frame,
     result_frame,
 )
 from .sdk import weights
@@ -87,6 +89,8 @@ def _load(init: dict, channel: Channel, sandbox: dict | None = None) -> HandlerS
     # generating, measured in process on examples/tiny_lm)
     gc.freeze()
     ready = {"load_s": service.load_s, "style": service.style, "imports": service.imports}
+    if service.code is not None:
+        ready["code"] = service.code
     if weights.enabled():  # the checkpoints it mapped: the server keeps them warm
         ready["mapped"] = weights.mapped_files()
     if sandbox is not None:
@@ -249,6 +253,9 @@ def _serve(channel: Channel, fd: int) -> int:
             frame = channel.receive()
             if frame is None:
                 break  # the server closed the channel: we must not outlive it
+            if frame.kind == Kind.RELOAD:  # hot reload: runs in turn with the batches
+                send(reloaded_frame(service.reloader.step(*parse_reload(frame))))
+                continue
             if frame.kind != Kind.BATCH:
                 raise ProtocolError(f"unexpected {frame.kind.name} frame after INIT")
             batch_id, items = parse_batch(frame)

@@ -31,6 +31,7 @@ from .oip.signature import SignatureError
 from .oip.tensors import OIPError
 from .payload import PayloadError, decode_request, encode_output
 from .protocol import STREAM_FAILED_HEADER, TOO_LARGE_HEADER, RequestItem, ResponseItem
+from .reload import Reloader, code_of, own_modules
 from .sdk import weights
 from .sdk.errors import PredictionException
 from .steps import NEXT_HEADER, Steps
@@ -73,6 +74,10 @@ class HandlerService:
         # handlers that have phases; else None): the RESULT carries them to the server
         self.phases: list[list[Any]] | None = None
         self._otel = tracing.Bridge()
+        self.init: dict[str, Any] = {}  # INIT's meta, which a hot reload loads the handler from
+        # the code the handler runs, {"digest", "files"} (READY and RELOADED carry it)
+        self.code: dict[str, Any] | None = None
+        self.reloader = Reloader(self)  # hot reload's steps (mserve_worker/reload.py)
 
     @property
     def style(self) -> str:
@@ -131,6 +136,8 @@ class HandlerService:
         service.imports = loaded_packages(
             [model_dir, os.path.dirname(os.path.abspath(__file__))], before
         )
+        service.init = init
+        service.code = code_of(model_dir, own_modules(model_dir), handler)
         service.load_s = round(time.monotonic() - started, 4)
         return service
 

@@ -15,6 +15,7 @@ torch is imported by the methods that use it.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import json
@@ -24,6 +25,7 @@ import time
 from typing import Any
 
 from . import onnx_session, profiling, pt2, weights
+from .keep import STORE, file_digest, file_key, keep
 
 # Manifest keys, as TorchServe writes them.
 _SERIALIZED_FILE = "serializedFile"
@@ -106,6 +108,12 @@ class BaseHandler:
                 f"the manifest's serializedFile {serialized!r} is not in the model folder: "
                 f"{self.model_pt_path} does not exist"
             )
+        kept_as = self._kept_as(model_dir)
+        if kept_as is not None and kept_as in STORE:  # a hot reload: the model is loaded
+            self.model = keep(kept_as, _missing)
+            self.mapping = load_label_mapping(os.path.join(model_dir, INDEX_TO_NAME))
+            self.initialized = True
+            return
         model_file = model_info.get(_MODEL_FILE)
         if model_file:
             self.model = self._load_pickled_model(model_dir, model_file, self.model_pt_path)
@@ -128,8 +136,29 @@ class BaseHandler:
                 self.model = pt2.compile_model(self.model, self.model_yaml_config["pt2"])
             except ValueError as exc:
                 raise ModelLoadError(str(exc)) from None
+        if kept_as is not None:  # kept across hot reloads of the handler's code
+            keep(kept_as, lambda: self.model)
         self.mapping = load_label_mapping(os.path.join(model_dir, INDEX_TO_NAME))
         self.initialized = True
+
+    def _kept_as(self, model_dir: str) -> tuple[Any, ...] | None:
+        """The key the loaded model is kept under across hot reloads (sdk/keep.py): what the
+        model depends on (the serialized file's identity, the model file's source, the device,
+        the ``pt2`` options, and the code of any ``_load*`` method a subclass overrides), so a
+        reload that changes ``preprocess`` keeps it and one that changes how it is built loads
+        it again. None: nothing to load (initialize says why)."""
+        if self.model_pt_path is None:
+            return None
+        model_file = ((self.manifest or {}).get("model") or {}).get(_MODEL_FILE)
+        source = os.path.join(model_dir, model_file) if model_file else None
+        return (
+            "mserve_worker.BaseHandler.model",
+            file_key(self.model_pt_path),
+            file_digest(source) if source and os.path.isfile(source) else model_file,
+            str(self.device),
+            json.dumps((self.model_yaml_config or {}).get("pt2"), sort_keys=True, default=str),
+            _overridden_loaders(type(self)),
+        )
 
     def _load_torchscript_model(self, model_pt_path: str) -> Any:
         import torch
@@ -452,3 +481,29 @@ def label_of(index: int, mapping: dict[str, str] | None) -> str:
     """The class name of ``index``, or the index as text when unmapped."""
     key = str(index)
     return mapping.get(key, key) if mapping else key
+
+def _missing() -> Any:
+    raise KeyError("the kept model is gone")  # never: looked up just after it was found
+
+
+def _overridden_loaders(cls: type) -> str:
+    """A digest of the ``_load*`` methods ``cls`` overrides (their bytecode, constants and
+    names: not their line numbers, so an edit elsewhere in the file leaves it as it was)."""
+    digest = hashlib.sha256()
+    for name in sorted(n for n in dir(cls) if n.startswith("_load")):
+        code = getattr(getattr(cls, name, None), "__code__", None)
+        if code is None or getattr(BaseHandler, name, None) is getattr(cls, name):
+            continue
+        digest.update(name.encode())
+        _code_digest(code, digest)
+    return digest.hexdigest()
+
+
+def _code_digest(code: Any, digest: Any) -> None:
+    digest.update(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            _code_digest(const, digest)
+        else:
+            digest.update(repr(const).encode())

@@ -22,6 +22,7 @@ from server.operations import (
     describe,
     models_page,
     register_model,
+    reload_model,
     scale_model,
     set_default,
     swap_model,
@@ -51,6 +52,10 @@ async def _sbom(registry: Registry, name: str, version: str) -> Answer:
                                          model.python)  # fmt: skip
     body = await asyncio.to_thread(sbom.ensure, model.python, target, model.label)
     return 200, [["Content-Type", sbom.MEDIA_TYPE]], body
+
+
+async def _json(answer: Coroutine[Any, Any, dict[str, Any]]) -> Answer:
+    return json_answer(200, await answer)
 
 
 # --- management ----------------------------------------------------------------------------
@@ -113,6 +118,17 @@ class ManagementAPI:
         if len(parts) == 4 and parts[0] == "models" and parts[3] == "swap":
             req.allow("PUT")  # an in-place swap (server/models/swap.py)
             conn.answer_later(req, _answer(swap_model(registry, parts[1], parts[2], req.query)))
+            return
+        # a hot reload of the handler's code (server/models/reload.py); GET /models/m/reload
+        # still describes a version named "reload"
+        if (
+            parts[-1:] == ["reload"]
+            and parts[:1] == ["models"]
+            and (len(parts) == 4 or (len(parts) == 3 and req.method == "PUT"))
+        ):
+            req.allow("PUT")
+            version = parts[2] if len(parts) == 4 else None
+            conn.answer_later(req, _json(reload_model(registry, parts[1], version)))
             return
         if len(parts) not in (2, 3) or parts[0] != "models":
             raise req.not_found()

@@ -96,6 +96,8 @@ class Worker:
         self.load_s: float | None = None
         self.load_ms: float | None = None  # spawn to READY (TorchServe's WorkerLoadTime)
         self.style: str | None = None
+        # the code its handler runs, {"digest", "files"}: READY's, then each reload's commit
+        self.code: dict[str, Any] | None = None
         # how the worker confined itself (mserve_worker/confine.py): what was applied, or why
         # nothing was; None until it is ready, or when the sandbox is off
         self.sandbox: dict[str, Any] | None = None
@@ -385,6 +387,8 @@ class Worker:
         self.load_s = reply.meta.get("load_s")
         self.load_ms = (time.time() - self.started_at) * 1000
         self.style = reply.meta.get("style")
+        code = reply.meta.get("code")
+        self.code = code if isinstance(code, dict) else None
         confined = reply.meta.get("sandbox")
         self.sandbox = confined if isinstance(confined, dict) else None
         self.mapped = _mapped_files(reply.meta.get("mapped"))
@@ -430,6 +434,45 @@ class Worker:
                     peer._channel.send(frame)
         self.state = _BUSY
         return batch
+
+    async def reload_step(self, reload_id: int, step: str, timeout_s: float) -> protocol.Reloaded:
+        """One step of a hot reload of the handler's code (server/models/reload.py): sent in
+        turn with the batches, so the worker runs it after those already sent and before the
+        next. A worker that is lost, breaks the protocol or takes longer than ``timeout_s``
+        raises :class:`WorkerDied` (killed: its slot restarts it with the code on disk)."""
+        channel = self._channel
+        if channel is None or channel.closed:
+            raise WorkerDied(f"worker {self.id} of {self.model_label} is gone")
+        frame = protocol.reload_frame(reload_id, step)
+        pending = channel.submit(reload_id, frame, 0, timeout_s)
+        try:
+            await channel.drain()
+            reply = await pending.future
+        except BatchExpired:
+            await self.kill()
+            raise WorkerDied(
+                f"worker {self.id} of {self.model_label} did not finish the reload's {step}"
+                f" within {timeout_s:g} s; it was killed and restarts with the code on disk"
+            ) from None
+        except ChannelClosed:
+            raise await self._lost() from None
+        finally:
+            if channel.in_flight == 0 and self.state is WorkerState.BUSY:
+                self.state = WorkerState.READY
+        try:
+            answer = protocol.parse_reloaded(reply)
+        except protocol.ProtocolError as exc:
+            await self.kill()
+            raise WorkerDied(f"worker {self.id} answered a reload wrongly ({exc}); killed") from exc
+        if answer.reload_id != reload_id or answer.step != step:
+            await self.kill()
+            raise WorkerDied(
+                f"worker {self.id} answered reload {answer.reload_id} {answer.step} to reload"
+                f" {reload_id} {step}; killed"
+            )
+        if answer.ok and step != protocol.PREPARE:  # the code it serves from now on
+            self.code = answer.code
+        return answer
 
     def can_take(self) -> bool:
         """Whether a batch sent now goes out at once (the channel is open and not full): what
