@@ -91,6 +91,14 @@ class InvalidModel(MserveError):
     type = "InvalidModelException"
 
 
+class ArchiveSignatureRefused(InvalidModel):
+    """archive_signatures require: the archive is unsigned, its signature is not valid, its
+    signer is not trusted, or its content is not what was signed (server/signatures.py)."""
+
+    status = 403
+    type = "ArchiveSignatureException"
+
+
 class UnsafeWeights(InvalidModel):
     """A weights file would import globals off the allow-list when unpickled, and
     ``weights_scan`` is require (server/weights/policy.py)."""

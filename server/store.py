@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ class UnpackedModel:
     manifest: Manifest
     model_config: dict[str, Any]
     sha256: str | None = None  # of the archive file (None for a folder)
+    signature: Any = None  # what the unpack's ``verify`` returned (server/signatures.py)
 
 
 def resolve_url(
@@ -137,22 +139,32 @@ def _unpacked_before(model_dir: Path, marker: Path) -> Manifest | None:
 
 
 def unpack(
-    path: Path, url: str, cache: Path, sha256: str | None = None, pin: str | None = None
+    path: Path,
+    url: str,
+    cache: Path,
+    sha256: str | None = None,
+    pin: str | None = None,
+    verify: Callable[[archiver.Archive], Any] | None = None,
 ) -> UnpackedModel:
     """Open, check and unpack ``path`` (blocking: call it in a thread). ``sha256``: the file's
     digest when already known (a download hashed it on the way in); ``pin``: the digest the
-    registration's ``sha256`` parameter asks for."""
+    registration's ``sha256`` parameter asks for; ``verify``: called on the opened archive
+    before anything is unpacked (its signature: server/signatures.py), even when the cache
+    holds it (the trust may have changed), and may refuse it by raising."""
+    signature = None
     if path.is_file():  # an archive this cache unpacked before: its checks are done
         digest = _digest(path, url, sha256, pin)
         model_dir = cache / digest
         manifest = _unpacked_before(model_dir, cache / f"{digest}{CHECKED_SUFFIX}")
-        if manifest is not None:
+        if manifest is not None and verify is None:
             return _unpacked(url, model_dir, manifest, digest)
     else:
         digest = None
     try:
         with open_archive(path) as archive:
             manifest = archive.manifest
+            if verify is not None:
+                signature = verify(archive)
             if archive.format == "folder":
                 if pin is not None:
                     raise BadRequest(
@@ -180,10 +192,12 @@ def unpack(
                     log.warning("could not write %s: %s", marker, exc)
     except ArchiverError as exc:
         raise InvalidModel(f"cannot load archive {url}: {exc}") from exc
-    return _unpacked(url, model_dir, manifest, digest)
+    return _unpacked(url, model_dir, manifest, digest, signature)
 
 
-def _unpacked(url: str, model_dir: Path, manifest: Manifest, digest: str | None) -> UnpackedModel:
+def _unpacked(
+    url: str, model_dir: Path, manifest: Manifest, digest: str | None, signature: Any = None
+) -> UnpackedModel:
     """With the model config the archive carries, checked (that is the model's own file)."""
     config: dict[str, Any] = {}
     try:
@@ -192,8 +206,9 @@ def _unpacked(url: str, model_dir: Path, manifest: Manifest, digest: str | None)
     except ArchiverError as exc:
         raise InvalidModel(f"cannot load archive {url}: {exc}") from exc
     return UnpackedModel(
-        url=url, model_dir=model_dir, manifest=manifest, model_config=config, sha256=digest
-    )
+        url=url, model_dir=model_dir, manifest=manifest, model_config=config, sha256=digest,
+        signature=signature,
+    )  # fmt: skip
 
 
 def store_archives(store: Path) -> list[Path]:

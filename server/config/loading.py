@@ -70,6 +70,7 @@ _CHOICES = {
     "inference_log": INFERENCE_LOG_MODES,
     "weights_scan": WEIGHTS_SCAN_MODES,
     "service_envelope": ("", "kserve", "kservev2", "json", "body"),
+    "archive_signatures": ("off", "warn", "require"),
 }
 
 

@@ -217,6 +217,13 @@ class ServerConfig:
     inference_log_file_count: int = 5
     inference_log_source: str | None = None
     inference_log_namespace: str = ""
+    # Archive signatures (server/signatures.py, docs/signing.md), checked before an archive is
+    # unpacked: "off"; "warn" (a failure is logged and described, the model loads); "require"
+    # (a failure refuses the registration). A registration's archive_signatures may only make
+    # it stricter. trusted_signers: PEM public key or certificate files (relative to the
+    # folder the server starts from), or "sigstore:IDENTITY ISSUER [TRUSTED_ROOT]".
+    archive_signatures: str = "off"
+    trusted_signers: tuple[str, ...] = ()
 
     @property
     def run_path(self) -> Path:

@@ -82,6 +82,9 @@ class Metrics:
     scrape time. TorchServe's are plain numbers kept by each model version
     (:class:`ModelStats`) and here, written out at scrape time."""
 
+    def signature_failure(self, reason: str, action: str) -> None:
+        self.archive_signature_failures.labels(reason, action).inc()
+
     def __init__(
         self,
         mode: str = "prometheus",
@@ -134,11 +137,6 @@ class Metrics:
             "mserve_model_swaps", "In-place swaps of a model's version, by outcome",
             ["model", "outcome"], registry=self.prom,
         )  # fmt: skip
-        # hot reloads of a model's handler code (server/models/reload.py): ok or failed
-        self.handler_reloads = Counter(
-            "mserve_handler_reloads", "Hot reloads of a model's handler code, by outcome",
-            ["model", "version", "outcome"], registry=self.prom,
-        )  # fmt: skip
         self.cancelled = Counter(
             "mserve_requests_cancelled", "Requests stopped before their answer was complete",
             ["model", "version", "reason"], registry=self.prom,
@@ -153,6 +151,12 @@ class Metrics:
         self.inference_log_records = Counter(
             "mserve_inference_log_records", "Inference log records by sink and outcome",
             ["model", "version", "sink", "outcome"], registry=self.prom,
+        )  # fmt: skip
+        # archives whose signature failed its check at registration (server/signatures.py),
+        # by reason (unsigned, invalid, untrusted, mismatch) and action (refused, warned)
+        self.archive_signature_failures = Counter(
+            "mserve_archive_signature_failures", "Archive signatures that failed their check",
+            ["reason", "action"], registry=self.prom,
         )  # fmt: skip
         # weights files a registration's scan flagged (server/weights/), by verdict (dangerous,
         # unknown, unscannable) and action (refused under require, warned under warn)
@@ -264,10 +268,6 @@ class Metrics:
             counts = self._tokens[key] = [0, 0]
         counts[0] += prompt
         counts[1] += generated
-
-    def handler_reloaded(self, name: str, version: str, outcome: str) -> None:
-        """``outcome``: ``ok`` (every worker switched) or ``failed`` (the old code serves)."""
-        self.handler_reloads.labels(name, version, outcome).inc()
 
     def request_cancelled(self, name: str, version: str, reason: str) -> None:
         """``reason``: ``client`` (it went away) or ``deadline`` (clientTimeoutInMills)."""

@@ -36,6 +36,7 @@ from server.models.residency import Residency
 from server.models.swap import Swap, Swaps
 from server.models.version import ModelVersion
 from server.redaction import PathRedactor
+from server.signatures import Signatures
 from server.store import UnpackedModel, resolve_url, unpack
 from server.weights import policy as weights_policy
 from server.weights.scan import WeightsScan
@@ -71,6 +72,8 @@ class RegisterRequest:
     inference_log_url: str | None = None
     inference_log_file: bool | None = None
     inference_log_redact: tuple[str, ...] | None = None
+    # a stricter archive_signatures than the server's (server/signatures.py)
+    archive_signatures: str | None = None
     # min and max workers when neither the request nor the archive names them (TorchServe's
     # layout: 0 for a registration through the API); None: the config's models entry, then
     # default_workers_per_model
@@ -137,6 +140,10 @@ class Registry:
         # snapshot entries that failed to restore at start: written back into every snapshot
         self.unrestored: list[dict[str, Any]] = []
         self.sandbox = Sandbox(config)  # what each model's workers may reach
+        # archive signatures checked before unpacking (server/signatures.py)
+        self.signatures = Signatures(
+            config, metrics.signature_failure if metrics is not None else None
+        )
         self.envs = EnvCache(config.env_path, protected=config.protected_packages)
         self.downloader = Downloader(config)
         # which models keep workers: idle unload, the memory budget (server/models/residency.py)
@@ -174,17 +181,19 @@ class Registry:
 
     async def register(self, request: RegisterRequest) -> ModelVersion:
         cfg = self.config
+        policy = self.signatures.policy_for(request.archive_signatures)
+        verify = self.signatures.checker(policy, request.url)
         if is_remote(request.url):
             with self.downloader.tracking(
                 request.url, request.model_name, request.at_startup
             ) as progress:
-                unpacked = await self._download(request, progress)
+                unpacked = await self._download(request, progress, verify)
         else:
             path = resolve_url(
                 request.url, cfg.store_path, cfg.allowed_paths, request.trusted, cfg.allowed_urls
             )
             unpacked = await asyncio.to_thread(
-                unpack, path, request.url, cfg.run_path / "unpacked", None, request.sha256
+                unpack, path, request.url, cfg.run_path / "unpacked", None, request.sha256, verify
             )
         manifest = unpacked.manifest
         name = request.model_name or manifest.model.model_name
@@ -252,6 +261,7 @@ class Registry:
             # the snapshot pins it: a restore uses the same bytes (the cached download)
             model.archive_sha256 = unpacked.sha256 if is_remote(request.url) else request.sha256
             model.handler_overridden = request.handler is not None
+            model.signature = unpacked.signature
             self.models.setdefault(name, {})[version] = model
             self.defaults.setdefault(name, version)
         log.info(
@@ -287,7 +297,9 @@ class Registry:
             task.add_done_callback(self._background.discard)
         return model
 
-    async def _download(self, request: RegisterRequest, progress: Progress) -> UnpackedModel:
+    async def _download(
+        self, request: RegisterRequest, progress: Progress, verify: Any = None
+    ) -> UnpackedModel:
         """Fetch an http(s) registration URL (server/download.py), then unpack it like any
         archive; describe lists it under ``progress`` meanwhile."""
         fetched = await self.downloader.fetch(
@@ -296,8 +308,10 @@ class Registry:
         progress.stage = "unpacking"
         cache = self.config.run_path / "unpacked"
         try:
-            return await asyncio.to_thread(unpack, fetched.path, fetched.url, cache, fetched.sha256)
-        except InvalidModel:  # not an archive: nothing will ever use these bytes
+            return await asyncio.to_thread(
+                unpack, fetched.path, fetched.url, cache, fetched.sha256, None, verify
+            )
+        except InvalidModel:  # not an archive, or refused: nothing will ever use these bytes
             self._discard_download(fetched.url, fetched.sha256)
             raise
 

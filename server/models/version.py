@@ -53,6 +53,7 @@ from server.workers.process import Worker, WorkerSpec, WorkerState
 from server.workers.sandbox import ModelSandbox
 
 if TYPE_CHECKING:
+    from server.signatures import SignatureRecord
     from server.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ class ModelVersion:
         self.weights_scan: WeightsScan | None = None  # its weights' scan (server/weights/)
         self.archive_sha256: str | None = None  # pinned in the snapshot (see server/download.py)
         self.handler_overridden = False
+        self.signature: SignatureRecord | None = None  # its archive's (server/signatures.py)
         self.last_output = ""  # the last lines a failed worker printed, for describe
         # withheld server variables the model config names in allowedEnvVars (environ.py)
         self.worker_env = launcher.environment.for_model(

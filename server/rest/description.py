@@ -425,6 +425,8 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
             _query("inference_log_file", _BOOL, "JSON-lines files under the run dir"),
             _query("inference_log_redact", {"type": "string"},
                    "comma-separated key names or JSON pointers to redact"),
+            _query("archive_signatures", {"type": "string", "enum": ["off", "warn", "require"]},
+                   "check the archive's signature; only stricter than the server's"),
         ]),
     },
     "/models/{model_name}": {
@@ -441,14 +443,6 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
         "put": _op("Scale one version", _SCALE, [_MODEL, _VERSION, *_SCALE_PARAMS]),
         "delete": _op("Unregister one version", {"200": _STATUS, "404": _NOT_FOUND},
                       [_MODEL, _VERSION]),
-    },
-    "/models/{model_name}/{model_version}/sbom": {
-        "get": _op("The CycloneDX SBOM of the environment the version runs in", {
-            "200": {"description": "CycloneDX JSON (docs/weights-safety.md)", "content": {
-                "application/vnd.cyclonedx+json": {"schema": {"type": "object"}}}},
-            "404": _NOT_FOUND,
-            "503": _error("no SBOM can be made: cyclonedx-bom is missing, or it failed"),
-        }, [_MODEL, _VERSION]),
     },
     "/models/{model_name}/{model_version}/set-default": {
         "put": _op("Make this version the default", {"200": _STATUS, "404": _NOT_FOUND},

@@ -1,0 +1,121 @@
+"""``archive_signatures`` at registration: an archive's signature checked before anything of
+it is unpacked or imported (archiver/signing/ does the checking; docs/signing.md).
+
+``off``: not checked. ``warn``: checked; a failure is logged, shown by describe, counted, and
+the model loads. ``require``: a failure refuses the registration, saying why (unsigned, not
+valid, signer not trusted, which file differs), before a byte is unpacked. The server sets the
+policy for every model; a registration's ``archive_signatures`` parameter may only make it
+stricter. What the check reads: the manifest and the bundle, never a member's content; the
+unpacking that follows compares each member's bytes with the signed digests as they stream (a
+folder, used in place, is read once here instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from archiver import Archive
+from archiver.errors import ArchiverError, KeyUnusable, SignatureError, SignatureMismatch
+from archiver.signing import TrustList, check_signature
+from server.config import ServerConfig
+from server.errors import ArchiveSignatureRefused, BadRequest, ConfigError
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("off", "warn", "require")  # weakest first
+
+# (reason, action) -> counted: mserve_archive_signature_failures (server/metrics/)
+OnFailure = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class SignatureRecord:
+    """What describe shows under ``signature``."""
+
+    policy: str
+    status: str  # verified, or the failure's reason: unsigned, invalid, untrusted, mismatch
+    signer: str | None
+    checked_at: float
+    problem: str | None = None
+
+    def shown(self) -> dict[str, Any]:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.checked_at))
+        return {
+            "policy": self.policy,
+            "status": self.status,
+            "signer": self.signer,
+            "verifiedAt": when if self.status == "verified" else None,
+            "checkedAt": when,
+            "problem": self.problem,
+        }
+
+
+class Signatures:
+    """The server's policy and trusted signers, read at start (a bad entry stops the start,
+    naming the file and the reason)."""
+
+    def __init__(self, config: ServerConfig, on_failure: OnFailure | None = None) -> None:
+        self.policy = config.archive_signatures
+        self._on_failure = on_failure
+        try:
+            self.trust = TrustList.load(config.trusted_signers, base=config.start_path)
+        except KeyUnusable as exc:
+            raise ConfigError(f"trusted_signers: {exc}") from None
+        if self.policy != "off" and not self.trust:
+            log.warning(
+                "archive_signatures is %s but trusted_signers is empty: no signature can be"
+                " trusted, so every archive %s",
+                self.policy, "is refused" if self.policy == "require" else "gets a warning",
+            )  # fmt: skip
+
+    def policy_for(self, requested: str | None) -> str:
+        """The registration's policy: the server's, or a stricter one it asks for."""
+        if requested is None:
+            return self.policy
+        word = requested.strip().lower()
+        if word not in POLICIES:
+            raise BadRequest(
+                f"archive_signatures should be one of {', '.join(POLICIES)}, found {requested!r}"
+            )
+        if POLICIES.index(word) < POLICIES.index(self.policy):
+            raise BadRequest(
+                f"archive_signatures={word} is weaker than the server's {self.policy}: a"
+                " registration may only make it stricter"
+            )
+        return word
+
+    def checker(self, policy: str, url: str) -> Callable[[Archive], SignatureRecord] | None:
+        """What store.unpack calls on the opened archive, before it unpacks (None: off)."""
+        if policy == "off":
+            return None
+
+        def check(archive: Archive) -> SignatureRecord:
+            return self._check(archive, policy, url)
+
+        return check
+
+    def _check(self, archive: Archive, policy: str, url: str) -> SignatureRecord:
+        try:
+            found = check_signature(archive, self.trust)
+            if archive.format == "folder":  # used in place, so its bytes are checked now
+                report = archive.verify()
+                if not report.ok:
+                    raise SignatureMismatch(str(archive.path), found.signer, report.problems)
+        except SignatureError as exc:
+            action = "refused" if policy == "require" else "warned"
+            if self._on_failure is not None:
+                self._on_failure(exc.reason, action)
+            if policy == "require":
+                log.warning("refused archive %s (archive_signatures require): %s", url, exc)
+                raise ArchiveSignatureRefused(f"cannot load archive {url}: {exc}") from None
+            log.warning("archive %s: %s (archive_signatures is warn: loading it anyway)", url, exc)
+            signer = getattr(exc, "signer", None)
+            return SignatureRecord(policy, exc.reason, signer, time.time(), str(exc))
+        except ArchiverError as exc:  # a folder's member that cannot be read
+            raise ArchiveSignatureRefused(f"cannot load archive {url}: {exc}") from None
+        log.info("archive %s: signed by %s, %d files verified", url, found.signer, found.files)
+        return SignatureRecord(policy, "verified", found.signer, time.time())
