@@ -23,6 +23,7 @@ from server.errors import (
 )
 from server.models.describe import describe as described
 from server.models.registry import RegisterRequest, Registry
+from server.models.reload import reload_version
 
 # The most workers one model may be asked for through the API (min_worker, max_worker,
 # initial_workers); more is refused with 400 rather than started.
@@ -266,6 +267,18 @@ async def unregister_model(registry: Registry, name: str, version: str | None) -
 def set_default(registry: Registry, name: str, version: str) -> Outcome:
     registry.set_default(name, version)
     return Outcome(f'Default version successfully updated for model "{name}" to "{version}"')
+
+async def reload_model(registry: Registry, name: str, version: str | None) -> dict[str, Any]:
+    """Hot-reload the handler's code of one version (None: the default) on its workers
+    (server/models/reload.py): the answer's ``status`` sentence, the workers that switched, the
+    code they run and how long it took; an error when it failed (the old code serves on)."""
+    outcome = await reload_version(registry.get(name, version))
+    return {
+        "status": outcome.message,
+        "workers": outcome.workers,
+        "code": outcome.code,
+        "seconds": outcome.seconds,
+    }
 
 
 def _not_swapping(registry: Registry, name: str, version: str, what: str) -> None:

@@ -137,6 +137,11 @@ class Metrics:
             "mserve_model_swaps", "In-place swaps of a model's version, by outcome",
             ["model", "outcome"], registry=self.prom,
         )  # fmt: skip
+        # hot reloads of a model's handler code (server/models/reload.py): ok or failed
+        self.handler_reloads = Counter(
+            "mserve_handler_reloads", "Hot reloads of a model's handler code, by outcome",
+            ["model", "version", "outcome"], registry=self.prom,
+        )  # fmt: skip
         self.cancelled = Counter(
             "mserve_requests_cancelled", "Requests stopped before their answer was complete",
             ["model", "version", "reason"], registry=self.prom,
@@ -268,6 +273,10 @@ class Metrics:
             counts = self._tokens[key] = [0, 0]
         counts[0] += prompt
         counts[1] += generated
+
+    def handler_reloaded(self, name: str, version: str, outcome: str) -> None:
+        """``outcome``: ``ok`` (every worker switched) or ``failed`` (the old code serves)."""
+        self.handler_reloads.labels(name, version, outcome).inc()
 
     def request_cancelled(self, name: str, version: str, reason: str) -> None:
         """``reason``: ``client`` (it went away) or ``deadline`` (clientTimeoutInMills)."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from server.config.model_settings import shown
 from server.devices import shown_gpu_id
+from server.models import reload
 from server.models.slot import SERVING
 
 if TYPE_CHECKING:
@@ -66,6 +67,8 @@ def describe(model: ModelVersion) -> dict[str, Any]:
         "stage": model.stage,
         "failure": model.failed,
         "lastOutput": model.last_output.splitlines() if model.failed else None,
+        # the code its handler runs and its hot reloads (server/models/reload.py)
+        "handlerCode": reload.shown(model),
         # who signed its archive, and when that was checked (server/signatures.py)
         "signature": model.signature.shown() if model.signature is not None else None,
         "python": model.python,

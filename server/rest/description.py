@@ -444,6 +444,14 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
         "delete": _op("Unregister one version", {"200": _STATUS, "404": _NOT_FOUND},
                       [_MODEL, _VERSION]),
     },
+    "/models/{model_name}/{model_version}/sbom": {
+        "get": _op("The CycloneDX SBOM of the environment the version runs in", {
+            "200": {"description": "CycloneDX JSON (docs/weights-safety.md)", "content": {
+                "application/vnd.cyclonedx+json": {"schema": {"type": "object"}}}},
+            "404": _NOT_FOUND,
+            "503": _error("no SBOM can be made: cyclonedx-bom is missing, or it failed"),
+        }, [_MODEL, _VERSION]),
+    },
     "/models/{model_name}/{model_version}/set-default": {
         "put": _op("Make this version the default", {"200": _STATUS, "404": _NOT_FOUND},
                    [_MODEL, _VERSION])
