@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# 2: CANCEL, for batches pipelined behind a running one; 3: CHUNK; 4: packed BATCH entries
-PROTOCOL_VERSION = 5
+# 2: CANCEL, for batches pipelined behind a running one; 3: CHUNK; 4: packed BATCH entries;
+# 5: STEP; 6: RELOAD and RELOADED (hot reload of the handler's code)
+PROTOCOL_VERSION = 6
 MAGIC = b"MS"
 # magic, version, kind, flags, meta_len, payload_len, then 2 reserved zero bytes ("2x" packs zeros
 # and unpacks to nothing) so the header is 16 bytes and meta starts aligned.
@@ -46,6 +47,8 @@ class Kind(enum.IntEnum):
     CANCEL = 8
     CHUNK = 9
     STEP = 10
+    RELOAD = 11
+    RELOADED = 12
 
 
 _KINDS = {kind.value: kind for kind in Kind}

@@ -7,8 +7,9 @@ it imports the standard library only and keeps to Python 3.8. The wire format is
 ``docs/protocol.md``; keep the two in step.
 
 The requests (BATCH and CANCEL frames) are here; the frame layer is :mod:`.framing`, the answers
-:mod:`.answers`, and what their frames share :mod:`.entries`. Everyone imports the protocol from
-here: this module re-exports the other three's public names.
+:mod:`.answers`, what their frames share :mod:`.entries`, and the hot reload's two frames
+:mod:`.reload_frames`. Everyone imports the protocol from here: this module re-exports the
+others' public names.
 """
 
 from __future__ import annotations
@@ -69,6 +70,17 @@ from .framing import (
     encode_for_send,
     json_encoder,
 )
+from .reload_frames import (
+    ABORT,
+    COMMIT,
+    PREPARE,
+    RELOAD_STEPS,
+    Reloaded,
+    parse_reload,
+    parse_reloaded,
+    reload_frame,
+    reloaded_frame,
+)
 
 # Joins a packed BATCH entry's header names and values: U+007F (DEL) is in no valid HTTP or gRPC
 # header, and JSON writes it as it is (no escape to build or to undo).
@@ -76,6 +88,8 @@ PACK_SEP = "\x7f"
 
 # the protocol's whole public surface, wherever each part lives
 __all__ = [
+    "ABORT",
+    "COMMIT",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "HEADER",
     "JOIN_BELOW_BYTES",
@@ -87,7 +101,9 @@ __all__ = [
     "METRIC_TYPES",
     "MIN_STATUS",
     "PACK_SEP",
+    "PREPARE",
     "PROTOCOL_VERSION",
+    "RELOAD_STEPS",
     "RESERVED",
     "STREAM_FAILED_HEADER",
     "TOO_LARGE_HEADER",
@@ -97,6 +113,7 @@ __all__ = [
     "Kind",
     "MetricEntry",
     "ProtocolError",
+    "Reloaded",
     "RequestItem",
     "ResponseItem",
     "batch_frame",
@@ -110,10 +127,14 @@ __all__ = [
     "parse_batch",
     "parse_cancel",
     "parse_chunk",
+    "parse_reload",
+    "parse_reloaded",
     "parse_result",
     "parse_result_metrics",
     "parse_step",
     "parse_step_chunk",
+    "reload_frame",
+    "reloaded_frame",
     "result_frame",
     "step_frame",
 ]

@@ -90,7 +90,7 @@ def test_a_worker_that_breaks_the_protocol_is_killed_and_replaced(
     cases = [
         ({"cmd": "garbage", "bytes": "HTTP/1.1 200 OK\r\n\r\n"},
          "bad frame magic b'HT', expected b'MS': the peer is not speaking the mserve worker protocol"),
-        ({"cmd": "garbage", "bytes": "MS\x05\x06\x00\x00\xff\xff\xff\xff"},
+        ({"cmd": "garbage", "bytes": "MS\x06\x06\x00\x00\xff\xff\xff\xff"},
          "frame meta_len 4294967295 bytes exceeds the limit of 16777216 bytes"),
         ({"cmd": "frame", "kind": "READY"}, "READY frame after the handshake"),
         ({"cmd": "frame", "kind": "HELLO", "meta": {"protocol": 3}}, "HELLO frame after the handshake"),

@@ -67,14 +67,14 @@ def raw_frame(
 
 def test_hello_frame_bytes_are_exact() -> None:
     meta = b'{"protocol":2,"pid":4242,"python":"3.11.7","runtime":"mserve-worker"}'
-    header = bytes.fromhex("4d53 05 01 0000 00000045 00000000 0000")
+    header = bytes.fromhex("4d53 06 01 0000 00000045 00000000 0000")
     assert len(meta) == 0x45
     assert encode_bytes(Frame(Kind.HELLO, HELLO_META)) == header + meta
 
 
 def test_batch_frame_bytes_match_the_worked_example_in_the_docs() -> None:
     expected = bytes.fromhex(
-        "4d53 05 05 0000 00000034 00000002 0000"
+        "4d53 06 05 0000 00000034 00000002 0000"
         "7b22 6261 7463 685f 6964 223a 372c 2272 6571 7565 7374 7322 3a5b 5b22 7231 222c"
         "2274 6578 742f 706c 6169 6e22 2c32 2c22 225d 5d7d"
         "6869"
@@ -137,6 +137,10 @@ EXAMPLES = {
     Kind.BATCH_FAILED: Frame(Kind.BATCH_FAILED, {"batch_id": 3, "error": "e", "traceback": "t"}),
     Kind.CANCEL: cancel_frame(4, ["r2", "r3"]),
     Kind.CHUNK: chunk_frame(3, [ChunkItem(0, b"tok", 200, "text/plain", [["X-A", "1"]])]),
+    Kind.RELOAD: protocol.reload_frame(3, "prepare"),
+    Kind.RELOADED: protocol.reloaded_frame(
+        protocol.Reloaded(3, "prepare", False, "SyntaxError: x", "t", "handler.py", 7)
+    ),
     Kind.STEP: protocol.step_frame(
         7, [(3, 0), (5, 1)], result_frame(7, [ResponseItem(200, b"a"), ResponseItem(200, b"b")])
     ),
@@ -286,14 +290,14 @@ DECODE_ERRORS = [
         raw_frame(magic=b"GE"),
         "bad frame magic b'GE', expected b'MS': the peer is not speaking the mserve worker protocol",
     ),
-    ("version", raw_frame(version=1), "unsupported protocol version 1, this side speaks 5"),
+    ("version", raw_frame(version=1), "unsupported protocol version 1, this side speaks 6"),
     (
         "kind 0",
         raw_frame(kind=0),
         "unknown frame kind 0, expected one of 1 (HELLO), 2 (INIT), 3 (READY), 4 (LOAD_FAILED), "
         "5 (BATCH), 6 (RESULT), 7 (BATCH_FAILED), 8 (CANCEL), 9 (CHUNK), 10 (STEP)",
     ),
-    ("kind 11", raw_frame(kind=11), "unknown frame kind 11, expected one of 1 (HELLO), "),
+    ("kind 13", raw_frame(kind=13), "unknown frame kind 13, expected one of 1 (HELLO), "),
     ("flags", raw_frame(flags=0x8001), "frame flags must be 0 (reserved), got 0x8001"),
     (
         "reserved",
@@ -392,7 +396,7 @@ def test_a_failed_decoder_refuses_further_input() -> None:
     with pytest.raises(ProtocolError) as info:
         decoder.feed(encode_bytes(Frame(Kind.READY, {})))
     assert str(info.value) == (
-        "decoder stopped after an earlier error: unsupported protocol version 9, this side speaks 5"
+        "decoder stopped after an earlier error: unsupported protocol version 9, this side speaks 6"
     )
 
 
@@ -416,7 +420,7 @@ def test_decoder_limit_must_fit_u32(limit: object) -> None:
 # -- encode errors -------------------------------------------------------------------------------
 
 ENCODE_ERRORS = [
-    ("kind", Frame(11, {}), "unknown frame kind 11, expected one of 1 (HELLO)"),  # type: ignore[arg-type]
+    ("kind", Frame(13, {}), "unknown frame kind 13, expected one of 1 (HELLO)"),  # type: ignore[arg-type]
     (
         "meta list",
         Frame(Kind.INIT, [1]),
@@ -840,7 +844,7 @@ def test_small_frames_go_out_as_one_buffer_large_ones_uncopied() -> None:
 
 def test_cancel_frame_round_trips_and_is_checked() -> None:
     frame = cancel_frame(4, ["r2", "r3"])
-    assert encode_bytes(frame)[:4] == b"MS\x05\x08"
+    assert encode_bytes(frame)[:4] == b"MS\x06\x08"
     (decoded,) = decode_all(encode_bytes(frame))
     assert parse_cancel(decoded) == (4, ["r2", "r3"])
     with pytest.raises(ProtocolError, match="CANCEL ids must be a list of strings"):
@@ -920,8 +924,8 @@ def test_chunk_frame_bytes_are_exact() -> None:
         b'{"batch_id":7,"chunks":[{"i":0,"size":2,"status":200,"content_type":"text/plain",'
         b'"headers":[]},{"i":2,"size":1}]}'
     )
-    header = HEADER.pack(b"MS", 5, 9, 0, len(meta), 3)
-    assert header[:4] == b"MS\x05\x09"
+    header = HEADER.pack(b"MS", 6, 9, 0, len(meta), 3)
+    assert header[:4] == b"MS\x06\x09"
     assert encode_bytes(frame) == header + meta + b"hi!"
 
 

@@ -47,10 +47,10 @@ FUZZ = settings(
 # The server's decoder is built with the model's max_payload_bytes; a small one here lets the
 # payload limit be crossed by generated frames.
 SERVER_MAX_PAYLOAD = 256
-TO_WORKER = (Kind.INIT, Kind.BATCH, Kind.CANCEL)
+TO_WORKER = (Kind.INIT, Kind.BATCH, Kind.CANCEL, Kind.RELOAD)
 TO_SERVER = (
     Kind.HELLO, Kind.READY, Kind.LOAD_FAILED, Kind.RESULT, Kind.BATCH_FAILED, Kind.CHUNK,
-    Kind.STEP,
+    Kind.STEP, Kind.RELOADED,
 )  # fmt: skip
 assert set(TO_WORKER) | set(TO_SERVER) == set(Kind), "a new kind needs a strategy here"
 
@@ -169,6 +169,16 @@ FRAMES: dict[Kind, st.SearchStrategy[Frame]] = {
     Kind.CANCEL: st.builds(protocol.cancel_frame, uint, st.lists(text, max_size=4)),
     Kind.CHUNK: st.builds(protocol.chunk_frame, uint, st.lists(chunk_item, max_size=4)),
     Kind.STEP: step_frames(),
+    Kind.RELOAD: st.builds(protocol.reload_frame, uint, st.sampled_from(protocol.RELOAD_STEPS)),
+    Kind.RELOADED: st.builds(
+        lambda reload_id, step, error, line: protocol.reloaded_frame(
+            protocol.Reloaded(reload_id, step, error is None, error or "", "", "h.py", line)
+        ),
+        uint,
+        st.sampled_from(protocol.RELOAD_STEPS),
+        st.none() | text,
+        st.none() | uint,
+    ),  # fmt: skip
 }
 any_frame = st.sampled_from(list(Kind)).flatmap(lambda kind: FRAMES[kind])
 
@@ -218,6 +228,10 @@ def parse_as_worker(frame: Frame) -> Any:
         batch_id, ids = protocol.parse_cancel(frame)
         assert _is_uint(batch_id) and all(type(i) is str for i in ids)
         return batch_id, ids
+    if frame.kind is Kind.RELOAD:
+        reload_id, step = protocol.parse_reload(frame)
+        assert _is_uint(reload_id) and step in protocol.RELOAD_STEPS
+        return reload_id, step
     assert type(frame.meta) is dict
     return frame.meta
 
@@ -260,6 +274,12 @@ def parse_as_server(frame: Frame) -> Any:
             assert chunk.status == 0 or _is_status(chunk.status)
             assert type(chunk.content_type) is str and _is_pairs(chunk.headers)
         return batch_id, chunks
+    if frame.kind is Kind.RELOADED:
+        answer = protocol.parse_reloaded(frame)
+        assert _is_uint(answer.reload_id) and answer.step in protocol.RELOAD_STEPS
+        assert type(answer.ok) is bool and type(answer.error) is str
+        assert answer.line is None or _is_uint(answer.line)
+        return answer
     assert type(frame.meta) is dict
     return frame.meta
 
@@ -392,7 +412,7 @@ def test_every_kind_decodes_on_both_sides(kind: Kind, data: st.DataObject) -> No
 @FUZZ
 @given(data=st.data())
 def test_arbitrary_bytes_raise_only_protocol_errors(side: str, data: st.DataObject) -> None:
-    raw = data.draw(st.binary(max_size=200) | st.binary(max_size=14).map(lambda b: b"MS\x05" + b))
+    raw = data.draw(st.binary(max_size=200) | st.binary(max_size=14).map(lambda b: b"MS\x06" + b))
     feed_untrusted(side, pieces(raw, data.draw(cuts(raw))))
 
 
@@ -446,7 +466,8 @@ def mutated_streams(draw: st.DrawFn) -> bytes:
 # Every field the parsers read, so that a generated meta lacks or mistypes each of them.
 FIELDS = ("batch_id", "requests", "responses", "chunks", "ids", "handler_ms", "metrics", "id",
           "size", "status", "i", "op", "content_type", "headers", "params", "name", "value",
-          "unit", "kind", "type", "request_id", "dimensions")  # fmt: skip
+          "unit", "kind", "type", "request_id", "dimensions", "reload_id", "step", "ok", "error",
+          "file", "line", "code", "load_s", "kept")  # fmt: skip
 
 
 def _replace_somewhere(draw: st.DrawFn, meta: dict[str, Any]) -> None:
@@ -475,7 +496,7 @@ def test_mutated_frames_raise_only_protocol_errors(side: str, data: st.DataObjec
     feed_untrusted(side, [stream])
 
 
-PARSED = (Kind.BATCH, Kind.CANCEL, Kind.RESULT, Kind.CHUNK)
+PARSED = (Kind.BATCH, Kind.CANCEL, Kind.RESULT, Kind.CHUNK, Kind.RELOAD, Kind.RELOADED)
 
 
 @pytest.mark.parametrize("kind", PARSED, ids=lambda k: k.name)

@@ -163,13 +163,14 @@ GARBAGE = {
     "an INIT with a string batch_size": (None, protocol.encode_bytes(Frame(Kind.INIT, {**PROBE_INIT, "batch_size": "2"})), "INIT batch_size must be an integer, got '2'"),
     "random bytes": (PROBE_INIT, bytes(range(7, 250, 3)), "bad frame magic b'\\x07\\n'"),
     "an unknown kind": (PROBE_INIT, _raw(42), "unknown frame kind 42"),
-    "a version 2 frame": (PROBE_INIT, b"MS\x02" + _raw(5)[3:], "unsupported protocol version 2, this side speaks 5"),
+    "a version 2 frame": (PROBE_INIT, b"MS\x02" + _raw(5)[3:], "unsupported protocol version 2, this side speaks 6"),
     "meta not JSON": (PROBE_INIT, _raw(Kind.BATCH, b"{batch}"), "BATCH frame meta is not valid JSON"),
-    "an oversized meta_len": (PROBE_INIT, protocol.HEADER.pack(b"MS", 5, 5, 0, 2**32 - 1, 0), "frame meta_len 4294967295 bytes exceeds the limit of 16777216 bytes"),
+    "an oversized meta_len": (PROBE_INIT, protocol.HEADER.pack(b"MS", protocol.PROTOCOL_VERSION, 5, 0, 2**32 - 1, 0), "frame meta_len 4294967295 bytes exceeds the limit of 16777216 bytes"),
     "a BATCH whose sizes do not add up": (PROBE_INIT, _raw(Kind.BATCH, b'{"batch_id":1,"requests":[{"id":"r","size":5}]}', b"ab"), "BATCH 1: requests sizes add up to 5 bytes but the payload holds 2 bytes"),
     "a BATCH with a numeric request id": (PROBE_INIT, _raw(Kind.BATCH, b'{"batch_id":1,"requests":[{"id":7,"size":0}]}'), "BATCH requests[0].id must be a string, got int"),
     "a CANCEL with numeric ids": (PROBE_INIT, _raw(Kind.CANCEL, b'{"batch_id":1,"ids":[1]}'), "CANCEL ids[] must be a string, got int"),
     "a RESULT sent to the worker": (PROBE_INIT, protocol.encode_bytes(protocol.result_frame(1, [])), "unexpected RESULT frame after INIT"),
+    "a RELOAD of no known step": (PROBE_INIT, _raw(Kind.RELOAD, b'{"reload_id":1,"step":"go"}'), "RELOAD step must be one of prepare, commit, abort, got 'go'"),
     "a second INIT": (PROBE_INIT, protocol.encode_bytes(Frame(Kind.INIT, PROBE_INIT)), "unexpected INIT frame after INIT"),
 }  # fmt: skip
 
