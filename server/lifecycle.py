@@ -43,6 +43,7 @@ from server.metrics.handler import load_metrics_config
 from server.metrics.server_metrics import Metrics
 from server.models.registry import RegisterRequest, Registry
 from server.rest import frontend as rest_frontend
+from server.rollouts.router import Router
 from server.rundir import (
     LOCK_FILE,
     PID_FILE,
@@ -129,6 +130,9 @@ class Server:
         )
         self.registry = Registry(config, self.gpus, __version__, self.launcher, self.metrics)
         self.metrics.watch(self.registry.all, self.registry.residency)
+        # which version answers a request (server/rollouts/): before the snapshot's listener,
+        # so a version that goes is out of the splits before the snapshot is saved
+        self.router = Router(self.registry, self.metrics)
         if config.certificate_file:
             not_after = certificate_not_after(config.certificate_file)
             if not_after is not None:
@@ -215,7 +219,7 @@ class Server:
             self.keys.write()
             log.info("token authorization is on: keys in %s", self.keys.path)
         for opened in await rest_frontend.open_listeners(
-            config, self.registry, self.metrics, self.keys, self.access_log
+            config, self.registry, self.metrics, self.keys, self.access_log, self.router
         ):
             self.listeners.append(opened.listener)
             self.addresses[opened.api] = opened.address
@@ -228,7 +232,7 @@ class Server:
         # answer their handshakes (grpc's import releases the GIL often enough for that)
         frontend = await asyncio.to_thread(importlib.import_module, "server.rpc.frontend")
         for opened in await frontend.open_listeners(
-            self.config, self.registry, self.metrics, self.keys
+            self.config, self.registry, self.metrics, self.keys, self.router
         ):
             self.grpc_listeners.append(opened.listener)
             self.addresses[f"grpc_{opened.api}"] = opened.address
@@ -438,6 +442,7 @@ class Server:
         # new gRPC calls are refused at once (UNAVAILABLE); calls under way drain with the rest
         grpc_stops = [asyncio.ensure_future(g.stop(drain_s)) for g in self.grpc_listeners]
         await self._drain(drain_s)
+        self.router.close()
         await self.registry.close()
         await asyncio.gather(*(mv.stop(drain_s) for mv in self.registry.all()))
         await self.launcher.close()

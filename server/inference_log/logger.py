@@ -149,6 +149,20 @@ class InferenceLogger:
             item.content_type, bytes(item.body), status, response_type, bytes(response_body),
             error, logged, response_json,
         )  # fmt: skip
+        self._append(record, now)
+
+    def event(self, op: str, message: str, detail: dict[str, Any]) -> None:
+        """A model-level event, not a request (a canary rolled back or promoted, server/
+        rollouts/): always logged, as a record of api ``event`` whose request is ``detail`` (JSON)
+        and whose error is ``message``."""
+        now = time.monotonic()
+        body = json.dumps(detail, sort_keys=True).encode()
+        event_id = f"{op}-{time.time_ns():x}"
+        record = Record(event_id, event_id, "event", op, time.time(), 0, "application/json",
+                        body, 200, "", b"", message, None)  # fmt: skip
+        self._append(record, now)
+
+    def _append(self, record: Record, now: float) -> None:
         limit = self.delivery.queue_size
         for queue in self._queues:
             records = queue.records

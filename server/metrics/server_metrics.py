@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import psutil
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -169,6 +169,16 @@ class Metrics:
             "mserve_weights_flagged_files", "Weights files flagged by the registration's scan",
             ["model", "version", "verdict", "action"], registry=self.prom,
         )  # fmt: skip
+        # canary rollouts (server/rollouts/canary.py): the canary's share of its model's
+        # traffic, and how rollouts ended (promoted, rolled_back, aborted)
+        self.canary_share = Gauge(
+            "mserve_canary_share_percent", "A running canary's share of its model's traffic",
+            ["model", "version"], registry=self.prom,
+        )  # fmt: skip
+        self.canary_ends = Counter(
+            "mserve_canary_outcomes", "Canary rollouts ended, by outcome",
+            ["model", "version", "outcome"], registry=self.prom,
+        )  # fmt: skip
         self._models: Callable[[], Iterable[ObservedModel]] = tuple
         self._residency: ObservedResidency | None = None
         # (certificate file, its notAfter in epoch seconds) of the TLS listeners
@@ -277,6 +287,12 @@ class Metrics:
     def handler_reloaded(self, name: str, version: str, outcome: str) -> None:
         """``outcome``: ``ok`` (every worker switched) or ``failed`` (the old code serves)."""
         self.handler_reloads.labels(name, version, outcome).inc()
+
+    def rollout_share(self, name: str, version: str, percent: float) -> None:
+        self.canary_share.labels(name, version).set(percent)
+
+    def rollout_ended(self, name: str, version: str, outcome: str) -> None:
+        self.canary_ends.labels(name, version, outcome).inc()
 
     def request_cancelled(self, name: str, version: str, reason: str) -> None:
         """``reason``: ``client`` (it went away) or ``deadline`` (clientTimeoutInMills)."""

@@ -46,6 +46,7 @@ from server.openai.request import (
     generative,
     read_body,
 )
+from server.rollouts.router import Router
 from server.streaming import ChunkStream
 from server.tracing import RequestTrace, client_request_id, trace_id_of
 
@@ -58,9 +59,10 @@ DONE = b"data: [DONE]\n\n"
 class OpenAIAPI:
     def __init__(
         self, registry: Registry, metrics: Metrics, new_id: Callable[[], str],
-        max_response_bytes: int,
+        max_response_bytes: int, router: Router | None = None,
     ) -> None:  # fmt: skip
         self.registry = registry
+        self.router = router or Router(registry, metrics)  # which version answers
         self.metrics = metrics
         self.new_id = new_id
         self.max_response_bytes = max_response_bytes
@@ -85,7 +87,7 @@ class OpenAIAPI:
         try:
             body = read_body(op, req.body)
             asked = body["model"]
-            model, declared = self._model(asked)
+            model, declared = self._model(asked, req)
             req.tag = (rid, trace_id_of(req.known.get("traceparent")), model.name, model.version,
                        "")  # fmt: skip
             if op == "embedding":
@@ -124,9 +126,16 @@ class OpenAIAPI:
 
     # --- models ---------------------------------------------------------------------------
 
-    def _model(self, name: str) -> tuple[ModelVersion, Generative]:
+    def _model(self, name: str, req: Request | None = None) -> tuple[ModelVersion, Generative]:
+        """``req``: a call to answer (its version picked by the model's traffic policy, its
+        sticky key in a header or the body), or None to describe the model."""
         try:
-            model = self.registry.get(name)
+            if req is None:
+                model = self.registry.get(name)
+            else:
+                item = RequestItem(request_id="", content_type=JSON, headers=req.headers,
+                                   body=req.body)  # fmt: skip
+                model = self.router.pick(name, None, item)
         except ModelNotFound:
             raise OpenAIError(
                 404, f"The model `{name}` does not exist", "model", "model_not_found"
@@ -194,10 +203,9 @@ class OpenAIAPI:
         if req.out is None:  # nothing sent yet
             conn.answer_error(req, error)
 
-    @staticmethod
     def _enqueue(
-        model: ModelVersion, req: Request, i: int, count: int, content_type: str, body: bytes,
-        span: _Span,
+        self, model: ModelVersion, req: Request, i: int, count: int, content_type: str,
+        body: bytes, span: _Span,
     ) -> Job:  # fmt: skip
         """Job ``i`` of ``count`` for request ``req`` (named by its id, see the module's doc).
         Traced, every job's handler sees the request's span as its parent, and the first job's
@@ -209,11 +217,14 @@ class OpenAIAPI:
         )  # fmt: skip
         trace = span.trace
         if trace is None:
-            return model.enqueue(item)
-        trace.pass_on(item.headers)
-        job = model.enqueue(item, trace if i == 0 else None)
-        if i == 0:
-            span.job = job
+            job = model.enqueue(item)
+        else:
+            trace.pass_on(item.headers)
+            job = model.enqueue(item, trace if i == 0 else None)
+            if i == 0:
+                span.job = job
+        if i == 0:  # once per call: its first choice stands for it (counted, watched, shadowed)
+            self.router.after_enqueue(model, item, job)
         return job
 
     @staticmethod

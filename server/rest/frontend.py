@@ -17,6 +17,7 @@ from server.models.registry import Registry
 from server.rest.inference import InferenceAPI
 from server.rest.management import ManagementAPI
 from server.rest.workflows import WorkflowAPI
+from server.rollouts.router import Router
 from server.tls import server_context
 from server.workflows.registry import Workflows
 
@@ -37,7 +38,7 @@ class Opened:
 
 async def open_listeners(
     config: ServerConfig, registry: Registry, metrics: Metrics, keys: Keys | None,
-    access_log: AccessLogFile | None,
+    access_log: AccessLogFile | None, router: Router | None = None,
 ) -> list[Opened]:  # fmt: skip
     """Listen on each REST API's address, in order; a port that cannot be bound stops the
     start, naming the API and the setting."""
@@ -45,7 +46,9 @@ async def open_listeners(
         Workflows(registry), config.enable_model_api, config.max_response_size_bytes
     )
     routers = {
-        "inference": InferenceAPI(registry, metrics, config.max_response_size_bytes, workflows),
+        "inference": InferenceAPI(
+            registry, metrics, config.max_response_size_bytes, workflows, router
+        ),
         "management": ManagementAPI(registry, keys, config.enable_model_api, workflows),
         "metrics": MetricsAPI(metrics),
     }

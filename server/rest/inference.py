@@ -44,6 +44,7 @@ from server.rest.routes import (
     match,
 )
 from server.rest.workflows import WorkflowAPI
+from server.rollouts.router import Router
 from server.streaming import ChunkStream
 from server.tracing import CLIENT_GONE, client_request_id, trace_id_of
 
@@ -61,12 +62,13 @@ class InferenceAPI:
 
     def __init__(
         self, registry: Registry, metrics: Metrics, max_response_bytes: int,
-        workflows: WorkflowAPI | None = None,
+        workflows: WorkflowAPI | None = None, router: Router | None = None,
     ) -> None:  # fmt: skip
         self.registry = registry
+        self.router = router or Router(registry, metrics)  # which version answers
         self.metrics = metrics
         self.max_response_bytes = max_response_bytes
-        self.openai = OpenAIAPI(registry, metrics, request_id, max_response_bytes)
+        self.openai = OpenAIAPI(registry, metrics, request_id, max_response_bytes, self.router)
         self.workflows = workflows  # /wfpredict (None: no such path)
 
     def route(self, conn: Connection, req: Request) -> None:
@@ -123,12 +125,6 @@ class InferenceAPI:
         known = req.known
         rid = known.get("x-request-id")
         rid = (client_request_id(rid) if rid is not None else None) or request_id()
-        try:
-            model = self.registry.get(name, version)
-        except MserveError as exc:  # no such model or version: refused, named all the same
-            self._refused(req, rid, name, version, exc)
-            raise
-        counts = model.stats.arrived(version is not None)
         item = RequestItem(
             request_id=rid,
             content_type=known.get("content-type") or "",
@@ -138,6 +134,12 @@ class InferenceAPI:
             op=op,
             api=api,
         )
+        try:
+            model = self.router.pick(name, version, item)
+        except MserveError as exc:  # no such model or version: refused, named all the same
+            self._refused(req, rid, name, version, exc)
+            raise
+        counts = model.stats.arrived(version is not None)
         trace = None
         tracer = tracing.current
         if tracer is not None:
@@ -157,6 +159,7 @@ class InferenceAPI:
             if trace is not None:
                 trace.finish(None, exc.status, exc.message)
             raise
+        self.router.after_enqueue(model, item, job)
         req.future = job.future
         job.future.add_done_callback(
             functools.partial(self._answered, conn, req, model, job, counts)

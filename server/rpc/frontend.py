@@ -13,6 +13,7 @@ from server.auth import Keys
 from server.config import ServerConfig, grpc_tls, split_address
 from server.metrics.server_metrics import Metrics
 from server.models.registry import Registry
+from server.rollouts.router import Router
 from server.rpc.inference import PING, InferenceService
 from server.rpc.management import ManagementService
 from server.rpc.oip import PROBES, OipService
@@ -31,7 +32,11 @@ class Opened:
 
 
 async def open_listeners(
-    config: ServerConfig, registry: Registry, metrics: Metrics, keys: Keys | None
+    config: ServerConfig,
+    registry: Registry,
+    metrics: Metrics,
+    keys: Keys | None,
+    router: Router | None = None,
 ) -> list[Opened]:
     """Start a listener per gRPC API on this event loop; each one opened, in order."""
     tls = None
@@ -40,7 +45,7 @@ async def open_listeners(
         # checks the files
         server_context(config.certificate_file, config.private_key_file, config.tls_security_level)
         tls = credentials(config.certificate_file, config.private_key_file)
-    torchserve = InferenceService(registry, metrics, config.max_response_size_bytes)
+    torchserve = InferenceService(registry, metrics, config.max_response_size_bytes, router)
     services = {
         # TorchServe's service and the Open Inference Protocol's share the inference port
         "inference": [torchserve.add_to(), OipService(registry, torchserve).add_to()],

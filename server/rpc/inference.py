@@ -29,6 +29,7 @@ from server.metrics.server_metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion
+from server.rollouts.router import Router
 from server.rpc import status
 from server.rpc.protos import inference_pb2 as pb
 from server.rpc.protos import inference_pb2_grpc
@@ -97,8 +98,12 @@ def form(inputs: Mapping[str, bytes]) -> tuple[str, bytes]:
 
 
 class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
-    def __init__(self, registry: Registry, metrics: Metrics, max_response_bytes: int) -> None:
+    def __init__(
+        self, registry: Registry, metrics: Metrics, max_response_bytes: int,
+        router: Router | None = None,
+    ) -> None:  # fmt: skip
         self.registry = registry
+        self.router = router or Router(registry, metrics)  # which version answers
         self.metrics = metrics
         self.max_response_bytes = max_response_bytes
 
@@ -188,7 +193,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         try:
             if not request.model_name:
                 raise BadRequest("parameter 'model_name' is required")
-            model = self.registry.get(request.model_name, version)
+            model = self.router.pick(request.model_name, version, None, meta)
         except MserveError as exc:  # refused before it is queued: its span all the same
             tracing.refused(
                 f"gRPC {SERVICE}", meta, rid, request.model_name, version or "", started,
@@ -222,6 +227,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
             if trace is not None:
                 trace.finish(None, exc.status, exc.message)
             raise
+        self.router.after_enqueue(model, item, job)
         try:
             result = await self._wait(model, job)
             if type(result) is ChunkStream:

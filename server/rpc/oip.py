@@ -166,7 +166,7 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
         """Queue the request in its REST form and read the worker's answer back; raises the
         error that answers it instead."""
         version = request.model_version or None
-        model = self.registry.get(_name(request.model_name, "model_name"), version)
+        model = self.queue.router.pick(_name(request.model_name, "model_name"), version, None, meta)
         counts = model.stats.arrived(version is not None)
         started = time.perf_counter()
         body, header = request_body(request)

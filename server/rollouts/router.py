@@ -1,0 +1,384 @@
+"""Which version of a model answers a request: every inference frontend asks
+:meth:`Router.pick` instead of ``registry.get`` (REST server/rest/inference.py, the OpenAI API
+server/openai/api.py, gRPC server/rpc/inference.py and server/rpc/oip.py), and calls
+:meth:`Router.after_enqueue` right after it queued the request on the version picked.
+
+The contract other modules rely on (the shadow, server/rollouts/shadow.py, in particular):
+
+- A model name with no policy costs one dict lookup in :meth:`pick` and one in
+  :meth:`after_enqueue`; nothing else changes for it.
+- :meth:`pick` returns the version a request gets: the one it names, else the split's draw
+  (sticky: the same key gets the same version), else the default. It raises what
+  ``registry.get`` raises (ModelNotFound, ModelVersionNotFound) and nothing else.
+- :meth:`after_enqueue` is called once per request that was queued (not for one refused
+  before, 429/503), on the event loop, with the version picked, the request item as queued and
+  its job (``job.future`` gets the answer). It counts the version served, lets a running canary
+  watch the answer (a done callback on ``job.future``), then calls ``policy.shadow.send(model,
+  item, job)`` when the model's policy has a shadow. ``send`` must neither block nor raise
+  (an exception is logged and dropped: the client's request is never failed by it), and must
+  not touch ``job`` beyond adding done callbacks to ``job.future``.
+- :meth:`policy` and :meth:`set_policy` read and replace a name's :class:`Policy` (frozen;
+  change one with :func:`dataclasses.replace`, e.g. ``replace(router.policy(name),
+  shadow=s)``); :meth:`set_policy` checks nothing (the parsers of server/rollouts/policy.py
+  did), saves the snapshot and takes effect for the next request. A policy that is
+  :attr:`Policy.empty` is removed.
+- :meth:`describe` is the ``traffic`` section of ``GET /models/{name}``; it includes
+  ``policy.shadow.shown()`` under ``shadow``. The snapshot stores ``to_json()`` of the policy
+  and of the shadow (``shadow.to_json()``), and :meth:`restore` gives the shadow's back to the
+  loader registered with :meth:`on_restore_shadow`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import math
+import random
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from mserve_worker.protocol import RequestItem
+from server.errors import BadRequest
+from server.metrics.server_metrics import Metrics
+from server.models.batching import Job
+from server.models.registry import Registry
+from server.models.version import ModelVersion
+from server.rollouts.canary import Canary
+from server.rollouts.policy import CanaryPlan, Policy, Sticky, parse_policy
+
+log = logging.getLogger(__name__)
+
+_TWO_64 = float(1 << 64)
+
+
+class Route:
+    """A name's policy with what the hot path reads, computed once per change: the versions
+    drawn from and their running totals, and the count of requests each version was given."""
+
+    __slots__ = ("canary", "cumulative", "policy", "served", "sticky", "versions", "weights")
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.canary: Canary | None = None
+        self.served: dict[str, int] = {}
+        self.sticky: Sticky | None = policy.sticky
+        self.versions: tuple[str, ...] = ()
+        self.weights: tuple[float, ...] = ()
+        self.cumulative: list[float] = []
+        self.split(policy.weights)
+
+    def split(self, weights: tuple[tuple[str, float], ...]) -> None:
+        """Draw from ``weights`` from now on (zero weights never drawn)."""
+        kept = [(v, w) for v, w in weights if w > 0]
+        self.versions = tuple(v for v, _ in kept)
+        self.weights = tuple(w for _, w in kept)
+        total, self.cumulative = 0.0, []
+        for w in self.weights:
+            total += w
+            self.cumulative.append(total)
+
+    def current(self) -> tuple[tuple[str, float], ...]:
+        return tuple(zip(self.versions, self.weights, strict=True))
+
+    def draw(self) -> str:
+        if len(self.versions) == 1:
+            return self.versions[0]
+        at = random.random() * self.cumulative[-1]
+        return self.versions[min(bisect.bisect_right(self.cumulative, at), len(self.versions) - 1)]
+
+    def by_key(self, key: bytes) -> str:
+        """Weighted rendezvous hashing: each version scores the key, the highest wins. A key
+        moves only when a weight change makes another version outscore its own, so raising a
+        canary's weight moves keys onto it and none between the others."""
+        best, best_score = self.versions[0], -math.inf
+        for version, weight in zip(self.versions, self.weights, strict=True):
+            digest = hashlib.blake2b(key, digest_size=8, person=_person(version)).digest()
+            u = (int.from_bytes(digest, "big") + 0.5) / _TWO_64  # in (0, 1)
+            score = -weight / math.log(u)
+            if score > best_score:
+                best, best_score = version, score
+        return best
+
+
+def _person(version: str) -> bytes:
+    """A version's hash personalisation (blake2b takes at most 16 bytes)."""
+    raw = version.encode()
+    return raw if len(raw) <= 16 else hashlib.blake2b(raw, digest_size=16).digest()
+
+
+class Router:
+    """The traffic policies of the registered model names (one :class:`Route` each)."""
+
+    def __init__(self, registry: Registry, metrics: Metrics | None = None) -> None:
+        self.registry = registry
+        self.metrics = metrics
+        self._routes: dict[str, Route] = {}
+        self._shadow_loader: Callable[[str, dict[str, Any]], Any] | None = None
+        registry.on_change("traffic policies", self._prune)
+
+    # --- the request path ------------------------------------------------------------------
+
+    def pick(
+        self, name: str, version: str | None, item: RequestItem | None = None,
+        meta: dict[str, str] | None = None,
+    ) -> ModelVersion:  # fmt: skip
+        """The version that answers a request of ``name`` (``version``: the one it named).
+        ``item`` / ``meta`` (lower-cased call metadata, gRPC) carry a sticky key."""
+        route = self._routes.get(name)
+        if route is None or version is not None or not route.versions:
+            return self.registry.get(name, version)
+        key = _sticky_key(route.sticky, item, meta) if route.sticky is not None else None
+        chosen = route.by_key(key) if key is not None else route.draw()
+        model = self.registry.models.get(name, {}).get(chosen)
+        return model if model is not None else self.registry.get(name, None)
+
+    def after_enqueue(self, model: ModelVersion, item: RequestItem, job: Job) -> None:
+        route = self._routes.get(model.name)
+        if route is None:
+            return
+        served = route.served
+        served[model.version] = served.get(model.version, 0) + 1
+        if route.canary is not None:
+            route.canary.watch(model.version, job)
+        shadow = route.policy.shadow
+        if shadow is not None:
+            try:
+                shadow.send(model, item, job)
+            except Exception:  # a plug-in's bug must not fail the client's request
+                log.exception("the shadow of %s failed to take a request", model.label)
+
+    # --- policies ----------------------------------------------------------------------------
+
+    def policy(self, name: str) -> Policy:
+        route = self._routes.get(name)
+        return route.policy if route is not None else Policy()
+
+    def route(self, name: str) -> Route | None:
+        return self._routes.get(name)
+
+    def set_policy(self, name: str, policy: Policy, save: bool = True) -> None:
+        """Serve ``name`` by ``policy`` from the next request on (a running canary keeps its
+        own weights until it ends)."""
+        route = self._routes.get(name)
+        if route is None:
+            if policy.empty:
+                return
+            route = self._routes[name] = Route(policy)
+        else:
+            route.policy, route.sticky = policy, policy.sticky
+            if route.canary is None:
+                route.split(policy.weights)
+            if policy.empty and route.canary is None:
+                del self._routes[name]
+        log.info("traffic of %s: %s", name, _said(route.current(), policy.sticky))
+        if save:
+            self.registry.changed()
+
+    def canary(self, name: str) -> Canary | None:
+        route = self._routes.get(name)
+        return route.canary if route is not None else None
+
+    def start_canary(self, name: str, plan: CanaryPlan, save: bool = True) -> Canary:
+        """Begin rolling ``plan.version`` out over ``plan.baseline`` (checked by the parser)."""
+        route = self._routes.get(name)
+        if route is None:
+            route = self._routes[name] = Route(Policy())
+        if route.canary is not None and route.canary.active:
+            raise BadRequest(
+                f"model {name} already has a canary of version {route.canary.plan.version}"
+                f" running ({route.canary.state}); abort or promote it first"
+            )
+        if route.canary is not None:
+            route.canary.stop()
+        route.served = {}
+        canary = Canary(name, plan, self._canary_split, self._canary_ended, self._canary_saved,
+                        self.registry, self.metrics)  # fmt: skip
+        route.canary = canary
+        canary.start()
+        if save:
+            self.registry.changed()
+        return canary
+
+    def _canary_split(self, name: str, weights: tuple[tuple[str, float], ...]) -> None:
+        route = self._routes.get(name)
+        if route is not None:
+            route.split(weights)
+
+    def _canary_ended(self, name: str, promoted: bool) -> None:
+        """The canary was promoted (its version is the default now) or rolled back: the split
+        it replaced serves again, the canary's version out of it when it was rolled back."""
+        route = self._routes.get(name)
+        if route is None or route.canary is None:
+            return
+        plan = route.canary.plan
+        weights = route.policy.weights
+        if weights and not promoted:
+            weights = tuple((v, w) for v, w in weights if v != plan.version)
+            weights = _normalised(weights) if weights else ((plan.baseline, 100.0),)
+            route.policy = replace(route.policy, weights=weights)
+        elif weights and promoted:
+            route.policy = replace(route.policy, weights=())
+        if route.policy.weights:
+            route.split(route.policy.weights)
+        else:  # the default version takes every request (the canary's, once promoted)
+            route.split(
+                ((plan.version if promoted else plan.baseline), 100.0),
+            )
+        self.registry.changed()
+
+    def _canary_saved(self) -> None:
+        self.registry.changed()
+
+    def clear_canary(self, name: str) -> None:
+        """Forget an ended canary (its outcome stays in describe until then)."""
+        route = self._routes.get(name)
+        if route is None or route.canary is None:
+            return
+        route.canary.stop()
+        route.canary = None
+        route.split(route.policy.weights)
+        if route.policy.empty:
+            del self._routes[name]
+        self.registry.changed()
+
+    def _prune(self) -> None:
+        """A registered version went away: out of the splits; a canary that named it ends."""
+        for name, route in list(self._routes.items()):
+            versions = self.registry.models.get(name)
+            if not versions:
+                if route.canary is not None:
+                    route.canary.stop()
+                del self._routes[name]
+                log.info("traffic policy of %s removed: the model is unregistered", name)
+                continue
+            canary = route.canary
+            if canary is not None and canary.active:
+                gone = [v for v in (canary.plan.version, canary.plan.baseline) if v not in versions]
+                if gone:
+                    canary.end_outside(f"version {gone[0]} was unregistered")
+            if any(v not in versions for v, _ in route.policy.weights):
+                kept = tuple((v, w) for v, w in route.policy.weights if v in versions)
+                route.policy = replace(route.policy, weights=_normalised(kept) if kept else ())
+                log.info("traffic of %s: %s (a version was unregistered)", name,
+                         _said(route.policy.weights, route.policy.sticky))  # fmt: skip
+                if canary is None or not canary.active:
+                    route.split(route.policy.weights)
+                    if route.policy.empty and canary is None:
+                        del self._routes[name]
+
+    # --- describe, snapshot ------------------------------------------------------------------
+
+    def describe(self, name: str) -> dict[str, Any] | None:
+        """The ``traffic`` section of describe: the split in force, each version's share of
+        the requests actually served since it was set, stickiness, the canary, the shadow."""
+        route = self._routes.get(name)
+        if route is None:
+            return None
+        total = sum(route.served.values())
+        shadow = route.policy.shadow
+        return {
+            "weights": dict(route.policy.weights),
+            "split": dict(route.current()),
+            "sticky": route.sticky.to_json() if route.sticky is not None else None,
+            "served": {
+                v: {"requests": n, "share": round(n / total, 4) if total else 0.0}
+                for v, n in sorted(route.served.items())
+            },
+            "canary": route.canary.shown() if route.canary is not None else None,
+            "shadow": shadow.shown() if shadow is not None else None,
+        }
+
+    def names(self) -> list[str]:
+        return sorted(self._routes)
+
+    def to_json(self) -> dict[str, Any]:
+        """What the snapshot keeps, per model name."""
+        saved: dict[str, Any] = {}
+        for name, route in self._routes.items():
+            entry: dict[str, Any] = route.policy.to_json()
+            if route.canary is not None:
+                entry["canary"] = route.canary.to_json()
+            if route.policy.shadow is not None:
+                entry["shadow"] = route.policy.shadow.to_json()
+            saved[name] = entry
+        return saved
+
+    def on_restore_shadow(self, loader: Callable[[str, dict[str, Any]], Any]) -> None:
+        """server/rollouts/shadow.py: ``loader(name, saved)`` makes a policy's shadow back from
+        what its ``to_json()`` saved (raising BadRequest when it no longer fits)."""
+        self._shadow_loader = loader
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Put the snapshot's policies back, once its models are registered; one that no longer
+        fits (a version failed to restore) is logged and dropped."""
+        for name, entry in saved.items():
+            versions = list(self.registry.models.get(name, {}))
+            try:
+                if not versions:
+                    raise BadRequest(f"model {name} is not registered")
+                policy = parse_policy(
+                    {"weights": entry.get("weights") or None, "sticky": entry.get("sticky")},
+                    versions, f"snapshot traffic of {name}",
+                )  # fmt: skip
+                if entry.get("shadow") is not None and self._shadow_loader is not None:
+                    policy = replace(policy, shadow=self._shadow_loader(name, entry["shadow"]))
+                self.set_policy(name, policy, save=False)
+                if entry.get("canary") is not None:
+                    canary = Canary.restored(
+                        name, entry["canary"], versions, self.registry.defaults.get(name, ""),
+                        self._canary_split, self._canary_ended, self._canary_saved,
+                        self.registry, self.metrics,
+                    )  # fmt: skip
+                    route = self._routes.get(name) or Route(policy)
+                    self._routes[name] = route
+                    route.canary = canary
+                    canary.resume_after_restart()
+            except BadRequest as exc:
+                log.error("traffic policy of %s not restored: %s", name, exc.message)
+
+    def close(self) -> None:
+        for route in self._routes.values():
+            if route.canary is not None:
+                route.canary.stop()
+
+
+def _sticky_key(
+    sticky: Sticky, item: RequestItem | None, meta: dict[str, str] | None
+) -> bytes | None:
+    """The request's sticky key, or None (drawn like a request without one)."""
+    if sticky.header is not None:
+        wanted = sticky.header
+        if meta is not None:
+            value = meta.get(wanted)
+            return value.encode() if value else None
+        if item is not None:
+            for k, v in item.headers:
+                if k.lower() == wanted:
+                    return str(v).encode() if v else None
+        return None
+    if item is None or not item.body or "json" not in (item.content_type or "json"):
+        return None
+    try:
+        doc = json.loads(bytes(item.body))
+    except ValueError:
+        return None
+    value = doc.get(sticky.field) if isinstance(doc, dict) else None
+    if value is None or isinstance(value, dict | list):
+        return None
+    return str(value).encode()
+
+
+def _normalised(weights: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    total = sum(w for _, w in weights)
+    if total <= 0:
+        return tuple((v, 100.0 / len(weights)) for v, _ in weights)
+    return tuple((v, w * 100.0 / total) for v, w in weights)
+
+
+def _said(weights: tuple[tuple[str, float], ...], sticky: Sticky | None) -> str:
+    split = ", ".join(f"{v} {w:g}%" for v, w in weights) or "the default version"
+    how = f"; sticky by {sticky.to_json()}" if sticky is not None else ""
+    return split + how
