@@ -126,6 +126,8 @@ class View:
             f"model {m.name}: {m.requests_per_s:.1f} req/s  p50 {_ms(m.p50_s)}  p99 "
             f"{_ms(m.p99_s)}  errors {m.errors}  evictions {m.evictions}", style="bold",
         )]  # fmt: skip
+        if m.swap:
+            parts.append(Text(m.swap, style="bold"))
         for v in m.versions:
             parts.append(Text(
                 f"version {v.version}: {v.status} ({v.load_state})  workers min {v.min_workers}"

@@ -48,11 +48,12 @@ class ModelRow:
     p50_s: float | None = None
     p99_s: float | None = None
     evictions: int = 0
+    swap: str = ""  # its in-place swap, running or the last one (describe's swap)
 
     @property
     def state(self) -> str:
         states = {_state(v) for v in self.versions}
-        return ", ".join(sorted(states))
+        return ", ".join(sorted(states)) + (" (swapping)" if " running" in self.swap else "")
 
     @property
     def queue(self) -> int:
@@ -102,6 +103,7 @@ class Reader:
         self._history: deque[tuple[float, dict[str, tuple[float, dict[float, float]]]]] = deque()
         self._procs: dict[int, psutil.Process] = {}
         self._last: Snapshot | None = None
+        self._swaps: dict[str, str] = {}  # model: its swap, as _versions read it
 
     def close(self) -> None:
         self.client.close()
@@ -129,7 +131,9 @@ class Reader:
             if not page.get("nextPageToken"):
                 break
             token = f"&next_page_token={page['nextPageToken']}"
-        rows = [ModelRow(name, self._versions(name)) for name in names]
+        rows = [
+            ModelRow(name, self._versions(name), swap=self._swaps.pop(name, "")) for name in names
+        ]
         snap = Snapshot(self.status, rows)
         self._add_metrics(snap, self._get("metrics", "/metrics").text)
         return snap
@@ -137,6 +141,7 @@ class Reader:
     def _versions(self, name: str) -> list[VersionRow]:
         versions = []
         for d in self._get("management", f"/models/{name}/all").json():
+            self._swaps[name] = swap_line(d.get("swap"))
             workers = [
                 WorkerRow(
                     w["id"],
@@ -206,6 +211,22 @@ class Reader:
             if not any(window.values()):
                 window = buckets  # nothing answered lately: since the start
             row.p50_s, row.p99_s = quantile(window, 0.5), quantile(window, 0.99)
+
+
+def swap_line(swap: dict[str, Any] | None) -> str:
+    """describe's ``swap`` in a line: ``swap 1.0 -> 2.0 running: starting worker 2 of m:2.0
+    (1.0: 1, 2.0: 1 workers)``, or how the last one ended."""
+    if not swap:
+        return ""
+    line = f"swap {swap.get('from')} -> {swap.get('to')} {swap.get('state')}"
+    if swap.get("state") == "running":
+        line += f": {swap.get('step')}"
+    elif swap.get("reason"):
+        line += f": {swap.get('reason')}"
+    workers = swap.get("workers")
+    if workers:
+        line += " (" + ", ".join(f"{v}: {n}" for v, n in workers.items()) + " workers)"
+    return line
 
 
 def quantile(buckets: dict[float, float], q: float) -> float | None:

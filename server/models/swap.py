@@ -100,6 +100,7 @@ class Swap:
             f"swapping {a.label} ({len(a.slots)} worker(s)) for {b.label} ({self.workers}"
             f" worker(s)) under {self._budget()}"
         )
+        self.changed()  # the snapshot keeps it from now on: a restart resumes it
         try:
             try:
                 await self._move(a, b, self.workers, 0)
