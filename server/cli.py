@@ -345,6 +345,11 @@ def _startup_models(config: ServerConfig, flag_models: list[str]) -> list[Startu
     help="Allow registering and unregistering models through the management API"
     " (enable_model_api=true; off by default, as in TorchServe).",
 )  # fmt: skip
+@click.option(
+    "--watch", is_flag=True,
+    help="Development: reload a model's handler code when its files change (watch: true;"
+    " docs/hot-reload.md).",
+)  # fmt: skip
 @click.option("--log-config", help="TorchServe's log4j2 file: accepted, not used.")
 @click.option("--cpp-log-config", help="TorchServe's C++ backend log config: not used.")
 @click.option(
@@ -369,6 +374,7 @@ def serve_main(
     ts_config_file: Path | None,
     disable_token_auth: bool,
     enable_model_api: bool,
+    watch: bool,
     log_config: str | None,
     cpp_log_config: str | None,
     workflow_store: str | None,
@@ -393,6 +399,7 @@ def serve_main(
             "snapshot": False if no_snapshot else None,
             "disable_token_authorization": True if disable_token_auth else None,
             "enable_model_api": True if enable_model_api else None,
+            "watch": True if watch else None,
             "workflow_store": workflow_store,
         }
         if invocation.torchserve:

@@ -41,6 +41,7 @@ from server.http import HttpServer
 from server.logs import setup_logging, torchserve_banner
 from server.metrics.handler import load_metrics_config
 from server.metrics.server_metrics import Metrics
+from server.models import watch
 from server.models.registry import RegisterRequest, Registry
 from server.rest import frontend as rest_frontend
 from server.rollouts.router import Router
@@ -332,6 +333,8 @@ class Server:
             ]
             if self.access_log is not None:
                 chores.append(asyncio.create_task(self.access_log.flush_every(ACCESS_LOG_FLUSH_S)))
+            if self.config.watch:  # development: handler code reloads as its files change
+                chores.append(asyncio.create_task(watch.run(self.registry, self.stop_event)))
             try:
                 await self.stop_event.wait()
             finally:

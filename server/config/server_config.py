@@ -154,6 +154,9 @@ class ServerConfig:
     # TorchServe's model API control: registering and unregistering through the API is off
     # unless enabled; startup models load either way.
     enable_model_api: bool = False
+    # Development: reload a model's handler code when its files change (server/models/watch.py,
+    # docs/hot-reload.md); also --watch
+    watch: bool = False
     # TorchServe's service_envelope for every model (docs/server.md, Envelopes): "" (none),
     # "kserve" or "json" (each of a request's instances is one row of the handler's batch,
     # the answer {"predictions": [...]}), "kservev2" (decoded OIP tensors, as a model config's
