@@ -1,6 +1,6 @@
 """model-archiver --sign and --verify: real keys and certificates, real archives in every
-format, tampered copies (their manifests re-recorded, as an attacker would), and the
-model_signing tool reading what we sign."""
+format, tampered copies (their manifests re-recorded, as an attacker would), the model_signing
+tool reading what we sign, and a keyless bundle from a private Sigstore made offline."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from archiver import open_archive
-from archiver.signing import SIGNATURE_PATH
+from archiver.signing import SIGNATURE_PATH, sign_function
 from tests.conftest import ArchiverRunner
 from tests.signing_keys import ca_and_signer, key_pair, tamper
+from tests.sigstore_fixture import PrivateSigstore
 
 
 def _build(archiver: ArchiverRunner, *extra: str) -> None:
@@ -138,3 +139,41 @@ def test_model_signing_verifies_an_unpacked_archive(model_inputs: Path, signed: 
     (folder / "weights.pt").write_bytes(b"changed")
     with pytest.raises(ValueError, match=r"Hash mismatch for 'weights\.pt'"):
         verifier.verify(folder, folder / SIGNATURE_PATH)
+
+
+def test_keyless_signature_verifies_offline_against_its_trusted_root(
+    archiver: ArchiverRunner, model_inputs: Path
+) -> None:
+    """A Sigstore keyless bundle (certificate, SCT, log entry) from a private Sigstore made
+    for the test, checked offline against its trusted root; never the network."""
+    sigstore = PrivateSigstore("alice@example.com", "https://issuer.example.com")
+    root = model_inputs / "trusted_root.json"
+    root.write_text(sigstore.trusted_root())
+    _build(archiver)
+    with open_archive(model_inputs / "m.mar") as archive:
+        manifest_bytes, files = archive.manifest_bytes, archive.manifest.files
+    bundle = sign_function(sigstore, "m")(manifest_bytes, files)
+    with zipfile.ZipFile(model_inputs / "m.mar", "a") as zf:
+        zf.writestr(SIGNATURE_PATH, bundle)
+    trusted = f"sigstore:alice@example.com https://issuer.example.com {root}"
+    result = archiver("--verify", "m.mar", "--trust", trusted)
+    assert result.exit_code == 0, result.output
+    assert "signed by: alice@example.com (issuer https://issuer.example.com, Sigstore)" in (
+        result.output
+    )
+    result = archiver("--verify", "m.mar", "--trust", trusted.replace("alice", "bob"))
+    assert result.exit_code == 9
+    assert "is signed by alice@example.com (Sigstore: Certificate's SANs do not match" in (
+        result.output
+    )
+    other = PrivateSigstore("alice@example.com", "https://issuer.example.com")
+    root.write_text(other.trusted_root())  # same identity, another Sigstore: not trusted
+    result = archiver("--verify", "m.mar", "--trust", trusted)
+    assert result.exit_code == 9
+    assert "is signed by alice@example.com (Sigstore:" in result.output
+    key = key_pair(model_inputs, "alice")
+    result = archiver("--verify", "m.mar", "--trust", str(key.public))
+    assert result.exit_code == 9
+    assert "is signed by alice@example.com (Sigstore, keyless), which is not a trusted" in (
+        result.output
+    )
