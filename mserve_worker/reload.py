@@ -168,12 +168,19 @@ class Reloader:
 
 
 def own_modules(model_dir: str) -> dict[str, ModuleType]:
-    """The imported modules whose files are in the model folder: the model's own code."""
+    """The imported modules whose files are in the model folder: the model's own code. A
+    module's path is compared as a string first (the model folder as given and its real path:
+    modules are imported through the one on ``sys.path``), so the hundreds of library modules
+    a worker holds cost no system call each."""
     folder = os.path.realpath(model_dir)
+    prefixes = tuple({os.path.join(os.path.abspath(model_dir), ""), os.path.join(folder, "")})
     own = {}
     for name, module in list(sys.modules.items()):
-        path = _module_path(module)
-        if path is not None and _inside(path, folder):
+        raw = _raw_path(module)
+        if raw is None or not raw.startswith(prefixes):
+            continue
+        path = os.path.realpath(raw)
+        if _inside(path, folder):
             own[name] = module
     return own
 
@@ -201,17 +208,22 @@ def code_of(model_dir: str, modules: dict[str, ModuleType], handler: LoadedHandl
     return {"digest": "sha256:" + digest.hexdigest(), "files": files}
 
 
-def _module_path(module: Any) -> str | None:
+def _raw_path(module: Any) -> str | None:
+    """A module's file as it was imported (a namespace package: its first folder)."""
     path = getattr(module, "__file__", None)
-    if not isinstance(path, str):
-        paths = getattr(module, "__path__", None)  # a namespace package
-        try:
-            path = next(iter(paths)) if paths is not None else None
-        except (StopIteration, TypeError):
-            return None
-        if not isinstance(path, str):
-            return None
-    return os.path.realpath(path)
+    if isinstance(path, str):
+        return path
+    paths = getattr(module, "__path__", None)  # a namespace package
+    try:
+        first = next(iter(paths)) if paths is not None else None
+    except (StopIteration, TypeError):
+        return None
+    return first if isinstance(first, str) else None
+
+
+def _module_path(module: Any) -> str | None:
+    raw = _raw_path(module)
+    return None if raw is None else os.path.realpath(raw)
 
 
 def _inside(path: str, folder: str) -> bool:
