@@ -497,7 +497,8 @@ class Registry:
             await self.unregister(source.name, source.version)
 
         swap = Swap(source, target, workers, self.residency, self.set_default, self.changed,
-                    drop if unregister else None, self.metrics)  # fmt: skip
+                    drop if unregister else None, self.metrics,
+                    routes=self.defaults.get(source.name) == source.version)  # fmt: skip
         return self.swaps.start(swap)
 
     def set_default(self, name: str, version: str) -> None:

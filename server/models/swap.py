@@ -52,6 +52,9 @@ class Swap:
     changed: Callable[[], None]
     unregister: Callable[[], Awaitable[None]] | None = None  # A's, at the end (when asked)
     metrics: Metrics | None = None
+    # A is the default version: requests naming none follow the workers, and B is the default
+    # at the end; else the default and its traffic are left alone
+    routes: bool = True
     state: str = RUNNING
     step: str = "starting"
     reason: str | None = None
@@ -104,8 +107,9 @@ class Swap:
         try:
             try:
                 await self._move(a, b, self.workers, 0)
-                self.set_default(self.name, b.version)
-                self._say(f"{b.version} is now the default version of {self.name}")
+                if self.routes:
+                    self.set_default(self.name, b.version)
+                    self._say(f"{b.version} is now the default version of {self.name}")
                 if self.unregister is not None:
                     await self.unregister()
                     self._say(f"unregistered {a.label}")
@@ -232,6 +236,7 @@ class Swap:
             "state": self.state,
             "reason": self.reason,
             "unregister": self.unregister is not None,
+            "routes": self.routes,
             "fromWorkers": self.source_before,
             "toWorkers": self.target_before,
         }
@@ -256,7 +261,7 @@ class Swaps:
     def pick(self, name: str) -> ModelVersion | None:
         """The version a request naming none gets while ``name`` swaps; None: no swap runs."""
         swap = self._swaps.get(name)
-        return swap.pick() if swap is not None and swap.running else None
+        return swap.pick() if swap is not None and swap.running and swap.routes else None
 
     def start(self, swap: Swap) -> Swap:
         self._swaps[swap.name] = swap
