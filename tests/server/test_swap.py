@@ -294,7 +294,7 @@ def test_a_swap_interrupted_by_a_kill_resumes_at_the_next_start(
     served: tuple[Server, int, int],
 ) -> None:
     """The snapshot is saved after each step: kill -9 mid-swap, start again, and the swap goes
-    on from the worker counts it kept, to the same end."""
+    on from the worker counts it kept, to the same end (1.0 unregistered, as asked)."""
     server, _budget, _one = served
     assert server.manage("POST", "/models?url=m-2.0.mar&initial_workers=0").status == 200
     assert server.manage("PUT", "/models/m/1.0?min_worker=2&synchronous=true").status == 200
@@ -307,7 +307,7 @@ def test_a_swap_interrupted_by_a_kill_resumes_at_the_next_start(
     holder.start()  # the drain of A's busy worker never ends: the swap stops mid-way
     wait_until(lambda: any(w["state"] == "BUSY" for w in _described(server, "1.0")["workers"]),
                30, "1.0's worker busy")  # fmt: skip
-    assert server.manage("PUT", "/models/m/1.0/swap?to=2.0").status == 202
+    assert server.manage("PUT", "/models/m/1.0/swap?to=2.0&unregister=true").status == 202
     wait_until(lambda: "draining a worker of m:1.0" in _described(server, "1.0")["swap"]["step"],
                30, "a drain")  # fmt: skip
     os.kill(server.pid, signal.SIGKILL)
@@ -326,6 +326,8 @@ def test_a_swap_interrupted_by_a_kill_resumes_at_the_next_start(
         assert (swap["state"], swap["workers"]) == ("done", {"1.0": 0, "2.0": 2})
         assert again.manage("GET", "/models").json()["models"][0]["modelUrl"] == "m-2.0.mar"
         assert again.predict("m", {}).json()["version"] == "2.0"
+        assert "unregistered m:1.0" in swap["steps"][-2]  # unregister=true, kept by the snapshot
+        assert again.manage("GET", "/models/m/1.0").status == 404
         log = (again.run_dir / "logs" / "mserve.log").read_text()
         assert "resuming the swap of m from 1.0 to 2.0 interrupted by the stop" in log
     finally:
