@@ -24,7 +24,7 @@ import pickle
 import time
 from typing import Any
 
-from . import onnx_session, profiling, pt2, weights
+from . import onnx_session, profiling, pt2, safe_weights, weights
 from .keep import STORE, file_digest, file_key, keep
 
 # Manifest keys, as TorchServe writes them.
@@ -163,6 +163,11 @@ class BaseHandler:
     def _load_torchscript_model(self, model_pt_path: str) -> Any:
         import torch
 
+        if safe_weights.is_safetensors(model_pt_path):
+            raise ModelLoadError(
+                f"{os.path.basename(model_pt_path)} holds tensors only, not a model: archive "
+                f"the model's class with --model-file, and BaseHandler loads the tensors into it"
+            )
         return torch.jit.load(model_pt_path, map_location=self.device)
 
     def _load_onnx_model(self, model_pt_path: str) -> Any:
@@ -216,14 +221,23 @@ class BaseHandler:
         return model
 
     def _load_state_dict(self, path: str) -> Any:
-        """The state dict, mapped from the page cache when the server's warm tier is on
-        (weights.py)."""
+        """The state dict: a ``.safetensors`` file's tensors, or ``torch.load`` with
+        ``weights_only=True`` unless the model config says ``weightsOnly: false``
+        (safe_weights.py), mapped from the page cache when the warm tier is on (weights.py)."""
         try:
-            return weights.load_weights(path, map_location=self.device, weights_only=True)
+            if safe_weights.is_safetensors(path):
+                return safe_weights.load_safetensors(path, self.device)
+            only = safe_weights.weights_only(self.model_yaml_config)
+        except (ImportError, ValueError) as exc:
+            raise ModelLoadError(str(exc)) from None
+        try:
+            return weights.load_weights(path, map_location=self.device, weights_only=only)
         except pickle.UnpicklingError as exc:
             raise ModelLoadError(
                 f"{path} is not a plain state dict (torch.load with weights_only=True refused "
-                f"it: {str(exc).splitlines()[0]}); save model.state_dict() as the serialized file"
+                f"it: {str(exc).splitlines()[0]}); save model.state_dict() (or safetensors) as "
+                f"the serialized file, or set {safe_weights.OPT_OUT}: false in the model config "
+                f"to unpickle it whole, running the code it names (docs/weights-safety.md)"
             ) from exc
 
     def _apply_handler_config(self, model_yaml_config: dict[str, Any]) -> None:

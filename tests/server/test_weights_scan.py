@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors.torch import save_file
 
+from mserve_worker.sdk.safe_weights import weights_only
 from server.weights.policy import strictest
 from server.weights.scan import scan_file
 from tests.conftest import ARCHIVER_SCRIPT
@@ -48,8 +50,9 @@ def hostile_files(folder: Path, marker: Path) -> dict[str, Path]:
     return files
 
 
-def archive(store: Path, name: str, weights: Path, *extra: str) -> None:
-    args = [ARCHIVER_SCRIPT, "--model-name", name, "--handler", "noload:handle",
+def archive(store: Path, name: str, weights: Path, handler: str = "noload:handle",
+            *extra: str) -> None:  # fmt: skip
+    args = [ARCHIVER_SCRIPT, "--model-name", name, "--handler", handler,
             "--model-path", str(FOLDER), "--serialized-file", str(weights),
             "--export-path", str(store), "-f", *extra]  # fmt: skip
     out = subprocess.run(args, capture_output=True, text=True, timeout=60)
@@ -70,7 +73,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Pa
     archive(store, "clean", files["clean"])
     config = root / "off.yaml"
     config.write_text("weightsScan: off\n")  # YAML: false
-    archive(store, "weaker", files["evilzip"], "-c", str(config))
+    archive(store, "weaker", files["evilzip"], "noload:handle", "-c", str(config))
+    # BaseHandler's own loading: a hostile torch zip (the scan warns; weights_only refuses it),
+    # and safetensors weights
+    linear = [str(FOLDER / "linear_handler.py"), "--model-file", str(FOLDER / "model.py")]
+    archive(store, "loadevil", files["evilzip"], *linear)
+    torch.manual_seed(0)
+    state = {f"fc.{k}": v for k, v in torch.nn.Linear(2, 1).state_dict().items()}  # Linear2
+    save_file(state, root / "weights" / "linear.safetensors")
+    archive(store, "safet", root / "weights" / "linear.safetensors", *linear)
     settings = {
         "inference_address": "127.0.0.1:0", "management_address": "127.0.0.1:0",
         "metrics_address": "127.0.0.1:0", "grpc_inference_address": "127.0.0.1:0",
@@ -153,6 +164,36 @@ def test_torch_zip_data_pkl_is_flagged_and_clean_state_dict_passes(setup) -> Non
     clean = server.manage("GET", "/models/clean").json()[0]["weightsScanResult"]
     assert clean == {"files": 1, "flagged": [], "cached": False}
     assert not marker.exists()
+
+
+def test_base_handler_loads_with_weights_only_and_refuses_a_hostile_checkpoint(setup) -> None:
+    server, _store, marker = setup
+    reply = server.manage("POST", "/models?url=loadevil.mar&initial_workers=1")
+    assert reply.status == 400, reply.body
+    message = reply.json()["message"]
+    assert "evil.pt is not a plain state dict (torch.load with weights_only=True refused" in message
+    assert "or set weightsOnly: false in the model config" in message
+    assert not marker.exists()  # refused by torch's own unpickler: nothing ran
+
+
+def test_safetensors_weights_load_without_pickle_and_answer(setup, tmp_path: Path) -> None:
+    server, _store, _marker = setup
+    assert server.manage("POST", "/models?url=safet.mar&initial_workers=1").status == 200
+    described = server.manage("GET", "/models/safet").json()[0]
+    assert described["weightsScanResult"] == {"files": 0, "flagged": [], "cached": False}
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    expected = model(torch.tensor([[1.0, 2.0]])).item()
+    reply = server.predict("safet", b"[1.0, 2.0]", headers={"Content-Type": "application/json"})
+    score = reply.json()["score"]
+    assert score == pytest.approx(expected, abs=1e-6)
+
+
+def test_weights_only_opt_out_is_checked() -> None:
+    assert weights_only({}) and weights_only({"weightsOnly": True})
+    assert not weights_only({"weightsOnly": False})
+    with pytest.raises(ValueError, match="model config weightsOnly must be true or false"):
+        weights_only({"weightsOnly": "no"})
 
 
 def test_flagged_files_are_counted_by_verdict(setup) -> None:

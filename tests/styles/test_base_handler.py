@@ -197,7 +197,7 @@ def test_whole_pickled_model_is_refused_with_a_hint(load, tmp_path) -> None:
     torch.save(model_module.Linear4(), tmp_path / "linear.pt")
     del sys.modules["model"]
     with pytest.raises(ModelLoadError, match=r"linear.pt is not a plain state dict .*save "
-                       r"model.state_dict\(\) as the serialized file"):  # fmt: skip
+                       r"model.state_dict\(\) \(or safetensors\) as the serialized file"):  # fmt: skip
         load("explain_handler", EAGER)
 
 
