@@ -452,6 +452,18 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
             "503": _error("no SBOM can be made: cyclonedx-bom is missing, or it failed"),
         }, [_MODEL, _VERSION]),
     },
+    "/models/{model_name}/{model_version}/reload": {
+        "put": _op("Hot-reload the version's handler code on its workers (docs/hot-reload.md)", {
+            "200": _json("the workers switched to the code on disk", {
+                "type": "object", "required": ["status", "workers", "seconds"],
+                "properties": {"status": {"type": "string"}, "workers": {"type": "integer"},
+                               "code": {"type": "object", "nullable": True},
+                               "seconds": {"type": "number"}}}),
+            "400": _error("the new code failed (its file and line), the old code serves on; or"
+                          " the model runs continuous batching or is a parallel model"),
+            "404": _NOT_FOUND,
+        }, [_MODEL, _VERSION]),
+    },
     "/models/{model_name}/{model_version}/set-default": {
         "put": _op("Make this version the default", {"200": _STATUS, "404": _NOT_FOUND},
                    [_MODEL, _VERSION])

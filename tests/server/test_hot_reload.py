@@ -180,3 +180,35 @@ def test_a_reload_of_an_unknown_model_is_a_404(served: tuple[Server, Path]) -> N
     server, _ = served
     reply = server.manage("PUT", "/models/nope/reload")
     assert reply.status == 404
+
+
+def test_a_model_without_workers_or_with_continuous_batching(
+    served: tuple[Server, Path], tmp_path: Path
+) -> None:
+    """Nothing to reload without a worker (the next one loads the files on disk); a model whose
+    workers run continuous batching is refused, naming what to do instead."""
+    server, handler = served
+    store = handler.parent.parent
+    config = tmp_path / "config.yaml"
+    config.write_text("continuousBatching: true\n")
+    for name, extra in (("idle", ()), ("steps", ("--config-file", str(config)))):
+        out = subprocess.run(
+            [ARCHIVER_SCRIPT, "--model-name", name, "--handler", "handler:Handler",
+             "--model-path", str(HANDLERS / "hot_reload"), "--export-path", str(store),
+             "--archive-format", "no-archive", "-f", *extra],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert server.manage("POST", f"/models?url={name}&initial_workers=0").status == 200
+    reply = server.manage("PUT", "/models/idle/1.0/reload")
+    assert reply.status == 200, reply.body
+    assert reply.json()["status"] == (
+        "no worker of model idle:1.0 is running: the next one to start loads the code on disk"
+    )
+    assert reply.json()["workers"] == 0
+    reply = server.manage("PUT", "/models/steps/reload")
+    assert reply.status == 400, reply.body
+    assert reply.json()["message"] == (
+        "model steps:1.0 runs continuous batching, whose workers run their steps themselves:"
+        " hot reload is not supported for it; restart its workers instead (scale to 0 and back)"
+    )
