@@ -6,8 +6,11 @@ workers, the metrics port; and the start errors a bad trust list gives."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,23 +62,36 @@ def _archive(root: Path, name: str, *extra: str, fmt: str = "default") -> Path:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path, KeyPair]]:
     root = tmp_path_factory.mktemp("signatures")
     alice = key_pair(root, "alice")
-    cfg = _config(root, archive_signatures="warn", trusted_signers=[str(alice.public)])
+    cfg = _config(root, archive_signatures="warn", trusted_signers=[str(alice.public)],
+                  allowed_urls=[r"http://127\.0\.0\.1:[0-9]+/.*"])  # fmt: skip
     args = ["--config", str(cfg), "--run-dir", str(root / "run")]
     out = subprocess.run([MSERVE, "--start", *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     server = Server(root / "run", json.loads((root / "run" / "status.json").read_text()), args)
+    # the store over HTTP, for registrations by URL (the download folder's part)
+    files = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root / "store"))
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), files)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    server.web_port = web.server_address[1]  # type: ignore[attr-defined]
     try:
         yield server, root, alice
     finally:
+        web.shutdown()
+        web.server_close()
         if pid_alive(server.pid):
             server.cli("--stop")
 
 
 def _on_disk(root: Path) -> set[str]:
-    """What the run dir's unpack cache and download folder hold."""
+    """What the run dir's unpack cache and download folder hold (the cache's top level, every
+    file of the downloads)."""
     run = root / "run"
-    return {str(p.relative_to(run)) for sub in ("unpacked", "downloads") if (run / sub).exists()
-            for p in (run / sub).iterdir()}  # fmt: skip
+    found = set()
+    if (run / "unpacked").exists():
+        found |= {str(p.relative_to(run)) for p in (run / "unpacked").iterdir()}
+    if (run / "downloads").exists():
+        found |= {str(p.relative_to(run)) for p in (run / "downloads").rglob("*") if p.is_file()}
+    return found
 
 
 def _register(server: Server, url: str, policy: str | None = None) -> Any:
@@ -144,6 +160,11 @@ def test_unsigned_and_untrusted_archives_are_refused_under_require(served: Any) 
     assert "is signed by the key sha256:" in reply.json()["message"]
     assert "which is not a trusted signer" in reply.json()["message"]
     assert _on_disk(root) == before
+    url = f"http://127.0.0.1:{server.web_port}/other.mar"
+    reply = _register(server, url, "require")  # downloaded, refused, deleted
+    assert reply.status == 403, reply.body
+    assert "which is not a trusted signer" in reply.json()["message"]
+    assert _on_disk(root) == before
     reply = _register(server, "plain.mar")  # warn: loads, described as unsigned
     assert reply.status == 200, reply.body
     assert _signature(server, "plain")["status"] == "unsigned"
@@ -155,7 +176,7 @@ def test_unsigned_and_untrusted_archives_are_refused_under_require(served: Any) 
     assert 'mserve_archive_signature_failures_total{action="refused",reason="unsigned"} 1.0' in (
         metrics
     )
-    assert 'mserve_archive_signature_failures_total{action="refused",reason="untrusted"} 1.0' in (
+    assert 'mserve_archive_signature_failures_total{action="refused",reason="untrusted"} 2.0' in (
         metrics
     )
 
