@@ -111,8 +111,7 @@ class Swap:
                     self.set_default(self.name, b.version)
                     self._say(f"{b.version} is now the default version of {self.name}")
                 if self.unregister is not None:
-                    await self.unregister()
-                    self._say(f"unregistered {a.label}")
+                    await self._unregister_source()
                 self._end(DONE, None)
             except MserveError as exc:
                 self.reason, self.error = exc.message, exc
@@ -126,6 +125,10 @@ class Swap:
         except asyncio.CancelledError:  # the server stops: the snapshot resumes it at start
             b.held = False
             raise
+        except Exception as exc:  # the supervisor's task guard: a bug of ours ends it, said
+            log.exception("model %s: unexpected error swapping %s for %s", self.name, a.label,
+                          b.label)  # fmt: skip
+            self._end(FAILED, f"internal error: {exc!r}")
         await self._settle(a)
         await self._settle(b)
         self.changed()
@@ -165,6 +168,16 @@ class Swap:
         )
         await self._measure()
         self.changed()
+
+    async def _unregister_source(self) -> None:
+        """``unregister=true``: A goes once B serves; a failure is said, and the swap is done."""
+        assert self.unregister is not None
+        try:
+            await self.unregister()
+        except MserveError as exc:
+            self._say(f"could not unregister {self.source.label}: {exc.message}", logging.WARNING)
+        else:
+            self._say(f"unregistered {self.source.label}")
 
     async def _settle(self, mv: ModelVersion) -> None:
         """``minWorkers`` back to the workers it has (a failed start leaves it one over)."""
