@@ -21,7 +21,8 @@ common = os.path.dirname(os.path.dirname(google.rpc.__path__[0]))
 tools = os.path.join(os.path.dirname(protoc.__file__), "_proto")
 args = ["protoc", "-I", ".", "-I", common, "-I", tools, "--python_out=.", "--pyi_out=.",
         "--grpc_python_out=.", "server/rpc/protos/inference.proto",
-        "server/rpc/protos/management.proto", "server/rpc/protos/oip.proto"]
+        "server/rpc/protos/management.proto", "server/rpc/protos/oip.proto",
+        "server/rpc/protos/mserve_management.proto"]
 sys.exit(protoc.main(args))
 PY
 echo "regenerated server/rpc/protos/*_pb2*.py with $TOOLS"

@@ -16,6 +16,7 @@ from server.models.registry import Registry
 from server.rollouts.router import Router
 from server.rpc.inference import PING, InferenceService
 from server.rpc.management import ManagementService
+from server.rpc.mserve_management import MserveManagementService
 from server.rpc.oip import PROBES, OipService
 from server.rpc.server import GrpcListener, TokenGuard, credentials
 from server.tls import server_context
@@ -49,7 +50,11 @@ async def open_listeners(
     services = {
         # TorchServe's service and the Open Inference Protocol's share the inference port
         "inference": [torchserve.add_to(), OipService(registry, torchserve).add_to()],
-        "management": [ManagementService(registry, config.enable_model_api).add_to()],
+        # TorchServe's management service, and mserve's own calls beside it (hot reload)
+        "management": [
+            ManagementService(registry, config.enable_model_api).add_to(),
+            MserveManagementService(registry).add_to(),
+        ],
     }
     max_request = {"inference": config.max_request_size_bytes, "management": 1 << 20}
     # the probes are exempt as their REST paths are (token_exempt_paths): Ping as /ping,

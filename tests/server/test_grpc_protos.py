@@ -25,6 +25,7 @@ from server.rpc.protos import (
     inference_pb2_grpc,
     management_pb2,
     management_pb2_grpc,
+    mserve_management_pb2,
 )
 
 protoc = pytest.importorskip("grpc_tools.protoc")
@@ -159,7 +160,7 @@ def test_committed_modules_match_the_proto_files(tmp_path: Path) -> None:
     out = tmp_path / "set.pb"
     args = ["protoc", "-I", str(ROOT), "-I", common, "-I", tools, f"--descriptor_set_out={out}",
             "server/rpc/protos/inference.proto", "server/rpc/protos/management.proto",
-            "server/rpc/protos/oip.proto"]  # fmt: skip
+            "server/rpc/protos/oip.proto", "server/rpc/protos/mserve_management.proto"]  # fmt: skip
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
@@ -170,7 +171,7 @@ def test_committed_modules_match_the_proto_files(tmp_path: Path) -> None:
     by_name = {f.name: _without_json_names(f) for f in compiled.file}
     committed_files = [
         descriptor_pb2.FileDescriptorProto.FromString(module.DESCRIPTOR.serialized_pb)
-        for module in (inference_pb2, management_pb2)
+        for module in (inference_pb2, management_pb2, mserve_management_pb2)
     ]
     committed_files.append(_oip_file())
     for committed in committed_files:

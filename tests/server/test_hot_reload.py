@@ -11,9 +11,12 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
 
+from server.rpc.protos import mserve_management_pb2 as mpb
+from server.rpc.protos import mserve_management_pb2_grpc
 from tests.conftest import ARCHIVER_SCRIPT
 from tests.server.conftest import HANDLERS, MSERVE, Server, http, pid_alive
 
@@ -212,3 +215,21 @@ def test_a_model_without_workers_or_with_continuous_batching(
         "model steps:1.0 runs continuous batching, whose workers run their steps themselves:"
         " hot reload is not supported for it; restart its workers instead (scale to 0 and back)"
     )
+
+
+def test_the_grpc_management_address_reloads_too(served: tuple[Server, Path]) -> None:
+    """mserve's own gRPC management service, beside TorchServe's on the management address."""
+    server, handler = served
+    edit(handler, "over grpc")
+    with grpc.insecure_channel(server.status["grpc_management"]) as channel:
+        stub = mserve_management_pb2_grpc.MserveManagementServiceStub(channel)
+        reply = stub.ReloadModel(mpb.ReloadModelRequest(model_name="hot"), timeout=60)
+        assert json.loads(reply.msg)["workers"] == 2
+        assert {a["answer"] for a in answers(server)} == {"over grpc"}
+        edit(handler, "x", "\ndef broken(:\n")
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ReloadModel(mpb.ReloadModelRequest(model_name="hot", model_version="1.0"),
+                             timeout=60)  # fmt: skip
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "the old code serves on: SyntaxError: " in err.value.details()
+    assert {a["answer"] for a in answers(server)} == {"over grpc"}
