@@ -74,13 +74,25 @@ class Channel:
                 return
             self._take(self.decoder.feed(self._view[:n]))
 
-    def cancelled(self, batch_id: int) -> Collection[str]:
-        """Request ids of ``batch_id`` the server cancelled; forgets older batches' leftovers."""
+    def cancelled(self, batch_id: int, forget_older: bool = True) -> Collection[str]:
+        """Request ids of ``batch_id`` the server cancelled; forgets older batches' leftovers
+        (not when older batches may still run: :mod:`.inflight`, which forgets each batch's
+        when it ends)."""
         if not self._cancelled:
             return _NONE_CANCELLED
-        for stale in [b for b in self._cancelled if b < batch_id]:
+        for stale in [b for b in self._cancelled if b < batch_id] if forget_older else ():
             del self._cancelled[stale]
         return self._cancelled.pop(batch_id, set())
+
+    def cancelled_now(self, batch_id: int) -> set[str]:
+        """Request ids of the running batch ``batch_id`` whose callers left, as far as the
+        frames read so far tell, without reading the socket: for threads other than the one
+        that reads it (:mod:`.inflight`)."""
+        return set(self._cancelled.get(batch_id, ())) if self._cancelled else set()
+
+    def forget(self, batch_id: int) -> None:
+        """The batch ended: its CANCELs no longer matter."""
+        self._cancelled.pop(batch_id, None)
 
     def gone(self, batch_id: int) -> set[str]:
         """Request ids of the running batch ``batch_id`` whose callers left mid-stream; looks at

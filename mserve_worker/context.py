@@ -12,6 +12,7 @@ back with the ``get_response_*`` methods after the handler returns.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -205,6 +206,18 @@ class Context:
         if isinstance(metrics, Metrics):
             metrics._request_ids = None  # read from request_ids when a metric names a request
             metrics._ids_of = self._current_ids
+
+    def for_batch(self) -> Context:
+        """A copy for one of several batches running at once (mserve_worker/inflight.py), as
+        TorchServe's async worker copies its context per batch: the model's facts and the
+        handler's ``cache`` shared, the batch's requests, response settings and metrics its
+        own (a handler's own attributes are shared: the copy is shallow)."""
+        other = copy.copy(self)
+        other.operation = other.protocol = ""
+        other._batch, other._processors, other._ids = (), [], {}
+        if isinstance(self.metrics, Metrics):
+            other.metrics = self.metrics.for_batch()
+        return other
 
     @property
     def request_processor(self) -> list[RequestProcessor]:

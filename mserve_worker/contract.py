@@ -58,6 +58,12 @@ class LoadedHandler:
         result = self._entry(batch, context)
         return result if type(result) is list else settle(result)
 
+    @property
+    def is_async(self) -> bool:
+        """Whether ``handle`` is an ``async def`` (TorchServe's async worker contract): its
+        batches may run at once (mserve_worker/inflight.py)."""
+        return inspect.iscoroutinefunction(self._entry)
+
     def shutdown(self) -> None:
         """Run the style's stop hook, else the handler instance's ``shutdown()`` if it has one."""
         stop = self._on_shutdown or getattr(self.instance, "shutdown", None)

@@ -8,6 +8,7 @@ standard library only, Python 3.8+, nothing done at import time.
 from __future__ import annotations
 
 import collections
+import copy
 import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -148,6 +149,17 @@ class Metrics:
                 f"call add_metric_to_cache first (defined: "
                 f"{', '.join(sorted(n for n, _ in self._cache)) or 'none'})"
             ) from None
+
+    def for_batch(self) -> Metrics:
+        """Metrics of its own for one of several batches running at once (mserve_worker/
+        inflight.py), with the metrics defined so far bound to it: what that batch records is
+        drained with its answer, not another's."""
+        other = Metrics(self._entries.maxlen or 1000)
+        for key, metric in self._cache.items():
+            bound = copy.copy(metric)
+            bound._metrics = other
+            other._cache[key] = bound
+        return other
 
     def drain(self) -> list[dict[str, Any]]:
         """Return the recorded entries, oldest first, and forget them."""

@@ -19,8 +19,9 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 
-from . import continuous, proctitle, streaming
+from . import continuous, inflight, proctitle, streaming
 from .channel import Channel
 from .protocol import (
     PROTOCOL_VERSION,
@@ -89,6 +90,8 @@ def _load(init: dict, channel: Channel, sandbox: dict | None = None) -> HandlerS
     # generating, measured in process on examples/tiny_lm)
     gc.freeze()
     ready = {"load_s": service.load_s, "style": service.style, "imports": service.imports}
+    if _concurrent(init, service):
+        ready["concurrent"] = True
     if service.code is not None:
         ready["code"] = service.code
     if weights.enabled():  # the checkpoints it mapped: the server keeps them warm
@@ -245,6 +248,12 @@ def _serve(channel: Channel, fd: int) -> int:
     # A parallel worker's other ranks (INIT's rank above 0) run each batch with rank 0, in
     # step, and answer nothing: rank 0 alone does (TorchServe's workers send from LOCAL_RANK 0)
     answers = not (type(init.meta.get("rank")) is int and init.meta["rank"] > 0)
+    if _concurrent(init.meta, service):  # TorchServe's async worker: batches overlap
+        try:
+            inflight.run(channel, service, _answer)
+        finally:
+            service.shutdown()
+        return 0
     send = channel.send if answers else _dropped
     streaming.install(streaming.Stream(send, channel.gone), service.context)
     serve = service.serve
@@ -261,22 +270,7 @@ def _serve(channel: Channel, fd: int) -> int:
             batch_id, items = parse_batch(frame)
             if channel.buffered and time.monotonic() - channel.read_at > _CANCEL_POLL_AFTER_S:
                 channel.poll()  # it waited here behind another batch: its callers may have left
-            try:
-                responses, handler_ms, metrics = serve(batch_id, items, channel.cancelled(batch_id))
-                reply = result_frame(
-                    batch_id, responses, handler_ms=handler_ms, metrics=metrics,
-                    phases=service.phases,
-                    inference_log=service.take_inference_log(),
-                )  # fmt: skip
-            except BatchFailed as exc:
-                meta = {"error": exc.error, "traceback": exc.traceback, "batch_id": batch_id}
-                reply = Frame(Kind.BATCH_FAILED, meta)
-            except ProtocolError as exc:  # e.g. a status outside 100-599 set by the handler
-                print(f"cannot send the handler's results: {exc}", file=sys.stderr)
-                error = f"invalid handler result: {exc}"
-                meta = {"batch_id": batch_id, "error": error, "traceback": ""}
-                reply = Frame(Kind.BATCH_FAILED, meta)
-            send(reply)
+            send(_answer(serve, service, batch_id, items, channel.cancelled(batch_id)))
     finally:
         service.shutdown()
     # A server that stops waits for us, then kills what is left of our group; a killed one
@@ -284,6 +278,41 @@ def _serve(channel: Channel, fd: int) -> int:
     if _server_gone(server_pid, stat_fd):
         _kill_own_group()
     return 0
+
+
+def _answer(
+    serve: Any, service: HandlerService, batch_id: int, items: list[Any], cancelled: Any
+) -> Frame:
+    """The batch's RESULT frame, or its BATCH_FAILED when it failed as a whole."""
+    try:
+        responses, handler_ms, metrics = serve(batch_id, items, cancelled)
+        return result_frame(
+            batch_id, responses, handler_ms=handler_ms, metrics=metrics,
+            phases=service.phases,
+            inference_log=service.take_inference_log(),
+        )  # fmt: skip
+    except BatchFailed as exc:
+        meta = {"error": exc.error, "traceback": exc.traceback, "batch_id": batch_id}
+        return Frame(Kind.BATCH_FAILED, meta)
+    except ProtocolError as exc:  # e.g. a status outside 100-599 set by the handler
+        print(f"cannot send the handler's results: {exc}", file=sys.stderr)
+        error = f"invalid handler result: {exc}"
+        return Frame(Kind.BATCH_FAILED, {"batch_id": batch_id, "error": error, "traceback": ""})
+
+
+def _concurrent(init: dict, service: HandlerService) -> bool:
+    """Whether this worker runs the batches it is sent at once: an ``async def handle`` with
+    ``asyncCommunication: true`` in the model config, as TorchServe's async worker does (not
+    for continuous batching, whose steps are in order, nor a parallel model's ranks, which run
+    each batch in step)."""
+    config = init.get("model_yaml_config")
+    return (
+        isinstance(config, dict)
+        and config.get("asyncCommunication") is True
+        and service.handler.is_async
+        and init.get("continuous_batching") is not True
+        and "rank" not in init
+    )
 
 
 def _rank_threads() -> None:

@@ -11,6 +11,7 @@ the service.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -249,6 +250,17 @@ class HandlerService:
             for i in indexes:
                 responses[i] = _failed(failure["error"], i, stream)
         return None
+
+    def apart(self, stream: streaming.Stream) -> HandlerService:
+        """This service on a context of its own, streaming through ``stream``: for one batch run
+        beside others (mserve_worker/inflight.py), whose ``serve`` and ``take_inference_log``
+        then see that batch alone."""
+        view = copy.copy(self)
+        context = view.context = self.context.for_batch()
+        context._mserve_stream = stream  # type: ignore[attr-defined]
+        if hasattr(context, "_mserve_inference_log"):
+            context._mserve_inference_log = {}  # type: ignore[attr-defined]
+        return view
 
     def take_inference_log(self) -> list[list[Any]] | None:
         """What the last batch's requests chose to log, as ``[request id, record]`` pairs (v2

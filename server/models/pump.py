@@ -137,8 +137,11 @@ class BatchPump:
         socket when it finishes one. An answered batch is settled from its future's callback,
         waking no task; only a batch that failed takes one."""
         fill = self.settings.batch_wait == "fill"
+        depth = pipeline_depth(self.settings.batch_size)
+        if worker.concurrent:  # TorchServe's async worker is sent every batch the queue holds
+            depth = max(depth, -(-self.settings.job_queue_size // self.settings.batch_size))
         pipe = _Pipeline(
-            pipeline_depth(self.settings.batch_size), self.queue.new_future,
+            depth, self.queue.new_future,
             None if fill or self.settings.batch_size == 1 else self.queue.wake_filling,
         )  # fmt: skip
         delay_s = self.settings.max_batch_delay_ms / 1000

@@ -84,6 +84,10 @@ class Channel(asyncio.Protocol):
         # (continuous batching run by the worker)
         self.on_step: Callable[[Frame], None] | None = None
         self._read_pauses = 0  # streams whose consumers cannot keep up (see pause_reading)
+        # The worker runs every batch it is sent at once (an async handler with
+        # asyncCommunication: mserve_worker/inflight.py), still answering them in order: none
+        # waits, each batch's clock starts when it is sent, a CANCEL may reach any of them.
+        self.concurrent = False
 
     # asyncio.Protocol ---------------------------------------------------------------------
 
@@ -116,7 +120,7 @@ class Channel(asyncio.Protocol):
                     return
             elif frame.kind in _ANSWERS and self._batches:
                 batch = self._batches.popleft()
-                if self._batches:  # the worker starts the next one now
+                if self._batches and not self.concurrent:  # the worker starts the next one now
                     head = self._batches[0]
                     self.waiting -= head.size - head.cancelled
                 if not batch.future.done():
@@ -142,7 +146,7 @@ class Channel(asyncio.Protocol):
             self._timer = None
         for i, batch in enumerate(self._batches):
             if not batch.future.done():
-                batch.future.set_exception(ChannelClosed(started=i == 0))
+                batch.future.set_exception(ChannelClosed(started=i == 0 or self.concurrent))
         self._batches.clear()
         self.waiting = 0
         self.resume_writing()
@@ -192,17 +196,23 @@ class Channel(asyncio.Protocol):
         if self.closed:
             batch.future.set_exception(ChannelClosed(started=False))
             return batch
-        if self._batches:
+        if self._batches and not self.concurrent:
             self.waiting += size
         self._batches.append(batch)
         self.send(frame)
-        if len(self._batches) == 1:
+        if self.concurrent:
+            batch.deadline = self._loop.time() + timeout_s
+            if self._timer is None or batch.deadline < self._timer_at:
+                self._arm(batch.deadline)
+        elif len(self._batches) == 1:
             self._start_clock()
         return batch
 
     def cancel(self, batch: Batch, request_ids: list[str]) -> None:
         """Tell the worker to skip requests of a batch it has not started (callers gone)."""
-        if not self.closed and batch in self._batches and self._batches[0] is not batch:
+        if self.concurrent:  # it runs already: its callers that left are told as a stream's
+            self.cancel_running(batch, request_ids)
+        elif not self.closed and batch in self._batches and self._batches[0] is not batch:
             self.send(protocol.cancel_frame(batch.batch_id, request_ids))
             batch.cancelled += len(request_ids)  # they no longer wait: job_queue_size frees up
             self.waiting -= len(request_ids)
@@ -210,7 +220,10 @@ class Channel(asyncio.Protocol):
     def cancel_running(self, batch: Batch, request_ids: list[str]) -> None:
         """Tell the worker that callers of the batch it runs left mid-stream: it stops sending
         their chunks (and stops their generators)."""
-        if not self.closed and self._batches and self._batches[0] is batch:
+        running = self._batches and (
+            self._batches[0] is batch or (self.concurrent and batch in self._batches)
+        )
+        if not self.closed and running:
             self.send(protocol.cancel_frame(batch.batch_id, request_ids))
 
     async def drain(self) -> None:
@@ -283,6 +296,8 @@ class Channel(asyncio.Protocol):
         if not self._batches or self.closed:
             return
         head = self._batches[0]
+        if self.concurrent:  # every batch runs: the first past its deadline, else the next
+            head = min(self._batches, key=lambda b: b.deadline or 0.0)
         if head.deadline is None:  # never: a head's clock starts when it becomes the head
             return
         if self._loop.time() >= head.deadline:

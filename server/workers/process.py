@@ -96,6 +96,7 @@ class Worker:
         self.load_s: float | None = None
         self.load_ms: float | None = None  # spawn to READY (TorchServe's WorkerLoadTime)
         self.style: str | None = None
+        self.concurrent = False  # it runs the batches it is sent at once (READY's concurrent)
         # the code its handler runs, {"digest", "files"}: READY's, then each reload's commit
         self.code: dict[str, Any] | None = None
         # how the worker confined itself (mserve_worker/confine.py): what was applied, or why
@@ -387,6 +388,8 @@ class Worker:
         self.load_s = reply.meta.get("load_s")
         self.load_ms = (time.time() - self.started_at) * 1000
         self.style = reply.meta.get("style")
+        # an async handler with asyncCommunication runs the batches it is sent at once
+        self.concurrent = self._channel.concurrent = reply.meta.get("concurrent") is True
         code = reply.meta.get("code")
         self.code = code if isinstance(code, dict) else None
         confined = reply.meta.get("sandbox")

@@ -29,6 +29,21 @@ def test_async_handlers_are_awaited(make_archive, start_server, tmp_path: Path) 
     assert (failed.status, failed.json()["message"]) == (418, "no teapot here")
     assert server.predict("afn", {"x": 8}).json()["echo"] == 8  # the worker serves on
 
+    # asyncCommunication: batches of one worker run at once, as in TorchServe's async worker;
+    # each waits until all six await together (so a worker running them one by one answers
+    # 504 after 20 s), and a failing one fails alone
+    bodies = [{"x": i, "until": 6} for i in range(6)] + [{"fail": "teapot", "wait": 0.2}]
+    replies = concurrently(*(lambda b=b: server.predict("afn", b) for b in bodies))
+    assert [r.status for r in replies] == [200] * 6 + [418], [r.body for r in replies]
+    assert [r.json()["echo"] for r in replies[:6]] == list(range(6))
+    assert max(r.json()["most_awaiting"] for r in replies[:6]) >= 6
+    # streams of batches running at once reach their own callers, whole and in order
+    streams = concurrently(*(lambda i=i: server.predict("afn", {"x": i, "stream": 4})
+                             for i in range(3)))  # fmt: skip
+    assert [(r.status, r.body.decode()) for r in streams] == [
+        (200, "".join(f"{i}.{k};" for k in range(4)) + f"{i}.end") for i in range(3)
+    ]
+
     # TorchServe's own async test handler, in shape: a BaseHandler subclass
     replies = concurrently(*(lambda i=i: server.predict("acls", str(i),
                                                         headers={"Content-Type": "application/json"})
