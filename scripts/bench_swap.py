@@ -7,8 +7,9 @@ server's ``worker_memory_budget_mb`` then fits ``--workers`` workers and not one
 1.0 serves with ``--workers`` workers, 2.0 is registered with none. ``--conns`` client
 connections ask for the model by name (no version) back to back; after ``--steady`` seconds of
 that, ``PUT /models/bench/1.0/swap?to=2.0&synchronous=true``; the load goes on ``--after``
-seconds past its answer. Workers are exec'd (``fork_workers: false``), so the server's children
-are its workers and each one's PSS is its own.
+seconds past its answer. Workers are exec'd (``fork_workers: false``), so each one's PSS is its
+own; ``--fork`` forks them from a warm template (the default mode), whose PSS is left out as the
+budget leaves it out.
 
 A sampler reads the PSS of every process under the server from /proc every 20 ms. Printed: the
 budget, one worker's PSS, the peak of the workers' PSS during the swap against budget + one
@@ -58,9 +59,13 @@ def handle(data, context):
 
 
 def workers_pss(server: Server) -> list[int]:
+    """The PSS of each worker: every process under the server but its worker templates (which
+    the budget does not count)."""
     sizes = []
-    for proc in server.processes()[1:]:  # the frontend's children: its workers
+    for proc in server.processes()[1:]:
         try:
+            if "mserve_worker.template" in " ".join(proc.cmdline()) and proc.ppid() == server.pid:
+                continue
             sizes.append(proc.memory_full_info().pss)
         except psutil.Error:
             continue
@@ -115,7 +120,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def one_round(work: Path, args: argparse.Namespace, one_bytes: int, n: int) -> dict[str, float]:
     budget_mb = int((args.workers + 0.5) * one_bytes / MIB) + 1
-    settings = {**BASE, "worker_memory_budget_mb": budget_mb, "load_wait_s": 30}
+    settings = {**BASE, "fork_workers": args.fork, "worker_memory_budget_mb": budget_mb,
+                "load_wait_s": 30}  # fmt: skip
     server = Server(work, settings, name=f"swap{n}")
     try:
         for version, workers in (("1.0", args.workers), ("2.0", 0)):
@@ -169,6 +175,7 @@ def main() -> None:
     parser.add_argument("--steady", type=float, default=3.0)
     parser.add_argument("--after", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--fork", action="store_true", help="workers forked from a template")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-swap-") as tmp:
         work = Path(tmp)
@@ -177,7 +184,7 @@ def main() -> None:
             archive(work / "store", "bench", "--handler", work / "weighty.py", "--version", version)
             (work / "store" / "bench.mar").rename(work / "store" / f"bench_{version}.mar")
         machine = Machine()
-        probe = Server(work, BASE, name="probe")
+        probe = Server(work, {**BASE, "fork_workers": args.fork}, name="probe")
         try:
             status, answer = probe.request(
                 "POST", "/models?url=bench_1.0.mar&initial_workers=1&synchronous=true",
@@ -188,8 +195,10 @@ def main() -> None:
         finally:
             probe.stop()
         rows = [one_round(work, args, one, n) for n in range(args.rounds)]
-    print(f"bench_swap: {args.workers} workers of {args.weights_mb} MB weights, {args.conns}"
-          f" connections, {args.rounds} round(s), medians; {machine.since()}")  # fmt: skip
+    how = "forked from a template" if args.fork else "exec'd"
+    print(f"bench_swap: {args.workers} workers ({how}) of {args.weights_mb} MB weights,"
+          f" {args.conns} connections, {args.rounds} round(s), medians;"
+          f" {machine.since()}")  # fmt: skip
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print(f"budget {med['budget_mb']:.0f} MiB (fits {args.workers} workers of"
           f" {med['one_worker_mb']:.1f} MiB PSS, not {args.workers + 1})")  # fmt: skip
