@@ -92,6 +92,8 @@ ALLOWED: dict[str, Any] = {
     "numpy.dtypes": "*",
     "numpy.core.multiarray": {"_reconstruct", "scalar"},
     "numpy._core.multiarray": {"_reconstruct", "scalar"},
+    "numpy.core.numeric": {"_frombuffer"},  # an array pickled with protocol 5
+    "numpy._core.numeric": {"_frombuffer"},
 }
 # TorchScript classes: torch.jit.load resolves them to the archive's compiled code/, never to
 # a Python import.
