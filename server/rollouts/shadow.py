@@ -47,7 +47,7 @@ from prometheus_client import Counter
 
 from mserve_worker.protocol import RequestItem, ResponseItem
 from server.compare import Answer, Comparison, compare
-from server.errors import MserveError
+from server.errors import BadRequest, MserveError, PathNotFound
 from server.metrics.server_metrics import Metrics
 from server.models.batching import Job
 from server.models.registry import Registry
@@ -276,7 +276,7 @@ class Shadow:
         compared = self.counts["equal"] + self.counts["different"]
         rankings, agreed, top1 = self.top_k
         return {
-            **settings.to_json(),
+            "settings": settings.to_json(),
             "since": datetime.fromtimestamp(self.since, timezone.utc).isoformat(timespec="seconds"),
             "counts": dict(self.counts),
             "difference_ratio": round(self.counts["different"] / compared, 6) if compared else 0,
@@ -370,6 +370,7 @@ class Shadows:
                 ),
             )  # fmt: skip
         router.on_restore_shadow(self.restore)
+        router.shadows = self  # where the management API finds it (server/rest/rollouts.py)
         # after the router's own listener, before the snapshot's (server/lifecycle.py)
         registry.on_change("shadows", self._prune)
 
@@ -407,6 +408,37 @@ class Shadows:
         old.close()
         log.info("shadow of %s removed", name)
         return True
+
+    # --- the management API: GET | PUT | DELETE /models/{name}/shadow ----------------------
+
+    def inspect(self, name: str) -> dict[str, Any]:
+        """``GET``: what describe shows, and the kept samples of differing pairs."""
+        return self._shown(name).inspected()
+
+    def put(self, name: str, doc: Any) -> dict[str, Any]:
+        """``PUT`` with the settings as a JSON body; answers what describe shows."""
+        leaving = [mv.version for mv in self.registry.versions(name) if mv.removing]
+        if leaving:
+            raise BadRequest(
+                f"model {name} version {leaving[0]} is being unregistered: a shadow cannot be"
+                " set now"
+            )
+        return self.set(name, doc).shown()
+
+    def delete(self, name: str) -> dict[str, Any]:
+        """``DELETE``: the shadow stops; answers its last counts."""
+        shown = self._shown(name).shown()
+        self.clear(name)
+        return shown
+
+    def _shown(self, name: str) -> Shadow:
+        self.registry.versions(name)  # 404 for an unknown model
+        shadow = self.get(name)
+        if shadow is None:
+            raise PathNotFound(
+                f"model {name} has no shadow: set one with PUT /models/{name}/shadow"
+            )
+        return shadow
 
     def restore(self, name: str, saved: dict[str, Any]) -> Shadow:
         return self.build(name, saved, f"snapshot shadow of {name}")
