@@ -11,6 +11,7 @@ import http.server
 import json
 import subprocess
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,7 +151,7 @@ def test_unsigned_and_untrusted_archives_are_refused_under_require(served: Any) 
     server, root, _ = served
     _archive(root, "plain")
     mallory = key_pair(root, "mallory")
-    _archive(root, "other", "--sign", str(mallory.private))
+    other = _archive(root, "other", "--sign", str(mallory.private))
     before = _on_disk(root)
     reply = _register(server, "plain.mar", "require")
     assert reply.status == 403, reply.body
@@ -160,6 +161,14 @@ def test_unsigned_and_untrusted_archives_are_refused_under_require(served: Any) 
     assert "is signed by the key sha256:" in reply.json()["message"]
     assert "which is not a trusted signer" in reply.json()["message"]
     assert _on_disk(root) == before
+    garbled = root / "store" / "garbled.mar"  # a bundle that does not parse
+    with zipfile.ZipFile(other) as zin, zipfile.ZipFile(garbled, "w") as zout:
+        for info in zin.infolist():
+            garbage = info.filename == "MAR-INF/signature.sigstore.json"
+            zout.writestr(info, b"{not json" if garbage else zin.read(info))
+    reply = _register(server, "garbled.mar", "require")
+    assert reply.status == 403, reply.body
+    assert "garbled.mar is not valid: the bundle does not parse" in reply.json()["message"]
     url = f"http://127.0.0.1:{server.web_port}/other.mar"
     reply = _register(server, url, "require")  # downloaded, refused, deleted
     assert reply.status == 403, reply.body
