@@ -29,6 +29,7 @@ from server import locks
 from server.config import ServerConfig, load_config
 from server.daemon import Prefork, become_daemon, serve
 from server.errors import ConfigError, MserveError
+from server.logs import make_log_folder
 from server.rundir import (
     ENV_META_FILE,
     PID_FILE,
@@ -127,7 +128,7 @@ def _start_daemon(
     TorchServe's server does; otherwise its output goes to ``mserve.out`` in the log folder."""
     out_path = None if config.torchserve else config.log_path / "mserve.out"
     if out_path is not None:  # TorchServe's layout has no such file (server/logs.py)
-        config.log_path.mkdir(parents=True, exist_ok=True)
+        make_log_folder(config.log_path)
     if prefork is not None:
         try:
             prefork.hand_over(config, startup, warnings, out_path)

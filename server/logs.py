@@ -18,6 +18,7 @@ from pathlib import Path
 
 from server.config import ServerConfig
 from server.console import ConsoleHandler
+from server.errors import ConfigError
 
 
 def setup_logging(
@@ -47,7 +48,7 @@ def setup_logging(
         _add_files(config, fmt, config.log_layout == "torchserve")
     except OSError as exc:
         if not config.torchserve:
-            raise
+            raise unusable_log_folder(config.log_path, exc) from None
         problem = (
             f"log folder {config.log_path} cannot be used ({exc.strerror or exc}): logging to"
             " the console only, with no ts_log.log, model_log.log or access_log.log, and no"
@@ -66,6 +67,29 @@ def setup_logging(
     if problem is not None:
         logging.getLogger(__name__).warning("%s", problem)
     return (console if isinstance(console, ConsoleHandler) else None), problem
+
+
+def make_log_folder(path: Path) -> None:
+    """The log folder, made if need be (mserve's layout: ``mserve.out`` goes there before the
+    server starts); ConfigError naming it and why when it cannot be."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise unusable_log_folder(path, exc) from None
+
+
+def unusable_log_folder(path: Path, exc: OSError) -> ConfigError:
+    """The start error for a log folder that cannot be made or written in (mserve's layout;
+    TorchServe's logs to the console instead): which folder, why, and the setting."""
+    why = exc.strerror or str(exc)
+    for part in (path, *path.parents):  # a file where a folder should be: name it
+        if part.exists() and not part.is_dir():
+            why = f"{part} is a file, not a folder"
+            break
+    return ConfigError(
+        f"log folder {path} cannot be used ({why}): set log_dir (--log-dir, MSERVE_LOG_DIR) to"
+        " a folder the server can make and write in"
+    )
 
 
 def _add_files(config: ServerConfig, fmt: logging.Formatter, torchserve: bool) -> None:

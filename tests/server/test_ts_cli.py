@@ -277,6 +277,17 @@ def test_missing_model_store_is_an_error_at_start(tmp_path: Path, ts_start: Star
     server, out = ts_start("--ts-config", "c.properties")
     assert server is None
     assert out.stderr.strip() == f"mserve: model store afile is not a folder ({tmp_path / 'afile'})"
+    # a log folder that cannot be made (mserve's layout; TorchServe's logs to its console
+    # instead): a start error naming it and why, daemon or foreground, not a traceback
+    logs = (tmp_path / "afile" / "logs").resolve()
+    for foreground in ((), ("--foreground",)):
+        server, out = ts_start("--model-store", ".", "--log-dir", "afile/logs", *foreground)
+        assert server is None and out.returncode == 1
+        assert out.stderr.strip() == (
+            f"mserve: log folder {logs} cannot be used ({logs.parent} is a file, not a folder):"
+            " set log_dir (--log-dir, MSERVE_LOG_DIR) to a folder the server can make and write"
+            " in"
+        )
 
 
 def test_start_flag_errors_and_warnings(

@@ -113,6 +113,35 @@ def test_runtime_hello_load_batch_and_exit(tmp_path: Path, python: str) -> None:
     assert b"probe was asked to fail" in proc.stderr.read()  # the traceback went to stderr
 
 
+def test_async_batches_run_at_once_and_are_answered_in_order(tmp_path: Path) -> None:
+    """asyncCommunication: the three batches await together (each waits until three calls
+    have), the first ends last (it sleeps 0.3 s more), and the RESULTs still come in the order
+    the batches were sent, which is what the server reads."""
+    proc, peer = _spawn(tmp_path)
+    try:
+        assert peer.receive().kind == Kind.HELLO
+        peer.send(Frame(Kind.INIT, {
+            "model_name": "afn", "model_dir": str(HANDLERS / "async_handlers"),
+            "handler": "async_fn:handle", "manifest": {"model": {"modelName": "afn"}},
+            "batch_size": 1, "gpu_id": None,
+            "model_yaml_config": {"asyncCommunication": True},
+        }))  # fmt: skip
+        ready = peer.receive()
+        assert ready.kind == Kind.READY and ready.meta["concurrent"] is True, ready.meta
+        bodies = [{"x": 0, "until": 3, "wait": 0.3}, {"x": 1, "until": 3}, {"x": 2, "until": 3}]
+        for batch_id, body in enumerate(bodies):
+            item = RequestItem(f"r{batch_id}", "application/json", [], json.dumps(body).encode())
+            peer.send(protocol.batch_frame(batch_id, [item]))
+        answers = [protocol.parse_result(peer.receive()) for _ in bodies]
+        assert [batch_id for batch_id, _ in answers] == [0, 1, 2]
+        got = [json.loads(bytes(results[0].body)) for _, results in answers]
+        assert [(a["echo"], a["request_id"]) for a in got] == [(0, "r0"), (1, "r1"), (2, "r2")]
+        assert min(a["most_awaiting"] for a in got) == 3
+    finally:
+        peer.sock.close()
+    assert proc.wait(timeout=20) == 0
+
+
 def _title(pid: int) -> tuple[bytes, str]:
     """(the command line as ps reads it, the command name as top shows it)."""
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
