@@ -15,7 +15,10 @@ workers confined by the sandbox, forked from the torch-preloaded template):
 - a ``deviceType: cpu`` model's worker sees no GPU;
 - a worker killed mid-life comes back on its GPU and answers there; a scaled-up one gets one;
 - the GPU gauges (``GPUUtilization``, ``GPUMemoryUsed``, ...) are on ``/metrics``;
-- examples/tiny_lm, continuous batching on the GPU: concurrent streamed OpenAI completions.
+- examples/tiny_lm, continuous batching on the GPU: concurrent streamed OpenAI completions;
+- the warm tier (docs/warm-tier.md) on the GPU: a ``BaseHandler`` model with a state dict,
+  evicted to the warm tier and woken, answers on ``cuda:0`` what it answered loaded, and the
+  wake is faster than the cold load. Written without a GPU to run it on: not yet run.
 """
 
 from __future__ import annotations
@@ -154,6 +157,83 @@ def predict(server: Server, model: str) -> dict[str, Any]:
     return json.loads(body)
 
 
+WARM_HANDLER = """
+import hashlib
+
+import torch
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class WarmProbe(BaseHandler):
+    def handle(self, data, context):
+        x = torch.ones(len(data), 1024, device=self.device)
+        with torch.no_grad():
+            y = self.model(x).cpu()
+        return [{"digest": hashlib.sha256(row.numpy().tobytes()).hexdigest(),
+                 "weights_on": str(next(self.model.parameters()).device)} for row in y]
+"""
+WARM_MODEL = """
+import torch
+
+
+class Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(64)])
+
+    def forward(self, x):
+        return self.layers(x)
+"""
+
+
+def check_warm_tier(work: Path) -> None:
+    """A 256 MiB state-dict model on a server with the warm tier: loaded cold, evicted by its
+    idle unload into the warm tier, woken: on cuda:0 both times, the same answer, and the
+    wake faster than the cold load (one copy from the mapped pages to the device)."""
+    import torch
+
+    (work / "warm_probe.py").write_text(WARM_HANDLER)
+    (work / "warm_model.py").write_text(WARM_MODEL)
+    sys.path.insert(0, str(work))
+    from warm_model import Stack  # type: ignore[import-not-found]
+
+    torch.manual_seed(0)
+    torch.save(Stack().state_dict(), work / "warm.pt")
+    archive(work / "store", "warm", "--version", "1.0", "--serialized-file", work / "warm.pt",
+            "--model-file", work / "warm_model.py",
+            "--handler", f"{work / 'warm_probe.py'}:WarmProbe")  # fmt: skip
+    settings = {"grpc": False, "disable_token_authorization": True, "enable_model_api": True,
+                "warm_tier_budget_mb": 2048}  # fmt: skip
+    server = Server(work, settings, name="warm")
+    try:
+        status, body = server.request(
+            "POST", "/models?url=warm.mar&initial_workers=0&idle_unload_timeout=1",
+            api="management",
+        )  # fmt: skip
+        assert status == 200, body
+        started = time.perf_counter()
+        cold = predict(server, "warm")
+        cold_s = time.perf_counter() - started
+
+        def tier() -> str:
+            _s, described = server.request("GET", "/models/warm", api="management")
+            return json.loads(described)[0]["footprint"]["tier"]
+
+        wait_until(lambda: tier() == "warm", 60, "the model in the warm tier")
+        started = time.perf_counter()
+        woken = predict(server, "warm")
+        wake_s = time.perf_counter() - started
+        check(
+            "warm tier on the GPU: woken on cuda:0, the same answer, faster than cold",
+            cold["weights_on"] == woken["weights_on"] == "cuda:0"
+            and cold["digest"] == woken["digest"]
+            and wake_s < cold_s,
+            f"cold {cold_s:.2f} s, wake {wake_s:.2f} s, {woken['weights_on']}",
+        )
+    finally:
+        server.stop()
+
+
 def on_smi() -> set[int]:
     return {int(row[0]) for row in smi("--query-compute-apps=pid,used_memory") if row[0].isdigit()}
 
@@ -288,6 +368,9 @@ def main() -> None:
         )
         lm_pids = {w["pid"] for w in workers(server, "tiny_lm")}
         check("tiny_lm's worker is on nvidia-smi", lm_pids <= on_smi(), sorted(lm_pids))
+        server.stop()
+        server = None
+        check_warm_tier(work)
     finally:
         if server is not None:
             server.stop()

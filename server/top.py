@@ -46,6 +46,10 @@ def _ms(s: float | None) -> str:
     return "-" if s is None else f"{s * 1000:.1f} ms"
 
 
+def _seconds(s: float | None) -> str:
+    return "-" if s is None else f"{s:.2f} s"
+
+
 def _uptime(seconds: float) -> str:
     minutes, sec = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
@@ -96,7 +100,12 @@ class View:
             f"{_uptime(snap.uptime_s)}  models {len(snap.models)}",
             "  ".join(f"{api} {url}" for api, url in urls.items() if url),
             f"workers' memory {_mib(snap.memory_bytes)}"
-            + (f" of {_mib(snap.budget_bytes)} budget" if snap.budget_bytes else " (no budget)"),
+            + (f" of {_mib(snap.budget_bytes)} budget" if snap.budget_bytes else " (no budget)")
+            + (
+                f"  warm tier {_mib(snap.warm_bytes)} of {_mib(snap.warm_budget_bytes)}"
+                if snap.warm_budget_bytes
+                else ""
+            ),
         ]
         text = Text("\n".join(lines))
         if snap.error:
@@ -105,7 +114,7 @@ class View:
 
     def _table(self, sorted_by: str) -> Table:
         columns = ("MODEL", "VERSIONS", "STATE", "WORKERS", "QUEUE", "REQ/S", "P50", "P99",
-                   "ERRORS", "EVICT", "CPU", "MEM")  # fmt: skip
+                   "ERRORS", "EVICT", "CPU", "MEM", "TIER", "WAKE")  # fmt: skip
         table = Table(expand=True, box=None, header_style="bold reverse")
         for column in columns:
             table.add_column(column + (" ▼" if column == sorted_by else ""), no_wrap=True)
@@ -116,7 +125,8 @@ class View:
                 m.name, ",".join(v.version for v in m.versions), m.state,
                 f"{ready}/{len(m.workers)}", str(m.queue), f"{m.requests_per_s:.1f}",
                 _ms(m.p50_s), _ms(m.p99_s), str(m.errors), str(m.evictions),
-                f"{sum(cpu):.0f}%" if cpu else "-", _mib(m.memory_bytes),
+                f"{sum(cpu):.0f}%" if cpu else "-", _mib(m.memory_bytes), m.tier,
+                _seconds(m.wake_s),
                 style="reverse" if i == self.picked else None,
             )  # fmt: skip
         return table
@@ -132,6 +142,8 @@ class View:
             parts.append(Text(
                 f"version {v.version}: {v.status} ({v.load_state})  workers min {v.min_workers}"
                 f" max {v.max_workers}  queue {v.queue}"
+                f"\n  tier {v.tier or '-'}  worker {_mib(v.worker_bytes)}  warm"
+                f" {_mib(v.warm_bytes)}  cold load {_seconds(v.load_s)}  wake {_seconds(v.wake_s)}"
                 + (f"\n  failed: {v.failure}" if v.failure else "")
             ))  # fmt: skip
             table = Table(box=None, header_style="bold reverse")

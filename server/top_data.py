@@ -37,6 +37,13 @@ class VersionRow:
     queue: int
     failure: str | None
     workers: list[WorkerRow]
+    # measured footprint (describe's footprint, server/models/footprints.py): loaded, warm
+    # or cold; a worker's PSS; its weights in the warm tier; its last cold load and warm wake
+    tier: str = ""
+    worker_bytes: int | None = None
+    warm_bytes: int | None = None
+    load_s: float | None = None
+    wake_s: float | None = None
 
 
 @dataclass
@@ -60,6 +67,17 @@ class ModelRow:
         return sum(v.queue for v in self.versions)
 
     @property
+    def tier(self) -> str:
+        return ", ".join(sorted({v.tier for v in self.versions if v.tier})) or "-"
+
+    @property
+    def wake_s(self) -> float | None:
+        """What bringing its slowest version back took last: a warm wake, else a cold load."""
+        times = [v.wake_s if v.wake_s is not None else v.load_s for v in self.versions]
+        known = [t for t in times if t is not None]
+        return max(known) if known else None
+
+    @property
     def workers(self) -> list[WorkerRow]:
         return [w for v in self.versions for w in v.workers]
 
@@ -81,6 +99,8 @@ class Snapshot:
     models: list[ModelRow] = field(default_factory=list)
     memory_bytes: float | None = None
     budget_bytes: float | None = None
+    warm_bytes: float | None = None  # the warm tier (server/models/warm.py), when on
+    warm_budget_bytes: float | None = None
     error: str | None = None  # the last read failed: why (the rows are the last good ones)
 
     @property
@@ -152,10 +172,14 @@ class Reader:
                 )
                 for w in d.get("workers") or ()
             ]
+            footprint = d.get("footprint") or {}
             versions.append(VersionRow(
                 str(d.get("modelVersion")), d.get("status", ""), d.get("loadState", ""),
                 int(d.get("minWorkers") or 0), int(d.get("maxWorkers") or 0),
                 int(d.get("queueDepth") or 0), d.get("failure"), workers,
+                footprint.get("tier") or "", footprint.get("workerPssBytes"),
+                footprint.get("warmBytes"), footprint.get("coldLoadSeconds"),
+                footprint.get("warmWakeSeconds"),
             ))  # fmt: skip
         return versions
 
@@ -195,6 +219,10 @@ class Reader:
                     snap.memory_bytes = s.value
                 elif s.name == "mserve_worker_memory_budget_bytes":
                     snap.budget_bytes = s.value
+                elif s.name == "mserve_warm_tier_bytes":
+                    snap.warm_bytes = s.value
+                elif s.name == "mserve_warm_tier_budget_bytes":
+                    snap.warm_budget_bytes = s.value
         now = time.monotonic()
         self._history.append((now, counts))
         while len(self._history) > 2 and now - self._history[1][0] >= RATE_WINDOW_S:

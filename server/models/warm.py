@@ -64,6 +64,7 @@ class WarmTier:
         self.drops: Counter[str] = Counter()  # reason: models dropped to cold
         self.on_drop: Callable[[str, str], None] | None = None  # (label, reason): metrics
         self._lock = asyncio.Lock()  # one keep at a time: each measures, then fits the budget
+        self._keeping: set[str] = set()  # labels being mapped; one taken meanwhile is not kept
 
     @property
     def enabled(self) -> bool:
@@ -82,6 +83,7 @@ class WarmTier:
         """A worker of ``label`` is about to start: True when it wakes from the tier. The
         entry leaves the tier either way (the worker maps the pages now; the server's mapping
         is closed, the pages stay in the page cache). A stale one drops its pages."""
+        self._keeping.discard(label)  # a keep still mapping it: its result is not kept
         entry = self.entries.get(label)
         if entry is None:
             return False
@@ -121,11 +123,13 @@ class WarmTier:
             return 0
         budget = self.budget_bytes or 0
         declared = sum(size for _path, size in files)
+        self._keeping.add(label)
         async with self._lock:
             old = self.entries.pop(label, None)  # kept before and not woken since
             if old is not None:
                 _close(old, evict=False)
             if declared > budget:
+                self._keeping.discard(label)
                 self.drops["too_big"] += 1
                 if self.on_drop is not None:
                     self.on_drop(label, "too_big")
@@ -139,8 +143,13 @@ class WarmTier:
             try:
                 entry = await asyncio.to_thread(_map, label, files)
             except OSError as exc:
+                self._keeping.discard(label)
                 log.warning("model %s is not kept warm: %s", label, exc)
                 return 0
+            if label not in self._keeping:  # woken while it was being mapped
+                _close(entry, evict=False)
+                return 0
+            self._keeping.discard(label)
             self.entries[label] = entry
             await self.measure()
             self._fit(0, worth)
@@ -167,12 +176,6 @@ class WarmTier:
         for entry in self.entries.values():
             entry.bytes = sum(resident.get(f.path, 0) for f in entry.files)
         return self.bytes
-
-    def close(self) -> None:
-        """At shutdown: close the mappings (the pages stay in the page cache)."""
-        for entry in self.entries.values():
-            _close(entry, evict=False)
-        self.entries.clear()
 
 
 def _identity(path: str) -> Identity | None:

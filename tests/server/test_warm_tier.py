@@ -1,9 +1,10 @@
 """The warm tier, measured footprints and eviction by cost (docs/warm-tier.md): one real server,
-real torch workers, real weights files (16 MiB, made from fixed seeds) and real archives."""
+real torch workers, real weights files (8 MiB, made from fixed seeds) and real archives."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import threading
@@ -22,7 +23,7 @@ from tests.server.conftest import HANDLERS, MSERVE, Server, http, pid_alive, wai
 pytestmark = pytest.mark.timeout(240)
 FOLDER = HANDLERS / "warm_weights"
 MIB = 2**20
-WARM_BUDGET_MB = 40  # two of the 16 MiB models, not three
+WARM_BUDGET_MB = 20  # two of the 8 MiB models, not three
 WORKER_BUDGET_MB = 250
 
 
@@ -275,3 +276,14 @@ def test_eviction_by_cost_evicts_the_cheap_model_first(server: Server) -> None:
     _ask(server, "a")
     assert _tier(server, "dear") == "loaded"
     assert _tier(server, "cheap") in ("warm", "cold")
+
+
+def test_top_shows_each_model_tier_footprint_and_wake_time(server: Server) -> None:
+    env = {**os.environ, "COLUMNS": "200"}
+    out = subprocess.run([MSERVE, "top", "--once", "--run-dir", str(server.run_dir)],
+                         capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.rstrip() for line in out.stdout.splitlines() if line.strip()}
+    assert "warm tier" in out.stdout and f"of {WARM_BUDGET_MB} MiB" in out.stdout
+    assert rows["dear"].split()[-3:-2] == ["loaded"]
+    assert rows["b"].split()[-3] in ("warm", "cold") and rows["b"].endswith(" s")

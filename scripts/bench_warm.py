@@ -1,0 +1,358 @@
+"""Big models on one server: the warm tier's wake against a cold load, and eviction by cost.
+
+Each model is a stack of ``Linear(width, width)`` layers with weights made here from a fixed
+seed (``torch.save`` of its state dict), archived with the archiver CLI (uncompressed), served
+by a ``BaseHandler`` subclass that only adds a seeded input and answers a digest of the output
+and when its worker loaded the model (a request sent before that waited for a load).
+
+1. ``single``: one model of ``--size-mb`` (1 GiB by default). Each round, on a server without
+   the warm tier: a load with the weights' pages dropped from the page cache (cold from disk:
+   read, unpickle, random init, copy) and one with them cached; on a server with the warm tier:
+   a cold load (pages dropped; mapped), then, once its idle unload put it in the warm tier, a
+   wake. Printed: the medians of the time from the request to its answer, the ratio, and
+   whether the woken model answered what the cold one did.
+2. ``zipf``: ``--models`` models of ``--size-mb`` each, room for ``--loaded`` of them
+   (``max_loaded_models``), ``--clients`` threads asking for models drawn from a Zipf-like law
+   for ``--duration`` seconds; once with a warm tier of ``--warm-mb`` and once without.
+   Printed: requests, errors, how many waited for a load and their p50/p99, loads by tier,
+   seconds spent loading (the server's ``mserve_model_load_seconds`` sum).
+3. ``cost``: the same Zipf run with the warm tier on, the models alternately ``--size-mb`` and
+   ``--size-mb / --ratio`` (expensive and cheap to bring back), ``eviction: cost`` against
+   ``eviction: lru``: seconds spent loading and the loads of each kind.
+
+Pages are dropped with ``posix_fadvise(DONTNEED)`` after an fsync (no root needed). The
+machine's load is printed with each figure: on a shared machine compare runs of similar load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import Client, Machine, Server, wait_until
+
+MIB = 2**20
+ARCHIVER = str(Path(sys.executable).parent / "model-archiver")
+
+STACK = """import torch
+from torch import nn
+
+WIDTH = {width}
+DEPTH = {depth}
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(DEPTH)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.layers(x))
+"""
+
+HANDLER = """import hashlib
+import os
+import time
+
+import torch
+from stack import WIDTH
+
+from mserve_worker.sdk.base_handler import BaseHandler
+
+
+class Handler(BaseHandler):
+    def initialize(self, context):
+        super().initialize(context)
+        self.loaded_at = time.time()
+
+    def preprocess(self, data):
+        return torch.randn(len(data), WIDTH, generator=torch.Generator().manual_seed(7))
+
+    def inference(self, data):
+        with torch.no_grad():
+            return self.model(data)
+
+    def postprocess(self, output):
+        return [{{"digest": hashlib.sha256(row.numpy().tobytes()).hexdigest(),
+                 "loaded_at": self.loaded_at, "pid": os.getpid(),
+                 "weights": self.model_pt_path}} for row in output]
+"""
+
+
+def build(work: Path, name: str, size_mb: float, seed: int) -> None:
+    """The archive ``<work>/store/<name>.mar`` of a model of about ``size_mb`` (float32)."""
+    import torch
+
+    width = 2048 if size_mb >= 64 else 512
+    depth = max(1, round(size_mb * MIB / (4 * width * (width + 1))))
+    src = work / "src" / name
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "stack.py").write_text(STACK.format(width=width, depth=depth))
+    (src / "handler.py").write_text(HANDLER.format())
+    gen = torch.Generator().manual_seed(seed)
+    state = {}
+    for i in range(depth):  # the state dict of Stack, without building (and initialising) it
+        state[f"layers.{i}.weight"] = torch.randn(width, width, generator=gen) / width**0.5
+        state[f"layers.{i}.bias"] = torch.zeros(width)
+    torch.save(state, src / "weights.pt")
+    del state
+    (work / "store").mkdir(exist_ok=True)
+    subprocess.run(
+        [ARCHIVER, "--model-name", name, "--handler", str(src / "handler.py"),
+         "--model-file", str(src / "stack.py"), "--serialized-file", str(src / "weights.pt"),
+         "--export-path", str(work / "store"), "--archive-format", "zip-store", "-f"],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    (src / "weights.pt").unlink()
+
+
+class Mserve(Server):
+    def __init__(self, work: Path, name: str, settings: dict[str, Any]) -> None:
+        super().__init__(work, {"enable_model_api": True, "grpc": False, **settings}, name=name)
+        self.inference = Client(self.status["inference"], self.headers["inference"])
+        self.management = Client(self.status["management"], self.headers["management"])
+        self.metrics = Client(self.status["metrics"], {})
+
+    def register(self, name: str, idle_s: float = 0) -> None:
+        status, body = self.management.request(
+            "POST", f"/models?url={name}.mar&model_name={name}&initial_workers=0"
+            f"&idle_unload_timeout={idle_s:g}",
+        )  # fmt: skip
+        if status != 200:
+            raise SystemExit(f"registering {name}: {status} {body[:300]!r}")
+
+    def unregister(self, name: str) -> None:
+        self.management.request("DELETE", f"/models/{name}")
+
+    def ask(self, name: str) -> tuple[float, float, dict[str, Any] | None]:
+        """(sent at, seconds to the answer, the answer or None on an error)."""
+        sent = time.time()
+        status, body = self.inference.request("POST", f"/predictions/{name}", b"{}")
+        took = time.time() - sent
+        return sent, took, json.loads(body) if status == 200 else None
+
+    def footprint(self, name: str) -> dict[str, Any]:
+        _s, body = self.management.request("GET", f"/models/{name}")
+        return json.loads(body)[0]["footprint"]
+
+    def counters(self, metric: str) -> dict[str, float]:
+        """A counter's values by their label sets."""
+        _s, body = self.metrics.request("GET", "/metrics")
+        out: dict[str, float] = {}
+        for line in body.decode().splitlines():
+            if line.startswith(metric):
+                key, _, value = line.rpartition(" ")
+                out[key[len(metric) :]] = float(value)
+        return out
+
+    def total(self, metric: str, having: str = "") -> float:
+        return sum(v for k, v in self.counters(metric).items() if having in k)
+
+
+def drop_cache(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def single(args: argparse.Namespace, work: Path) -> None:
+    print(f"building a {args.size_mb:g} MiB model ...", flush=True)
+    build(work, "big", args.size_mb, 1)
+    size = (work / "store" / "big.mar").stat().st_size
+    machine = Machine()
+    off = Mserve(work, "off", {})
+    times: dict[str, list[float]] = {"off_disk": [], "off_cached": [], "on_disk": [], "wake": []}
+    digests: set[str] = set()
+    try:
+        off.register("big", idle_s=1)
+        for _round in range(args.rounds):
+            answer = _settled_cold(off, "big")
+            drop_cache(answer["weights"])
+            times["off_disk"].append(_load(off, "big", digests))
+            _unloaded(off, "big")
+            times["off_cached"].append(_load(off, "big", digests))
+            _unloaded(off, "big")
+    finally:
+        off.stop()
+    on = Mserve(work, "on", {"warm_tier_budget_mb": int(args.warm_mb)})
+    try:
+        on.register("big", idle_s=1)
+        first = _settled_cold(on, "big")  # a first load tells where the weights are
+        for _round in range(args.rounds):
+            on.unregister("big")  # its warm copy is dropped (within 5 s)
+            wait_until(lambda: not on.total("mserve_models_warm"), 30, "big dropped")
+            drop_cache(first["weights"])
+            on.register("big", idle_s=1)
+            times["on_disk"].append(_load(on, "big", digests))
+            wait_until(lambda: on.footprint("big")["tier"] == "warm", 60, "big warm")
+            times["wake"].append(_load(on, "big", digests))
+            wakes = on.total("mserve_model_wakes_total", 'tier="warm"')
+        print(f"warm wakes counted by the server: {wakes:g}")
+    finally:
+        on.stop()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\n{args.size_mb:g} MiB model ({size / MIB:.0f} MiB archive), {args.rounds} rounds,"
+          f" medians (request to answer); {machine.since()}")  # fmt: skip
+    print(f"  warm tier off, cold (pages dropped):  {med['off_disk']:.2f} s  {times['off_disk']}")
+    print(f"  warm tier off, weights in page cache: {med['off_cached']:.2f} s")
+    print(f"  warm tier on, cold (pages dropped):   {med['on_disk']:.2f} s")
+    print(f"  warm tier on, woken from warm:        {med['wake']:.3f} s  {times['wake']}")
+    print(
+        f"  cold / wake: {med['off_disk'] / med['wake']:.0f}x (off, from disk),"
+        f" {med['off_cached'] / med['wake']:.0f}x (off, page cache)"
+    )
+    print(f"  same answer every time: {len(digests) == 1}")
+
+
+def _settled_cold(server: Mserve, name: str) -> dict[str, Any]:
+    _sent, _took, answer = server.ask(name)
+    if answer is None:
+        raise SystemExit(f"{name} did not answer")
+    _unloaded(server, name)
+    return answer
+
+
+def _unloaded(server: Mserve, name: str) -> None:
+    wait_until(lambda: server.footprint(name)["tier"] != "loaded", 60, f"{name} unloaded")
+    time.sleep(0.5)  # its worker's exit
+
+
+def _load(server: Mserve, name: str, digests: set[str]) -> float:
+    _sent, took, answer = server.ask(name)
+    if answer is None:
+        raise SystemExit(f"{name} failed to load")
+    digests.add(answer["digest"])
+    return round(took, 3)
+
+
+def zipf_run(args: argparse.Namespace, work: Path, label: str, settings: dict[str, Any],
+             names: list[str]) -> dict[str, Any]:  # fmt: skip
+    machine = Machine()
+    server = Mserve(work, label, {"max_loaded_models": args.loaded, "load_wait_s": 120,
+                                  **settings})  # fmt: skip
+    order = names[:]
+    random.Random(7).shuffle(order)
+    weights = [1 / (i + 1) ** args.zipf for i in range(len(order))]
+    results: list[tuple[bool, float, bool]] = []  # (waited for a load, seconds, ok)
+    lock = threading.Lock()
+    try:
+        for name in names:
+            server.register(name)
+        deadline = time.time() + args.duration
+
+        def client(seed: int) -> None:
+            rng = random.Random(seed)
+            while time.time() < deadline:
+                name = rng.choices(order, weights)[0]
+                sent, took, answer = server.ask(name)
+                waited = answer is not None and answer["loaded_at"] > sent
+                with lock:
+                    results.append((waited, took, answer is not None))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        loads = server.counters("mserve_model_load_seconds_sum")
+        out = {
+            "label": label,
+            "requests": len(results),
+            "errors": sum(1 for r in results if not r[2]),
+            "waited": sorted(r[1] for r in results if r[0] and r[2]),
+            "hits": sorted(r[1] for r in results if not r[0] and r[2]),
+            "warm": server.total("mserve_model_wakes_total", 'tier="warm"'),
+            "cold": server.total("mserve_model_wakes_total", 'tier="cold"'),
+            "drops": server.total("mserve_warm_tier_drops_total"),
+            "load_s": sum(loads.values()),
+            "machine": machine.since(),
+        }
+    finally:
+        server.stop()
+    _print_run(out)
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _print_run(r: dict[str, Any]) -> None:
+    print(f"  {r['label']}: {r['requests']} requests, {r['errors']} errors;"
+          f" {len(r['waited'])} waited for a load: p50 {_pct(r['waited'], 0.5):.2f} s,"
+          f" p99 {_pct(r['waited'], 0.99):.2f} s; hits p50 {_pct(r['hits'], 0.5) * 1000:.0f} ms;"
+          f" loads warm {r['warm']:g} cold {r['cold']:g}; warm drops {r['drops']:g};"
+          f" {r['load_s']:.1f} s loading in all; {r['machine']}", flush=True)  # fmt: skip
+
+
+def zipf(args: argparse.Namespace, work: Path) -> None:
+    names = [f"m{i:02d}" for i in range(args.models)]
+    print(f"building {args.models} models of {args.size_mb:g} MiB ...", flush=True)
+    for i, name in enumerate(names):
+        build(work, name, args.size_mb, 100 + i)
+    print(
+        f"\n{args.models} x {args.size_mb:g} MiB, room for {args.loaded} loaded,"
+        f" {args.clients} clients, Zipf {args.zipf}, {args.duration:g} s each:"
+    )
+    zipf_run(args, work, "warm tier on", {"warm_tier_budget_mb": int(args.warm_mb)}, names)
+    zipf_run(args, work, "warm tier off", {}, names)
+
+
+def cost(args: argparse.Namespace, work: Path) -> None:
+    names = [f"c{i:02d}" for i in range(args.models)]
+    print(f"building {args.models} models, alternately {args.size_mb:g} and"
+          f" {args.size_mb / args.ratio:g} MiB ...", flush=True)  # fmt: skip
+    for i, name in enumerate(names):
+        build(work, name, args.size_mb if i % 2 == 0 else args.size_mb / args.ratio, 200 + i)
+    print(f"\n{args.models} models, alternately {args.size_mb:g} / {args.size_mb / args.ratio:g}"
+          f" MiB, room for {args.loaded} loaded, warm tier {args.warm_mb:g} MiB,"
+          f" {args.duration:g} s each:")  # fmt: skip
+    on = {"warm_tier_budget_mb": int(args.warm_mb)}
+    by_cost = zipf_run(args, work, "eviction cost", {**on, "eviction": "cost"}, names)
+    by_lru = zipf_run(args, work, "eviction lru", {**on, "eviction": "lru"}, names)
+    print(
+        f"  seconds loading: cost {by_cost['load_s']:.1f} vs lru {by_lru['load_s']:.1f}"
+        f" (requests {by_cost['requests']} vs {by_lru['requests']})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("single", "zipf", "cost"))
+    parser.add_argument("--size-mb", type=float, default=1024)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", type=int, default=24)
+    parser.add_argument("--loaded", type=int, default=4)
+    parser.add_argument("--warm-mb", type=float, default=8192)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--zipf", type=float, default=1.1)
+    parser.add_argument("--duration", type=float, default=120)
+    parser.add_argument("--ratio", type=float, default=8, help="cost: expensive / cheap size")
+    parser.add_argument("--work", help="a folder to build in (default: a temporary one)")
+    args = parser.parse_args()
+    if args.work:
+        work = Path(args.work)
+        work.mkdir(parents=True, exist_ok=True)
+        {"single": single, "zipf": zipf, "cost": cost}[args.mode](args, work)
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
+        {"single": single, "zipf": zipf, "cost": cost}[args.mode](args, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
