@@ -9,7 +9,8 @@ connections ask for the model by name (no version) back to back; after ``--stead
 that, ``PUT /models/bench/1.0/swap?to=2.0&synchronous=true``; the load goes on ``--after``
 seconds past its answer. Workers are exec'd (``fork_workers: false``), so each one's PSS is its
 own; ``--fork`` forks them from a warm template (the default mode), whose PSS is left out as the
-budget leaves it out.
+budget leaves it out. ``--overlap`` swaps with ``overlap=true``: B's worker starts before A's
+drains.
 
 A sampler reads the PSS of every process under the server from /proc every 20 ms. Printed: the
 budget, one worker's PSS, the peak of the workers' PSS during the swap against budget + one
@@ -18,6 +19,7 @@ and the requests during it: answered by each version, failed (any status but 200
 against the steady state before it.
 
     python scripts/bench_swap.py [--workers 3] [--weights-mb 64] [--conns 16] [--rounds 1]
+                                 [--fork] [--overlap]
 """
 
 from __future__ import annotations
@@ -134,8 +136,9 @@ def one_round(work: Path, args: argparse.Namespace, one_bytes: int, n: int) -> d
             time.sleep(args.steady)
             began = time.perf_counter()
             status, answer = server.request(
-                "PUT", "/models/bench/1.0/swap?to=2.0&synchronous=true", api="management"
-            )
+                "PUT", f"/models/bench/1.0/swap?to=2.0&synchronous=true&overlap={args.overlap}",
+                api="management",
+            )  # fmt: skip
             ended = time.perf_counter()
             assert status == 200, answer
             time.sleep(args.after)
@@ -176,6 +179,8 @@ def main() -> None:
     parser.add_argument("--after", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--fork", action="store_true", help="workers forked from a template")
+    parser.add_argument("--overlap", action="store_true",
+                        help="swap with overlap=true (B's worker before A's drains)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-swap-") as tmp:
         work = Path(tmp)
@@ -196,6 +201,7 @@ def main() -> None:
             probe.stop()
         rows = [one_round(work, args, one, n) for n in range(args.rounds)]
     how = "forked from a template" if args.fork else "exec'd"
+    how += ", overlap=true" if args.overlap else ""
     print(f"bench_swap: {args.workers} workers ({how}) of {args.weights_mb} MB weights,"
           f" {args.conns} connections, {args.rounds} round(s), medians;"
           f" {machine.since()}")  # fmt: skip

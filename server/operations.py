@@ -297,7 +297,8 @@ async def swap_model(
 ) -> Outcome:
     """``PUT /models/{name}/{version}/swap?to=B``: replace ``version`` by B in place, one worker
     at a time within the memory budget (server/models/swap.py). ``workers``: B's workers at the
-    end (A's now, at least 1); ``unregister``: unregister A at the end; ``synchronous``: answer
+    end (A's now, at least 1); ``unregister``: unregister A at the end; ``overlap``: B's worker
+    starts before A's drains (the budget passed by one worker meanwhile); ``synchronous``: answer
     when it has ended (a rollback is an error naming why), else at once (202)."""
     versions = [mv.version for mv in registry.versions(name)]
     if version not in versions:
@@ -333,8 +334,9 @@ async def swap_model(
         raise BadRequest("parameter 'workers' should be >= 1, found 0")
     workers = workers or max(1, len(source.slots))
     unregister = bool_param(params, "unregister", False)
+    overlap = bool_param(params, "overlap", False)
     synchronous = bool_param(params, "synchronous", False)
-    swap = registry.start_swap(source, target, workers, unregister)
+    swap = registry.start_swap(source, target, workers, unregister, overlap)
     if not synchronous:
         return Outcome(
             f"Swapping model {name} from {version} to {to} ({workers} worker(s)); GET"

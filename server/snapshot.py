@@ -172,8 +172,9 @@ def _resume_swaps(registry: Registry, path: Path) -> None:
             len(target.slots),
         )  # fmt: skip
         swap = registry.start_swap(
-            source, target, int(entry.get("workers") or 1), bool(entry.get("unregister"))
-        )
+            source, target, int(entry.get("workers") or 1), bool(entry.get("unregister")),
+            bool(entry.get("overlap")),
+        )  # fmt: skip
         # the task runs from the next turn of the loop: the rollback's aim is set before
         swap.source_before = int(entry.get("fromWorkers") or swap.source_before)
         swap.target_before = int(entry.get("toWorkers") or 0)

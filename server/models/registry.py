@@ -488,17 +488,20 @@ class Registry:
         return dropped
 
     def start_swap(
-        self, source: ModelVersion, target: ModelVersion, workers: int, unregister: bool = False
-    ) -> Swap:
+        self, source: ModelVersion, target: ModelVersion, workers: int, unregister: bool = False,
+        overlap: bool = False,
+    ) -> Swap:  # fmt: skip
         """Replace ``source`` by ``target`` in place (server/models/swap.py); ``unregister``:
-        unregister ``source`` once it has no worker left."""
+        unregister ``source`` once it has no worker left; ``overlap``: start each worker of
+        ``target`` before draining one of ``source`` (the budget passed by one worker)."""
 
         async def drop() -> None:
             await self.unregister(source.name, source.version)
 
         swap = Swap(source, target, workers, self.residency, self.set_default, self.changed,
                     drop if unregister else None, self.metrics,
-                    routes=self.defaults.get(source.name) == source.version)  # fmt: skip
+                    routes=self.defaults.get(source.name) == source.version,
+                    overlap=overlap)  # fmt: skip
         return self.swaps.start(swap)
 
     def set_default(self, name: str, version: str) -> None:

@@ -27,9 +27,10 @@ signal. A request arriving while its model is being evicted finds no worker and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import psutil
@@ -87,6 +88,8 @@ class Residency:
         self.evictions = 0
         self._models: Callable[[], Sequence[Resident]] = list
         self._lock = asyncio.Lock()
+        # model label: what its starts may pass the budget by (one_over, an in-place swap's)
+        self._over_by: dict[str, int] = {}
         # what each model version was measured to take, kept across restarts (footprints.py)
         self.footprints = Footprints(config.run_path)
         # evicted models' weights kept in the page cache (warm.py); off without a budget
@@ -218,6 +221,16 @@ class Residency:
         nothing (an in-place swap, server/models/swap.py, drains a worker first when not)."""
         return not self.limited or await self._over(model, count) is None
 
+    @contextlib.contextmanager
+    def one_over(self, model: Resident) -> Iterator[None]:
+        """Within this block a start of ``model`` may pass the budget by one worker of it: an
+        in-place swap with ``overlap`` starts B's worker before A's is drained."""
+        self._over_by[model.label] = self._estimate(model)
+        try:
+            yield
+        finally:
+            self._over_by.pop(model.label, None)
+
     def _refusal(self, model: Resident, count: int, why: str) -> str:
         what = (
             f"load model {model.label}"
@@ -239,7 +252,7 @@ class Residency:
             return None
         used = await self.measure() - self.leaving_bytes
         each = self._estimate(model)
-        if used + count * each <= self.budget_bytes:
+        if used + count * each <= self.budget_bytes + self._over_by.get(model.label, 0):
             return None
         takes = (
             f"a worker of {model.label} takes"

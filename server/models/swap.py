@@ -55,6 +55,9 @@ class Swap:
     # A is the default version: requests naming none follow the workers, and B is the default
     # at the end; else the default and its traffic are left alone
     routes: bool = True
+    # B's worker starts before A's is drained, the budget passed by that one worker meanwhile
+    # (no dip in capacity); else A's is drained first and the budget is never passed
+    overlap: bool = False
     state: str = RUNNING
     step: str = "starting"
     reason: str | None = None
@@ -141,17 +144,24 @@ class Swap:
         """
         while len(to.slots) < wanted:
             if len(frm.slots) > left and not await self.residency.fits(to):
+                if self.overlap:
+                    with self.residency.one_over(to):
+                        await self._start(to, f" (the budget passed by it until {frm.label}'s"
+                                              " next worker is drained)")  # fmt: skip
+                    await self._drain(frm)
+                    continue
                 await self._drain(frm)
             await self._start(to)
         while len(frm.slots) > left:
             await self._drain(frm)
 
-    async def _start(self, mv: ModelVersion) -> None:
+    async def _start(self, mv: ModelVersion, why: str = "") -> None:
         n = len(mv.slots) + 1
         self.step = f"starting worker {n} of {mv.label}"
         started = time.monotonic()
         await mv.scale(n, max(n, mv.settings.max_workers), synchronous=True)
-        self._say(f"started worker {n} of {mv.label} in {time.monotonic() - started:.2f} s")
+        took = time.monotonic() - started
+        self._say(f"started worker {n} of {mv.label} in {took:.2f} s{why}")
         await self._measure()
         self.changed()
 
@@ -232,6 +242,7 @@ class Swap:
             "reason": self.reason,
             "workers": {a.version: len(a.slots), b.version: len(b.slots)},
             "targetWorkers": self.workers,
+            "overlap": self.overlap,
             "startedAt": self.started_at,
             "endedAt": self.ended_at,
             "peakMemoryBytes": self.peak_bytes,
@@ -250,6 +261,7 @@ class Swap:
             "reason": self.reason,
             "unregister": self.unregister is not None,
             "routes": self.routes,
+            "overlap": self.overlap,
             "fromWorkers": self.source_before,
             "toWorkers": self.target_before,
         }

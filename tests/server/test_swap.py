@@ -118,6 +118,7 @@ class Load:
         self.answers: list[tuple[int, str]] = []
         self.peak_bytes = 0
         self.biggest_worker = 0
+        self.fewest_ready = 1 << 30  # workers ready or busy, all versions, as describe lists them
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._ask) for _ in range(clients)]
         self._threads.append(threading.Thread(target=self._sample))
@@ -144,6 +145,9 @@ class Load:
             sizes = _workers_pss(self.server)
             self.peak_bytes = max(self.peak_bytes, sum(sizes))
             self.biggest_worker = max([self.biggest_worker, *sizes])
+            versions = self.server.manage("GET", "/models/m/all").json()
+            ready = [w for v in versions for w in v["workers"] if w["state"] in ("READY", "BUSY")]
+            self.fewest_ready = min(self.fewest_ready, len(ready))
             time.sleep(0.02)
 
     def failures(self) -> list[tuple[int, str]]:
@@ -265,24 +269,47 @@ def test_a_version_that_cannot_load_rolls_the_swap_back(served: tuple[Server, in
     assert listed["modelUrl"] == "m-2.0.mar"  # still the default
 
 
+def test_overlap_starts_each_new_worker_before_draining_one(
+    served: tuple[Server, int, int],
+) -> None:
+    """``overlap=true``: B's worker starts before A's drains, so the ready workers never fall
+    below two; the budget is passed by that one worker meanwhile, never more."""
+    server, budget, one = served
+    with Load(server) as load:
+        reply = server.manage("PUT", "/models/m/2.0/swap?to=1.0&overlap=true&synchronous=true")
+        done_at = len(load.answers)
+        wait_until(lambda: len(load.answers) >= done_at + 8, 30, "answers after the swap")
+    assert (reply.status, reply.json()["status"]) == (
+        200, "Model m swapped from 2.0 to 1.0: 2 worker(s) of 1.0 serve, and 1.0 is the default"
+        " version",
+    )  # fmt: skip
+    assert load.failures() == []
+    assert load.fewest_ready >= 2  # no dip in capacity
+    swap = _described(server, "1.0")["swap"]
+    assert (swap["state"], swap["overlap"], swap["workers"]) == ("done", True, {"2.0": 0, "1.0": 2})
+    assert budget < swap["peakMemoryBytes"] <= budget + one  # passed by one worker, no more
+    assert load.peak_bytes <= budget + load.biggest_worker
+    assert "(the budget passed by it until m:2.0's next worker is drained)" in swap["steps"][1]
+
+
 def test_a_version_being_unregistered_is_not_swapped(served: tuple[Server, int, int]) -> None:
     server, _budget, _one = served
-    release = server.run_dir / "scratch" / "m-2.0" / "release"
+    release = server.run_dir / "scratch" / "m-1.0" / "release-2"  # "release" is there
     holder = threading.Thread(
-        target=lambda: server.predict("m", {"hold": "release"}, version="2.0")
+        target=lambda: server.predict("m", {"hold": "release-2"}, version="1.0")
     )
     holder.start()
-    wait_until(lambda: any(w["state"] == "BUSY" for w in _described(server, "2.0")["workers"]),
-               30, "2.0's worker busy")  # fmt: skip
+    wait_until(lambda: any(w["state"] == "BUSY" for w in _described(server, "1.0")["workers"]),
+               30, "1.0's worker busy")  # fmt: skip
     deleted: list[int] = []
     deleter = threading.Thread(
-        target=lambda: deleted.append(server.manage("DELETE", "/models/m/2.0").status)
+        target=lambda: deleted.append(server.manage("DELETE", "/models/m/1.0").status)
     )
     deleter.start()  # its busy worker finishes first: the version is being unregistered
-    wait_until(lambda: _described(server, "2.0")["workers"] == [], 30, "2.0 stopping")
-    refused = server.manage("PUT", "/models/m/1.0/swap?to=2.0").json()
+    wait_until(lambda: _described(server, "1.0")["workers"] == [], 30, "1.0 stopping")
+    refused = server.manage("PUT", "/models/m/2.0/swap?to=1.0").json()
     assert (refused["code"], refused["message"]) == (
-        400, "model m:2.0 is being unregistered: it cannot be swapped"
+        400, "model m:1.0 is being unregistered: it cannot be swapped"
     )  # fmt: skip
     release.touch()
     holder.join(60)
@@ -296,8 +323,8 @@ def test_a_swap_interrupted_by_a_kill_resumes_at_the_next_start(
     """The snapshot is saved after each step: kill -9 mid-swap, start again, and the swap goes
     on from the worker counts it kept, to the same end (1.0 unregistered, as asked)."""
     server, _budget, _one = served
-    assert server.manage("POST", "/models?url=m-2.0.mar&initial_workers=0").status == 200
-    assert server.manage("PUT", "/models/m/1.0?min_worker=2&synchronous=true").status == 200
+    assert server.manage("POST", "/models?url=m-1.0.mar&initial_workers=2").status == 200
+    assert server.manage("PUT", "/models/m/1.0/set-default").status == 200
 
     def hold() -> None:
         with contextlib.suppress(OSError):  # the kill below answers it with a closed connection
