@@ -258,7 +258,8 @@ class Server:
             registry.on_change("snapshot", lambda: ts_snapshot.save(config, registry, "snapshot"))
             return
         path = config.run_path / SNAPSHOT_FILE
-        registry.on_change("snapshot", lambda: snapshot.save(registry, path))
+        router = self.router
+        registry.on_change("snapshot", lambda: snapshot.save(registry, path, router.to_json()))
         registry.changed()
 
     async def restore_snapshot(self) -> None:
@@ -267,6 +268,7 @@ class Server:
         if self.config.snapshot and not self.config.torchserve:
             path = self.config.run_path / SNAPSHOT_FILE
             await snapshot.restore(self.registry, path, self.load_failures)
+            self.router.restore(snapshot.load_traffic(path))
 
     async def load_startup_models(self, models: list[StartupModel]) -> None:
         async def one(m: StartupModel) -> None:

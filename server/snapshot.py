@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 
 
-def save(registry: Registry, path: Path) -> None:
+def save(registry: Registry, path: Path, traffic: dict[str, Any] | None = None) -> None:
     """Write what is registered, plus the snapshot entries that failed to restore at start
     (kept until the operator registers that name and version again or deletes it: a model whose
     archive was briefly unreadable must not vanish from the next start)."""
@@ -71,7 +71,18 @@ def save(registry: Registry, path: Path) -> None:
     swaps = registry.swaps.to_json()  # in-place swaps: a running one resumes at the next start
     if swaps:
         saved["swaps"] = swaps
+    if traffic:  # traffic policies and canaries by model name (server/rollouts/router.py)
+        saved["traffic"] = traffic
     write_json_atomic(path, saved)
+
+
+def load_traffic(path: Path) -> dict[str, Any]:
+    """The snapshot's traffic policies (server/rollouts/), put back once its models are."""
+    try:
+        traffic = json.loads(path.read_text()).get("traffic")
+    except (OSError, ValueError, AttributeError):
+        return {}  # load() said why
+    return traffic if isinstance(traffic, dict) else {}
 
 
 def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict[str, str]]:

@@ -16,6 +16,7 @@ from server.metrics.server_metrics import Metrics, MetricsAPI
 from server.models.registry import Registry
 from server.rest.inference import InferenceAPI
 from server.rest.management import ManagementAPI
+from server.rest.rollouts import RolloutAPI
 from server.rest.workflows import WorkflowAPI
 from server.rollouts.router import Router
 from server.tls import server_context
@@ -45,11 +46,12 @@ async def open_listeners(
     workflows = WorkflowAPI(
         Workflows(registry), config.enable_model_api, config.max_response_size_bytes
     )
+    rollouts = RolloutAPI(router) if router is not None else None  # /models/{m}/traffic ...
     routers = {
         "inference": InferenceAPI(
             registry, metrics, config.max_response_size_bytes, workflows, router
         ),
-        "management": ManagementAPI(registry, keys, config.enable_model_api, workflows),
+        "management": ManagementAPI(registry, keys, config.enable_model_api, workflows, rollouts),
         "metrics": MetricsAPI(metrics),
     }
     max_request = {

@@ -29,6 +29,7 @@ from server.operations import (
     unregister_model,
 )
 from server.rest.description import answer_description
+from server.rest.rollouts import RolloutAPI
 from server.rest.workflows import WorkflowAPI
 from server.weights import sbom
 
@@ -66,7 +67,7 @@ class ManagementAPI:
 
     def __init__(
         self, registry: Registry, keys: Keys | None, model_api: bool,
-        workflows: WorkflowAPI | None = None,
+        workflows: WorkflowAPI | None = None, rollouts: RolloutAPI | None = None,
     ) -> None:  # fmt: skip
         """``keys``: token authorization's keys (None: off), rotated by ``GET /token``.
         ``model_api``: whether registering and unregistering through the API is allowed
@@ -76,6 +77,7 @@ class ManagementAPI:
         self.keys = keys
         self.model_api = model_api
         self.workflows = workflows
+        self.rollouts = rollouts  # /models/{name}/traffic and /canary (server/rest/rollouts.py)
 
     def route(self, conn: Connection, req: Request) -> None:
         if answer_description("management", conn, req):
@@ -130,12 +132,17 @@ class ManagementAPI:
             version = parts[2] if len(parts) == 4 else None
             conn.answer_later(req, _json(reload_model(registry, parts[1], version)))
             return
+        if self.rollouts is not None and self.rollouts.manage(conn, req):
+            return
         if len(parts) not in (2, 3) or parts[0] != "models":
             raise req.not_found()
         name, version = parts[1], (parts[2] if len(parts) == 3 else None)
         method = req.allow("GET", "PUT", "DELETE")
         if method == "GET":
-            conn.answer_json(req, 200, describe(registry, name, version))
+            described = describe(registry, name, version)
+            if self.rollouts is not None:
+                described = self.rollouts.described(name, described)
+            conn.answer_json(req, 200, described)
         elif method == "PUT":
             conn.answer_later(req, _answer(scale_model(registry, name, version, req.query)))
         else:

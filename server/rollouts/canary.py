@@ -62,8 +62,10 @@ class _Window:
                 self.latencies[at] = latency_s
 
     def p99(self) -> float:
+        """The lower 99th percentile: below 100 answers, the second slowest, so that one
+        outlier (a page-in, a GC pause) in a small window breaches nothing."""
         ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+        return ordered[int(0.99 * (len(ordered) - 1))] if ordered else 0.0
 
     def ratio(self) -> float:
         return self.errors / self.count if self.count else 0.0
@@ -187,9 +189,9 @@ class Canary:
         canary, baseline = self._windows[plan.version], self._windows[plan.baseline]
         if canary.count < plan.min_requests:
             return None  # keep gathering: the windows go on until the canary has enough
-        if baseline.count >= plan.min_requests:
+        if baseline.count >= plan.min_requests or (self._baseline_ref is None and baseline.count):
             self._baseline_ref = (baseline.ratio(), baseline.p99())
-        ref_ratio, ref_p99 = self._baseline_ref or (baseline.ratio(), baseline.p99())
+        ref_ratio, ref_p99 = self._baseline_ref or (0.0, 0.0)
         ratio, p99 = canary.ratio(), canary.p99()
         self.judged += 1
         self._step_requests += canary.count

@@ -47,7 +47,14 @@ from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion
 from server.rollouts.canary import Canary
-from server.rollouts.policy import CanaryPlan, Policy, Sticky, parse_policy
+from server.rollouts.policy import (
+    CanaryPlan,
+    Policy,
+    Sticky,
+    parse_canary,
+    parse_policy,
+    parse_sticky,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +124,9 @@ class Router:
         self.metrics = metrics
         self._routes: dict[str, Route] = {}
         self._shadow_loader: Callable[[str, dict[str, Any]], Any] | None = None
-        registry.on_change("traffic policies", self._prune)
+        # versions seen registered: a new one whose model config has ``rollout:`` starts it
+        self._known: set[tuple[str, str]] = set()
+        registry.on_change("traffic policies", self._changed)
 
     # --- the request path ------------------------------------------------------------------
 
@@ -226,9 +235,7 @@ class Router:
         if route.policy.weights:
             route.split(route.policy.weights)
         else:  # the default version takes every request (the canary's, once promoted)
-            route.split(
-                ((plan.version if promoted else plan.baseline), 100.0),
-            )
+            route.split(((plan.version if promoted else plan.baseline, 100.0),))
         self.registry.changed()
 
     def _canary_saved(self) -> None:
@@ -245,6 +252,47 @@ class Router:
         if route.policy.empty:
             del self._routes[name]
         self.registry.changed()
+
+    def _changed(self) -> None:
+        self._prune()
+        self._roll_out_new()
+
+    def _roll_out_new(self) -> None:
+        """A version registered through the API whose model config has a ``rollout:`` section
+        (docs/rollouts.md) is rolled out as that section says: a canary over the default
+        version, and/or a sticky key. Startup and snapshot models are not (the snapshot has
+        their state)."""
+        registered = {(mv.name, mv.version): mv for mv in self.registry.all()}
+        self._known &= set(registered)
+        for key, mv in registered.items():
+            if key in self._known:
+                continue
+            self._known.add(key)
+            section = mv.model_yaml_config.get("rollout")
+            if section is None or mv.loaded_at_startup:
+                continue
+            try:
+                self._roll_out(mv.name, mv.version, section)
+            except BadRequest as exc:
+                log.error("the rollout: section of %s was not applied: %s", mv.label, exc.message)
+
+    def _roll_out(self, name: str, version: str, section: Any) -> None:
+        where = f"model config of {name}:{version}, rollout"
+        if not isinstance(section, dict) or not set(section) <= {"canary", "sticky"}:
+            raise BadRequest(f"{where}: expected an object with 'canary' and/or 'sticky'")
+        versions = list(self.registry.models.get(name, {}))
+        if section.get("sticky") is not None:
+            sticky = parse_sticky(section["sticky"], f"{where}.sticky")
+            self.set_policy(name, replace(self.policy(name), sticky=sticky))
+        canary = section.get("canary")
+        if canary is not None:
+            default = self.registry.defaults.get(name, version)
+            if default == version:
+                log.info("%s:%s is the default version: its rollout.canary has nothing to"
+                         " roll out over", name, version)  # fmt: skip
+                return
+            doc = {**canary, "version": version} if isinstance(canary, dict) else canary
+            self.start_canary(name, parse_canary(doc, versions, default, f"{where}.canary"))
 
     def _prune(self) -> None:
         """A registered version went away: out of the splits; a canary that named it ends."""
