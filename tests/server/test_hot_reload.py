@@ -185,16 +185,18 @@ def test_a_reload_of_an_unknown_model_is_a_404(served: tuple[Server, Path]) -> N
     assert reply.status == 404
 
 
-def test_a_model_without_workers_or_with_continuous_batching(
+def test_a_model_without_workers_with_continuous_batching_or_parallel(
     served: tuple[Server, Path], tmp_path: Path
 ) -> None:
     """Nothing to reload without a worker (the next one loads the files on disk); a model whose
-    workers run continuous batching is refused, naming what to do instead."""
+    workers run continuous batching, or a parallel one, is refused naming what to do instead."""
     server, handler = served
     store = handler.parent.parent
-    config = tmp_path / "config.yaml"
-    config.write_text("continuousBatching: true\n")
-    for name, extra in (("idle", ()), ("steps", ("--config-file", str(config)))):
+    steps, ranks = tmp_path / "steps.yaml", tmp_path / "ranks.yaml"
+    steps.write_text("continuousBatching: true\n")
+    ranks.write_text("parallelType: tp\ndeviceType: cpu\ntorchrun:\n  nproc-per-node: 2\n")
+    for name, extra in (("idle", ()), ("steps", ("--config-file", str(steps))),
+                        ("ranks", ("--config-file", str(ranks)))):  # fmt: skip
         out = subprocess.run(
             [ARCHIVER_SCRIPT, "--model-name", name, "--handler", "handler:Handler",
              "--model-path", str(HANDLERS / "hot_reload"), "--export-path", str(store),
@@ -214,6 +216,12 @@ def test_a_model_without_workers_or_with_continuous_batching(
     assert reply.json()["message"] == (
         "model steps:1.0 runs continuous batching, whose workers run their steps themselves:"
         " hot reload is not supported for it; restart its workers instead (scale to 0 and back)"
+    )
+    reply = server.manage("PUT", "/models/ranks/reload")
+    assert reply.status == 400, reply.body
+    assert reply.json()["message"] == (
+        "model ranks:1.0 is a parallel model (parallelType tp): hot reload is not supported for"
+        " its ranks; restart its workers instead (scale to 0 and back)"
     )
 
 
