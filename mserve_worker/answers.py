@@ -206,6 +206,7 @@ class MetricEntry:
     request_id: str | None
     dimensions: list[list[str]]
     type: str | None = None  # overrides the type the kind implies
+    cached: bool = False  # defined with add_metric_to_cache: no default dimensions added
 
 
 def parse_result_metrics(frame: Frame) -> tuple[float | None, list[MetricEntry]]:
@@ -248,6 +249,7 @@ def parse_result_metrics(frame: Frame) -> tuple[float | None, list[MetricEntry]]
                 request_id=request_id,
                 dimensions=_check_pairs(entry.get("dimensions", []), f"{where}.dimensions"),
                 type=metric_type,
+                cached=entry.get("cached") is True,
             )
         )
     return handler_ms, entries

@@ -180,9 +180,12 @@ class Metrics:
         dimensions: Iterable[Any] | None,
         request_id: str | None = None,
         metric_type: Any = None,
+        cached: bool = False,
     ) -> None:
         """Record one entry; ``metric_type`` (TorchServe's ``MetricTypes`` or its text) travels
-        as the entry's ``type`` only when given, so the server's own choice stays the default."""
+        as the entry's ``type`` only when given, so the server's own choice stays the default.
+        ``cached``: a metric defined with ``add_metric_to_cache``, which TorchServe gives no
+        dimension it did not name (the others get ``ModelName`` and ``Level`` on the server)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"metric name must be a non-empty str, got {name!r}")
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -208,6 +211,8 @@ class Metrics:
             "request_id": request_id,
             "dimensions": _dimension_pairs(name, dimensions),
         }
+        if cached:
+            entry["cached"] = True
         if metric_type is not None:
             type_name = _type_name(metric_type)
             if type_name not in METRIC_TYPES:
@@ -268,6 +273,7 @@ class CachedMetric:
             pairs,
             request_id or None,
             metric_type=self.metric_type,
+            cached=True,
         )
 
     def update(

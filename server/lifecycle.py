@@ -128,6 +128,7 @@ class Server:
             gpus=self.gpus.devices,
             auto_detect=config.model_metrics_auto_detect,
             system_metrics=not config.disable_system_metrics,
+            uuid_label=not config.torchserve,  # TorchServe 0.8's labels in its layout
         )
         self.registry = Registry(config, self.gpus, __version__, self.launcher, self.metrics)
         self.metrics.watch(self.registry.all, self.registry.residency)

@@ -189,9 +189,12 @@ class HandlerMetrics:
         dims.pop("Hostname", None)
         names = [name for name, _value in entry.dimensions if name != "Hostname"]
         # TorchServe's default dimensions, in its order; a declared metric gets those it
-        # declares (one its handler defined with add_metric_to_cache carries no others)
+        # declares, one its handler defined with add_metric_to_cache (declared or auto-detected)
+        # none it did not name, as TorchServe's cached metrics carry none
         declared = self.families.get(entry.name)
         for name, value in (("ModelName", model_name), ("Level", "Model")):
+            if entry.cached and declared is None:
+                break
             if name not in dims and (declared is None or name in declared.labels):
                 names.append(name)
                 dims[name] = value

@@ -94,12 +94,15 @@ class Metrics:
         gpus: Sequence[str] = (),
         auto_detect: bool = True,
         system_metrics: bool = True,
+        uuid_label: bool = True,
     ) -> None:
         """``config``: a metrics_config file's (None: TorchServe's default model_metrics,
         HandlerTime and PredictionTime). ``log_dir``: where ts_metrics.log and model_metrics.log
         are made at start (``log`` and ``legacy`` modes need it; TorchServe's log4j makes them
         in every mode). ``auto_detect``: keep handler metrics the config does not declare.
-        ``system_metrics``: measure the host each minute."""
+        ``system_metrics``: measure the host each minute. ``uuid_label``: the ``ts_inference_*``
+        counters carry TorchServe 0.7's ``uuid`` beside 0.8's ``hostname`` (mserve's layout, so
+        that queries written for either match); TorchServe's layout has 0.8's alone."""
         self.prom = CollectorRegistry()
         self.requests = Counter(
             "mserve_requests", "Inference requests answered", ["model", "version", "code"],
@@ -196,6 +199,7 @@ class Metrics:
         self.mode = mode
         self.hostname = hostname or socket.gethostname()
         self.uuid = str(uuid.uuid4())  # TorchServe labels its ts_* counters with one per start
+        self.uuid_label = uuid_label
         self.gpus = tuple(gpus)
         # Requests2XX, 4XX, 5XX (1XX and 3XX count as 5XX, as TorchServe counts them)
         self.statuses = [0.0, 0.0, 0.0]
@@ -581,13 +585,14 @@ class Metrics:
         out.only = self.frontend  # a metrics config's ts_metrics section picks frontend metrics
         models = list(self._models())
         host = self.hostname
-        ts_labels = ("uuid", "model_name", "model_version", "hostname")
+        first = 0 if self.uuid_label else 1  # TorchServe 0.8 dropped 0.7's uuid
+        ts_labels = ("uuid", "model_name", "model_version", "hostname")[first:]
         for index, name in enumerate(LEGACY_PROMETHEUS):
             rows = []
             for mv in models:
                 for named, counts in ((False, mv.stats.unnamed), (True, mv.stats.named)):
                     if counts[0] or counts[1]:
-                        labels = (self.uuid, mv.name, mv.stats.label(named), host)
+                        labels = (self.uuid, mv.name, mv.stats.label(named), host)[first:]
                         rows.append((labels, counts[index]))
             out.family(name, "counter", ("Count", "Microseconds", "Microseconds")[index],
                        ts_labels, rows)  # fmt: skip

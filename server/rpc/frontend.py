@@ -66,7 +66,11 @@ async def open_listeners(
     )  # fmt: skip
     opened = []
     for api, added in services.items():
-        guard = None if keys is None else TokenGuard(keys, api, api, exempt, registry.redact)
+        guard = (
+            None
+            if keys is None
+            else TokenGuard(keys, api, api, exempt, registry.redact, config.torchserve)
+        )
         listener = GrpcListener(api, added, guard, max_request[api], config.max_response_size_bytes)
         key = f"grpc_{api}_address"
         _, host, port = split_address(getattr(config, key), key)

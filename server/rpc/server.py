@@ -23,6 +23,10 @@ from server.rpc import status
 log = logging.getLogger(__name__)
 
 AddService = Callable[[aio.Server], None]
+# TorchServe's GRPCInterceptor refuses a missing or wrong key with PERMISSION_DENIED and this
+TORCHSERVE_REFUSAL = (
+    "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
+)
 
 
 class TokenGuard(aio.ServerInterceptor):
@@ -30,17 +34,20 @@ class TokenGuard(aio.ServerInterceptor):
     Bearer <key>`` metadata must carry the live key of ``kind``; ``exempt`` methods (probes,
     full names such as ``/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping``) need
     none. A refusal is UNAUTHENTICATED with REST's 401 message, server paths redacted as in
-    every answer (``redact``: server/redaction.py)."""
+    every answer (``redact``: server/redaction.py); in TorchServe's layout (``torchserve``) it
+    is TorchServe's PERMISSION_DENIED "Token Authorization failed. ...", REST's message after
+    it (its GRPCInterceptor's words, which its clients and tests match)."""
 
     def __init__(
         self, keys: Keys, kind: str, api: str, exempt: frozenset[str],
-        redact: Callable[[str], str],
+        redact: Callable[[str], str], torchserve: bool = False,
     ) -> None:  # fmt: skip
         self.keys = keys
         self.kind = kind
         self.realm = f"mserve {api} API"
         self.exempt = exempt
         self.redact = redact
+        self.torchserve = torchserve
 
     async def intercept_service(
         self,
@@ -54,6 +61,9 @@ class TokenGuard(aio.ServerInterceptor):
         try:
             self.keys.check(self.kind, bearer(sent if isinstance(sent, str) else None), self.realm)
         except Unauthorized as exc:
+            if self.torchserve:
+                text = f"{TORCHSERVE_REFUSAL} ({self.redact(exc.message)})"
+                return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, text)
             return _refusal(handler, status.code_of(exc), self.redact(exc.message))
         return handler
 

@@ -8,7 +8,8 @@ folder (tests/server/test_torchserve_layout.py's harness), answers over REST and
 - a startup model whose handler cannot load stays registered, retried, then failed: 503
   naming the error;
 - ``GET /models`` entries have TorchServe's two keys;
-- the model API's refusal over gRPC is TorchServe's ``PERMISSION_DENIED`` "Model API disabled";
+- the model API's refusal over gRPC is TorchServe's ``PERMISSION_DENIED`` "Model API disabled",
+  and so is a wrong key's ("Token Authorization failed. ...");
   a registration URL holding ``..`` is its 404 "Relative path is not allowed in url: ...".
 """
 
@@ -39,12 +40,14 @@ def ts_dir(layout_ts_dir: TorchServeDir) -> TorchServeDir:  # noqa: F811
     return layout_ts_dir
 
 
-def _grpc_error(ts_dir: TorchServeDir, method: str, request: object) -> tuple[Code, str]:
+def _grpc_error(
+    ts_dir: TorchServeDir, method: str, request: object, key: str | None = None
+) -> tuple[Code, str]:
     with grpc.insecure_channel(ts_dir.status["grpc_management"]) as channel:
         stub = management_pb2_grpc.ManagementAPIsServiceStub(channel)
-        key = [("authorization", f"Bearer {ts_dir.key('management')}")]
+        sent = [("authorization", f"Bearer {key or ts_dir.key('management')}")]
         with pytest.raises(grpc.RpcError) as err:
-            getattr(stub, method)(request, metadata=key, timeout=TIMEOUT_S)
+            getattr(stub, method)(request, metadata=sent, timeout=TIMEOUT_S)
     return err.value.code(), err.value.details()
 
 
@@ -85,6 +88,11 @@ def test_startup_failures_and_a_snapshot_whose_archive_is_gone(
     assert _grpc_error(
         ts_dir, "UnregisterModel", mpb.UnregisterModelRequest(model_name="echo")
     ) == (Code.PERMISSION_DENIED, "Model API disabled")
+    # a wrong key: TorchServe's GRPCInterceptor's PERMISSION_DENIED and words (its
+    # test_gRPC_token_authorization matches them), ours after them
+    assert _grpc_error(ts_dir, "ListModels", mpb.ListModelsRequest(), key="incorrect-token") == (
+        Code.PERMISSION_DENIED, "Token Authorization failed. Token either incorrect, expired, or"
+        " not provided correctly (the key sent is not the management key)")  # fmt: skip
     assert ts_dir.command("--stop", "--foreground").returncode == 0
 
     # test_replace_mar_file_with_dummy: an archive replaced by junk does not stop the start

@@ -111,7 +111,7 @@ def test_log_mode_is_the_default_and_writes_both_files(ts_dir: TorchServeDir) ->
 PROMETHEUS_PATTERNS = [
     r"TYPE Requests2XX counter",
     r'Requests2XX\{Level="Host",Hostname=".+",\} \d+\.\d+',
-    r'ts_inference_requests_total\{uuid=".+",model_name="custom",model_version="default",hostname=".+",\} \d+\.\d+',
+    r'ts_inference_requests_total\{model_name="custom",model_version="default",hostname=".+",\} \d+\.\d+',
     r'QueueTime\{Level="Host",Hostname=".+",\} \d+\.\d+',
     r'WorkerLoadTime\{WorkerName=".+",Level="Host",Hostname=".+",\} \d+\.\d+',
     r'CPUUtilization\{Level="Host",Hostname=".+",\} \d+\.\d+',
@@ -163,6 +163,8 @@ def test_prometheus_mode_with_auto_detected_metrics(ts_dir: TorchServeDir) -> No
         r'ExamplePercentMetric_sum\{ModelName="custom",Level="Model",Hostname=".+",\} \d+\.\d+',
         r'ExamplePercentMetric_count\{ModelName="custom",Level="Model",Hostname=".+",\} \d+\.\d+',
         r'PredictionTime\{ModelName="custom",Level="Model",Hostname=".+",\} \d+\.\d+',
+        # defined with add_metric_to_cache and no dimensions: none added (TorchServe's pattern)
+        r'InferenceRequestCount\{Hostname=".+",\} \d+\.\d+',
     ]:  # fmt: skip
         assert len(re.findall(pattern, text)) == 1, pattern
     assert names_in(ts_dir.root / "logs" / "model_metrics.log", BACKEND + AUTO_DETECT) == []
