@@ -211,6 +211,7 @@ async def register_model(registry: Registry, params: Mapping[str, str]) -> Outco
         ),
         inference_log_redact=_names(params.get("inference_log_redact")),
         archive_signatures=params.get("archive_signatures") or None,
+        weights_scan=params.get("weights_scan") or None,
         # TorchServe's layout: no initial_workers and none in the archive starts none
         workers_default=0 if registry.config.torchserve else None,
     )

@@ -74,6 +74,7 @@ class RegisterRequest:
     inference_log_redact: tuple[str, ...] | None = None
     # a stricter archive_signatures than the server's (server/signatures.py)
     archive_signatures: str | None = None
+    weights_scan: str | None = None  # a stricter weights_scan (server/weights/policy.py)
     # min and max workers when neither the request nor the archive names them (TorchServe's
     # layout: 0 for a registration through the API); None: the config's models entry, then
     # default_workers_per_model
@@ -327,7 +328,7 @@ class Registry:
             return await weights_policy.admit(
                 unpacked.model_dir, unpacked.sha256, cache, settings, self.config.weights_scan,
                 self.config.model_entry(name, version), unpacked.model_config,
-                f"{name}:{version}", counter,
+                f"{name}:{version}", counter, request.weights_scan,
             )  # fmt: skip
         except UnsafeWeights:
             if all(mv.model_dir != unpacked.model_dir for mv in self.all()):

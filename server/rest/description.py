@@ -427,6 +427,8 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
                    "comma-separated key names or JSON pointers to redact"),
             _query("archive_signatures", {"type": "string", "enum": ["off", "warn", "require"]},
                    "check the archive's signature; only stricter than the server's"),
+            _query("weights_scan", {"type": "string", "enum": ["off", "warn", "require"]},
+                   "scan pickled weights for code; only stricter than the server's"),
         ]),
     },
     "/models/{model_name}": {

@@ -25,6 +25,7 @@ from server.weights.scan import CACHE_SUFFIX, WeightsScan, cached_scan, keep
 log = logging.getLogger(__name__)
 
 SETTING = "weightsScan"  # the model config's and the models entry's name
+_WHERE = {"models": "models entry", "archive": "model config", "api": "registration"}
 
 
 class Counter(Protocol):
@@ -33,25 +34,28 @@ class Counter(Protocol):
     def labels(self, *values: str) -> Any: ...
 
 
-def strictest(server: str, entry: Any, archive: Any, label: str) -> tuple[str, str]:
-    """The effective mode and where it came from (server, models or archive)."""
+def strictest(
+    server: str, entry: Any, archive: Any, label: str, api: Any = None
+) -> tuple[str, str]:
+    """The effective mode and where it came from (server, models, archive or api: the
+    registration's ``weights_scan`` parameter)."""
     mode, source = server, "server"
-    for value, where in ((entry, "models"), (archive, "archive")):
+    for value, where in ((entry, "models"), (archive, "archive"), (api, "api")):
         if value is None:
             continue
         if value is False:  # YAML reads a bare off as false
             value = "off"
         if not isinstance(value, str) or value.strip().lower() not in MODES:
+            name = "weights_scan" if where == "api" else SETTING
             raise InvalidModel(
-                f"model {label}: {SETTING} should be one of {', '.join(MODES)}, found {value!r}"
+                f"model {label}: {name} should be one of {', '.join(MODES)}, found {value!r}"
             )
         value = value.strip().lower()
         if MODES.index(value) > MODES.index(mode):
             mode, source = value, where
         elif MODES.index(value) < MODES.index(mode):
             log.info("model %s: %s %s in its %s is weaker than %s; %s applies", label, SETTING,
-                     value, "model config" if where == "archive" else "models entry", mode,
-                     mode)  # fmt: skip
+                     value, _WHERE[where], mode, mode)  # fmt: skip
     return mode, source
 
 
@@ -113,10 +117,12 @@ def discard_unpacked(model_dir: Path, cache: Path) -> None:
 async def admit(
     model_dir: Path, digest: str | None, cache: Path, settings: Any, server_mode: str,
     entry: Any, model_config: dict[str, Any], label: str, counter: Counter | None,
+    api: str | None = None,
 ) -> tuple[Any, WeightsScan | None]:  # fmt: skip
-    """The registration's step: the effective mode (``entry``: the models entry, or None),
-    then :func:`check`. Returns the settings with the mode, and the scan (None when off)."""
+    """The registration's step: the effective mode (``entry``: the models entry, or None;
+    ``api``: the registration's ``weights_scan``), then :func:`check`. Returns the settings
+    with the mode, and the scan (None when off)."""
     entry_value = entry.get(SETTING) if entry is not None else None
-    mode, source = strictest(server_mode, entry_value, model_config.get(SETTING), label)
+    mode, source = strictest(server_mode, entry_value, model_config.get(SETTING), label, api)
     scan = await check(model_dir, digest, cache, mode, label, counter)
     return settings_with_mode(settings, mode, source), scan

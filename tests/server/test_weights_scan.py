@@ -125,6 +125,23 @@ def test_require_refuses_before_any_worker_and_leaves_nothing(setup) -> None:
     assert not [line for line in log if "strict:1.0" in line and "worker" in line]
 
 
+def test_a_registration_can_only_make_it_stricter(setup) -> None:
+    server, _store, marker = setup
+    reply = server.manage("POST", "/models?url=zipped.mar&weights_scan=require")
+    assert reply.status == 400
+    assert (
+        "model zipped:1.0: weights that would run code when loaded: evil.pt imports"
+        in (reply.json()["message"])
+    )
+    reply = server.manage("POST", "/models?url=zipped.mar&weights_scan=never")
+    assert reply.status == 400
+    assert reply.json()["message"] == (
+        "model zipped:1.0: weights_scan should be one of off, warn, require, found 'never'"
+    )
+    assert server.manage("POST", "/models?url=strict.mar&weights_scan=off").status == 400
+    assert not marker.exists()
+
+
 def test_a_model_config_cannot_weaken_the_policy(setup) -> None:
     server, _store, marker = setup
     reply = server.manage("POST", "/models?url=weaker.mar")  # weightsScan off in its config
@@ -198,12 +215,20 @@ def test_weights_only_opt_out_is_checked() -> None:
 
 def test_flagged_files_are_counted_by_verdict(setup) -> None:
     server, _store, _marker = setup
-    server.manage("POST", "/models?url=strict.mar")  # refused again: counted again
-    text = http("GET", server.url("metrics", "/metrics")).body.decode()
-    rows = [line for line in text.splitlines() if line.startswith("mserve_weights_flagged")]
-    assert ('mserve_weights_flagged_files_total{action="refused",model="strict",verdict="dangerous",'
-            'version="1.0"} 2.0') in rows  # fmt: skip
-    assert any('model="lenient"' in r and 'action="warned"' in r for r in rows)
+    refused = ('mserve_weights_flagged_files_total{action="refused",model="strict",'
+               'verdict="dangerous",version="1.0"}')  # fmt: skip
+
+    def rows() -> dict[str, float]:
+        text = http("GET", server.url("metrics", "/metrics")).body.decode()
+        pairs = (line.rsplit(" ", 1) for line in text.splitlines()
+                 if line.startswith("mserve_weights_flagged_files_total"))  # fmt: skip
+        return {name: float(value) for name, value in pairs}
+
+    before = rows().get(refused, 0.0)
+    assert server.manage("POST", "/models?url=strict.mar").status == 400
+    after = rows()
+    assert after[refused] == before + 1  # each refusal counts its flagged file
+    assert any('model="lenient"' in r and 'action="warned"' in r for r in after)
 
 
 def test_verdicts_of_files(tmp_path: Path) -> None:
@@ -225,5 +250,6 @@ def test_stricter_only() -> None:
     assert strictest("warn", "require", None, "m:1") == ("require", "models")
     assert strictest("require", None, "off", "m:1") == ("require", "server")
     assert strictest("off", None, "warn", "m:1") == ("warn", "archive")
+    assert strictest("warn", None, None, "m:1", api="require") == ("require", "api")
     with pytest.raises(Exception, match="m:1: weightsScan should be one of off, warn, require"):
         strictest("warn", None, "never", "m:1")
