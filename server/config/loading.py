@@ -17,7 +17,12 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from server.config.addresses import ADDRESS_KEYS, GRPC_ADDRESS_KEYS, grpc_tls, split_address
 from server.config.entries import parse_model_entries
-from server.config.model_settings import BATCH_WAITS, INFERENCE_LOG_MODES, WEIGHTS_SCAN_MODES
+from server.config.model_settings import (
+    BATCH_WAITS,
+    INFERENCE_LOG_MODES,
+    SIGNATURE_POLICIES,
+    WEIGHTS_SCAN_MODES,
+)
 from server.config.server_config import ServerConfig
 from server.errors import ConfigError
 from server.tracing.settings import trace_settings
@@ -70,7 +75,7 @@ _CHOICES = {
     "inference_log": INFERENCE_LOG_MODES,
     "weights_scan": WEIGHTS_SCAN_MODES,
     "service_envelope": ("", "kserve", "kservev2", "json", "body"),
-    "archive_signatures": ("off", "warn", "require"),
+    "archive_signatures": SIGNATURE_POLICIES,
 }
 
 

@@ -28,6 +28,7 @@ SEQUENCE_HEADERS = (
 )
 INFERENCE_LOG_MODES = ("off", "request", "response", "all")  # KServe's logger modes, and off
 WEIGHTS_SCAN_MODES = ("off", "warn", "require")  # weakest first (server/weights/policy.py)
+SIGNATURE_POLICIES = ("off", "warn", "require")  # weakest first (server/signatures.py)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,10 @@ SETTINGS = (
     # config can only make it stricter
     Setting("weightsScan", "weights_scan", "weights_scan", "choice", entry=True,
             choices=WEIGHTS_SCAN_MODES),
+    # archive signatures checked before unpacking (server/signatures.py): the registration's
+    # parameter, a models entry and a snapshot's record can only make it stricter
+    Setting("archiveSignatures", "archive_signatures", "archive_signatures", "choice",
+            request="archive_signatures", entry=True, choices=SIGNATURE_POLICIES),
 )  # fmt: skip
 ENTRY_SETTINGS = tuple(s for s in SETTINGS if s.entry)
 # TorchServe's parallelType values (ModelConfig.ParallelType): pp, tp and pptp start each worker
@@ -230,6 +235,7 @@ class ModelSettings:
     inference_log_file: bool = True
     inference_log_redact: tuple[str, ...] = ()
     weights_scan: str = "warn"  # off, warn, require (server/weights/policy.py)
+    archive_signatures: str = "off"  # the policy its archive was checked under (signatures.py)
     # parallelType, parallelLevel, torchrun: the archive's model config alone sets them
     parallel: Parallel = Parallel()
     sources: dict[str, str] = field(default_factory=dict)

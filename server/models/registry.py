@@ -182,8 +182,9 @@ class Registry:
 
     async def register(self, request: RegisterRequest) -> ModelVersion:
         cfg = self.config
-        policy = self.signatures.policy_for(request.archive_signatures)
-        verify = self.signatures.checker(policy, request.url)
+        verify = self.signatures.checker(
+            request.archive_signatures, request.model_name, request.url, request.at_startup
+        )
         if is_remote(request.url):
             with self.downloader.tracking(
                 request.url, request.model_name, request.at_startup
@@ -204,6 +205,7 @@ class Registry:
         )
         parallel = parallel_settings(unpacked.model_config, f"{name}:{version}")
         settings = replace(settings, parallel=parallel)
+        settings = self.signatures.applied(settings, unpacked.signature)
         settings, weights = await self._check_weights(request, unpacked, settings, name, version)
         if parallel.broadcast and parallel.ranks > 1 and settings.continuous_batching:
             raise InvalidModel(

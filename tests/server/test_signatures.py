@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import re
 import subprocess
 import threading
 import zipfile
@@ -64,7 +65,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, P
     root = tmp_path_factory.mktemp("signatures")
     alice = key_pair(root, "alice")
     cfg = _config(root, archive_signatures="warn", trusted_signers=[str(alice.public)],
-                  allowed_urls=[r"http://127\.0\.0\.1:[0-9]+/.*"])  # fmt: skip
+                  allowed_urls=[r"http://127\.0\.0\.1:[0-9]+/.*"],
+                  models={"strict": {"1.0": {"archiveSignatures": "require"}}})  # fmt: skip
     args = ["--config", str(cfg), "--run-dir", str(root / "run")]
     out = subprocess.run([MSERVE, "--start", *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -95,15 +97,27 @@ def _on_disk(root: Path) -> set[str]:
     return found
 
 
+def _refusals(server: Server) -> dict[str, float]:
+    """mserve_archive_signature_failures_total{action="refused"} by reason, from /metrics."""
+    with urlopen(server.url("metrics", "/metrics"), timeout=10) as answer:
+        text = answer.read().decode()
+    pattern = r'mserve_archive_signature_failures_total\{action="refused",reason="(\w+)"\} (\S+)'
+    return {reason: float(value) for reason, value in re.findall(pattern, text)}
+
+
 def _register(server: Server, url: str, policy: str | None = None) -> Any:
     query = f"/models?url={url}&initial_workers=1&synchronous=true"
     return server.manage("POST", query + (f"&archive_signatures={policy}" if policy else ""))
 
 
-def _signature(server: Server, name: str) -> dict[str, Any]:
+def _described(server: Server, name: str) -> dict[str, Any]:
     reply = server.manage("GET", f"/models/{name}")
     assert reply.status == 200, reply.body
-    return reply.json()[0]["signature"]
+    return reply.json()[0]
+
+
+def _signature(server: Server, name: str) -> dict[str, Any]:
+    return _described(server, name)["signature"]
 
 
 def test_a_signed_archive_loads_and_describe_names_its_signer(served: Any) -> None:
@@ -117,6 +131,25 @@ def test_a_signed_archive_loads_and_describe_names_its_signer(served: Any) -> No
     assert shown["signer"].startswith(f"the key {alice.public} (sha256:")
     assert shown["verifiedAt"].endswith("Z")
     assert server.predict("good", "hello").body == b"hello"
+    described = _described(server, "good")
+    assert described["archiveSignatures"] == "require"
+    assert described["settingSources"]["archive_signatures"] == "api"
+
+
+def test_a_models_entry_can_require_signatures_for_one_model(served: Any) -> None:
+    server, root, alice = served
+    _archive(root, "strict")
+    reply = _register(server, "strict.mar")
+    assert reply.status == 403, reply.body
+    assert "strict.mar is not signed" in reply.json()["message"]
+    _archive(root, "strict", "--sign", str(alice.private))
+    reply = _register(server, "strict.mar")
+    assert reply.status == 200, reply.body
+    described = _described(server, "strict")
+    assert described["signature"]["status"] == "verified"
+    assert (described["archiveSignatures"], described["settingSources"]["archive_signatures"]) == (
+        "require", "models",
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(("how", "member", "words"), [
@@ -153,6 +186,7 @@ def test_unsigned_and_untrusted_archives_are_refused_under_require(served: Any) 
     mallory = key_pair(root, "mallory")
     other = _archive(root, "other", "--sign", str(mallory.private))
     before = _on_disk(root)
+    before_refusals = _refusals(server)
     reply = _register(server, "plain.mar", "require")
     assert reply.status == 403, reply.body
     assert "plain.mar is not signed (no MAR-INF/signature.sigstore.json)" in reply.json()["message"]
@@ -180,14 +214,11 @@ def test_unsigned_and_untrusted_archives_are_refused_under_require(served: Any) 
     reply = _register(server, "other.mar", "off")
     assert reply.status == 400
     assert "archive_signatures=off is weaker than the server's warn" in reply.json()["message"]
-    with urlopen(server.url("metrics", "/metrics"), timeout=10) as answer:
-        metrics = answer.read().decode()
-    assert 'mserve_archive_signature_failures_total{action="refused",reason="unsigned"} 1.0' in (
-        metrics
-    )
-    assert 'mserve_archive_signature_failures_total{action="refused",reason="untrusted"} 2.0' in (
-        metrics
-    )
+    after = _refusals(server)
+    grown = {k: after[k] - before_refusals.get(k, 0) for k in after}
+    assert {k: v for k, v in grown.items() if v} == {
+        "unsigned": 1, "untrusted": 2, "invalid": 1,
+    }  # fmt: skip
 
 
 def test_a_tampered_folder_is_read_at_registration(served: Any) -> None:

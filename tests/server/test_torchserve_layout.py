@@ -391,7 +391,8 @@ def test_a_torchserve_snapshot_starts_mserve_and_mserves_starts_it_again(
     props = {k: p.value for k, p in parse_properties(shutdown.read_text(), shutdown).items()}
     state = json.loads(props["model_snapshot"])
     assert state["modelCount"] == 1 and state["name"] == shutdown.name
-    mserve_only = {"startupTimeout": None, "batchWait": None, "weightsScan": None}
+    mserve_only = {"startupTimeout": None, "batchWait": None, "weightsScan": None,
+                   "archiveSignatures": None}  # fmt: skip
     assert state["models"]["echo"]["1.0"] | mserve_only == {
         "defaultVersion": True, "marName": "echo.mar", "minWorkers": 2, "maxWorkers": 2,
         "batchSize": 1, "maxBatchDelay": 100, "responseTimeout": 120, "runtimeType": "python",

@@ -472,6 +472,7 @@ def test_every_setting_a_snapshot_writes_is_read_back_and_restored_as_registered
         "minWorkers": 0, "maxWorkers": 3, "batchSize": 4, "maxBatchDelay": 20,
         "responseTimeout": 30, "startupTimeout": 90, "batchWait": "fill",
         "weightsScan": "warn",  # a restore can only make it stricter (server/weights/policy.py)
+        "archiveSignatures": "off",  # the same (server/signatures.py)
     }  # fmt: skip
     snapshot = {"models": {"m": {"1.0": {"marName": "m.mar", **written}}}}
     (entry,) = parse_model_entries(snapshot, "model_snapshot", "snap.cfg")
@@ -479,6 +480,7 @@ def test_every_setting_a_snapshot_writes_is_read_back_and_restored_as_registered
     assert request_fields(entry.get) == {
         "initial_workers": 0, "max_workers": 3, "batch_size": 4, "max_batch_delay_ms": 20,
         "response_timeout_s": 30.0, "startup_timeout_s": 90.0, "batch_wait": "fill",
+        "archive_signatures": "off",
     }  # fmt: skip
     with pytest.raises(ConfigError) as info:
         parse_model_entries({"m": {"1.0": {"batchWait": "soon"}}}, "models", "cfg")
