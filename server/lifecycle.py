@@ -45,6 +45,7 @@ from server.models import watch
 from server.models.registry import RegisterRequest, Registry
 from server.rest import frontend as rest_frontend
 from server.rollouts.router import Router
+from server.rollouts.shadow import Shadows
 from server.rundir import (
     LOCK_FILE,
     PID_FILE,
@@ -135,6 +136,8 @@ class Server:
         # which version answers a request (server/rollouts/): before the snapshot's listener,
         # so a version that goes is out of the splits before the snapshot is saved
         self.router = Router(self.registry, self.metrics)
+        # a share of a model's traffic shadowed onto another version (server/rollouts/shadow.py)
+        self.shadows = Shadows(self.router, self.registry, self.metrics)
         if config.certificate_file:
             not_after = certificate_not_after(config.certificate_file)
             if not_after is not None:

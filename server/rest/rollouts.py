@@ -3,9 +3,12 @@
 - ``GET | PUT | DELETE /models/{name}/traffic``: the split between versions and the sticky key
   (``PUT`` takes a JSON body ``{"weights": {...}, "sticky": {...}}``);
 - ``GET | POST | DELETE /models/{name}/canary``: a canary rollout (``POST`` takes the plan as a
-  JSON body), ``PUT /models/{name}/canary/{pause|resume|promote|abort}``.
+  JSON body), ``PUT /models/{name}/canary/{pause|resume|promote|abort}``;
+- ``GET | PUT | DELETE /models/{name}/shadow``: the shadow onto another version (``PUT`` takes
+  its settings as a JSON body; ``GET`` adds the kept differing pairs; server/rollouts/shadow.py).
 
-``traffic`` and ``canary`` in the third segment are these paths, not versions of that name.
+``traffic``, ``canary`` and ``shadow`` in the third segment are these paths, not versions of
+that name.
 """
 
 from __future__ import annotations
@@ -49,6 +52,14 @@ class RolloutAPI:
         elif what == "canary":
             req.allow("PUT")
             answer = control.canary_action(router, name, parts[3])
+        elif what == "shadow" and len(parts) == 3 and router.shadows is not None:
+            method = req.allow("GET", "PUT", "DELETE")  # server/rollouts/shadow.py
+            if method == "GET":
+                answer = router.shadows.inspect(name)
+            elif method == "PUT":
+                answer = router.shadows.put(name, _body(req))
+            else:
+                answer = router.shadows.delete(name)
         else:
             return False
         conn.answer_json(req, 200, answer)

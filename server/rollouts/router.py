@@ -55,6 +55,7 @@ from server.rollouts.policy import (
     parse_policy,
     parse_sticky,
 )
+from server.rollouts.shadow_settings import ShadowControl
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,8 @@ class Router:
         self.metrics = metrics
         self._routes: dict[str, Route] = {}
         self._shadow_loader: Callable[[str, dict[str, Any]], Any] | None = None
+        # server/rollouts/shadow.py's Shadows, which sets itself here (REST, rollout.shadow)
+        self.shadows: ShadowControl | None = None
         # versions seen registered: a new one whose model config has ``rollout:`` starts it
         self._known: set[tuple[str, str]] = set()
         registry.on_change("traffic policies", self._changed)
@@ -278,12 +281,20 @@ class Router:
 
     def _roll_out(self, name: str, version: str, section: Any) -> None:
         where = f"model config of {name}:{version}, rollout"
-        if not isinstance(section, dict) or not set(section) <= {"canary", "sticky"}:
-            raise BadRequest(f"{where}: expected an object with 'canary' and/or 'sticky'")
+        if not isinstance(section, dict) or not set(section) <= {"canary", "sticky", "shadow"}:
+            raise BadRequest(f"{where}: expected an object with 'canary', 'sticky' and/or 'shadow'")
         versions = list(self.registry.models.get(name, {}))
         if section.get("sticky") is not None:
             sticky = parse_sticky(section["sticky"], f"{where}.sticky")
             self.set_policy(name, replace(self.policy(name), sticky=sticky))
+        shadow = section.get("shadow")  # this version shadows the default's requests
+        if shadow is not None and self.shadows is not None:
+            if self.registry.defaults.get(name, version) == version:
+                log.info("%s:%s is the default version: its rollout.shadow has nothing to"
+                         " shadow", name, version)  # fmt: skip
+            else:
+                doc = {**shadow, "version": version} if isinstance(shadow, dict) else shadow
+                self.shadows.set(name, doc, f"{where}.shadow")
         canary = section.get("canary")
         if canary is not None:
             default = self.registry.defaults.get(name, version)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from server.compare import CompareOptions
 from server.errors import BadRequest
@@ -18,6 +18,20 @@ SHADOW_FIELDS = frozenset(
 MAX_QUEUE = 10_000
 MAX_CONCURRENCY = 256
 MAX_SAMPLES = 200
+
+
+class ShadowControl(Protocol):
+    """What the router (a model config's ``rollout.shadow``) and the management API (server/
+    rest/rollouts.py) call on server/rollouts/shadow.py's ``Shadows``; each raises BadRequest
+    naming a bad field, ModelNotFound or PathNotFound."""
+
+    def set(self, name: str, doc: Any, where: str = "body") -> Any: ...
+
+    def inspect(self, name: str) -> dict[str, Any]: ...
+
+    def put(self, name: str, doc: Any) -> dict[str, Any]: ...
+
+    def delete(self, name: str) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
