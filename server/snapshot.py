@@ -56,6 +56,10 @@ def save(registry: Registry, path: Path, traffic: dict[str, Any] | None = None) 
                 "idle_unload_s": s.idle_unload_s
                 if s.sources.get("idle_unload_s") == "api"
                 else None,
+                # a stricter archive_signatures the registration asked for (server/signatures.py)
+                "archive_signatures": s.archive_signatures
+                if s.sources.get("archive_signatures") == "api"
+                else None,
                 "trusted": mv.trusted,
                 "sha256": mv.archive_sha256,
                 # inference logging set through the registration (inference_log, ...)
@@ -110,6 +114,7 @@ def load(path: Path) -> tuple[list[tuple[RegisterRequest, dict[str, Any]]], dict
                 initial_workers=m.get("min_workers"),
                 max_workers=m.get("max_workers"),
                 idle_unload_s=m.get("idle_unload_s"),
+                archive_signatures=m.get("archive_signatures"),
                 trusted=bool(m.get("trusted")),
                 at_startup=True,
                 sha256=m.get("sha256"),

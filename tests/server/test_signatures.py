@@ -134,6 +134,10 @@ def test_a_signed_archive_loads_and_describe_names_its_signer(served: Any) -> No
     described = _described(server, "good")
     assert described["archiveSignatures"] == "require"
     assert described["settingSources"]["archive_signatures"] == "api"
+    # the snapshot keeps it, so a restart checks the archive as strictly
+    snapshot = json.loads((root / "run" / "snapshot.json").read_text())
+    (entry,) = [m for m in snapshot["models"] if m["name"] == "good"]
+    assert entry["archive_signatures"] == "require"
 
 
 def test_a_models_entry_can_require_signatures_for_one_model(served: Any) -> None:
