@@ -6,6 +6,7 @@ nothing unpickled them (not the scan, not a worker)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pickle
@@ -244,6 +245,12 @@ def test_verdicts_of_files(tmp_path: Path) -> None:
     legacy = scan_file(tmp_path / "legacy.pt", "legacy.pt")
     assert (legacy.verdict, legacy.dangerous) == ("dangerous", ("posix.system",))
     assert not marker.exists()
+    # a pickle that breaks off after naming globals: what follows cannot be vouched for
+    whole = pickle.dumps(collections.OrderedDict(a=1), protocol=2)
+    (tmp_path / "cut.pkl").write_bytes(whole[:-3])
+    cut = scan_file(tmp_path / "cut.pkl", "cut.pkl")
+    assert cut.verdict == "unscannable"
+    assert cut.reason() == "cut.pkl could not be read to its end as a pickle"
 
 
 def test_stricter_only() -> None:
