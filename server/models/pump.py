@@ -229,6 +229,9 @@ class BatchPump:
             live = [j for j in jobs if not j.future.done()]
             if not live:
                 continue
+            if worker.held:  # it began a hot reload's prepare meanwhile: another worker runs them
+                queue.requeue(live)
+                continue
             if not send(live):
                 await worker.kill()
                 pipe.lose(send_failed)

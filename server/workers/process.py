@@ -99,6 +99,9 @@ class Worker:
         self.concurrent = False  # it runs the batches it is sent at once (READY's concurrent)
         # the code its handler runs, {"digest", "files"}: READY's, then each reload's commit
         self.code: dict[str, Any] | None = None
+        # while it prepares a hot reload: no new batch is sent to it (the other workers take
+        # the queue); done when it has prepared
+        self._held: asyncio.Future[None] | None = None
         # how the worker confined itself (mserve_worker/confine.py): what was applied, or why
         # nothing was; None until it is ready, or when the sandbox is off
         self.sandbox: dict[str, Any] | None = None
@@ -440,13 +443,17 @@ class Worker:
 
     async def reload_step(self, reload_id: int, step: str, timeout_s: float) -> protocol.Reloaded:
         """One step of a hot reload of the handler's code (server/models/reload.py): sent in
-        turn with the batches, so the worker runs it after those already sent and before the
-        next. A worker that is lost, breaks the protocol or takes longer than ``timeout_s``
-        raises :class:`WorkerDied` (killed: its slot restarts it with the code on disk)."""
+        turn with the batches, so the worker runs it after those already sent; while it
+        prepares, it is sent no new batch (the other workers serve the queue). A worker that
+        is lost, breaks the protocol or takes longer than ``timeout_s`` raises
+        :class:`WorkerDied` (killed: its slot restarts it with the code on disk)."""
         channel = self._channel
         if channel is None or channel.closed:
             raise WorkerDied(f"worker {self.id} of {self.model_label} is gone")
         frame = protocol.reload_frame(reload_id, step)
+        held = None
+        if step == protocol.PREPARE and self._held is None:  # it runs what it has, then this
+            held = self._held = asyncio.get_running_loop().create_future()
         pending = channel.submit(reload_id, frame, 0, timeout_s)
         try:
             await channel.drain()
@@ -460,6 +467,9 @@ class Worker:
         except ChannelClosed:
             raise await self._lost() from None
         finally:
+            if held is not None:
+                self._held = None
+                held.set_result(None)
             if channel.in_flight == 0 and self.state is WorkerState.BUSY:
                 self.state = WorkerState.READY
         try:
@@ -477,10 +487,15 @@ class Worker:
             self.code = answer.code
         return answer
 
+    @property
+    def held(self) -> bool:
+        """Whether it prepares a hot reload: no batch is to be sent to it meanwhile."""
+        return self._held is not None
+
     def can_take(self) -> bool:
         """Whether a batch sent now goes out at once (the channel is open and not full): what
         ``await drain()`` would not have to wait for."""
-        return self._channel is not None and self._channel.writable
+        return self._held is None and self._channel is not None and self._channel.writable
 
     def withdraw(self, batch: Batch, request_id: str) -> None:
         """The caller of a request in ``batch`` went away: if the worker has not started the
@@ -581,7 +596,10 @@ class Worker:
         return responses
 
     async def drain(self) -> None:
-        """Wait while the worker's socket is full (it is not reading): back-pressure."""
+        """Wait while the worker's socket is full (it is not reading): back-pressure; and while
+        it prepares a hot reload (:meth:`reload_step`)."""
+        while self._held is not None:
+            await asyncio.shield(self._held)
         if self._channel is not None:
             await self._channel.drain()
 
