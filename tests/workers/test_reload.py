@@ -165,3 +165,31 @@ def test_the_runtime_prepares_beside_the_old_code_and_switches_on_commit(tmp_pat
     finally:
         peer.sock.close()
     assert proc.wait(timeout=20) == 0
+
+
+def test_a_reload_imports_the_handlers_helper_modules_again(tmp_path: Path) -> None:
+    """Every module of the model folder is the model's code: a helper the handler imports is
+    imported afresh too, and the code digest covers it."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "helpers.py").write_text("WORD = 'old'\n")
+    (folder / "handler.py").write_text(
+        "import helpers\n\n\ndef handle(data, context):\n"
+        "    return [{'answer': helpers.WORD} for _ in data or ()]\n"
+    )
+    proc, peer = _spawn(tmp_path)
+    try:
+        assert peer.receive().kind == Kind.HELLO
+        init = {**INIT, "handler": "handler:handle", "model_dir": str(folder)}
+        peer.send(Frame(Kind.INIT, init))
+        ready = peer.receive()
+        assert ready.meta["code"]["files"] == ["handler.py", "helpers.py"]
+        assert _ask(peer, 1)["answer"] == "old"
+        (folder / "helpers.py").write_text("WORD = 'new'\n")
+        prepared = _reload(peer, 1, "prepare")
+        assert prepared.ok and prepared.code != ready.meta["code"]
+        assert _reload(peer, 1, "commit").ok
+        assert _ask(peer, 2)["answer"] == "new"
+    finally:
+        peer.sock.close()
+    assert proc.wait(timeout=20) == 0
