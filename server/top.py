@@ -138,6 +138,8 @@ class View:
         )]  # fmt: skip
         if m.swap:
             parts.append(Text(m.swap, style="bold"))
+        if m.traffic:
+            parts.append(Text(m.traffic, style="bold"))
         for v in m.versions:
             parts.append(Text(
                 f"version {v.version}: {v.status} ({v.load_state})  workers min {v.min_workers}"

@@ -56,11 +56,15 @@ class ModelRow:
     p99_s: float | None = None
     evictions: int = 0
     swap: str = ""  # its in-place swap, running or the last one (describe's swap)
+    traffic: str = ""  # its split and canary (describe's traffic, server/rollouts/)
 
     @property
     def state(self) -> str:
         states = {_state(v) for v in self.versions}
-        return ", ".join(sorted(states)) + (" (swapping)" if " running" in self.swap else "")
+        canary = " (canary)" if "canary" in self.traffic and " running" in self.traffic else ""
+        return (
+            ", ".join(sorted(states)) + (" (swapping)" if " running" in self.swap else "") + canary
+        )
 
     @property
     def queue(self) -> int:
@@ -124,6 +128,7 @@ class Reader:
         self._procs: dict[int, psutil.Process] = {}
         self._last: Snapshot | None = None
         self._swaps: dict[str, str] = {}  # model: its swap, as _versions read it
+        self._traffic: dict[str, str] = {}  # model: its traffic policy, as _versions read it
 
     def close(self) -> None:
         self.client.close()
@@ -152,8 +157,10 @@ class Reader:
                 break
             token = f"&next_page_token={page['nextPageToken']}"
         rows = [
-            ModelRow(name, self._versions(name), swap=self._swaps.pop(name, "")) for name in names
-        ]
+            ModelRow(name, self._versions(name), swap=self._swaps.pop(name, ""),
+                     traffic=self._traffic.pop(name, ""))
+            for name in names
+        ]  # fmt: skip
         snap = Snapshot(self.status, rows)
         self._add_metrics(snap, self._get("metrics", "/metrics").text)
         return snap
@@ -162,6 +169,7 @@ class Reader:
         versions = []
         for d in self._get("management", f"/models/{name}/all").json():
             self._swaps[name] = swap_line(d.get("swap"))
+            self._traffic[name] = traffic_line(d.get("traffic"))
             workers = [
                 WorkerRow(
                     w["id"],
@@ -254,6 +262,30 @@ def swap_line(swap: dict[str, Any] | None) -> str:
     workers = swap.get("workers")
     if workers:
         line += " (" + ", ".join(f"{v}: {n}" for v, n in workers.items()) + " workers)"
+    return line
+
+
+def traffic_line(traffic: dict[str, Any] | None) -> str:
+    """describe's ``traffic`` in a line: ``split 1.0 95% 2.0 5% (served 1.0 94.8% 2.0 5.2%),
+    sticky by header x-user; canary 2.0 running at 5% (step 1 of 4)``, or how it ended."""
+    if not traffic:
+        return ""
+    split = " ".join(f"{v} {w:g}%" for v, w in (traffic.get("split") or {}).items())
+    served = " ".join(
+        f"{v} {s.get('share', 0) * 100:.1f}%" for v, s in (traffic.get("served") or {}).items()
+    )
+    line = f"split {split or 'default'}" + (f" (served {served})" if served else "")
+    sticky = traffic.get("sticky")
+    if sticky:
+        line += ", sticky by " + " ".join(f"{k} {v}" for k, v in sticky.items())
+    canary = traffic.get("canary")
+    if canary:
+        line += f"; canary {canary.get('version')} {canary.get('state')}"
+        if canary.get("share") is not None:
+            steps = canary.get("steps") or ()
+            line += f" at {canary['share']:g}% (step {canary.get('step')} of {len(steps)})"
+        elif canary.get("reason"):
+            line += f": {canary['reason']}"
     return line
 
 

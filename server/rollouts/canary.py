@@ -2,6 +2,12 @@
 guard compares its answers with the baseline's over the same window; a breach rolls it back at
 once, the last step held without one promotes it to the default version.
 
+Latency is judged on each answer's service time: from its batch going to a worker to the answer.
+A request's wait in its version's queue depends on the share that version gets, which the
+rollout changes on purpose (a canary at 5 % waits for nobody, its baseline at 95 % for many):
+end to end, a version three times slower looked faster than its baseline until half the
+traffic reached it (scripts/bench_rollout.py). Errors count whatever they were.
+
 Each ``window_s`` the guard judges the answers both versions gave in the window (or since the
 last judgement, while the canary has fewer than ``min_requests``): the canary breaches when its
 5xx ratio is above the baseline's plus ``max_error_ratio``, or its p99 latency is above
@@ -164,7 +170,7 @@ class Canary:
     def watch(self, version: str, job: Job) -> None:
         window = self._windows.get(version)
         if window is not None and self.state in ACTIVE:
-            job.future.add_done_callback(functools.partial(_answered, window, job.enqueued_at))
+            job.future.add_done_callback(functools.partial(_answered, window, job))
 
     def _tick(self) -> None:
         self._timer = None
@@ -335,7 +341,9 @@ class Canary:
         }
 
 
-def _answered(window: _Window, enqueued_at: float, future: asyncio.Future[Any]) -> None:
+def _answered(window: _Window, job: Job, future: asyncio.Future[Any]) -> None:
+    """One answer of a watched version: its status, and the time from its batch going to a
+    worker to the answer (from its queueing when it never reached one)."""
     if future.cancelled():
         return
     error = future.exception()
@@ -343,4 +351,4 @@ def _answered(window: _Window, enqueued_at: float, future: asyncio.Future[Any]) 
         status = error.status if isinstance(error, MserveError) else 500
     else:
         status = getattr(future.result(), "status", 200)
-    window.add(status >= 500, time.monotonic() - enqueued_at)
+    window.add(status >= 500, time.monotonic() - (job.sent_at or job.enqueued_at))

@@ -53,7 +53,7 @@ async def open_listeners(
         # TorchServe's management service, and mserve's own calls beside it (hot reload)
         "management": [
             ManagementService(registry, config.enable_model_api).add_to(),
-            MserveManagementService(registry).add_to(),
+            MserveManagementService(registry, router).add_to(),
         ],
     }
     max_request = {"inference": config.max_request_size_bytes, "management": 1 << 20}

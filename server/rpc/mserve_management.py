@@ -14,14 +14,17 @@ from grpc import aio
 from server import operations as ops
 from server.errors import BadRequest, MserveError
 from server.models.registry import Registry
+from server.rollouts import control
+from server.rollouts.router import Router
 from server.rpc.protos import mserve_management_pb2 as pb
 from server.rpc.protos import mserve_management_pb2_grpc
 from server.rpc.server import AddService, abort
 
 
 class MserveManagementService(mserve_management_pb2_grpc.MserveManagementServiceServicer):
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, router: Router | None = None) -> None:
         self.registry = registry
+        self.router = router or Router(registry)  # traffic policies (server/rollouts/)
 
     def add_to(self) -> AddService:
         return lambda server: (
@@ -41,3 +44,64 @@ class MserveManagementService(mserve_management_pb2_grpc.MserveManagementService
             await abort(context, exc, self.registry.redact)
             raise  # abort raises; never reached
         return pb.ReloadModelResponse(msg=json.dumps(answer))
+
+    async def Traffic(
+        self, request: pb.TrafficRequest, context: aio.ServicerContext
+    ) -> pb.RolloutResponse:
+        """``/models/{name}/traffic`` (docs/rollouts.md): ``get``, ``set`` with REST's JSON
+        body, ``clear``."""
+        try:
+            name = _required(request.model_name)
+            action = request.action or "get"
+            if action == "get":
+                answer = control.traffic(self.router, name)
+            elif action == "set":
+                answer = control.set_traffic(self.router, name, _body(request.body))
+            elif action == "clear":
+                answer = control.clear_traffic(self.router, name)
+            else:
+                raise BadRequest(f"action {action!r}: expected get, set or clear")
+        except MserveError as exc:
+            await abort(context, exc, self.registry.redact)
+            raise  # abort raises; never reached
+        return pb.RolloutResponse(msg=json.dumps(answer))
+
+    async def Canary(
+        self, request: pb.CanaryRequest, context: aio.ServicerContext
+    ) -> pb.RolloutResponse:
+        """``/models/{name}/canary`` (docs/rollouts.md): ``get``, ``start`` with the plan as
+        REST's JSON body, ``pause``, ``resume``, ``promote``, ``abort``, ``forget``."""
+        try:
+            name = _required(request.model_name)
+            action = request.action or "get"
+            router = self.router
+            if action == "get":
+                answer = control.canary_state(router, name)
+            elif action == "start":
+                answer = control.start_canary(router, name, _body(request.body))
+            elif action == "forget":
+                answer = control.forget_canary(router, name)
+            elif action in control.CANARY_ACTIONS:
+                answer = control.canary_action(router, name, action)
+            else:
+                raise BadRequest(
+                    f"action {action!r}: expected get, start, pause, resume, promote, abort or"
+                    " forget"
+                )
+        except MserveError as exc:
+            await abort(context, exc, self.registry.redact)
+            raise  # abort raises; never reached
+        return pb.RolloutResponse(msg=json.dumps(answer))
+
+
+def _required(name: str) -> str:
+    if not name:
+        raise BadRequest("parameter 'model_name' is required")
+    return name
+
+
+def _body(text: str) -> object:
+    try:
+        return json.loads(text or "{}")
+    except ValueError as exc:
+        raise BadRequest(f"body: not JSON ({exc})") from None

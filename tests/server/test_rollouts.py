@@ -17,11 +17,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from click.testing import CliRunner
 
 from archiver.cli import main as archiver_main
+from server.rpc.protos import inference_pb2 as ipb
+from server.rpc.protos import inference_pb2_grpc, mserve_management_pb2_grpc
+from server.rpc.protos import mserve_management_pb2 as mpb
+from server.top_data import traffic_line
 from tests.server.conftest import HANDLERS, MSERVE, Server, concurrently, http, pid_alive
 
 pytestmark = pytest.mark.timeout(240)
@@ -57,7 +62,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, P
         "inference_address": "127.0.0.1:0",
         "management_address": "127.0.0.1:0",
         "metrics_address": "127.0.0.1:0",
-        "grpc": False,
+        "grpc_inference_address": "127.0.0.1:0",
+        "grpc_management_address": "127.0.0.1:0",
         "model_store": str(root / "store"),
         "disable_token_authorization": True,
         "enable_model_api": True,
@@ -280,6 +286,40 @@ def test_the_operator_pauses_resumes_promotes_and_aborts(served: tuple[Server, P
     state = _send(server, "PUT", "/models/m/canary/promote")[1]
     assert (state["state"], state["reason"]) == ("promoted", "promoted by the operator")
     assert server.manage("GET", "/models/m").json()[0]["modelVersion"] == "2.0"
+
+
+def test_grpc_sets_the_split_and_follows_it(served: tuple[Server, Path]) -> None:
+    """mserve's gRPC management service sets the split; TorchServe's gRPC Predictions and the
+    sticky key in the call's metadata follow it."""
+    server, _ = served
+    _reset(server)
+    with grpc.insecure_channel(server.status["grpc_management"]) as channel:
+        stub = mserve_management_pb2_grpc.MserveManagementServiceStub(channel)
+        body = json.dumps({"weights": {"2.0": 100}, "sticky": {"header": "x-user"}})
+        reply = stub.Traffic(mpb.TrafficRequest(model_name="m", action="set", body=body))
+        assert json.loads(reply.msg)["split"] == {"2.0": 100.0}
+        with pytest.raises(grpc.RpcError) as err:
+            bad = json.dumps({"weights": {"2.0": 60}})
+            stub.Traffic(mpb.TrafficRequest(model_name="m", action="set", body=bad))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "body.weights: the weights add up to 60, not 100" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Canary(mpb.CanaryRequest(model_name="solo", action="start",
+                                          body='{"version": "1.0"}'))  # fmt: skip
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "a canary needs two versions of the model" in err.value.details()
+    with grpc.insecure_channel(server.status["grpc_inference"]) as channel:
+        infer = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        request = ipb.PredictionsRequest(model_name="m", input={"x": b"1"})
+        answers = {
+            json.loads(infer.Predictions(request, metadata=(("x-user", f"u{i}"),)).prediction)[
+                "version"
+            ]
+            for i in range(5)
+        }
+    assert answers == {"2.0"}
+    line = traffic_line(_send(server, "GET", "/models/m/traffic")[1])  # what mserve top shows
+    assert line.startswith("split 2.0 100% (served 2.0 100.0%), sticky by header x-user")
 
 
 def test_the_state_survives_a_restart(served: tuple[Server, Path]) -> None:

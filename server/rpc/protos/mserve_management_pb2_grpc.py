@@ -39,6 +39,16 @@ class MserveManagementServiceStub(object):
                 request_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.ReloadModelRequest.SerializeToString,
                 response_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.ReloadModelResponse.FromString,
                 _registered_method=True)
+        self.Traffic = channel.unary_unary(
+                '/mserve.management.MserveManagementService/Traffic',
+                request_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.TrafficRequest.SerializeToString,
+                response_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
+                _registered_method=True)
+        self.Canary = channel.unary_unary(
+                '/mserve.management.MserveManagementService/Canary',
+                request_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.CanaryRequest.SerializeToString,
+                response_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
+                _registered_method=True)
 
 
 class MserveManagementServiceServicer(object):
@@ -52,6 +62,20 @@ class MserveManagementServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Traffic(self, request, context):
+        """Read, set or clear the split and sticky key; INVALID_ARGUMENT naming the field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Canary(self, request, context):
+        """Start, read, pause, resume, promote, abort or forget a canary rollout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MserveManagementServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +83,16 @@ def add_MserveManagementServiceServicer_to_server(servicer, server):
                     servicer.ReloadModel,
                     request_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.ReloadModelRequest.FromString,
                     response_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.ReloadModelResponse.SerializeToString,
+            ),
+            'Traffic': grpc.unary_unary_rpc_method_handler(
+                    servicer.Traffic,
+                    request_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.TrafficRequest.FromString,
+                    response_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.SerializeToString,
+            ),
+            'Canary': grpc.unary_unary_rpc_method_handler(
+                    servicer.Canary,
+                    request_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.CanaryRequest.FromString,
+                    response_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +122,60 @@ class MserveManagementService(object):
             '/mserve.management.MserveManagementService/ReloadModel',
             server_dot_rpc_dot_protos_dot_mserve__management__pb2.ReloadModelRequest.SerializeToString,
             server_dot_rpc_dot_protos_dot_mserve__management__pb2.ReloadModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Traffic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mserve.management.MserveManagementService/Traffic',
+            server_dot_rpc_dot_protos_dot_mserve__management__pb2.TrafficRequest.SerializeToString,
+            server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Canary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mserve.management.MserveManagementService/Canary',
+            server_dot_rpc_dot_protos_dot_mserve__management__pb2.CanaryRequest.SerializeToString,
+            server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
             options,
             channel_credentials,
             insecure,
