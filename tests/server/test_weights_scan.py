@@ -24,6 +24,7 @@ from server.weights.policy import strictest
 from server.weights.scan import scan_file
 from tests.conftest import ARCHIVER_SCRIPT
 from tests.server.conftest import HANDLERS, MSERVE, Server, http, pid_alive
+from tests.server.test_url_registration import Route, Upstream
 
 pytestmark = pytest.mark.timeout(180)
 FOLDER = HANDLERS / "weights_safety"
@@ -61,7 +62,17 @@ def archive(store: Path, name: str, weights: Path, handler: str = "noload:handle
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path, Path]]:
+def upstream() -> Iterator[Upstream]:
+    """An HTTP server the registration downloads archives from (test_url_registration's)."""
+    server = Upstream()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def setup(
+    tmp_path_factory: pytest.TempPathFactory, upstream: Upstream
+) -> Iterator[tuple[Server, Path, Path]]:
     """One server (weights_scan warn; the models entry of ``strict`` says require), its store,
     and the marker the hostile pickles would create."""
     root = tmp_path_factory.mktemp("weights")
@@ -89,6 +100,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Pa
         "grpc_management_address": "127.0.0.1:0", "model_store": str(store),
         "disable_token_authorization": True, "enable_model_api": True,
         "weights_scan": "warn",
+        "allowed_urls": [f"http://127\\.0\\.0\\.1:{upstream.port}/ok/.*"],
         "models": {"strict": {"1.0": {"weightsScan": "require"}},
                    "weaker": {"1.0": {"weightsScan": "require"}}},
     }  # fmt: skip
@@ -140,6 +152,21 @@ def test_a_registration_can_only_make_it_stricter(setup) -> None:
         "model zipped:1.0: weights_scan should be one of off, warn, require, found 'never'"
     )
     assert server.manage("POST", "/models?url=strict.mar&weights_scan=off").status == 400
+    assert not marker.exists()
+
+
+def test_a_refused_download_leaves_nothing(setup, upstream: Upstream) -> None:
+    server, store, marker = setup
+    upstream.routes["/ok/strict.mar"] = Route(body=(store / "strict.mar").read_bytes())
+    before = unpacked(server)
+    url = upstream.url("/ok/strict.mar")
+    reply = server.manage("POST", f"/models?url={url}&weights_scan=require")
+    assert reply.status == 400
+    assert "evil.pkl imports posix.system" in reply.json()["message"]
+    assert upstream.routes["/ok/strict.mar"].hits == 1  # downloaded, then refused
+    downloads = server.run_dir / "downloads"
+    assert not [p for p in downloads.rglob("*") if p.is_file()]  # the download was removed
+    assert unpacked(server) == before
     assert not marker.exists()
 
 
