@@ -269,6 +269,7 @@ def set_default(registry: Registry, name: str, version: str) -> Outcome:
     registry.set_default(name, version)
     return Outcome(f'Default version successfully updated for model "{name}" to "{version}"')
 
+
 async def reload_model(registry: Registry, name: str, version: str | None) -> dict[str, Any]:
     """Hot-reload the handler's code of one version (None: the default) on its workers
     (server/models/reload.py): the answer's ``status`` sentence, the workers that switched, the

@@ -496,6 +496,7 @@ def label_of(index: int, mapping: dict[str, str] | None) -> str:
     key = str(index)
     return mapping.get(key, key) if mapping else key
 
+
 def _missing() -> Any:
     raise KeyError("the kept model is gone")  # never: looked up just after it was found
 

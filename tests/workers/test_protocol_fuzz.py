@@ -178,7 +178,7 @@ FRAMES: dict[Kind, st.SearchStrategy[Frame]] = {
         st.sampled_from(protocol.RELOAD_STEPS),
         st.none() | text,
         st.none() | uint,
-    ),  # fmt: skip
+    ),
 }
 any_frame = st.sampled_from(list(Kind)).flatmap(lambda kind: FRAMES[kind])
 
