@@ -56,7 +56,9 @@ class LoadedHandler:
         if not batch:
             return []
         result = self._entry(batch, context)
-        return result if type(result) is list else settle(result)
+        if type(result) is list:
+            return result
+        return settle(result, getattr(context, "_mserve_abandoned", None))
 
     @property
     def is_async(self) -> bool:

@@ -16,21 +16,41 @@ import time.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+# How often a batch running beside others (mserve_worker/inflight.py) looks whether every
+# caller it serves has left, while its coroutine awaits.
+_ABANDONED_POLL_S = 0.1
 
 
-def settle(value: Any) -> Any:
+class Abandoned(Exception):
+    """Every caller of the batch left while its coroutine awaited: it was cancelled (the
+    handler saw ``asyncio.CancelledError`` at its ``await``)."""
+
+
+def settle(value: Any, abandoned: Callable[[], bool] | None = None) -> Any:
     """``value`` itself, or, when it is awaitable (an ``async def``'s coroutine), its result
-    once awaited on the worker's event loop."""
+    once awaited on the worker's event loop. ``abandoned``: asked while it awaits; once true,
+    the coroutine is cancelled and :class:`Abandoned` raised."""
     if not inspect.isawaitable(value):
         return value
-    return asyncio.run_coroutine_threadsafe(_wait_for(value), _running_loop()).result()
+    future = asyncio.run_coroutine_threadsafe(_wait_for(value), _running_loop())
+    if abandoned is None:
+        return future.result()
+    while True:
+        try:
+            return future.result(timeout=_ABANDONED_POLL_S)
+        except concurrent.futures.TimeoutError:
+            if abandoned():
+                future.cancel()
+        except concurrent.futures.CancelledError:
+            raise Abandoned("every caller of the batch left; its coroutine was cancelled") from None
 
 
 async def _wait_for(awaitable: Awaitable[Any]) -> Any:

@@ -13,7 +13,9 @@ The server reads a worker's answers, and the chunks of streamed ones, for its ba
 order it sent them (server/workers/channel.py). :class:`Sequencer` keeps that order: a batch
 that ends before an earlier one holds its RESULT, and its chunks, until the earlier ones are
 answered. So the work overlaps, and a short request behind a long one waits for the long one's
-answer before its own goes out.
+answer before its own goes out. A batch whose callers have all left (their CANCELs read) has its
+coroutine cancelled: the handler sees ``asyncio.CancelledError`` at its ``await``, so an engine
+it waits on can stop, and the batch is answered 499, which nobody reads.
 
 Runs inside the model's own environment: standard library only, Python 3.8.
 """
@@ -157,8 +159,12 @@ def _run_batch(
     """One batch on a context of its own; whatever happens, the batch is answered (a failure
     of ours fails the batch, as a handler's does, and the worker serves on)."""
     stream = streaming.Stream(functools.partial(sequencer.chunk, batch_id), channel.cancelled_now)
+    callers = {item.request_id for item in items} - set(cancelled)
     try:
         view = service.apart(stream)
+        # a client that leaves (or passes its deadline) makes the server send a CANCEL; once
+        # every caller of this batch has, its coroutine is cancelled (coroutines.settle)
+        view.context._mserve_abandoned = lambda: callers <= channel.cancelled_now(batch_id)  # type: ignore[attr-defined]
         reply = answer(view.serve, view, batch_id, items, cancelled)
     except BaseException as exc:  # the batch's boundary: never leave the server waiting
         traceback.print_exc()

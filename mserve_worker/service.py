@@ -25,6 +25,7 @@ from typing import Any
 from . import compat, stand_ins, streaming, tracing
 from .context import Context, Metrics
 from .contract import HandlerLoadError, LoadedHandler
+from .coroutines import Abandoned
 from .imports import loaded_packages
 from .loader import load_handler
 from .oip import serving as oip_serving
@@ -361,6 +362,10 @@ def _serve_group(
     logged = hasattr(context, "_mserve_inference_log")  # the server logs this model
     try:
         outputs = handler.handle(data, context)
+    except Abandoned:  # its callers all left and its coroutine was cancelled: nobody reads this
+        for i in indexes:
+            responses[i] = ResponseItem(CLIENT_GONE, b"", "")
+        return None
     except PredictionException as exc:  # the handler chose the batch's answer
         traceback.print_exc()
         for i in indexes:

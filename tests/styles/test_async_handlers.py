@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.server import conftest as serving
-from tests.server.conftest import concurrently
+from tests.server.conftest import concurrently, http, wait_until
 
 make_archive = serving.make_archive
 start_server = serving.start_server
@@ -23,7 +25,7 @@ def test_async_handlers_are_awaited(make_archive, start_server, tmp_path: Path) 
     reply = server.predict("afn", {"x": 7}, headers={"X-Request-ID": "req-7"})
     assert reply.status == 200, reply.body
     assert reply.json() == {"echo": 7, "initialised": True, "on_loop": True,
-                            "request_id": "req-7", "most_awaiting": 1}  # fmt: skip
+                            "request_id": "req-7", "most_awaiting": 1, "cancelled": 0}  # fmt: skip
     # an exception the coroutine raises is the handler's, as from a plain handle
     failed = server.predict("afn", {"fail": "no teapot here"})
     assert (failed.status, failed.json()["message"]) == (418, "no teapot here")
@@ -37,6 +39,13 @@ def test_async_handlers_are_awaited(make_archive, start_server, tmp_path: Path) 
     assert [r.status for r in replies] == [200] * 6 + [418], [r.body for r in replies]
     assert [r.json()["echo"] for r in replies[:6]] == list(range(6))
     assert max(r.json()["most_awaiting"] for r in replies[:6]) >= 6
+    # a caller that leaves cancels its coroutine (the handler sees CancelledError), and the
+    # worker serves on
+    with pytest.raises(OSError):  # urllib's timeout: the client gives up and disconnects
+        http("POST", server.url("inference", "/predictions/afn"), b'{"x": 5, "hang": 60}',
+             {"Content-Type": "application/json"}, timeout=1)  # fmt: skip
+    wait_until(lambda: server.predict("afn", {"x": 6}).json()["cancelled"] == 1, 20,
+               "the handler to see its coroutine cancelled")  # fmt: skip
     # streams of batches running at once reach their own callers, whole and in order
     streams = concurrently(*(lambda i=i: server.predict("afn", {"x": i, "stream": 4})
                              for i in range(3)))  # fmt: skip
