@@ -10,8 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
-from tests.conftest import ARCHIVER_SCRIPT
+from archiver.cli import main as archiver_main
 from tests.server.conftest import HANDLERS, MSERVE, Server, pid_alive
 from tests.wheels import make_wheel
 
@@ -32,11 +33,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         ("ownenv", "echo", ["-r", str(reqs), "--wheelhouse", str(wheels)]),
         ("plain", "echo", []),
     ):
-        args = [ARCHIVER_SCRIPT, "--model-name", name, "--handler", handler,
-                "--model-path", str(HANDLERS / "echo_fn"), "--export-path", str(store), "-f",
-                *extra]  # fmt: skip
-        out = subprocess.run(args, capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
+        out = CliRunner().invoke(archiver_main, [
+            "--model-name", name, "--handler", handler, "--model-path", str(HANDLERS / "echo_fn"),
+            "--export-path", str(store), "-f", *extra,
+        ], catch_exceptions=False)  # fmt: skip
+        assert out.exit_code == 0, out.output
     settings = {
         "inference_address": "127.0.0.1:0", "management_address": "127.0.0.1:0",
         "metrics_address": "127.0.0.1:0", "grpc_inference_address": "127.0.0.1:0",
