@@ -267,7 +267,8 @@ def swap_line(swap: dict[str, Any] | None) -> str:
 
 def traffic_line(traffic: dict[str, Any] | None) -> str:
     """describe's ``traffic`` in a line: ``split 1.0 95% 2.0 5% (served 1.0 94.8% 2.0 5.2%),
-    sticky by header x-user; canary 2.0 running at 5% (step 1 of 4)``, or how it ended."""
+    sticky by header x-user; canary 2.0 running at 5% (step 1 of 4)``, or how it ended; and
+    the shadow's counts."""
     if not traffic:
         return ""
     split = " ".join(f"{v} {w:g}%" for v, w in (traffic.get("split") or {}).items())
@@ -286,7 +287,29 @@ def traffic_line(traffic: dict[str, Any] | None) -> str:
             line += f" at {canary['share']:g}% (step {canary.get('step')} of {len(steps)})"
         elif canary.get("reason"):
             line += f": {canary['reason']}"
+    shadow = traffic.get("shadow")
+    if shadow:
+        line += "; " + _shadow_words(shadow)
     return line
+
+
+def _shadow_words(shadow: dict[str, Any]) -> str:
+    """``shadow 2.0 100%: 312 equal, 4 different (number), 0 dropped; p50 11.2 / 8.9 ms``
+    (server/rollouts/shadow.py's shown(): the primary's p50, then the shadow's)."""
+    settings = shadow.get("settings") or {}
+    counts = shadow.get("counts") or {}
+    kinds = ", ".join(shadow.get("differences") or {})
+    words = (
+        f"shadow {settings.get('version')} {settings.get('share', 0):g}%:"
+        f" {counts.get('equal', 0)} equal, {counts.get('different', 0)} different"
+        + (f" ({kinds})" if kinds else "")
+        + f", {counts.get('dropped', 0)} dropped"
+    )
+    latency = shadow.get("latency_ms") or {}
+    p50s = [(latency.get(k) or {}).get("p50") for k in ("primary", "shadow")]
+    if None not in p50s:
+        words += f"; p50 {p50s[0]:.1f} / {p50s[1]:.1f} ms"
+    return words
 
 
 def quantile(buckets: dict[float, float], q: float) -> float | None:

@@ -17,6 +17,7 @@ import yaml
 from click.testing import CliRunner
 
 from archiver.cli import main as archiver_main
+from server.top_data import traffic_line
 from tests.server.conftest import HANDLERS, MSERVE, Server, http, pid_alive, wait_until
 
 VERSIONS = ("1.0", "1.1", "2.0", "3.0", "9.0", "9.1")
@@ -105,6 +106,8 @@ def test_equal_answers_count_as_equal(server: Server) -> None:
     described = server.manage("GET", "/models/shadowed").json()[0]["traffic"]["shadow"]
     assert described["settings"]["version"] == "1.1" and described["counts"]["equal"] == 6
     assert described["latency_ms"] == latency and "samples" not in described
+    line = traffic_line(server.manage("GET", "/models/shadowed/traffic").json())  # mserve top
+    assert "; shadow 1.1 100%: 6 equal, 0 different, 0 dropped; p50 " in line
 
 
 def test_a_changed_field_is_named_and_samples_are_bounded(server: Server) -> None:
