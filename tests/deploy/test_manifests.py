@@ -316,9 +316,9 @@ def test_dockerfile() -> None:
     assert exposed == bound
     (volumes,) = docker.all("VOLUME")
     assert {config.model_store, config.run_dir} == set(volumes)
-    # traces work in the image: the package goes in with its otel extra
+    # traces and SBOMs work in the image: the package goes in with its otel and sbom extras
     runs = " ".join(" ".join(value) for value in docker.all("RUN"))
-    assert 'pip install "/tmp/mserve-src[otel]"' in runs
+    assert 'pip install "/tmp/mserve-src[otel,sbom]"' in runs
 
 
 def test_hadolint_is_clean() -> None:
