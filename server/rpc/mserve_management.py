@@ -93,6 +93,30 @@ class MserveManagementService(mserve_management_pb2_grpc.MserveManagementService
             raise  # abort raises; never reached
         return pb.RolloutResponse(msg=json.dumps(answer))
 
+    async def Shadow(
+        self, request: pb.ShadowRequest, context: aio.ServicerContext
+    ) -> pb.RolloutResponse:
+        """``/models/{name}/shadow`` (docs/shadow.md): ``get``, ``set`` with REST's JSON body,
+        ``clear``."""
+        try:
+            name = _required(request.model_name)
+            action = request.action or "get"
+            shadows = self.router.shadows
+            if shadows is None:  # a service made without the server's (tests)
+                raise BadRequest("shadows are not served here")
+            if action == "get":
+                answer = shadows.inspect(name)
+            elif action == "set":
+                answer = shadows.put(name, _body(request.body))
+            elif action == "clear":
+                answer = shadows.delete(name)
+            else:
+                raise BadRequest(f"action {action!r}: expected get, set or clear")
+        except MserveError as exc:
+            await abort(context, exc, self.registry.redact)
+            raise  # abort raises; never reached
+        return pb.RolloutResponse(msg=json.dumps(answer))
+
 
 def _required(name: str) -> str:
     if not name:

@@ -12,11 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from click.testing import CliRunner
 
 from archiver.cli import main as archiver_main
+from server.rpc.protos import inference_pb2 as ipb
+from server.rpc.protos import inference_pb2_grpc, mserve_management_pb2_grpc
+from server.rpc.protos import mserve_management_pb2 as mpb
 from server.top_data import traffic_line
 from tests.server.conftest import HANDLERS, MSERVE, Server, http, pid_alive, wait_until
 
@@ -230,6 +234,38 @@ def test_a_crashing_shadow_never_fails_the_client(server: Server) -> None:
     # refused or dropped: never the client's concern
     assert state["counts"]["different"] >= 1
     assert state["differences"].get("status", 0) >= 1
+
+
+def test_grpc_sets_and_reads_the_shadow(server: Server) -> None:
+    """mserve's gRPC management service sets the shadow; TorchServe's gRPC Predictions are
+    shadowed as REST's are."""
+    with grpc.insecure_channel(server.status["grpc_management"]) as channel:
+        stub = mserve_management_pb2_grpc.MserveManagementServiceStub(channel)
+        body = json.dumps({"version": "2.0", "compare": {"abs_tol": 0.01}})
+        reply = stub.Shadow(mpb.ShadowRequest(model_name="shadowed", action="set", body=body))
+        assert json.loads(reply.msg)["settings"]["compare"]["abs_tol"] == 0.01
+        with pytest.raises(grpc.RpcError) as err:
+            bad = json.dumps({"version": "2.0", "share": -5})
+            stub.Shadow(mpb.ShadowRequest(model_name="shadowed", action="set", body=bad))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "body.share: -5 is out of range (more than 0, at most 100)" in err.value.details()
+        with grpc.insecure_channel(server.status["grpc_inference"]) as inference:
+            infer = inference_pb2_grpc.InferenceAPIsServiceStub(inference)
+            request = ipb.PredictionsRequest(model_name="shadowed", input={"body": b'{"x": 1}'})
+            for _ in range(3):
+                assert json.loads(infer.Predictions(request).prediction)["x"] == 1
+
+        def counts() -> dict[str, int]:
+            reply = stub.Shadow(mpb.ShadowRequest(model_name="shadowed"))
+            return json.loads(reply.msg)["counts"]
+
+        wait_until(lambda: counts()["equal"] == 3, what="3 gRPC requests shadowed, equal")
+        reply = stub.Shadow(mpb.ShadowRequest(model_name="shadowed", action="clear"))
+        assert json.loads(reply.msg)["counts"]["equal"] == 3
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Shadow(mpb.ShadowRequest(model_name="shadowed"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "model shadowed has no shadow" in err.value.details()
 
 
 def test_a_model_config_rollout_section_sets_the_shadow(server: Server) -> None:

@@ -38,6 +38,16 @@ class CanaryRequest(_message.Message):
     body: str
     def __init__(self, model_name: _Optional[str] = ..., action: _Optional[str] = ..., body: _Optional[str] = ...) -> None: ...
 
+class ShadowRequest(_message.Message):
+    __slots__ = ("model_name", "action", "body")
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    action: str
+    body: str
+    def __init__(self, model_name: _Optional[str] = ..., action: _Optional[str] = ..., body: _Optional[str] = ...) -> None: ...
+
 class RolloutResponse(_message.Message):
     __slots__ = ("msg",)
     MSG_FIELD_NUMBER: _ClassVar[int]

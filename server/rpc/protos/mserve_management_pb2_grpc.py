@@ -49,6 +49,11 @@ class MserveManagementServiceStub(object):
                 request_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.CanaryRequest.SerializeToString,
                 response_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
                 _registered_method=True)
+        self.Shadow = channel.unary_unary(
+                '/mserve.management.MserveManagementService/Shadow',
+                request_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.ShadowRequest.SerializeToString,
+                response_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
+                _registered_method=True)
 
 
 class MserveManagementServiceServicer(object):
@@ -76,6 +81,13 @@ class MserveManagementServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Shadow(self, request, context):
+        """Read, set or clear the shadow of a share of the traffic onto another version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MserveManagementServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +104,11 @@ def add_MserveManagementServiceServicer_to_server(servicer, server):
             'Canary': grpc.unary_unary_rpc_method_handler(
                     servicer.Canary,
                     request_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.CanaryRequest.FromString,
+                    response_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.SerializeToString,
+            ),
+            'Shadow': grpc.unary_unary_rpc_method_handler(
+                    servicer.Shadow,
+                    request_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.ShadowRequest.FromString,
                     response_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.SerializeToString,
             ),
     }
@@ -175,6 +192,33 @@ class MserveManagementService(object):
             target,
             '/mserve.management.MserveManagementService/Canary',
             server_dot_rpc_dot_protos_dot_mserve__management__pb2.CanaryRequest.SerializeToString,
+            server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Shadow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mserve.management.MserveManagementService/Shadow',
+            server_dot_rpc_dot_protos_dot_mserve__management__pb2.ShadowRequest.SerializeToString,
             server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
             options,
             channel_credentials,
