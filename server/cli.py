@@ -509,6 +509,13 @@ def main(
 
         ray_main(args[1:])
         return
+    if args and args[0] == "replay" and not torchserve:
+        if prefork is not None:
+            prefork.cancel()
+        from server.replay.cli import main as replay_main
+
+        replay_main(args[1:])
+        return
     if args and args[0] == "top" and not torchserve:
         if prefork is not None:
             prefork.cancel()

@@ -1,0 +1,239 @@
+"""``mserve replay`` (server/replay/, issue 46) against a real server: traffic captured by the
+inference log of one version (files, and KServe's CloudEvents through a real receiver that
+keeps them in the CloudEvents JSON format) replayed against versions that answer alike, change
+a number slightly or change a label (tests/handlers/shadowed), with bad lines, another model's
+records and a target that is down. One server for the module."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from cloudevents.core.bindings.http import HTTPMessage, from_http_event
+from cloudevents.core.formats.json import JSONFormat
+
+from archiver.cli import main as archiver_main
+from server.replay.cli import replay_main
+from tests.server.conftest import HANDLERS, MSERVE, Server, pid_alive, wait_until
+
+CAPTURED = 24  # requests sent to version 1.0 while it logged them
+
+
+class EventFolder:
+    """A CloudEvents receiver that writes each event it parses to a folder, one file each, in
+    the CloudEvents JSON format (what a capture service keeps)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.count = 0
+        self.lock = threading.Lock()
+        keeper = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                event = from_http_event(HTTPMessage(dict(self.headers.items()), body))
+                with keeper.lock:
+                    keeper.count += 1
+                    path = keeper.folder / f"{keeper.count:05d}.json"
+                path.write_bytes(JSONFormat().write(event))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/events"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path, Path]]:
+    """A server with versions 1.0 (logging every request to a file and to a receiver), 2.0
+    (a score moved by 0.001) and 3.0 (another label); CAPTURED requests sent to 1.0. Yields
+    the server, the log file and the events folder."""
+    root = tmp_path_factory.mktemp("replay")
+    store = root / "store"
+    store.mkdir()
+    for version in ("1.0", "2.0", "3.0"):
+        args = ["--model-name", "shadowed", "--handler", "shadowed", "--model-path",
+                str(HANDLERS / "shadowed"), "--export-path", str(root), "--version", version, "-f"]  # fmt: skip
+        out = CliRunner().invoke(archiver_main, args, catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        (root / "shadowed.mar").rename(store / f"shadowed_{version}.mar")
+    events = root / "events"
+    events.mkdir()
+    receiver = EventFolder(events)
+    settings: dict[str, Any] = {f"{api}_address": "127.0.0.1:0" for api in
+                ("inference", "management", "metrics", "grpc_inference", "grpc_management")}  # fmt: skip
+    settings.update(model_store=str(store), disable_token_authorization=True,
+                    enable_model_api=True, inference_log_flush_s=0.1)  # fmt: skip
+    config = root / "mserve.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    run_dir = root / "run"
+    args = ["--config", str(config), "--run-dir", str(run_dir)]
+    started = subprocess.run(
+        [MSERVE, "--start", *args], capture_output=True, text=True, timeout=300
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    server = Server(run_dir, json.loads((run_dir / "status.json").read_text()), args)
+    try:
+        from urllib.parse import quote
+
+        log = f"inference_log=all&inference_log_url={quote(receiver.url, safe='')}"
+        for version, extra in (("1.0", log), ("2.0", ""), ("3.0", "")):
+            url = f"/models?url=shadowed_{version}.mar&initial_workers=1&synchronous=true&{extra}"
+            reply = server.manage("POST", url)
+            assert reply.status == 200, reply.body
+        for i in range(CAPTURED):
+            reply = server.predict("shadowed", {"x": i * 1.5}, version="1.0")
+            assert reply.status == 200, reply.body
+        log_file = run_dir / "inference_log" / "shadowed" / "1.0.jsonl"
+        wait_until(lambda: log_file.exists() and len(log_file.read_text().splitlines()) == CAPTURED,
+                   20, "the log's lines")  # fmt: skip
+        wait_until(lambda: receiver.count == 2 * CAPTURED, 20, "the events")
+        # the capture as it stands: a replay against 1.0 is logged too, and adds to the log
+        kept = root / "captured"
+        kept.mkdir()
+        shutil.copy(log_file, kept / "1.0.jsonl")
+        shutil.copytree(events, kept / "events")
+        yield server, kept / "1.0.jsonl", kept / "events"
+    finally:
+        receiver.close()
+        if pid_alive(server.pid):
+            server.cli("--stop")
+
+
+def replay(*args: str) -> tuple[int, dict[str, Any], str]:
+    """The command in this process (its real click command): exit code, JSON report, output."""
+    result = CliRunner().invoke(replay_main, [*args, "--json", "-", "--quiet"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    out = result.stdout
+    report = json.loads(out[out.index("{") :]) if "{" in out else {}
+    return result.exit_code, report, result.output + result.stderr
+
+
+def base(server: Server) -> str:
+    return server.status["urls"]["inference"]
+
+
+def test_replay_against_the_same_version_matches(captured, tmp_path) -> None:
+    server, log_file, _ = captured
+    html = tmp_path / "report.html"
+    code, report, _ = replay(str(log_file), "--against", base(server), "--version", "1.0",
+                             "--html", str(html))  # fmt: skip
+    assert code == 0, report
+    counts = report["counts"]
+    assert counts["sent"] == counts["answered"] == counts["equal"] == CAPTURED
+    assert counts["bytes_equal"] == CAPTURED  # the log keeps a JSON answer's bytes as sent
+    assert report["passed"] and report["by_field"] == {} and report["worst"] == []
+    assert report["latency_ms"]["recorded"]["count"] == CAPTURED
+    assert report["latency_ms"]["replayed"]["p99"] > 0
+    assert "<svg" in html.read_text()
+
+
+def test_a_changed_label_is_caught_with_the_field_named(captured, tmp_path) -> None:
+    server, log_file, _ = captured
+    html = tmp_path / "report.html"
+    code, report, output = replay(str(log_file), "--against", base(server), "--version", "3.0",
+                                  "--html", str(html))  # fmt: skip
+    assert code == 1
+    assert report["by_field"] == {"$.predictions[0].label": CAPTURED}
+    assert report["by_kind"] == {"value": CAPTURED}
+    worst = report["worst"][0]["comparison"]["differences"][0]
+    assert (worst["path"], worst["reference"], worst["candidate"]) == (
+        "$.predictions[0].label", "cat", "dog",
+    )  # fmt: skip
+    assert "100.00% of answers differ or failed, over the threshold 0.00%" in output
+    # a threshold that allows them passes the gate
+    code, report, _ = replay(str(log_file), "--against", base(server), "--version", "3.0",
+                             "--max-differing", "1")  # fmt: skip
+    assert code == 0 and report["counts"]["differing"] == CAPTURED
+
+
+def test_numbers_within_tolerance_pass(captured) -> None:
+    server, log_file, _ = captured
+    code, report, _ = replay(str(log_file), "--against", base(server), "--version", "2.0")
+    assert code == 1 and report["by_field"] == {"$.predictions[0].score": CAPTURED}
+    assert report["max_abs_error"] == pytest.approx(0.001)
+    code, report, _ = replay(str(log_file), "--against", base(server), "--version", "2.0",
+                             "--abs-tol", "0.0011")  # fmt: skip
+    assert code == 0 and report["counts"]["equal"] == CAPTURED
+
+
+def test_a_cloudevents_capture_by_our_logger_replays(captured) -> None:
+    server, _, events = captured
+    code, report, _ = replay(str(events), "--against", base(server), "--version", "1.0")
+    assert code == 0, report
+    assert report["model"] == "shadowed"
+    assert report["counts"]["equal"] == report["counts"]["bytes_equal"] == CAPTURED
+    code, report, _ = replay(str(events), "--against", base(server), "--version", "3.0")
+    assert code == 1 and report["by_field"] == {"$.predictions[0].label": CAPTURED}
+
+
+def test_bad_lines_other_models_and_bodiless_records_are_counted(captured, tmp_path) -> None:
+    server, log_file, _ = captured
+    lines = log_file.read_text().splitlines()
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    # a rotated, gzipped older file with half the records, the live file with the rest
+    with gzip.open(folder / "1.0.jsonl.1.gz", "wt") as f:
+        f.write("\n".join(lines[: CAPTURED // 2]) + "\n")
+    other = json.loads(lines[0]) | {"model": "other"}
+    bodiless = {k: v for k, v in json.loads(lines[1]).items() if k != "request"}
+    extra = ["not json at all", '{"a": 1}', json.dumps(other), json.dumps(bodiless), ""]
+    (folder / "1.0.jsonl").write_text("\n".join(lines[CAPTURED // 2 :] + extra) + "\n")
+    code, report, _ = replay(str(folder), "--against", base(server), "--version", "1.0",
+                             "--limit", "20")  # fmt: skip
+    assert code == 0, report
+    counts = report["counts"]
+    assert counts["equal"] == 20
+    assert counts["skipped"] == {"not_a_record": 2, "other_model": 1, "no_request_body": 1,
+                                 "over_limit": CAPTURED - 20}  # fmt: skip
+    bad = [p for p in report["skipped_places"] if p["reason"] == "not_a_record"]
+    first = CAPTURED - CAPTURED // 2 + 1  # the line after the live file's records
+    assert bad[0]["where"].endswith(f"1.0.jsonl:{first}") and "not JSON" in bad[0]["detail"]
+    assert bad[1]["where"].endswith(f"1.0.jsonl:{first + 1}")
+    assert bad[1]["detail"] == "a JSON value without model, version, status"
+
+
+def test_a_target_that_is_down_is_reported_with_exit_code_3(captured, tmp_path) -> None:
+    _, log_file, _ = captured
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # the installed command, as CI runs it: no traceback, a clean exit code
+    out = subprocess.run(
+        [shutil.which("mserve") or MSERVE, "replay", str(log_file), "--against",
+         f"http://127.0.0.1:{port}", "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    assert "mserve replay: no answer from the target: {'unreachable': 24}" in out.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["counts"]["failed"] == {"unreachable": CAPTURED}
+    assert report["failures"][0]["kind"] == "unreachable"
