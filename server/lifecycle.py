@@ -258,8 +258,12 @@ class Server:
         if not config.snapshot:
             return
         if config.torchserve:
-            ts_snapshot.save(config, registry, "startup")
-            registry.on_change("snapshot", lambda: ts_snapshot.save(config, registry, "snapshot"))
+            router = self.router
+            ts_snapshot.save(config, registry, "startup", router.to_json())
+            registry.on_change(
+                "snapshot",
+                lambda: ts_snapshot.save(config, registry, "snapshot", router.to_json()),
+            )
             return
         path = config.run_path / SNAPSHOT_FILE
         router = self.router
@@ -386,6 +390,8 @@ class Server:
         restored = {mv.name for mv in self.registry.all()} | set(self.load_failures)
         entries = [e for e in self.config.model_snapshot or () if e.name not in restored]
         await ts_snapshot.restore(self.registry, entries, self.load_failures)
+        if entries:
+            self.router.restore(ts_snapshot.load_traffic(self.config))
 
     async def _start(self, models: list[StartupModel]) -> None:
         """Listeners and startup models, in the order that brings the first answer soonest:
@@ -444,7 +450,7 @@ class Server:
         self.state = "stopping"
         self.write_status()
         if self.config.torchserve and self.config.snapshot and self.registry.started:
-            ts_snapshot.save(self.config, self.registry, "shutdown")
+            ts_snapshot.save(self.config, self.registry, "shutdown", self.router.to_json())
         drain_s = self.config.shutdown_drain_s
         for listener in self.listeners:  # new requests get 503 and "Connection: close"
             listener.stop_accepting()

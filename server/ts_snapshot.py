@@ -109,10 +109,12 @@ def model_state(registry: Registry) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def snapshot_properties(
-    config: ServerConfig, registry: Registry, name: str
+    config: ServerConfig, registry: Registry, name: str, traffic: dict[str, Any] | None = None
 ) -> list[tuple[str, str]]:
     """The config TorchServe would record: the properties file the server started from (its
-    keys as written), the addresses and store in effect, and ``model_snapshot``."""
+    keys as written), the addresses and store in effect, and ``model_snapshot``; ``traffic``:
+    the traffic policies (server/rollouts/), in ``model_snapshot`` as ``mserveTraffic``, a key
+    TorchServe does not read."""
     props = dict(config.ts_properties)
     for key in ("inference_address", "management_address", "metrics_address"):
         value = getattr(config, key)
@@ -122,12 +124,16 @@ def snapshot_properties(
     models = model_state(registry)
     snapshot = {"name": name, "modelCount": sum(len(v) for v in models.values()),
                 "created": int(time.time() * 1000), "models": models}  # fmt: skip
+    if traffic:
+        snapshot["mserveTraffic"] = traffic
     props["model_snapshot"] = json.dumps(snapshot, indent=2)
     props.pop("load_models", None)  # the snapshot's models replace it at the next start
     return sorted(props.items())
 
 
-def save(config: ServerConfig, registry: Registry, kind: str) -> Path | None:
+def save(
+    config: ServerConfig, registry: Registry, kind: str, traffic: dict[str, Any] | None = None
+) -> Path | None:
     """Write one ``<timestamp>-<kind>.cfg`` (a name already taken moves on a millisecond, so
     two changes in one millisecond both count); an error is logged, not raised: the models
     serve on regardless."""
@@ -143,13 +149,24 @@ def save(config: ServerConfig, registry: Registry, kind: str) -> Path | None:
             if not path.exists():
                 break
             millis += 1
-        text = properties_text(snapshot_properties(config, registry, name), now)
+        text = properties_text(snapshot_properties(config, registry, name, traffic), now)
         write_text_atomic(path, text)
         _prune(folder)
     except OSError as exc:
         log.error("could not write the TorchServe config snapshot in %s: %s", folder, exc)
         return None
     return path
+
+
+def load_traffic(config: ServerConfig) -> dict[str, Any]:
+    """The traffic policies the config snapshot the server started from recorded (``{}``
+    without any), put back once its models are (server/rollouts/router.py)."""
+    raw = dict(config.ts_properties).get("model_snapshot")
+    try:
+        traffic = json.loads(raw).get("mserveTraffic") if raw else None
+    except (ValueError, AttributeError):
+        return {}  # the config's parser said why
+    return traffic if isinstance(traffic, dict) else {}
 
 
 def _prune(folder: Path) -> None:

@@ -27,7 +27,16 @@ from server.rpc.protos import inference_pb2 as ipb
 from server.rpc.protos import inference_pb2_grpc, mserve_management_pb2_grpc
 from server.rpc.protos import mserve_management_pb2 as mpb
 from server.top_data import traffic_line
-from tests.server.conftest import HANDLERS, MSERVE, Server, concurrently, http, pid_alive
+from tests.server.conftest import (
+    HANDLERS,
+    MSERVE,
+    Server,
+    concurrently,
+    http,
+    pid_alive,
+    wait_until,
+)
+from tests.server.test_torchserve_layout import PROPERTIES, TorchServeDir, torchserve_env
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -75,11 +84,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, P
     server = _start(root)
     first = server.manage("POST", "/models?url=m1.mar&model_name=m")  # 1.0: the default
     assert first.status == 200, first.body
+    # 3.0 (the one that fails) logs its requests, and its canary's events, to a file
+    logged = "&inference_log=request&inference_log_file=true"
     replies = concurrently(*(
-        functools.partial(server.manage, "POST", f"/models?url={file}.mar&model_name={name}")
-        for file, name in (("m2", "m"), ("m3", "m"), ("m4", "m"), ("solo", "solo"))
+        functools.partial(server.manage, "POST", f"/models?url={file}.mar&model_name={name}{extra}")
+        for file, name, extra in (("m2", "m", ""), ("m3", "m", logged), ("m4", "m", ""),
+                                  ("solo", "solo", ""))
     ))  # fmt: skip
-    assert all(r.status == 200 for r in replies), replies
+    assert all(r.status == 200 for r in replies), [r.body for r in replies if r.status != 200]
     try:
         yield server, root
     finally:
@@ -219,7 +231,7 @@ GUARD = {"window_s": 1, "interval_s": 60, "min_requests": 5, "steps": [20, 100]}
 
 
 def test_a_canary_that_fails_is_rolled_back_at_once(served: tuple[Server, Path]) -> None:
-    server, _ = served
+    server, root = served
     _reset(server)
     status, state = _send(server, "POST", "/models/m/canary", {"version": "3.0", **GUARD})
     assert status == 200, state
@@ -237,6 +249,18 @@ def test_a_canary_that_fails_is_rolled_back_at_once(served: tuple[Server, Path])
     assert (
         'mserve_canary_outcomes_total{model="m",outcome="rolled_back",version="3.0"} 1.0' in metrics
     )
+    # an event in the canary's inference log, beside its requests
+    log_file = root / "run" / "inference_log" / "m" / "3.0.jsonl"
+
+    def events() -> list[dict[str, Any]]:
+        lines = log_file.read_text().splitlines() if log_file.exists() else []
+        return [r for r in map(json.loads, lines) if r["api"] == "event"]
+
+    wait_until(lambda: bool(events()), 30, "the rollback's event in the inference log")
+    (event,) = events()
+    assert event["op"] == "canary.rolled_back"
+    assert event["error"] == state["reason"]
+    assert event["request"]["state"] == "rolled_back"
 
 
 def test_a_slow_canary_is_rolled_back(served: tuple[Server, Path]) -> None:
@@ -346,3 +370,32 @@ def test_the_state_survives_a_restart(served: tuple[Server, Path]) -> None:
         assert shown["split"] == {"1.0": 85.0, "5.0": 15.0}
     finally:
         again.cli("--stop")
+
+
+def test_torchserve_layouts_config_snapshot_keeps_the_split(
+    tmp_path: Path, make_archive: Any
+) -> None:
+    """In TorchServe's layout the state goes in its config snapshots (``model_snapshot``'s
+    ``mserveTraffic``, a key TorchServe does not read) and comes back at the next start."""
+    root = tmp_path / "serve"
+    root.mkdir()
+    (root / "config.properties").write_text(PROPERTIES)
+    make_archive("echo_fn", "echo:handle", "e1")
+    make_archive("echo_fn", "echo:handle", "e2", "--version", "2.0")
+    (root / "model_store").symlink_to(tmp_path / "store")
+    ts = TorchServeDir(root, torchserve_env(tmp_path / "run"))
+    try:
+        ts.start("--model-store", "model_store", "--models", "echo=e1.mar", "--enable-model-api",
+                 "--ts-config", "config.properties")  # fmt: skip
+        reply = ts.call(
+            "management", "POST", "/models?url=e2.mar&model_name=echo&initial_workers=1"
+        )
+        assert reply.status == 200, reply.body
+        split = json.dumps({"weights": {"1.0": 30, "2.0": 70}}).encode()
+        assert ts.call("management", "PUT", "/models/echo/traffic", split).status == 200
+        assert ts.command("--stop").returncode == 0
+        ts.start("--model-store", "model_store")  # the newest snapshot
+        shown = ts.call("management", "GET", "/models/echo/traffic").json()
+        assert shown["weights"] == {"1.0": 30.0, "2.0": 70.0}
+    finally:
+        ts.command("--stop", "--foreground")
