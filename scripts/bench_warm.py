@@ -176,14 +176,17 @@ def single(args: argparse.Namespace, work: Path) -> None:
     off = Mserve(work, "off", {})
     times: dict[str, list[float]] = {"off_disk": [], "off_cached": [], "on_disk": [], "wake": []}
     digests: set[str] = set()
+    server_s: dict[str, list[float]] = {"off_disk": [], "off_cached": [], "on_disk": [], "wake": []}
     try:
         off.register("big", idle_s=1)
         for _round in range(args.rounds):
             answer = _settled_cold(off, "big")
             drop_cache(answer["weights"])
             times["off_disk"].append(_load(off, "big", digests))
+            server_s["off_disk"].append(off.footprint("big")["coldLoadSeconds"])
             _unloaded(off, "big")
             times["off_cached"].append(_load(off, "big", digests))
+            server_s["off_cached"].append(off.footprint("big")["coldLoadSeconds"])
             _unloaded(off, "big")
     finally:
         off.stop()
@@ -198,18 +201,25 @@ def single(args: argparse.Namespace, work: Path) -> None:
             on.register("big", idle_s=1)
             times["on_disk"].append(_load(on, "big", digests))
             wait_until(lambda: on.footprint("big")["tier"] == "warm", 60, "big warm")
+            warm_footprint = on.footprint("big")
             times["wake"].append(_load(on, "big", digests))
+            server_s["on_disk"].append(on.footprint("big")["coldLoadSeconds"])
+            server_s["wake"].append(on.footprint("big")["warmWakeSeconds"])
             wakes = on.total("mserve_model_wakes_total", 'tier="warm"')
         print(f"warm wakes counted by the server: {wakes:g}")
+        print(f"describe's footprint while warm: {json.dumps(warm_footprint)}")
     finally:
         on.stop()
     med = {k: statistics.median(v) for k, v in times.items()}
+    load = {k: statistics.median(v) for k, v in server_s.items()}
     print(f"\n{args.size_mb:g} MiB model ({size / MIB:.0f} MiB archive), {args.rounds} rounds,"
           f" medians (request to answer); {machine.since()}")  # fmt: skip
-    print(f"  warm tier off, cold (pages dropped):  {med['off_disk']:.2f} s  {times['off_disk']}")
-    print(f"  warm tier off, weights in page cache: {med['off_cached']:.2f} s")
-    print(f"  warm tier on, cold (pages dropped):   {med['on_disk']:.2f} s")
-    print(f"  warm tier on, woken from warm:        {med['wake']:.3f} s  {times['wake']}")
+    print("  (first answer: request to answer; load: the server's, request to worker ready)")
+    for key, what in (("off_disk", "warm tier off, cold (pages dropped)"),
+                      ("off_cached", "warm tier off, weights in page cache"),
+                      ("on_disk", "warm tier on, cold (pages dropped)"),
+                      ("wake", "warm tier on, woken from warm")):  # fmt: skip
+        print(f"  {what:38s} first answer {med[key]:6.2f} s  load {load[key]:6.2f} s  {times[key]}")
     print(
         f"  cold / wake: {med['off_disk'] / med['wake']:.0f}x (off, from disk),"
         f" {med['off_cached'] / med['wake']:.0f}x (off, page cache)"

@@ -368,6 +368,8 @@ class Residency:
                 self._warm_measured_at = now
                 self.warm.prune(m.label for m in self._models())
                 await self.warm.measure()
+                for label, entry in self.warm.entries.items():
+                    self.footprints.warm(label, entry.bytes)
             idle = [m.settings.idle_unload_s for m in self._models() if m.settings.idle_unload_s]
             await asyncio.sleep(min(1.0, max(0.05, min(idle) / 4)) if idle else 1.0)
 

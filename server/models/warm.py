@@ -43,28 +43,32 @@ Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 @dataclass
 class WarmFile:
     path: str
-    identity: Identity
-    view: mmap.mmap
+    identity: Identity | None  # when it was kept
+    view: mmap.mmap | None = None  # None while being mapped
 
 
 @dataclass
 class WarmEntry:
     label: str
     files: list[WarmFile] = field(default_factory=list)
-    bytes: int = 0  # its pages the server's mappings hold, last measured
+    bytes: int = 0  # its pages the server's mappings hold: the files' sizes until measured
     since: float = field(default_factory=time.monotonic)
+    dropped: bool = False  # dropped to cold while its files were being mapped
 
 
 class WarmTier:
-    """The warm models, ``{label: WarmEntry}``, within ``budget_bytes``."""
+    """The warm models, ``{label: WarmEntry}``, within ``budget_bytes``.
+
+    Its bookkeeping runs in the event loop; only mapping the files (which may read pages the
+    kernel reclaimed) runs in a thread. A model is warm from the moment it is evicted: its
+    pages are in the page cache then (its worker just used them), so a request arriving while
+    they are being mapped wakes it warm, and the mapping is closed when it completes."""
 
     def __init__(self, budget_bytes: int | None) -> None:
         self.budget_bytes = budget_bytes or None  # 0 or None: no warm tier
         self.entries: dict[str, WarmEntry] = {}
         self.drops: Counter[str] = Counter()  # reason: models dropped to cold
         self.on_drop: Callable[[str, str], None] | None = None  # (label, reason): metrics
-        self._lock = asyncio.Lock()  # one keep at a time: each measures, then fits the budget
-        self._keeping: set[str] = set()  # labels being mapped; one taken meanwhile is not kept
 
     @property
     def enabled(self) -> bool:
@@ -83,7 +87,6 @@ class WarmTier:
         """A worker of ``label`` is about to start: True when it wakes from the tier. The
         entry leaves the tier either way (the worker maps the pages now; the server's mapping
         is closed, the pages stay in the page cache). A stale one drops its pages."""
-        self._keeping.discard(label)  # a keep still mapping it: its result is not kept
         entry = self.entries.get(label)
         if entry is None:
             return False
@@ -99,6 +102,7 @@ class WarmTier:
         entry = self.entries.pop(label, None)
         if entry is None:
             return
+        entry.dropped = True
         _close(entry, evict=True)
         self.drops[reason] += 1
         log.info("model %s dropped from the warm tier to cold (%s; %.0f MiB)",
@@ -115,46 +119,41 @@ class WarmTier:
     async def keep(
         self, label: str, files: list[tuple[str, int]], worth: Callable[[str], float]
     ) -> int:
-        """Keep ``label``'s evicted ``files`` warm: map them (which reads in any page the
-        kernel reclaimed meanwhile), measure, then drop the warm models worth least
-        (``worth``) until the tier fits its budget, this one included if it is worth least
-        or alone too big. Returns the bytes kept (0: not kept)."""
+        """Keep ``label``'s evicted ``files`` warm: drop the warm models worth least
+        (``worth``) until their sizes fit the budget with these, then map them (which reads in
+        any page the kernel reclaimed meanwhile). Returns the bytes kept (0: not kept)."""
         if not self.enabled or not files:
             return 0
         budget = self.budget_bytes or 0
         declared = sum(size for _path, size in files)
-        self._keeping.add(label)
-        async with self._lock:
-            old = self.entries.pop(label, None)  # kept before and not woken since
-            if old is not None:
-                _close(old, evict=False)
-            if declared > budget:
-                self._keeping.discard(label)
-                self.drops["too_big"] += 1
-                if self.on_drop is not None:
-                    self.on_drop(label, "too_big")
-                log.info(
-                    "model %s is not kept warm: its weights (%.0f MiB) exceed"
-                    " warm_tier_budget_mb=%d", label, declared / MIB, budget // MIB,
-                )  # fmt: skip
-                return 0
-            # make room by the files' sizes first, so the tier never maps past its budget
-            self._fit(declared, worth)
-            try:
-                entry = await asyncio.to_thread(_map, label, files)
-            except OSError as exc:
-                self._keeping.discard(label)
-                log.warning("model %s is not kept warm: %s", label, exc)
-                return 0
-            if label not in self._keeping:  # woken while it was being mapped
-                _close(entry, evict=False)
-                return 0
-            self._keeping.discard(label)
-            self.entries[label] = entry
-            await self.measure()
-            self._fit(0, worth)
-            entry = self.entries.get(label)
-        return entry.bytes if entry is not None else 0
+        old = self.entries.pop(label, None)  # kept before and not woken since
+        if old is not None:
+            _close(old, evict=False)
+        if declared > budget:
+            self.drops["too_big"] += 1
+            if self.on_drop is not None:
+                self.on_drop(label, "too_big")
+            log.info(
+                "model %s is not kept warm: its weights (%.0f MiB) exceed"
+                " warm_tier_budget_mb=%d", label, declared / MIB, budget // MIB,
+            )  # fmt: skip
+            return 0
+        self._fit(declared, worth)  # the tier never maps past its budget
+        entry = WarmEntry(label, [WarmFile(p, _identity(p)) for p, _s in files], declared)
+        self.entries[label] = entry
+        try:
+            views = await asyncio.to_thread(_map, [f.path for f in entry.files])
+        except OSError as exc:
+            log.warning("model %s is not kept warm: %s", label, exc)
+            if self.entries.get(label) is entry:
+                del self.entries[label]
+            return 0
+        for f, view in zip(entry.files, views, strict=True):
+            f.view = view
+        if self.entries.get(label) is not entry:  # woken or dropped while being mapped
+            _close(entry, evict=entry.dropped)
+            return 0
+        return entry.bytes
 
     def _fit(self, extra: int, worth: Callable[[str], float]) -> None:
         """Drop the warm models worth least until they and ``extra`` bytes fit the budget."""
@@ -174,7 +173,8 @@ class WarmTier:
             log.warning("could not measure the warm tier: %s", exc)
             return self.bytes
         for entry in self.entries.values():
-            entry.bytes = sum(resident.get(f.path, 0) for f in entry.files)
+            if all(f.view is not None for f in entry.files):  # not while being mapped
+                entry.bytes = sum(resident.get(f.path, 0) for f in entry.files)
         return self.bytes
 
 
@@ -186,32 +186,34 @@ def _identity(path: str) -> Identity | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _map(label: str, files: list[tuple[str, int]]) -> WarmEntry:
+def _map(paths: list[str]) -> list[mmap.mmap | None]:
     """Map each file read-only with its page tables filled (MAP_POPULATE): pages still in the
-    page cache are mapped at once, reclaimed ones read back in."""
-    entry = WarmEntry(label)
+    page cache are mapped at once, reclaimed ones read back in (None: an empty file)."""
+    views: list[mmap.mmap | None] = []
     try:
-        for path, _size in files:
+        for path in paths:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                st = os.fstat(fd)
-                if st.st_size == 0:
+                if os.fstat(fd).st_size == 0:
+                    views.append(None)
                     continue
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                view = mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
+                views.append(mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ))
             finally:
                 os.close(fd)
-            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-            entry.files.append(WarmFile(os.path.realpath(path), identity, view))
     except OSError:
-        _close(entry, evict=False)
+        for view in views:
+            if view is not None:
+                view.close()
         raise
-    return entry
+    return views
 
 
 def _close(entry: WarmEntry, evict: bool) -> None:
     for f in entry.files:
-        f.view.close()
+        if f.view is not None:
+            f.view.close()
+            f.view = None
         if evict:  # pages no process maps any more go back to the kernel
             try:
                 fd = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -222,7 +224,6 @@ def _close(entry: WarmEntry, evict: bool) -> None:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-    entry.files.clear()
 
 
 def _resident_by_path() -> dict[str, int]:

@@ -171,8 +171,7 @@ def test_a_model_woken_from_warm_answers_exactly_what_it_answered_loaded(server:
     weights = Path(loaded["model_dir"]) / "weights.pt"
     size = weights.stat().st_size
     # the warm tier's pages, as the server's own mapping holds them in /proc
-    held = _server_maps(server, str(weights))
-    assert held > 0.9 * size, (held, size)
+    wait_until(lambda: _server_maps(server, str(weights)) > 0.9 * size, 15, "b's pages mapped")
     wait_until(lambda: (_described(server, "b")["footprint"]["warmBytes"] or 0) > 0.9 * size, 15)
     wakes = 'mserve_model_wakes_total{model="b",tier="warm",version="1.0"}'
     assert _metric(server, re.escape(wakes)) == 0
