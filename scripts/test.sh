@@ -27,11 +27,13 @@ fi
 echo "==> helm for the deploy tests"
 python tests/deploy/k8s_tools.py
 # tests/server/test_prometheus_kit.py runs Debian's prometheus (and promtool); the mserve top
-# test drives a real terminal in tmux. Installed with apt when missing (once per machine);
-# without apt those tests skip and say why.
+# test drives a real terminal in tmux; tests/server/test_replay.py opens the replay's HTML report
+# in chromium (through Playwright). Installed with apt when missing (once per machine); without
+# apt those tests skip and say why.
 missing=()
 command -v prometheus >/dev/null || missing+=(prometheus)
 command -v tmux >/dev/null || missing+=(tmux)
+command -v chromium >/dev/null || missing+=(chromium)
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "==> apt-get install ${missing[*]}"
     apt-get update -qq

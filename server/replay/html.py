@@ -81,6 +81,10 @@ client's, network included)</p>
 """
 
 
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -172,7 +176,7 @@ def _worst(pairs: list[dict[str, Any]]) -> str:
         rows.append(
             f"<tr><td>{escape(pair['id'])}<br><small>{escape(pair['where'])}</small></td>"
             f"<td>{pair['recorded']['status']} → {pair['replayed']['status']}<br>"
-            f"{comparison['difference_count']} differences<ul>{diffs}</ul></td>"
+            f"{_plural(comparison['difference_count'], 'difference')}<ul>{diffs}</ul></td>"
             f"<td><pre>{escape(pair['recorded']['body'])}</pre></td>"
             f"<td><pre>{escape(pair['replayed']['body'])}</pre></td></tr>"
         )

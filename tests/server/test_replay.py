@@ -237,3 +237,39 @@ def test_a_target_that_is_down_is_reported_with_exit_code_3(captured, tmp_path) 
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["counts"]["failed"] == {"unreachable": CAPTURED}
     assert report["failures"][0]["kind"] == "unreachable"
+
+
+def _browser() -> str | None:
+    """Debian's chromium (scripts/test.sh installs it), else Playwright's own download."""
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_the_html_report_renders_in_a_real_browser(captured, tmp_path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    server, log_file, _ = captured
+    html = tmp_path / "report.html"
+    code, _, _ = replay(str(log_file), "--against", base(server), "--version", "3.0",
+                        "--html", str(html))  # fmt: skip
+    assert code == 1
+    problems: list[str] = []
+    with sync_api.sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=_browser())
+        except sync_api.Error as exc:  # neither Debian's chromium nor Playwright's
+            pytest.skip(f"no headless chromium here: {str(exc).splitlines()[0]}")
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.on("request", lambda r: None if r.url.startswith("file:") else problems.append(r.url))
+        page.goto(html.as_uri())
+        page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+        assert page.title() == f"mserve replay: shadowed against {base(server)}"
+        verdict = page.inner_text(".verdict")
+        assert "100.00% of answers differ or failed" in verdict
+        assert page.locator("svg").count() == 3  # latency, fields, kinds
+        assert page.locator("svg rect").count() > 10
+        assert "$.predictions[0].label" in page.inner_text("body")
+        assert page.locator("table").nth(1).locator("tr").count() == 21  # the 20 worst pairs
+        browser.close()
+    assert problems == []  # no console error, no page error, nothing fetched
+    assert (tmp_path / "report.png").stat().st_size > 10_000
