@@ -45,7 +45,7 @@ from server.models import watch
 from server.models.registry import RegisterRequest, Registry
 from server.rest import frontend as rest_frontend
 from server.rollouts.router import Router
-from server.rollouts.shadow import Shadows
+from server.rollouts.shadow_control import Shadows
 from server.rundir import (
     LOCK_FILE,
     PID_FILE,

@@ -39,21 +39,17 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from prometheus_client import Counter
-
 from mserve_worker.protocol import RequestItem, ResponseItem
 from server.compare import Answer, Comparison, compare
-from server.errors import BadRequest, MserveError, PathNotFound
-from server.metrics.server_metrics import Metrics
+from server.errors import MserveError
 from server.models.batching import Job
 from server.models.registry import Registry
 from server.models.version import ModelVersion
-from server.rollouts.router import Router
-from server.rollouts.shadow_settings import ShadowSettings, parse_shadow
+from server.rollouts.shadow_settings import ShadowSettings
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +60,9 @@ SAMPLE_BODY_BYTES = 2048
 LATENCY_WINDOW = 2048
 # distinct differing fields counted (the rest are counted under "(others)")
 MAX_FIELDS = 100
+# answers larger than this (both bodies) are compared in a thread, at most MAX_COMPARING at once
+THREAD_COMPARE_BYTES = 64 * 1024
+MAX_COMPARING = 2
 
 
 @dataclass
@@ -103,6 +102,7 @@ class Shadow:
         self.max_rel_error = 0.0
         self.top_k = [0, 0, 0]  # rankings, agreed, top1 agreed
         self.closed = False  # replaced or removed: what is in flight settles, nothing starts
+        self.comparing = 0  # large pairs being compared in a thread
 
     # --- the request path ------------------------------------------------------------------
 
@@ -188,13 +188,35 @@ class Shadow:
                     future.result().cancel()
                     self._count("skipped")
                 else:
-                    self._compared(pair, answer, time.monotonic() - enqueued_at)
+                    self._compare(pair, answer, time.monotonic() - enqueued_at, future)
         finally:
             while self.waiting and self.in_flight < self._concurrency():
                 self._start(self.waiting.popleft())
 
-    def _compared(self, pair: _Pair, answer: Answer, shadow_s: float) -> None:
-        result = compare(pair.primary, answer, self.settings.compare)
+    def _compare(self, pair: _Pair, answer: Answer, shadow_s: float, future: Any) -> None:
+        """Small answers are compared here; large ones in a thread, so that the event loop
+        every client's request goes through is never held for a long walk (at most
+        MAX_COMPARING at once: past that the pair is dropped and counted)."""
+        options = self.settings.compare
+        if len(pair.primary.body) + len(answer.body) <= THREAD_COMPARE_BYTES:
+            self._compared(pair, answer, shadow_s, compare(pair.primary, answer, options))
+            return
+        if self.comparing >= MAX_COMPARING:
+            self._count("dropped")
+            return
+        self.comparing += 1
+        loop = future.get_loop()
+        work = loop.run_in_executor(None, compare, pair.primary, answer, options)
+        work.add_done_callback(functools.partial(self._compared_apart, pair, answer, shadow_s))
+
+    def _compared_apart(self, pair: _Pair, answer: Answer, shadow_s: float, work: Any) -> None:
+        self.comparing -= 1
+        if work.cancelled() or work.exception() is not None:  # the server is stopping
+            self._count("skipped")
+            return
+        self._compared(pair, answer, shadow_s, work.result())
+
+    def _compared(self, pair: _Pair, answer: Answer, shadow_s: float, result: Comparison) -> None:
         self.latency["primary"].append(pair.primary_s)
         self.latency["shadow"].append(shadow_s)
         self.max_abs_error = max(self.max_abs_error, result.max_abs_error)
@@ -346,114 +368,3 @@ def _percentiles(window: collections.deque[float]) -> dict[str, Any]:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-class Shadows:
-    """The server's shadows, one per model name at most, kept in the router's policies
-    (``Policy.shadow``): built from the operator's settings, put back from the snapshot, and
-    taken off when their version goes away. One per server, made beside the router."""
-
-    def __init__(self, router: Router, registry: Registry, metrics: Metrics | None = None) -> None:
-        self.router = router
-        self.registry = registry
-        self._counters: tuple[Counter, Counter] | None = None
-        if metrics is not None:
-            self._counters = (
-                Counter(
-                    "mserve_shadow_requests", "Shadowed requests by outcome (version: the shadow)",
-                    ["model", "version", "outcome"], registry=metrics.prom,
-                ),
-                Counter(
-                    "mserve_shadow_differences",
-                    "Shadow answers that differed from the client's, by kind of difference",
-                    ["model", "version", "kind"], registry=metrics.prom,
-                ),
-            )  # fmt: skip
-        router.on_restore_shadow(self.restore)
-        router.shadows = self  # where the management API finds it (server/rest/rollouts.py)
-        # after the router's own listener, before the snapshot's (server/lifecycle.py)
-        registry.on_change("shadows", self._prune)
-
-    def get(self, name: str) -> Shadow | None:
-        shadow = self.router.policy(name).shadow
-        return shadow if isinstance(shadow, Shadow) else None
-
-    def build(self, name: str, doc: Any, where: str = "body") -> Shadow:
-        """A shadow of model ``name`` from its settings (BadRequest names a bad field)."""
-        self.registry.get(name, None)  # ModelNotFound for a model that is not registered
-        versions = list(self.registry.models.get(name, {}))
-        settings = parse_shadow(doc, versions, self.registry.defaults.get(name, ""), where)
-        return Shadow(name, settings, self.registry, self._counters)
-
-    def set(self, name: str, doc: Any, where: str = "body") -> Shadow:
-        """Shadow ``name`` by ``doc`` from the next request on; counts start again."""
-        shadow = self.build(name, doc, where)
-        old = self.get(name)
-        self.router.set_policy(name, replace(self.router.policy(name), shadow=shadow))
-        if old is not None:
-            old.close()
-        s = shadow.settings
-        log.info(
-            "shadow of %s: %g%% of the requests %s answers also go to version %s", name, s.share,
-            f"version {s.source}" if s.source else "the default version", s.version,
-        )  # fmt: skip
-        return shadow
-
-    def clear(self, name: str) -> bool:
-        """Stop shadowing ``name``; False when it had no shadow."""
-        old = self.get(name)
-        if old is None:
-            return False
-        self.router.set_policy(name, replace(self.router.policy(name), shadow=None))
-        old.close()
-        log.info("shadow of %s removed", name)
-        return True
-
-    # --- the management API: GET | PUT | DELETE /models/{name}/shadow ----------------------
-
-    def inspect(self, name: str) -> dict[str, Any]:
-        """``GET``: what describe shows, and the kept samples of differing pairs."""
-        return self._shown(name).inspected()
-
-    def put(self, name: str, doc: Any) -> dict[str, Any]:
-        """``PUT`` with the settings as a JSON body; answers what describe shows."""
-        leaving = [mv.version for mv in self.registry.versions(name) if mv.removing]
-        if leaving:
-            raise BadRequest(
-                f"model {name} version {leaving[0]} is being unregistered: a shadow cannot be"
-                " set now"
-            )
-        return self.set(name, doc).shown()
-
-    def delete(self, name: str) -> dict[str, Any]:
-        """``DELETE``: the shadow stops; answers its last counts."""
-        shown = self._shown(name).shown()
-        self.clear(name)
-        return shown
-
-    def _shown(self, name: str) -> Shadow:
-        self.registry.versions(name)  # 404 for an unknown model
-        shadow = self.get(name)
-        if shadow is None:
-            raise PathNotFound(
-                f"model {name} has no shadow: set one with PUT /models/{name}/shadow"
-            )
-        return shadow
-
-    def restore(self, name: str, saved: dict[str, Any]) -> Shadow:
-        return self.build(name, saved, f"snapshot shadow of {name}")
-
-    def _prune(self) -> None:
-        """A version a shadow names was unregistered: the shadow ends (said in the log)."""
-        for name in self.router.names():
-            shadow = self.get(name)
-            if shadow is None:
-                continue
-            versions = self.registry.models.get(name, {})
-            s = shadow.settings
-            gone = [v for v in (s.version, s.source) if v is not None and v not in versions]
-            if gone:
-                log.warning("shadow of %s removed: version %s was unregistered", name, gone[0])
-                policy = replace(self.router.policy(name), shadow=None)
-                self.router.set_policy(name, policy, save=False)
-                shadow.close()

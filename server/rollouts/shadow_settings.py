@@ -21,9 +21,9 @@ MAX_SAMPLES = 200
 
 
 class ShadowControl(Protocol):
-    """What the router (a model config's ``rollout.shadow``) and the management API (server/
-    rest/rollouts.py) call on server/rollouts/shadow.py's ``Shadows``; each raises BadRequest
-    naming a bad field, ModelNotFound or PathNotFound."""
+    """What the router (a model config's ``rollout.shadow``) and the management APIs call on
+    server/rollouts/shadow_control.py's ``Shadows``; each raises BadRequest naming a bad
+    field, ModelNotFound or PathNotFound."""
 
     def set(self, name: str, doc: Any, where: str = "body") -> Any: ...
 

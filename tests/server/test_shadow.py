@@ -140,6 +140,18 @@ def test_a_changed_field_is_named_and_samples_are_bounded(server: Server) -> Non
     )
 
 
+def test_large_answers_are_compared_too(server: Server) -> None:
+    """Answers over 64 KB are compared in a thread, off the event loop: same outcome."""
+    assert set_shadow(server, {"version": "2.0"}).status == 200
+    for i in range(2):
+        reply = server.predict("shadowed", {"x": i, "big": True})
+        assert reply.status == 200 and len(reply.json()["embedding"]) == 10_000
+    wait_until(lambda: settled(shadow(server)) == 2, what="2 large pairs compared")
+    state = shadow(server)
+    assert state["counts"]["different"] == 2
+    assert state["fields"] == {"$.predictions[0].score": 2}
+
+
 def test_tolerance_is_respected(server: Server) -> None:
     doc = {"version": "2.0", "compare": {"abs_tol": 0.01}}
     assert set_shadow(server, doc).status == 200

@@ -1,6 +1,7 @@
 """One handler, several versions, for the shadow tests (tests/server/test_shadow.py): each
 answer depends on the version in the archive's manifest. 1.0 and 1.1 answer alike; 2.0 moves
-the score by 0.001; 3.0 changes the label; 9.0 hangs; 9.1 kills its worker."""
+the score by 0.001; 3.0 changes the label; 9.0 hangs; 9.1 kills its worker. A request with
+"big": true gets a long embedding too."""
 
 import json
 import os
@@ -23,5 +24,8 @@ def handle(data, context):
         x = float(body["x"])
         score = x + 0.001 if version == "2.0" else x
         label = "dog" if version == "3.0" else "cat"
-        answers.append({"predictions": [{"label": label, "score": score}], "x": x})
+        answer = {"predictions": [{"label": label, "score": score}], "x": x}
+        if body.get("big"):  # an answer of about 100 KB: compared off the event loop
+            answer["embedding"] = [x / 3] * 10_000
+        answers.append(answer)
     return answers
