@@ -64,7 +64,7 @@ class Router:
         self.metrics = metrics
         self._routes: dict[str, Route] = {}
         self._shadow_loader: Callable[[str, dict[str, Any]], Any] | None = None
-        # server/rollouts/shadow.py's Shadows, which sets itself here (REST, rollout.shadow)
+        # server/rollouts/shadow_control.py's Shadows, which sets itself here (REST, gRPC)
         self.shadows: ShadowControl | None = None
         # versions seen registered: a new one whose model config has ``rollout:`` starts it
         self._known: set[tuple[str, str]] = set()
@@ -307,8 +307,8 @@ class Router:
         return saved
 
     def on_restore_shadow(self, loader: Callable[[str, dict[str, Any]], Any]) -> None:
-        """server/rollouts/shadow.py: ``loader(name, saved)`` makes a policy's shadow back from
-        what its ``to_json()`` saved (raising BadRequest when it no longer fits)."""
+        """server/rollouts/shadow_control.py: ``loader(name, saved)`` makes a policy's shadow
+        back from what its ``to_json()`` saved (raising BadRequest when it no longer fits)."""
         self._shadow_loader = loader
 
     def restore(self, saved: dict[str, Any]) -> None:
