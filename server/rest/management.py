@@ -31,6 +31,7 @@ from server.operations import (
 from server.rest.description import answer_description
 from server.rest.rollouts import RolloutAPI
 from server.rest.workflows import WorkflowAPI
+from server.rollouts.control import no_canary_running
 from server.weights import sbom
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ class ManagementAPI:
             return
         if len(parts) == 4 and parts[0] == "models" and parts[3] == "swap":
             req.allow("PUT")  # an in-place swap (server/models/swap.py)
+            if self.rollouts is not None:
+                no_canary_running(self.rollouts.router, parts[1], "swapping its versions")
             conn.answer_later(req, _answer(swap_model(registry, parts[1], parts[2], req.query)))
             return
         # a hot reload of the handler's code (server/models/reload.py); GET /models/m/reload

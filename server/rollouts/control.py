@@ -48,9 +48,26 @@ def clear_traffic(router: Router, name: str) -> dict[str, Any]:
 def start_canary(router: Router, name: str, doc: Any) -> dict[str, Any]:
     """``POST /models/{name}/canary``: roll a version out over the baseline (the default)."""
     versions = _versions(router, name, "a canary")
+    swap = router.registry.swaps.running(name)  # it moves the same traffic (models/swap.py)
+    if swap is not None:
+        raise BadRequest(
+            f"model {name}: a swap from {swap.source.version} to {swap.target.version} is"
+            f" running ({swap.step}); start the canary once it has ended"
+        )
     plan = parse_canary(doc, versions, router.registry.defaults[name])
     router.start_canary(name, plan)
     return canary_state(router, name)
+
+
+def no_canary_running(router: Router, name: str, what: str) -> None:
+    """An in-place swap (server/models/swap.py) moves the traffic a canary moves: one at a
+    time. ``what``: what is refused, for the message."""
+    canary = router.canary(name)
+    if canary is not None and canary.active:
+        raise BadRequest(
+            f"model {name}: a canary of version {canary.plan.version} is running"
+            f" ({canary.state}); promote or abort it before {what}"
+        )
 
 
 def canary_state(router: Router, name: str) -> dict[str, Any]:

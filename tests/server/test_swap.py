@@ -103,6 +103,11 @@ def _described(server: Server, version: str) -> dict:
     return server.manage("GET", f"/models/m/{version}").json()[0]
 
 
+def _canary(server: Server, body: dict) -> dict:
+    url = server.url("management", "/models/m/canary")
+    return http("POST", url, json.dumps(body).encode(), {"Content-Type": "application/json"}).json()
+
+
 def _metric(server: Server, pattern: str) -> float:
     text = http("GET", server.url("metrics", "/metrics")).body.decode()
     found = re.search(rf"^{pattern} (\S+)$", text, re.M)
@@ -175,6 +180,16 @@ def test_bad_swaps_are_refused_naming_the_field(served: tuple[Server, int, int])
         reply = server.manage("PUT", path)
         assert (reply.status, reply.json()["message"]) == (400, message), path
     assert server.manage("PUT", "/models/nope/1.0/swap?to=2.0").status == 404
+    # a canary moves the same traffic: one at a time (the other way round in the next test)
+    canary = _canary(server, {"version": "2.0", "steps": [5, 100], "interval_s": 3600})
+    assert canary["state"] == "running", canary
+    refused = server.manage("PUT", "/models/m/1.0/swap?to=2.0").json()
+    assert (refused["code"], refused["message"]) == (
+        400, "model m: a canary of version 2.0 is running (running); promote or abort it before"
+        " swapping its versions",
+    )  # fmt: skip
+    assert server.manage("PUT", "/models/m/canary/abort").status == 200
+    assert server.manage("DELETE", "/models/m/canary").status == 200
     assert server.manage("GET", "/models/m/1.0/swap").status == 405
     assert "swap" not in _described(server, "1.0")  # none ran
     assert len(_described(server, "1.0")["workers"]) == 2
@@ -205,6 +220,9 @@ def test_swap_under_load_fails_no_request_and_keeps_to_the_budget(
         assert scaled["message"].startswith(
             "model m version 1.0 cannot be scaled while a swap from 1.0 to 2.0 runs ("
         )
+        canary = _canary(server, {"version": "2.0"})
+        assert canary["code"] == 400
+        assert canary["message"].startswith("model m: a swap from 1.0 to 2.0 is running (")
         removed = server.manage("DELETE", "/models/m/2.0").json()
         assert (
             removed["code"] == 400 and "cannot be unregistered while a swap" in removed["message"]
