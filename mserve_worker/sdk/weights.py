@@ -21,9 +21,14 @@ Runs inside a worker, in the model's environment: standard library at import tim
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import zipfile
 from typing import Any
+
+_MADV_POPULATE_READ = 22  # linux/mman.h
+_libc: Any = None
 
 _enabled = False  # set from INIT's warm_tier by the service (mserve_worker/service.py)
 _mapped: dict[str, int] = {}  # real path: size in bytes, of each file mapped by this worker
@@ -61,6 +66,7 @@ def load_weights(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any
     loaded = torch.load(name, *args, **kwargs)
     real = os.path.realpath(name)
     _mapped[real] = os.path.getsize(real)
+    _populate(loaded)
     return loaded
 
 
@@ -87,6 +93,41 @@ def build_with_state(cls: Any, state: Any) -> Any:
     model = cls()
     model.load_state_dict(state)
     return model
+
+
+def _populate(loaded: Any) -> None:
+    """Map every page of the loaded tensors now (``MADV_POPULATE_READ``, Linux 5.14+; else one
+    read per page), so the model is whole when READY is sent: the server measures the worker's
+    PSS then, and it must count the weights; the first request would pay the same faults."""
+    import torch
+
+    if isinstance(loaded, torch.nn.Module):
+        loaded = loaded.state_dict()
+    tensors = loaded.values() if isinstance(loaded, dict) else ()
+    seen: set[int] = set()
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.is_meta:
+            continue
+        storage = t.untyped_storage()
+        start, size = storage.data_ptr(), storage.nbytes()
+        if not size or start in seen:
+            continue
+        seen.add(start)
+        if not _madvise_populate(start, size):
+            flat = torch.empty(0, dtype=torch.uint8).set_(storage)
+            int(flat[:: mmap.PAGESIZE].sum())  # one byte of each page
+
+
+def _madvise_populate(start: int, size: int) -> bool:
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        page = start - start % mmap.PAGESIZE
+        return _libc.madvise(page, size + (start - page), _MADV_POPULATE_READ) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _is_zip_checkpoint(path: str) -> bool:
