@@ -9,9 +9,11 @@ decides the rest, server-wide:
   through :meth:`ModelVersion.scale`), the workers' memory (PSS, which splits the
   pages a forked worker shares with its template; RSS where there is no PSS) plus what a worker
   of that model took last time must fit ``worker_memory_budget_mb``, and the models with
-  workers must stay within ``max_loaded_models``. If not, the least recently used idle model
-  (another one, every worker ready and none busy, nothing queued) is scaled down to its
-  ``min_workers`` and the check runs again; with nothing to evict the start waits for room up to
+  workers must stay within ``max_loaded_models``. If not, the idle model cheapest to evict
+  (another one, every worker ready and none busy, nothing queued; eviction.py: request rate x
+  measured reload time, or the least recently used with ``eviction: lru``) is scaled down to
+  its ``min_workers`` (its mapped weights going to the warm tier, warm.py) and the check runs
+  again; with nothing to evict the start waits for room up to
   ``load_wait_s``, then fails with :class:`BudgetExhausted`, which names the budget. Workers
   that are stopping count as gone: the new worker does not wait for them to exit (tens of ms,
   more on a busy machine), so for that long the real memory can pass the budget by theirs.
