@@ -24,7 +24,7 @@ import pickle
 import time
 from typing import Any
 
-from . import onnx_session, profiling, pt2, safe_weights, weights
+from . import aoti, onnx_session, profiling, pt2, safe_weights, weights
 from .keep import STORE, file_digest, file_key, keep
 
 # Manifest keys, as TorchServe writes them.
@@ -81,8 +81,9 @@ class BaseHandler:
     # Loading.
 
     def initialize(self, context: Any) -> None:
-        """Pick the device, load ``serializedFile`` (eager when the manifest has a ``modelFile``,
-        else TorchScript) in eval mode, and read ``index_to_name.json`` when the archive has one.
+        """Pick the device, load ``serializedFile`` (eager when the manifest has a ``modelFile``;
+        by suffix ``.onnx`` with onnxruntime, ``.so``/``.pt2`` as AOTInductor models; else
+        TorchScript) in eval mode, and read ``index_to_name.json`` when the archive has one.
         """
         import torch
 
@@ -119,6 +120,8 @@ class BaseHandler:
             self.model = self._load_pickled_model(model_dir, model_file, self.model_pt_path)
         elif self.model_pt_path is not None and self.model_pt_path.endswith(".onnx"):
             self.model = self._load_onnx_model(self.model_pt_path)
+        elif self.model_pt_path is not None and aoti.is_aoti_file(self.model_pt_path):
+            self.model = self._load_aoti_model(self.model_pt_path)
         elif self.model_pt_path is not None:
             self.model = self._load_torchscript_model(self.model_pt_path)
         else:
@@ -169,6 +172,23 @@ class BaseHandler:
                 f"the model's class with --model-file, and BaseHandler loads the tensors into it"
             )
         return torch.jit.load(model_pt_path, map_location=self.device)
+
+    def _load_aoti_model(self, model_pt_path: str) -> Any:
+        """An AOTInductor ``.so`` (TorchServe's rule: with ``pt2: {export: {aot_compile:
+        true}}``) or ``.pt2`` package, loaded as the callable torch gives (aoti.py)."""
+        try:
+            return aoti.load(model_pt_path, self.device, self.model_yaml_config)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
+
+    def _load_torch_export_aot_compile(self, model_so_path: str) -> Any:
+        """TorchServe's name for loading an AOT-compiled ``.so``; handlers written for it call
+        or override this."""
+        return aoti.load_shared_library(model_so_path, self.device)
+
+    def _use_torch_export_aot_compile(self) -> bool:
+        """TorchServe's check: the model config's ``pt2.export.aot_compile``."""
+        return aoti.wants_aot_compile(self.model_yaml_config)
 
     def _load_onnx_model(self, model_pt_path: str) -> Any:
         """An onnxruntime session, as TorchServe opens ``.onnx`` files (onnx_session.py)."""
