@@ -34,11 +34,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from server import tenants
 from server.config import split_address
 from server.errors import BadRequest, ConfigError, Unauthorized
 from server.rundir import write_json_atomic
+
+if TYPE_CHECKING:
+    from server.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -204,14 +208,30 @@ class Guard:
         self.exempt = {tuple(p.strip("/").split("/")) for p in exempt_paths}
         self.rotates = api == "management"
 
-    def check(self, parts: list[str], method: str, authorization: str | None) -> None:
+    def check(self, parts: list[str], method: str, authorization: str | None) -> Tenant | None:
+        """The request's tenant while the server has tenants (server/tenants/), else None."""
         path = tuple(parts)
         if path in self.exempt or (
             method == "OPTIONS" and path == ("",) and ("api-description",) in self.exempt
         ):
-            return
+            return None
         kind = API if self.rotates and path == ("token",) else self.kind
-        self.keys.check(kind, bearer(authorization), self.realm)
+        return check_tenant(self.keys, kind, bearer(authorization), self.realm)
+
+
+def check_tenant(keys: Keys, kind: str, sent: str | None, realm: str) -> Tenant | None:
+    """Raise Unauthorized unless ``sent`` is the live key of ``kind`` or, for the inference
+    key while the server has tenants, a tenant's key; the tenant it names (the server's own
+    inference key: the default tenant), or None without tenants."""
+    current = tenants.current
+    if current is None or kind != "inference":
+        keys.check(kind, sent, realm)
+        return None
+    tenant = current.of_key(sent)
+    if tenant is not None:
+        return tenant
+    keys.check(kind, sent, realm)  # an unknown key is refused here, as without tenants
+    return current.default
 
 
 def open_warning(urls: dict[str, str], model_api: bool) -> str | None:

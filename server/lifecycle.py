@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any
 import uvloop
 
 from archiver import __version__
-from server import locks, snapshot, tracing, ts_snapshot
+from server import locks, snapshot, tenants, tracing, ts_snapshot
 from server.accesslog import AccessLogFile
 from server.auth import Keys, open_warning, read_key_file
 from server.config import ServerConfig
 from server.console import ConsoleHandler
 from server.devices import GpuAllocator, server_gpus
 from server.download import is_remote, recorded_url
-from server.errors import MserveError, answer_as_torchserve
+from server.errors import ConfigError, MserveError, answer_as_torchserve
 from server.http import HttpServer
 from server.logs import setup_logging, torchserve_banner
 from server.metrics.handler import load_metrics_config
@@ -143,6 +143,13 @@ class Server:
             if not_after is not None:
                 self.metrics.watch_certificate(config.certificate_file, not_after)
         self.keys = None if config.disable_token_authorization else _keys(config)
+        if config.tenants_file:  # before any model version: their queues are then fair ones
+            if self.keys is None:
+                raise ConfigError(
+                    "tenants_file needs token authorization (its tenants are told apart by"
+                    " their keys): remove disable_token_authorization or tenants_file"
+                )
+            tenants.setup(Path(config.tenants_file).expanduser(), lambda: self.registry.models)
         self.listeners: list[HttpServer] = []
         self.grpc_listeners: list[GrpcListener] = []
         self.addresses: dict[str, str] = {}
@@ -223,6 +230,8 @@ class Server:
         if self.keys is not None:
             self.keys.write()
             log.info("token authorization is on: keys in %s", self.keys.path)
+        if tenants.current is not None:
+            tenants.current.start()  # reloaded when the file changes
         for opened in await rest_frontend.open_listeners(
             config, self.registry, self.metrics, self.keys, self.access_log, self.router
         ):
@@ -430,6 +439,8 @@ class Server:
             if m.name not in restored and m.url not in restored
             and not (is_remote(m.url) and recorded_url(m.url) in restored)  # as the snapshot has it
         ])  # fmt: skip
+        if tenants.current is not None:  # quotas may name models from now on
+            tenants.current.models_registered()
 
     async def _until_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
         """Run ``work`` unless a stop signal comes first (then cancel it): a SIGTERM during a
@@ -468,6 +479,8 @@ class Server:
         await asyncio.gather(*grpc_stops)
         if self.keys is not None:
             self.keys.remove()
+        if tenants.current is not None:
+            await tenants.current.close()
         if tracing.current is not None:  # what is still queued goes out (bounded)
             await tracing.current.close()
         log.info("mserve stopped")

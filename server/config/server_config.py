@@ -147,6 +147,10 @@ class ServerConfig:
     # takes the same key): a JSON file in key_file.json's layout (server/auth.py). Fixed keys do
     # not expire and are not rotated through the API; change the file and restart instead.
     token_key_file: str | None = None
+    # Tenants (server/tenants/, docs/tenants.md): a YAML file giving each client its own
+    # inference keys (sha256-hashed), a weight in each model's fair queue and quotas; reloaded
+    # when it changes. Unset: one inference key, one plain queue per model, as before.
+    tenants_file: str | None = None
     token_exempt_paths: tuple[str, ...] = (
         "/ping", "/v2/health/live", "/v2/health/ready", "/api-description"
     )  # fmt: skip

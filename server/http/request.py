@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, unquote
 
 from server.errors import BadRequest, MethodNotAllowed, MserveError, PathNotFound
+
+if TYPE_CHECKING:
+    from server.tenants import Tenant
 
 MAX_HEAD_BYTES = 64 * 1024  # request line plus headers; more is answered 431
 # The request headers this server reads itself, found once as they arrive (one lower() per
@@ -66,6 +69,7 @@ class Request:
         "stream",
         "tag",
         "target",
+        "tenant",
         "version",
     )  # fmt: skip
 
@@ -86,6 +90,7 @@ class Request:
         self.stream: OpenStream | None = None  # a streamed answer under way
         # a prediction's facts for the access log: request id, trace id, model, version, worker
         self.tag: tuple[str, str, str, str, str] | None = None
+        self.tenant: Tenant | None = None  # who sent it, while the server has tenants
         path, _, self.query_string = target.partition(b"?")
         segments = path.decode("utf-8", "replace").split("/")[1:]
         while len(segments) > 1 and not segments[-1]:  # trailing slashes: TorchServe ignores them

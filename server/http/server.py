@@ -131,7 +131,7 @@ class HttpServer:
             if self.stopping:
                 raise ServiceUnavailable("the server is shutting down")
             if self.guard is not None:
-                self.guard.check(req.parts, req.method, req.known.get("authorization"))
+                req.tenant = self.guard.check(req.parts, req.method, req.known.get("authorization"))
                 if "authorization" in req.known:
                     # the key is the server's secret: a handler never sees it (with keys off,
                     # the header is the client's own and travels to the handler as sent); the

@@ -37,7 +37,7 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from mserve_worker.protocol import MetricEntry
-from server import tracing
+from server import tenants, tracing
 from server.errors import ConfigError
 from server.http import Connection, Request
 from server.metrics import system
@@ -503,6 +503,8 @@ class Metrics:
             for reason, spans in tracing.current.dropped().items():
                 dropped.add_metric([reason], spans)
             yield dropped
+        if tenants.current is not None:  # per-tenant counts (server/tenants/)
+            yield from tenants.current.families()
         residency = self._residency
         if residency is None:
             return

@@ -20,6 +20,7 @@ from server.errors import MserveError
 
 if TYPE_CHECKING:
     from server.streaming import ChunkStream
+    from server.tenants import Tenant
     from server.workers.channel import Batch
     from server.workers.process import Worker
 
@@ -41,7 +42,7 @@ class Job:
 
     __slots__ = (
         "cancelled", "enqueued_at", "future", "group", "handled", "item", "retried", "sent",
-        "sent_at", "stream", "trace",
+        "sent_at", "stream", "tag", "tenant", "trace",
     )  # fmt: skip
 
     def __init__(self, item: RequestItem, future: asyncio.Future[ResponseItem]) -> None:
@@ -59,6 +60,8 @@ class Job:
         self.handled: dict[str, Any] | None = None
         self.cancelled: str | None = None  # why it was cancelled: see CANCEL_REASONS
         self.group: str | None = None  # its sequence id, under sequence batching
+        self.tenant: Tenant | None = None  # who sent it (server/tenants/), while tenancy is on
+        self.tag = 0.0  # its start tag in its tenant's lane (server/models/fair.py)
 
     def cancel(self, reason: str = "client", error: MserveError | None = None) -> bool:
         """Stop this request wherever it is; False if it was answered or cancelled already.
@@ -113,6 +116,8 @@ class QueueFull(Exception):
 
 
 class JobQueue:
+    fair = False  # serves tenants fairly (server/models/fair.py)
+
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self._jobs: collections.deque[Job] = collections.deque()

@@ -138,6 +138,8 @@ class BatchPump:
         waking no task; only a batch that failed takes one."""
         fill = self.settings.batch_wait == "fill"
         depth = pipeline_depth(self.settings.batch_size)
+        if self.queue.fair:  # tenants: what waits in a worker is served in order, not fairly
+            depth = 2
         if worker.concurrent:  # TorchServe's async worker is sent every batch the queue holds
             depth = max(depth, -(-self.settings.job_queue_size // self.settings.batch_size))
         pipe = _Pipeline(

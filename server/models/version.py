@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mserve_worker.protocol import RequestItem
+from server import tenants
 from server.config.model_settings import SEQUENCE_HEADERS, ModelSettings, whole, with_changes
 from server.devices import GpuPlan, worker_env_for
 from server.errors import (
@@ -42,6 +43,7 @@ from server.metrics.model_stats import ModelStats
 from server.metrics.server_metrics import Metrics
 from server.models.batching import Job, JobQueue, QueueFull
 from server.models.continuous import ContinuousPump
+from server.models.fair import FairJobQueue
 from server.models.pump import BatchPump
 from server.models.residency import Residency
 from server.models.sequences import Sequences
@@ -54,6 +56,7 @@ from server.workers.sandbox import ModelSandbox
 
 if TYPE_CHECKING:
     from server.signatures import SignatureRecord
+    from server.tenants import Tenant
     from server.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -123,7 +126,10 @@ class ModelVersion:
         self.sequence_headers = sequence_headers  # (id, start, end): ts_header_key_sequence_*
         self.sandbox = sandbox  # what its workers may reach; None: unconfined (sandbox: false)
         self.loaded_at_startup = loaded_at_startup
-        self.queue = JobQueue(settings.job_queue_size)
+        # fair between tenants while the server has some (server/tenants/, server/models/fair.py)
+        self.queue = (JobQueue if tenants.current is None else FairJobQueue)(
+            settings.job_queue_size
+        )
         self.slots: list[Slot] = []
         self._retiring: set[Slot] = set()
         self.sequences = (
@@ -251,11 +257,14 @@ class ModelVersion:
         """A request finding no worker starts one: max_workers 0 keeps TorchServe's 503."""
         return self.settings.max_workers >= 1 and self.prepared
 
-    def enqueue(self, item: RequestItem, trace: RequestTrace | None = None) -> Job:
+    def enqueue(
+        self, item: RequestItem, trace: RequestTrace | None = None, tenant: Tenant | None = None
+    ) -> Job:
         """Queue a request; the job's future gets its answer. A caller that goes away cancels
         the future and calls :meth:`withdraw`: the request is dropped if no worker has started
         it. Raises at once when the request cannot be queued (429 queue full, 503 no worker or
-        failed model). ``trace``: the request's server span (server/tracing/)."""
+        failed model). ``trace``: the request's server span (server/tracing/). ``tenant``: who
+        sent it (server/tenants/): over its quota, 429 before it takes a queue slot."""
         if self.failed is not None:
             raise ServiceUnavailable(f"model {self.label} has failed: {self.failed}")
         if not self.slots and not self.held:
@@ -269,6 +278,9 @@ class ModelVersion:
         self.asked += 1
         job = Job(item, self.queue.new_future())
         job.trace = trace
+        if tenant is not None:
+            tenant.admit(self.name, job.future)  # over quota: raises, and nothing is queued
+            job.tenant = tenant
         try:
             if self.sequences is not None:
                 if self.queued() >= self.queue.maxsize:
@@ -277,6 +289,7 @@ class ModelVersion:
             else:
                 self.queue.put(job, self._waiting_in_workers())
         except QueueFull:
+            job.future.cancel()  # counts it out of its tenant's requests in flight
             raise TooManyRequests(
                 f"model {self.label} queue is full (job_queue_size={self.queue.maxsize})"
             ) from None

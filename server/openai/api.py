@@ -217,10 +217,10 @@ class OpenAIAPI:
         )  # fmt: skip
         trace = span.trace
         if trace is None:
-            job = model.enqueue(item)
+            job = model.enqueue(item, None, req.tenant)
         else:
             trace.pass_on(item.headers)
-            job = model.enqueue(item, trace if i == 0 else None)
+            job = model.enqueue(item, trace if i == 0 else None, req.tenant)
             if i == 0:
                 span.job = job
         if i == 0:  # once per call: its first choice stands for it (counted, watched, shadowed)

@@ -153,7 +153,7 @@ class InferenceAPI:
             trace_id = trace_id_of(known.get("traceparent"))
         req.tag = (rid, trace_id, model.name, model.version, "")
         try:
-            job = model.enqueue(item, trace)
+            job = model.enqueue(item, trace, req.tenant)
         except MserveError as exc:
             self.metrics.answered(model, exc.status, None)
             if trace is not None:

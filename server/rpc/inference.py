@@ -22,7 +22,8 @@ from google.rpc import status_pb2
 from grpc import aio
 
 from mserve_worker.protocol import RequestItem, ResponseItem
-from server import tracing
+from server import tenants, tracing
+from server.auth import bearer
 from server.errors import BadRequest, MserveError, ResponseTooLarge
 from server.inference import check_size, request_id
 from server.metrics.server_metrics import Metrics
@@ -35,6 +36,7 @@ from server.rpc.protos import inference_pb2 as pb
 from server.rpc.protos import inference_pb2_grpc
 from server.rpc.server import AddService, abort
 from server.streaming import ChunkStream
+from server.tenants import Tenant
 from server.tracing import CLIENT_GONE, RequestTrace, client_request_id
 
 
@@ -46,6 +48,17 @@ def request_metadata(context: aio.ServicerContext) -> dict[str, str]:
         if key in wanted and isinstance(value, str):
             found.setdefault(key, value)
     return found
+
+
+def tenant_of(context: aio.ServicerContext) -> Tenant | None:
+    """The call's tenant while the server has tenants (its key passed TokenGuard already)."""
+    current = tenants.current
+    if current is None:
+        return None
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str):
+            return current.of_key(bearer(value)) or current.default
+    return current.default
 
 
 def request_trace(
@@ -206,14 +219,14 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         headers = [[model.sequence_headers[0], request.sequenceId]] if request.sequenceId else []
         item = RequestItem(request_id=rid, content_type=content_type, headers=headers, body=body)
         trace = request_trace(f"gRPC {SERVICE}", meta, model, item, started)
-        answer_run = self.run(model, item, counts, started, trace)
+        answer_run = self.run(model, item, counts, started, trace, tenant_of(context))
         async with contextlib.aclosing(answer_run) as answer:
             async for piece in answer:
                 yield bytes(piece.body)
 
     async def run(
         self, model: ModelVersion, item: RequestItem, counts: list[float], started: float,
-        trace: RequestTrace | None = None,
+        trace: RequestTrace | None = None, tenant: Tenant | None = None,
     ) -> AsyncIterator[ResponseItem]:  # fmt: skip
         """Queue ``item`` on ``model`` and yield its answer: one item, or one per chunk of a
         streamed answer (with the status and headers the handler set first); raises the error
@@ -221,7 +234,7 @@ class InferenceService(inference_pb2_grpc.InferenceAPIsServiceServicer):
         counts in the metrics as a REST one does. The Open Inference Protocol's service
         (server/rpc/oip.py) queues its requests here too."""
         try:
-            job = model.enqueue(item, trace)
+            job = model.enqueue(item, trace, tenant)
         except MserveError as exc:
             self.metrics.answered(model, exc.status, None)
             if trace is not None:

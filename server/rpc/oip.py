@@ -36,11 +36,13 @@ from server.rpc.inference import (
     InferenceService,
     request_metadata,
     request_trace,
+    tenant_of,
 )
 from server.rpc.oip_messages import request_body, response
 from server.rpc.protos import oip_pb2 as pb
 from server.rpc.protos import oip_pb2_grpc
 from server.rpc.server import AddService, abort
+from server.tenants import Tenant
 from server.tracing import client_request_id
 
 SERVICE = "inference.GRPCInferenceService"
@@ -135,7 +137,7 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
         rid = client_request_id(meta.get("x-request-id")) or request_id()
         context.set_trailing_metadata((("x-request-id", rid),))
         try:
-            return await self._infer(request, rid, meta)
+            return await self._infer(request, rid, meta, tenant_of(context))
         except MserveError as exc:
             await abort(context, exc, self.registry.redact)
         except HandlerStatus as exc:
@@ -150,7 +152,7 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
         meta = request_metadata(context)  # the call's trace context: each request's parent
         async for request in requests:
             try:
-                answer = await self._infer(request, request_id(), meta)
+                answer = await self._infer(request, request_id(), meta, tenant_of(context))
             except MserveError as exc:
                 text = self.registry.redact(exc.message)
             except HandlerStatus as exc:
@@ -161,8 +163,9 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
             yield pb.ModelStreamInferResponse(error_message=status.message(text))
 
     async def _infer(
-        self, request: pb.ModelInferRequest, rid: str, meta: dict[str, str]
-    ) -> pb.ModelInferResponse:
+        self, request: pb.ModelInferRequest, rid: str, meta: dict[str, str],
+        tenant: Tenant | None = None,
+    ) -> pb.ModelInferResponse:  # fmt: skip
         """Queue the request in its REST form and read the worker's answer back; raises the
         error that answers it instead."""
         version = request.model_version or None
@@ -180,7 +183,7 @@ class OipService(oip_pb2_grpc.GRPCInferenceServiceServicer):
         )
         trace = request_trace(f"gRPC {SERVICE}", meta, model, item, started)
         pieces, size, first = [], 0, None
-        run = self.queue.run(model, item, counts, started, trace)
+        run = self.queue.run(model, item, counts, started, trace, tenant)
         async with contextlib.aclosing(run) as answer:
             async for piece in answer:
                 first = first or piece

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from server.auth import Keys, Unauthorized, bearer
+from server.auth import Keys, Unauthorized, bearer, check_tenant
 from server.errors import MserveError
 from server.rpc import status
 
@@ -59,7 +59,9 @@ class TokenGuard(aio.ServerInterceptor):
             return handler
         sent = next((v for k, v in details.invocation_metadata or () if k == "authorization"), None)
         try:
-            self.keys.check(self.kind, bearer(sent if isinstance(sent, str) else None), self.realm)
+            check_tenant(
+                self.keys, self.kind, bearer(sent if isinstance(sent, str) else None), self.realm
+            )
         except Unauthorized as exc:
             if self.torchserve:
                 text = f"{TORCHSERVE_REFUSAL} ({self.redact(exc.message)})"
@@ -92,8 +94,13 @@ async def abort(
     context: aio.ServicerContext, error: MserveError, redact: Callable[[str], str]
 ) -> None:
     """End the call with the error's code and its REST message, server paths out as in REST
-    answers (server/redaction.py) (raises)."""
-    await context.abort(status.code_of(error), status.message(redact(error.message)))
+    answers (server/redaction.py) (raises). A 429's ``Retry-After`` (a queue full, a tenant's
+    quota) goes in the trailing metadata as ``retry-after``, beside what the call set there."""
+    retry = error.headers().get("Retry-After")
+    if retry is None:
+        await context.abort(status.code_of(error), status.message(redact(error.message)))
+    trailing = (*(context.trailing_metadata() or ()), ("retry-after", retry))
+    await context.abort(status.code_of(error), status.message(redact(error.message)), trailing)
 
 
 def credentials(certificate_file: str, private_key_file: str) -> grpc.ServerCredentials:

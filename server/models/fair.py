@@ -1,0 +1,140 @@
+"""A model's queue served by weighted fair queuing between tenants (docs/tenants.md).
+
+Start-time fair queuing: each tenant has a lane; a job's tag is its start time in virtual
+time, ``max(now, its tenant's last finish)``, and its tenant's finish moves on by ``1/weight``.
+The job taken is the lane head with the smallest tag, and virtual time becomes that tag. So
+under contention tenants are served in proportion to their weights, a tenant that was quiet
+starts at "now" (it is not owed a backlog, nor behind one), and a tenant alone takes every
+job. A batch is filled by taking jobs one at a time, so batches are shared fairly too.
+
+Used only while the server has tenants (server/tenants/); without, the plain JobQueue runs.
+The lanes stand in for JobQueue's deque behind ``len()``, so its waiting and waking run as
+they are.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+
+from server.models.batching import Job, JobQueue, QueueFull
+
+
+class _Lanes:
+    """Each tenant's waiting jobs, oldest first; ``len()`` is all of them."""
+
+    __slots__ = ("count", "lanes")
+
+    def __init__(self) -> None:
+        self.lanes: dict[str, collections.deque[Job]] = {}
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+
+class FairJobQueue(JobQueue):
+    fair = True
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize)
+        self._jobs: _Lanes = _Lanes()  # type: ignore[assignment]
+        self._finish: dict[str, float] = {}  # each tenant's last finish tag
+        self._virtual = 0.0
+
+    def put(self, job: Job, waiting_elsewhere: int = 0) -> None:
+        jobs = self._jobs
+        if jobs.count + waiting_elsewhere >= self.maxsize:
+            self._drop_gone()
+            if jobs.count + waiting_elsewhere >= self.maxsize:
+                raise QueueFull
+        tenant = job.tenant
+        name, weight = ("", 1.0) if tenant is None else (tenant.name, tenant.weight)
+        finish = self._finish.get(name, 0.0)
+        start = finish if finish > self._virtual else self._virtual
+        self._finish[name] = start + 1.0 / weight
+        job.tag = start
+        lane = jobs.lanes.get(name)
+        if lane is None:
+            lane = jobs.lanes[name] = collections.deque()
+        lane.append(job)
+        jobs.count += 1
+        self._wake(1)
+
+    def requeue(self, jobs: list[Job]) -> None:
+        """Accepted jobs go back at the head of their lanes with the tags they had."""
+        lanes = self._jobs.lanes
+        for job in reversed(jobs):
+            name = "" if job.tenant is None else job.tenant.name
+            lane = lanes.get(name)
+            if lane is None:
+                lane = lanes[name] = collections.deque()
+            lane.appendleft(job)
+        self._jobs.count += len(jobs)
+        self._wake(len(jobs))
+
+    def pop(self) -> Job | None:
+        jobs = self._jobs
+        lanes = jobs.lanes
+        while lanes:
+            if len(lanes) == 1:
+                name, lane = next(iter(lanes.items()))
+            else:
+                name, lane = min(lanes.items(), key=_head_tag)
+            job = lane.popleft()
+            jobs.count -= 1
+            if not lane:
+                del lanes[name]
+            if job.future.done():  # the client went away: costs no worker time
+                continue
+            self._virtual = job.tag
+            if job.trace is not None:
+                job.trace.popped = time.monotonic()
+            return job
+        return None
+
+    def pop_matching(self, wanted: Callable[[Job], bool]) -> Job | None:
+        best: tuple[str, Job] | None = None
+        for name, lane in self._jobs.lanes.items():
+            for job in lane:
+                if not job.future.done() and wanted(job):
+                    if best is None or job.tag < best[1].tag:
+                        best = (name, job)
+                    break
+        if best is None:
+            return None
+        name, job = best
+        lane = self._jobs.lanes[name]
+        lane.remove(job)
+        self._jobs.count -= 1
+        if not lane:
+            del self._jobs.lanes[name]
+        if job.trace is not None:
+            job.trace.popped = time.monotonic()
+        return job
+
+    def fail_all(self, error: BaseException) -> int:
+        failed = 0
+        lanes, self._jobs.lanes, self._jobs.count = self._jobs.lanes, {}, 0
+        for lane in lanes.values():
+            for job in lane:
+                if not job.future.done():
+                    job.future.set_exception(error)
+                    failed += 1
+        return failed
+
+    def _drop_gone(self) -> None:
+        """Callers that went away leave their jobs until popped; at the bound they go."""
+        jobs = self._jobs
+        for name in list(jobs.lanes):
+            lane = collections.deque(j for j in jobs.lanes[name] if not j.future.done())
+            if lane:
+                jobs.lanes[name] = lane
+            else:
+                del jobs.lanes[name]
+        jobs.count = sum(len(lane) for lane in jobs.lanes.values())
+
+
+def _head_tag(entry: tuple[str, collections.deque[Job]]) -> float:
+    return entry[1][0].tag

@@ -1,0 +1,238 @@
+"""Tenants (docs/tenants.md): keys per client, quotas (429 + Retry-After, over REST and gRPC),
+weighted fair queuing read from the server's own per-tenant counts, reloads of the file.
+
+One server for the module: a model whose every batch takes 10 ms (one worker, batches of one),
+so a queue forms under load and the order it is served in shows in the counts."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from archiver.cli import main as archiver_main
+from server.errors import ConfigError
+from server.rpc.protos import inference_pb2, inference_pb2_grpc
+from server.tenants import key_hash, parse
+from tests.server.conftest import HANDLERS, MSERVE, Server, http, pid_alive, wait_until
+
+KEYS = {name: f"key-of-{name}-0123456789" for name in ("heavy", "light", "capped", "late")}
+
+
+def tenants_yaml(*extra: str) -> str:
+    return "\n".join([
+        "tenants:",
+        "  heavy:",
+        f"    keys: [sha256:{key_hash(KEYS['heavy'])}]",
+        "    weight: 3",
+        "  light:",
+        f"    keys: ['{key_hash(KEYS['light'])}']",
+        "  capped:",
+        f"    keys: [sha256:{key_hash(KEYS['capped'])}]",
+        "    models:",
+        "      paced: {requests_per_second: 0.5, burst: 2}",
+        *extra,
+    ]) + "\n"  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("tenants")
+    store = root / "store"
+    store.mkdir()
+    args = ["--model-name", "paced", "--handler", "paced", "--model-path",
+            str(HANDLERS / "tenants"), "--export-path", str(store), "-f"]  # fmt: skip
+    out = CliRunner().invoke(archiver_main, args, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    (root / "tenants.yaml").write_text(tenants_yaml())
+    settings: dict[str, Any] = {f"{api}_address": "127.0.0.1:0" for api in
+                ("inference", "management", "metrics", "grpc_inference", "grpc_management")}  # fmt: skip
+    settings.update(model_store=str(store), tenants_file=str(root / "tenants.yaml"))
+    config = root / "mserve.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    run_dir = root / "run"
+    cli = ["--config", str(config), "--run-dir", str(run_dir)]
+    started = subprocess.run(
+        [MSERVE, "--start", *cli, "--models", "paced=paced.mar"], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    server = Server(run_dir, json.loads((run_dir / "status.json").read_text()), cli)
+    server.tenants_file = root / "tenants.yaml"  # type: ignore[attr-defined]
+    try:
+        yield server
+    finally:
+        server.cli("--stop")
+        if pid_alive(server.pid):
+            subprocess.run(["kill", "-9", str(server.pid)], check=False)
+
+
+def predict(server: Server, key: str, body: str = "hi") -> Any:
+    return http("POST", server.url("inference", "/predictions/paced"), body.encode(),
+                {"Authorization": f"Bearer {key}", "Content-Type": "text/plain"})  # fmt: skip
+
+
+def counts(server: Server, family: str = "mserve_tenant_requests_served_total") -> dict[str, float]:
+    text = http("GET", server.url("metrics", "/metrics")).body.decode()
+    found = {}
+    for m in re.finditer(rf'^{family}\{{model="paced",tenant="([^"]+)"\}} (\S+)$', text, re.M):
+        found[m.group(1)] = float(m.group(2))
+    return found
+
+
+def test_each_tenant_key_is_accepted_and_others_refused(server: Server) -> None:
+    for name in ("heavy", "light"):
+        reply = predict(server, KEYS[name], name)
+        assert (reply.status, reply.body) == (200, name.encode())
+    assert predict(server, server.key("inference")).status == 200  # the default tenant's
+    refused = predict(server, "not-a-key-of-anyone-at-all")
+    assert refused.status == 401
+    assert refused.json()["message"] == "the key sent is not the inference key"
+    served = counts(server)
+    assert served["heavy"] >= 1 and served["light"] >= 1 and served["default"] >= 1
+    # only hashes are stored: no key of the file can be read from it
+    text = server.tenants_file.read_text()  # type: ignore[attr-defined]
+    assert not any(key in text for key in KEYS.values())
+
+
+def test_over_quota_is_429_with_retry_after_and_takes_no_slot(server: Server) -> None:
+    replies = [predict(server, KEYS["capped"]) for _ in range(3)]
+    assert [r.status for r in replies[:2]] == [200, 200]  # the burst
+    over = replies[2]
+    assert over.status == 429
+    assert over.headers["Retry-After"] in ("1", "2")  # a token every 2 s, partly refilled
+    body = over.json()
+    assert body["type"] == "QuotaExceededException"
+    assert body["message"].startswith(
+        "tenant capped is over its quota for model paced (0.5 requests/s, burst 2); retry in"
+    )
+    assert counts(server)["capped"] == 2  # the refused one was never queued nor served
+    assert counts(server, "mserve_tenant_requests_refused_total")["capped"] >= 1
+    # gRPC: RESOURCE_EXHAUSTED, the hint in the trailing metadata
+    with grpc.insecure_channel(server.status["grpc_inference"]) as channel:
+        stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        request = inference_pb2.PredictionsRequest(model_name="paced", input={"data": b"x"})
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Predictions(request, metadata=[("authorization", f"Bearer {KEYS['capped']}")])
+        assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "tenant capped is over its quota" in err.value.details()
+        trailing = dict(err.value.trailing_metadata() or ())
+        assert trailing["retry-after"] in ("1", "2")
+        stub.Predictions(request, metadata=[("authorization", f"Bearer {KEYS['heavy']}")])
+
+
+def _load(server: Server, key: str, stop: threading.Event) -> Callable[[], None]:
+    def run() -> None:
+        while not stop.is_set():
+            assert predict(server, key).status == 200
+
+    return run
+
+
+def _saturate(server: Server, per_tenant: dict[str, int]) -> tuple[threading.Event, list[Any]]:
+    stop = threading.Event()
+    keys = [KEYS.get(name) or server.key("inference") for name, n in per_tenant.items()
+            for _ in range(n)]  # fmt: skip
+    threads = [threading.Thread(target=_load(server, key, stop), daemon=True) for key in keys]
+    for thread in threads:
+        thread.start()
+    return stop, threads
+
+
+def test_saturating_tenants_share_the_model_by_weight(server: Server) -> None:
+    """heavy (weight 3) and light (weight 1), 8 connections each: shares near 3:1, read from
+    the server's counts over a window taken once both queue."""
+    stop, threads = _saturate(server, {"heavy": 8, "light": 8})
+    try:
+        base = counts(server)
+        wait_until(lambda: sum(counts(server).values()) - sum(base.values()) >= 40, 60, "load")
+        start = counts(server)
+        wait_until(lambda: sum(counts(server).values()) - sum(start.values()) >= 240, 120,
+                   "240 requests served")  # fmt: skip
+        end = counts(server)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    heavy = end["heavy"] - start["heavy"]
+    light = end["light"] - start["light"]
+    share = heavy / (heavy + light)
+    # start-time fair queuing serves 3 of heavy's per light's while both queue: 0.75, give or
+    # take the requests in flight at the window's edges
+    assert 0.68 <= share <= 0.82, (heavy, light)
+
+
+def test_a_quiet_tenant_is_not_starved_by_a_noisy_one(server: Server) -> None:
+    """light sends one request at a time beside the default tenant (the server's own key, the
+    same weight) on 16 connections: each of light's requests waits for a few of the noisy
+    one's (the batch running, the one sent after it), not for its 16 queued ones (FIFO)."""
+    stop, threads = _saturate(server, {"default": 16})
+    try:
+        wait_until(lambda: counts(server).get("default", 0) > 0, 30, "load")
+        before = counts(server)
+        for _ in range(10):
+            assert predict(server, KEYS["light"]).status == 200
+        after = counts(server)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    noisy_meanwhile = after["default"] - before["default"]
+    assert after["light"] - before["light"] == 10
+    assert noisy_meanwhile < 10 * 6, noisy_meanwhile  # FIFO: ~16 per quiet request
+
+
+def test_the_file_is_reloaded_and_a_broken_one_kept_out(server: Server) -> None:
+    path: Path = server.tenants_file  # type: ignore[attr-defined]
+    assert predict(server, KEYS["late"]).status == 401
+    path.write_text(tenants_yaml("  late:", f"    keys: [sha256:{key_hash(KEYS['late'])}]"))
+    wait_until(lambda: predict(server, KEYS["late"]).status == 200, 20, "the new tenant's key")
+    # weight 0 on line 4: refused, named; the tenants read before stay
+    broken = tenants_yaml("  late:", f"    keys: [sha256:{key_hash(KEYS['late'])}]")
+    path.write_text(broken.replace("weight: 3", "weight: 0"))
+    log = server.run_dir / "logs" / "mserve.log"
+    wait_until(lambda: "'weight' should be above 0" in log.read_text(), 20, "the reload's error")
+    line = next(x for x in log.read_text().splitlines() if "'weight' should be above 0" in x)
+    assert f"{path} line 4: tenant 'heavy': 'weight' should be above 0;" in line
+    assert "the previous tenants stay in force" in line
+    assert predict(server, KEYS["late"]).status == 200
+    assert predict(server, KEYS["heavy"]).status == 200
+    path.write_text(tenants_yaml())
+
+
+def _models() -> list[str]:
+    return ["paced"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tenants:\n  a:\n    keys: [sha256:" + "0" * 64 + "]\n  b:\n    keys: ['" + "0" * 64
+         + "']\n", "line 5: tenant 'b': duplicate key (also a key of tenant 'a')"),
+        ("tenants:\n  a:\n    keys: [sha256:" + "0" * 64 + "]\n    weight: 0\n",
+         "line 4: tenant 'a': 'weight' should be above 0"),
+        ("tenants:\n  a:\n    keys: [sha256:" + "0" * 64 + "]\n    models:\n      nope: {in_flight: 2}\n",
+         "line 5: tenant 'a': unknown model 'nope' in its quotas (models: paced)"),
+        ("tenants:\n  a:\n    keys: [my-plain-secret-key]\n",
+         "line 3: tenant 'a': a key should be stored as its sha256 hash"),
+        ("tenants:\n  a:\n    weight: 2\n", "line 3: tenant 'a' has no 'keys'"),
+        ("tenants:\n  a:\n    keys: []\n    wieght: 2\n",
+         "line 4: tenant 'a': unknown field 'wieght' (fields: keys, weight, quota, models)"),
+        ("tenants:\n  a:\n    keys: []\n    quota: {burst: 3}\n",
+         "line 4: tenant 'a': 'quota': 'burst' needs 'requests_per_second'"),
+        ("tenants: [\n", "line 2: not valid YAML"),
+    ],
+)  # fmt: skip
+def test_bad_files_are_refused_naming_the_line(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(text, _models, "tenants.yaml")
+    assert err.value.message.startswith(f"tenants.yaml {message}"), err.value.message
