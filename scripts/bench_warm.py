@@ -278,6 +278,11 @@ def zipf_run(args: argparse.Namespace, work: Path, label: str, settings: dict[st
         for t in threads:
             t.join()
         loads = server.counters("mserve_model_load_seconds_sum")
+        by_model: dict[str, float] = {}
+        for key, value in server.counters("mserve_model_loads_total").items():
+            if 'outcome="ok"' in key:
+                model = key.split('model="', 1)[1].split('"', 1)[0]
+                by_model[model] = by_model.get(model, 0.0) + value
         out = {
             "label": label,
             "requests": len(results),
@@ -288,6 +293,7 @@ def zipf_run(args: argparse.Namespace, work: Path, label: str, settings: dict[st
             "cold": server.total("mserve_model_wakes_total", 'tier="cold"'),
             "drops": server.total("mserve_warm_tier_drops_total"),
             "load_s": sum(loads.values()),
+            "loads_by_model": by_model,
             "machine": machine.since(),
         }
     finally:
@@ -339,6 +345,11 @@ def cost(args: argparse.Namespace, work: Path) -> None:
         f"  seconds loading: cost {by_cost['load_s']:.1f} vs lru {by_lru['load_s']:.1f}"
         f" (requests {by_cost['requests']} vs {by_lru['requests']})"
     )
+    for run in (by_cost, by_lru):
+        kinds = [0.0, 0.0]  # loads of the expensive models (even), of the cheap ones (odd)
+        for model, n in run["loads_by_model"].items():
+            kinds[names.index(model) % 2] += n
+        print(f"  {run['label']}: loads of expensive models {kinds[0]:g}, cheap {kinds[1]:g}")
 
 
 def main() -> None:
