@@ -135,6 +135,8 @@ def _canary(
     state = _wait_state(server, args.interval * len(STEPS) * 10 + 60)
     ended = time.perf_counter()
     time.sleep(0.2)  # the answers in flight at the end come back
+    served = _manage(server, "GET", "/models/bench/traffic")["served"]
+    state["servedByServer"] = {v: s["requests"] for v, s in served.items()}
     _manage(server, "DELETE", "/models/bench/canary")
     return state, started, ended
 
@@ -182,8 +184,8 @@ def run(args: argparse.Namespace) -> None:
                   f" {state['state']} after {b1 - b0:.2f} s = {(b1 - b0) / args.window:.1f}"
                   f" guard windows; {during['requests']} requests meanwhile, {during['failed']}"
                   f" failed ({share:.1%}; the canary's first share {STEPS[0]} %), served by"
-                  f" {during['versions']}, p99 {during['p99_ms']:.1f} ms; reason:"
-                  f" {state['reason']}")  # fmt: skip
+                  f" {during['versions']} (the server's count: {state['servedByServer']}),"
+                  f" p99 {during['p99_ms']:.1f} ms; reason: {state['reason']}")  # fmt: skip
     finally:
         server.stop()
 
@@ -236,7 +238,7 @@ def main() -> None:
     parser.add_argument("--steady", type=float, default=8.0)
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--window", type=float, default=1.0)
-    parser.add_argument("--min-requests", type=int, default=10)
+    parser.add_argument("--min-requests", type=int, default=5)
     parser.add_argument("--seam", action="store_true")
     args = parser.parse_args()
     if args.seam:

@@ -2,17 +2,22 @@
 guard compares its answers with the baseline's over the same window; a breach rolls it back at
 once, the last step held without one promotes it to the default version.
 
-Latency is judged on each answer's service time: from its batch going to a worker to the answer.
-A request's wait in its version's queue depends on the share that version gets, which the
-rollout changes on purpose (a canary at 5 % waits for nobody, its baseline at 95 % for many):
-end to end, a version three times slower looked faster than its baseline until half the
-traffic reached it (scripts/bench_rollout.py). Errors count whatever they were.
+Latency is judged on the handler's own time on each request's batch, as its worker reports it.
+Every wait before depends on the share each version gets, which the rollout changes on purpose
+(a canary at 5 % waits for nobody, its baseline at 95 % for many): measured end to end, a
+version three times slower looked faster than its baseline until half the traffic reached it,
+and from its batch going to a worker (which queues batches ahead), a good version at 100 % was
+twice its baseline's at 50 % (scripts/bench_rollout.py). Errors count whatever they were.
 
 Each ``window_s`` the guard judges the answers both versions gave in the window (or since the
 last judgement, while the canary has fewer than ``min_requests``): the canary breaches when its
 5xx ratio is above the baseline's plus ``max_error_ratio``, or its p99 latency is above
-``max_p99_ratio`` times the baseline's (and above ``p99_floor_ms``, below which latency is
-noise). When the baseline had too few answers in the window (at 100 %, none), its last judged
+``max_p99_ratio`` times the baseline's, or its median above ``max_p50_ratio`` times the
+baseline's (either above ``p99_floor_ms``, below which latency is noise). The median catches a
+version slower on every request at once, where the baseline's p99 under load is mostly noise
+(CPU contention on a shared machine).
+
+When the baseline had too few answers in the window (at 100 %, none), its last judged
 window stands for it. A step moves on when ``interval_s`` has passed and the canary was judged
 on at least ``min_requests`` answers in it. A request counts when its answer (or error) comes
 back; one whose client left does not.
@@ -73,6 +78,10 @@ class _Window:
         ordered = sorted(self.latencies)
         return ordered[int(0.99 * (len(ordered) - 1))] if ordered else 0.0
 
+    def p50(self) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[(len(ordered) - 1) // 2] if ordered else 0.0
+
     def ratio(self) -> float:
         return self.errors / self.count if self.count else 0.0
 
@@ -99,7 +108,7 @@ class Canary:
         self._step_started = time.monotonic()
         self._step_requests = 0
         self._windows = {plan.version: _Window(), plan.baseline: _Window()}
-        self._baseline_ref: tuple[float, float] | None = None  # (error ratio, p99 s)
+        self._baseline_ref: tuple[float, float, float] | None = None  # (errors, p99, p50)
         self._timer: asyncio.TimerHandle | None = None
 
     @classmethod
@@ -196,16 +205,16 @@ class Canary:
         if canary.count < plan.min_requests:
             return None  # keep gathering: the windows go on until the canary has enough
         if baseline.count >= plan.min_requests or (self._baseline_ref is None and baseline.count):
-            self._baseline_ref = (baseline.ratio(), baseline.p99())
-        ref_ratio, ref_p99 = self._baseline_ref or (0.0, 0.0)
-        ratio, p99 = canary.ratio(), canary.p99()
+            self._baseline_ref = (baseline.ratio(), baseline.p99(), baseline.p50())
+        ref_ratio, ref_p99, ref_p50 = self._baseline_ref or (0.0, 0.0, 0.0)
+        ratio, p99, p50 = canary.ratio(), canary.p99(), canary.p50()
         self.judged += 1
         self._step_requests += canary.count
         self.last = {
             "canary": {"requests": canary.count, "errorRatio": round(ratio, 4),
-                       "p99Ms": round(p99 * 1000, 3)},
+                       "p50Ms": round(p50 * 1000, 3), "p99Ms": round(p99 * 1000, 3)},
             "baseline": {"requests": baseline.count, "errorRatio": round(ref_ratio, 4),
-                         "p99Ms": round(ref_p99 * 1000, 3)},
+                         "p50Ms": round(ref_p50 * 1000, 3), "p99Ms": round(ref_p99 * 1000, 3)},
         }  # fmt: skip
         self._windows = {plan.version: _Window(), plan.baseline: _Window()}
         if ratio > ref_ratio + plan.max_error_ratio:
@@ -223,6 +232,16 @@ class Canary:
                 f"p99 latency {p99 * 1000:.1f} ms of version {plan.version} is above"
                 f" max_p99_ratio {plan.max_p99_ratio:g} x the baseline {plan.baseline}'s"
                 f" {ref_p99 * 1000:.1f} ms"
+            )
+        if (
+            self._baseline_ref is not None
+            and p50 * 1000 > plan.p99_floor_ms
+            and p50 > ref_p50 * plan.max_p50_ratio
+        ):
+            return (
+                f"median latency {p50 * 1000:.1f} ms of version {plan.version} is above"
+                f" max_p50_ratio {plan.max_p50_ratio:g} x the baseline {plan.baseline}'s"
+                f" {ref_p50 * 1000:.1f} ms"
             )
         return None
 
@@ -342,8 +361,7 @@ class Canary:
 
 
 def _answered(window: _Window, job: Job, future: asyncio.Future[Any]) -> None:
-    """One answer of a watched version: its status, and the time from its batch going to a
-    worker to the answer (from its queueing when it never reached one)."""
+    """One answer of a watched version: its status and how long it took (:func:`_took_s`)."""
     if future.cancelled():
         return
     error = future.exception()
@@ -351,4 +369,19 @@ def _answered(window: _Window, job: Job, future: asyncio.Future[Any]) -> None:
         status = error.status if isinstance(error, MserveError) else 500
     else:
         status = getattr(future.result(), "status", 200)
-    window.add(status >= 500, time.monotonic() - (job.sent_at or job.enqueued_at))
+    window.add(status >= 500, _took_s(job))
+
+
+def _took_s(job: Job) -> float:
+    """The handler's own time on the job's batch, as its worker reported it; without one (the
+    batch failed, a step of continuous batching), the time since the batch went to a worker,
+    else since the job was queued."""
+    sent = job.sent
+    if sent is not None:
+        batch = sent[1].future
+        if batch.done() and not batch.cancelled() and batch.exception() is None:
+            meta = getattr(batch.result(), "meta", None)
+            handler_ms = meta.get("handler_ms") if isinstance(meta, dict) else None
+            if type(handler_ms) is float:
+                return handler_ms / 1000
+    return time.monotonic() - (job.sent_at or job.enqueued_at)

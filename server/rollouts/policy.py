@@ -70,6 +70,9 @@ class CanaryPlan:
     # the canary's p99 may be this many times the baseline's, unless under p99_floor_ms
     max_p99_ratio: float = 2.0
     p99_floor_ms: float = 20.0
+    # and its median this many times the baseline's (the same floor): a version slower on
+    # every request shows there first, where the baseline's p99 is its noise
+    max_p50_ratio: float = 2.0
     # answers the canary needs in a window to be judged, and in a step to move on
     min_requests: int = 20
 
@@ -83,6 +86,7 @@ class CanaryPlan:
             "max_error_ratio": self.max_error_ratio,
             "max_p99_ratio": self.max_p99_ratio,
             "p99_floor_ms": self.p99_floor_ms,
+            "max_p50_ratio": self.max_p50_ratio,
             "min_requests": self.min_requests,
         }
 
@@ -141,7 +145,7 @@ def parse_weights(doc: Any, versions: list[str], where: str) -> tuple[tuple[str,
         if version not in versions:
             raise BadRequest(
                 f"{where}: version {version!r} is not registered (registered:"
-                f" {', '.join(versions)})"
+                f" {', '.join(sorted(versions))})"
             )
         weights.append((version, _number(weight, f"{where}.{version}", 0.0, 100.0)))
     total = sum(w for _, w in weights)
@@ -165,7 +169,7 @@ def parse_sticky(doc: Any, where: str) -> Sticky | None:
 
 CANARY_FIELDS = frozenset(
     ("version", "baseline", "steps", "interval_s", "window_s", "max_error_ratio",
-     "max_p99_ratio", "p99_floor_ms", "min_requests")
+     "max_p99_ratio", "p99_floor_ms", "max_p50_ratio", "min_requests")
 )  # fmt: skip
 
 
@@ -183,7 +187,7 @@ def parse_canary(doc: Any, versions: list[str], default: str, where: str = "body
     if len(versions) < 2:
         raise BadRequest(
             f"{where}: a canary needs two versions of the model, and it has one"
-            f" ({', '.join(versions)}): register the new version first"
+            f" ({', '.join(sorted(versions))}): register the new version first"
         )
     version = doc.get("version")
     if not isinstance(version, str) or not version:
@@ -193,7 +197,7 @@ def parse_canary(doc: Any, versions: list[str], default: str, where: str = "body
         if not isinstance(value, str) or value not in versions:
             raise BadRequest(
                 f"{where}.{key}: version {value!r} is not registered (registered:"
-                f" {', '.join(versions)})"
+                f" {', '.join(sorted(versions))})"
             )
     if version == baseline:
         raise BadRequest(
@@ -216,6 +220,7 @@ def parse_canary(doc: Any, versions: list[str], default: str, where: str = "body
         "max_error_ratio": (0.0, 1.0),
         "max_p99_ratio": (1.0, 1000.0),
         "p99_floor_ms": (0.0, 3_600_000.0),
+        "max_p50_ratio": (1.0, 1000.0),
         "min_requests": (1.0, 1_000_000.0),
     }
     values = {
