@@ -27,19 +27,24 @@ class AccessLogFile(LineFile):
 
     def add_line(
         self, remote: str, method: str, target: str, version: str, status: int, length: int,
-        elapsed_s: float, tag: Tag | None = None,
+        elapsed_s: float, tag: Tag | None = None, tenant: str | None = None,
     ) -> None:  # fmt: skip
         """``tag``: a prediction's ids (the text line ends with its request and trace ids,
-        ``-`` where there is none)."""
+        ``-`` where there is none). ``tenant``: who sent it, while the server has tenants
+        (server/tenants/): the text line's last field then."""
         if self._torchserve:
             self.append(
                 f"{self.stamp()} - /{remote} "
                 f'"{method} {target} HTTP/{version}" {status} {int(elapsed_s * 1000)}\n'
             )
         elif self._json:
-            self.append(json_line(remote, method, target, version, status, length, elapsed_s, tag))
+            self.append(
+                json_line(remote, method, target, version, status, length, elapsed_s, tag, tenant)
+            )
         else:
             ids = f" {tag[0]} {tag[1] or '-'}" if tag is not None else " - -"
+            if tenant is not None:
+                ids += f" {tenant}"
             self.append(
                 f"{self.stamp()} {remote} "
                 f'"{method} {target} HTTP/{version}" {status} {length} {elapsed_s:.6f}{ids}\n'
@@ -48,7 +53,7 @@ class AccessLogFile(LineFile):
 
 def json_line(
     remote: str, method: str, target: str, version: str, status: int, length: int,
-    elapsed_s: float, tag: Tag | None,
+    elapsed_s: float, tag: Tag | None, tenant: str | None = None,
 ) -> str:  # fmt: skip
     record = {
         "time": _iso_now(),
@@ -71,6 +76,8 @@ def json_line(
         record["version"] = model_version
         if worker:
             record["worker"] = worker
+    if tenant is not None:
+        record["tenant"] = tenant
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 

@@ -385,6 +385,7 @@ class Connection(asyncio.Protocol):
                 self.api.access_log.add_line(
                     self.remote, ex.method, ex.target.decode("latin-1"), ex.version, ex.status,
                     ex.length, time.perf_counter() - ex.started, ex.tag,
+                    None if ex.tenant is None else ex.tenant.name,
                 )  # fmt: skip
             if self.api.on_answer is not None:
                 self.api.on_answer(ex.status)
@@ -431,6 +432,7 @@ class Connection(asyncio.Protocol):
             self.api.access_log.add_line(
                 self.remote, ex.method, ex.target.decode("latin-1"), ex.version, ex.status,
                 ex.length, time.perf_counter() - ex.started, ex.tag,
+                None if ex.tenant is None else ex.tenant.name,
             )  # fmt: skip
         if self.api.on_answer is not None:  # a broken stream is still one answer
             self.api.on_answer(ex.status)

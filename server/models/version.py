@@ -279,6 +279,8 @@ class ModelVersion:
         job = Job(item, self.queue.new_future())
         job.trace = trace
         if tenant is not None:
+            if trace is not None:
+                trace.attributes["mserve.tenant"] = tenant.name
             tenant.admit(self.name, job.future)  # over quota: raises, and nothing is queued
             job.tenant = tenant
         try:

@@ -104,6 +104,15 @@ def test_each_tenant_key_is_accepted_and_others_refused(server: Server) -> None:
     assert not any(key in text for key in KEYS.values())
 
 
+def test_the_access_log_names_the_tenant(server: Server) -> None:
+    reply = predict(server, KEYS["light"], "logged")
+    rid = reply.headers["X-Request-Id"]
+    access = server.run_dir / "logs" / "access.log"
+    wait_until(lambda: rid in access.read_text(), 10, "the access log line")
+    line = next(x for x in access.read_text().splitlines() if rid in x)
+    assert line.endswith(f" {rid} - light")  # request id, trace id (none), tenant
+
+
 def test_over_quota_is_429_with_retry_after_and_takes_no_slot(server: Server) -> None:
     replies = [predict(server, KEYS["capped"]) for _ in range(3)]
     assert [r.status for r in replies[:2]] == [200, 200]  # the burst
