@@ -70,13 +70,16 @@ class Summary:
         self._worst: list[tuple[Any, int, dict[str, Any]]] = []
         self._order = 0
         self.wall_s = 0.0
-        self._t0 = 0.0
+        self.cpu_s = 0.0
+        self._t0 = self._cpu0 = 0.0
 
     def started(self) -> None:
         self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
 
     def finished(self) -> None:
         self.wall_s = time.perf_counter() - self._t0
+        self.cpu_s = time.process_time() - self._cpu0
 
     def add(
         self, record: Recorded, candidate: Answer, latency_s: float, comparison: Comparison
@@ -194,6 +197,9 @@ class Summary:
             },
             "throughput_rps": round(self.replayed / self.wall_s, 1) if self.wall_s else None,
             "wall_s": round(self.wall_s, 3),
+            # the replay's own CPU per record sent (reading, sending, comparing): what it costs
+            # the machine next to the target
+            "client_cpu_us": round(self.cpu_s / sent * 1e6, 1) if sent else None,
             "worst": worst,
             "failures": self.failure_samples,
             "skipped_places": skipped.places,

@@ -1,8 +1,8 @@
 """Sending recorded requests to a target, as recorded (scaled) or as fast as a bounded number
 of requests in flight allows, and comparing each answer with the recorded one as it comes.
 
-One httpx.AsyncClient with as many connections as requests in flight; a bounded queue between
-the reader and the senders, so a log of millions of records is never held in memory.
+One kept-alive connection per request in flight (client.py); a bounded queue between the
+reader and the senders, so a log of millions of records is never held in memory.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-
-import httpx
+from urllib.parse import urlsplit
 
 from server.compare import Answer, CompareOptions, compare
+from server.replay.client import Connection, SendError
 from server.replay.records import Recorded, Skipped
 from server.replay.report import Summary
 from server.replay.target import Target
@@ -73,6 +73,11 @@ def select(
             yield record
 
 
+def _path(url: str) -> str:
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
 def _inside(when: float, selection: Selection) -> bool:
     if selection.since is not None and when < selection.since:
         return False
@@ -89,57 +94,48 @@ async def replay(
     progress: Callable[[], None] = lambda: None,
 ) -> None:
     """Replay ``records`` against ``target``, adding each outcome to ``summary``."""
-    limits = httpx.Limits(
-        max_connections=pace.concurrency, max_keepalive_connections=pace.concurrency
-    )
-    timeout = httpx.Timeout(pace.timeout_s)
     queue: asyncio.Queue[Recorded | None] = asyncio.Queue(maxsize=pace.concurrency * 2)
     down = asyncio.Event()
     failures_in_a_row = [0]
 
-    async def send(client: httpx.AsyncClient, record: Recorded) -> None:
+    async def send(connection: Connection, record: Recorded) -> None:
         request_headers = dict(headers)
         if record.request_type:
             request_headers.setdefault("Content-Type", record.request_type)
+        url = target.endpoint(record)
         started = time.perf_counter()
         try:
-            reply = await client.post(
-                target.endpoint(record), content=target.body(record), headers=request_headers
-            )
-            body = reply.content
-        except httpx.TimeoutException as exc:
-            summary.failed(
-                record, "timeout", f"{type(exc).__name__}: no answer in {pace.timeout_s} s"
-            )
-            return
-        except httpx.ConnectError as exc:
-            summary.failed(record, "unreachable", str(exc) or type(exc).__name__)
-            failures_in_a_row[0] += 1
-            if failures_in_a_row[0] >= _DOWN_AFTER and summary.replayed == 0:
-                down.set()
-            return
-        except httpx.HTTPError as exc:
-            summary.failed(record, "protocol", f"{type(exc).__name__}: {exc}")
+            reply = await connection.post(_path(url), target.body(record), request_headers)
+        except SendError as exc:
+            summary.failed(record, exc.kind, str(exc))
+            if exc.kind == "unreachable":
+                failures_in_a_row[0] += 1
+                if failures_in_a_row[0] >= _DOWN_AFTER and summary.replayed == 0:
+                    down.set()
             return
         latency_s = time.perf_counter() - started
         failures_in_a_row[0] = 0
-        candidate = Answer(reply.status_code, body, reply.headers.get("content-type", ""))
+        candidate = Answer(reply.status, bytes(reply.body), reply.content_type)
         reference = Answer(record.status, record.response or b"", record.response_type)
         summary.add(record, candidate, latency_s, compare(reference, candidate, options))
 
-    async def worker(client: httpx.AsyncClient) -> None:
-        while True:
-            record = await queue.get()
-            if record is None:
-                return
-            if not down.is_set():
-                await send(client, record)
-            else:
-                summary.failed(record, "unreachable", "the target is down: not sent")
-            progress()
+    async def worker() -> None:
+        connection = Connection(target.url, pace.timeout_s)
+        try:
+            while True:
+                record = await queue.get()
+                if record is None:
+                    return
+                if not down.is_set():
+                    await send(connection, record)
+                else:
+                    summary.failed(record, "unreachable", "the target is down: not sent")
+                progress()
+        finally:
+            connection.close()
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        workers = [asyncio.create_task(worker(client)) for _ in range(pace.concurrency)]
+    workers = [asyncio.create_task(worker()) for _ in range(pace.concurrency)]
+    try:
         started = time.monotonic()
         first_when: float | None = None
         summary.started()
@@ -159,3 +155,6 @@ async def replay(
             await queue.put(None)
         await asyncio.gather(*workers)
         summary.finished()
+    finally:
+        for task in workers:
+            task.cancel()
