@@ -70,6 +70,7 @@ def eager(folder: Path) -> torch.nn.Module:
     return model.eval()
 
 
+@pytest.mark.slow  # a real AOTInductor build with g++ (40-80 s), then two workers importing inductor
 def test_aoti_library_and_package_served_as_eager_pytorch_answers(
     start_server,
     store,  # noqa: F811
