@@ -177,9 +177,32 @@ class Canary:
     # --- the answers ---------------------------------------------------------------------------
 
     def watch(self, version: str, job: Job) -> None:
+        if version in self._windows and self.state in ACTIVE:
+            job.future.add_done_callback(functools.partial(self._answered, version, job))
+
+    def _answered(self, version: str, job: Job, future: asyncio.Future[Any]) -> None:
+        """One answer of a watched version, in the window open when it came back. Errors are
+        judged at once: a canary whose 5xx ratio over ``min_requests`` answers is already past
+        the bound is rolled back without waiting for the window's end (latency waits for it:
+        a few answers' percentiles are noise)."""
         window = self._windows.get(version)
-        if window is not None and self.state in ACTIVE:
-            job.future.add_done_callback(functools.partial(_answered, window, job))
+        if window is None or future.cancelled() or not self.active:
+            return
+        error = future.exception()
+        if error is not None:
+            status = error.status if isinstance(error, MserveError) else 500
+        else:
+            status = getattr(future.result(), "status", 200)
+        window.add(status >= 500, _took_s(job))
+        plan = self.plan
+        if status < 500 or version != plan.version or window.count < plan.min_requests:
+            return
+        baseline = self._windows[plan.baseline]
+        ref = self._baseline_ref[0] if self._baseline_ref is not None else baseline.ratio()
+        if window.ratio() > ref + plan.max_error_ratio:
+            breach = self._judge()
+            if breach is not None:
+                self._end(ROLLED_BACK, breach)
 
     def _tick(self) -> None:
         self._timer = None
@@ -358,18 +381,6 @@ class Canary:
             "started_at": self.started_at,
             "ended_at": self.ended_at,
         }
-
-
-def _answered(window: _Window, job: Job, future: asyncio.Future[Any]) -> None:
-    """One answer of a watched version: its status and how long it took (:func:`_took_s`)."""
-    if future.cancelled():
-        return
-    error = future.exception()
-    if error is not None:
-        status = error.status if isinstance(error, MserveError) else 500
-    else:
-        status = getattr(future.result(), "status", 200)
-    window.add(status >= 500, _took_s(job))
 
 
 def _took_s(job: Job) -> float:
