@@ -198,7 +198,7 @@ class HandlerService:
                 responses[i] = ResponseItem(exc.status, _text(exc.message), "")
                 continue
             except PayloadError as exc:
-                responses[i] = ResponseItem(400, _text(str(exc)), "text/plain; charset=utf-8")
+                responses[i] = _bad_body(str(exc))
                 continue
             groups.setdefault((item.op, api), []).append(i)
         traced = tracing.traced_by_server(items)
@@ -503,6 +503,14 @@ def _failed(error: str, i: int, stream: streaming.Stream | None) -> ResponseItem
     if stream is not None and i in stream.started:
         headers = [[STREAM_FAILED_HEADER, error]]
     return ResponseItem(500, _text(error), "text/plain; charset=utf-8", headers)
+
+
+def _bad_body(message: str) -> ResponseItem:
+    """A body the worker cannot decode for the handler (malformed JSON, a bad charset or
+    multipart): 400 in the envelope every other error of the server has, so that clients that
+    parse error bodies can parse this one too."""
+    body = {"code": 400, "type": "BadRequestException", "message": message}
+    return ResponseItem(400, json.dumps(body).encode(), "application/json")
 
 
 def _text(message: str) -> bytes:

@@ -217,8 +217,7 @@ _PREDICTED = {
     "200": {"description": "the handler's answer, as it made it",
             "content": {"*/*": {}}},
     "default": {"description": "the handler's answer with the status it set"},
-    "400": _error_or_text("the body could not be decoded for the handler (the worker's"
-                          " text/plain), or a bad parameter"),
+    "400": _error("the body could not be decoded for the handler, or a bad parameter"),
     "404": _NOT_FOUND,
     "413": _error("the request or the handler's answer is over its size limit"),
     "429": {**_error("the model's queue is full (job_queue_size): try again shortly"),

@@ -114,6 +114,12 @@ def test_request_bodies_reach_the_handler_as_torchserve_gives_them(make_archive,
     assert binary.headers["Content-Type"] == "application/octet-stream"
     bad = server.predict("probe", b"{not json", headers={"Content-Type": "application/json"})
     assert bad.status == 400
+    # in the {"code", "type", "message"} envelope of every other error, not text/plain
+    assert bad.headers["Content-Type"] == "application/json"
+    assert bad.json()["code"] == 400 and bad.json()["type"] == "BadRequestException"
+    assert bad.json()["message"].startswith(
+        "request body is not valid JSON (Content-Type 'application/json'): Expecting property name"
+    )
 
 
 def test_json_bodies_come_back_as_json_reads_and_writes_them(make_archive, start_server) -> None:
