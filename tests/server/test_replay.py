@@ -273,3 +273,85 @@ def test_the_html_report_renders_in_a_real_browser(captured, tmp_path) -> None:
         browser.close()
     assert problems == []  # no console error, no page error, nothing fetched
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_a_window_a_sample_and_the_recorded_pace(captured, tmp_path) -> None:
+    server, log_file, _ = captured
+    lines = [json.loads(line) for line in log_file.read_text().splitlines()]
+    middle = lines[CAPTURED // 2]["when"]
+    code, report, _ = replay(str(log_file), "--against", base(server), "--version", "1.0",
+                             "--since", middle, "--speed", "1000")  # fmt: skip
+    assert code == 0
+    after = sum(1 for line in lines if line["when"] >= middle)
+    assert report["counts"]["equal"] == after
+    assert report["counts"]["skipped"] == {"outside_window": CAPTURED - after}
+    code, report, _ = replay(str(log_file), "--against", base(server), "--version", "1.0",
+                             "--sample", "0.5", "--seed", "3")  # fmt: skip
+    counts = report["counts"]
+    assert code == 0 and 0 < counts["equal"] < CAPTURED
+    assert counts["equal"] + counts["skipped"]["not_sampled"] == CAPTURED
+
+
+def test_paths_for_each_api() -> None:
+    from server.replay.records import Recorded
+    from server.replay.target import Target
+
+    def record(api: str, body: bytes, op: str = "predict") -> Recorded:
+        return Recorded("id", "m", "1.0", api, op, 0.0, 0, body, "application/json", 200,
+                        b"{}", "application/json", "f:1")  # fmt: skip
+
+    base_url = "http://h:1"
+    tensors = b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}'
+    assert Target(base_url).endpoint(record("torchserve", b"{}")) == "http://h:1/predictions/m"
+    assert Target(base_url, version="2.0").endpoint(record("torchserve", b"{}", "explain")) == (
+        "http://h:1/explanations/m/2.0"
+    )
+    assert Target(base_url, version="2").endpoint(record("", tensors)) == (
+        "http://h:1/v2/models/m/versions/2/infer"
+    )  # a CloudEvent's API guessed from its body
+    assert Target(base_url, api="v1").endpoint(record("", b'{"instances": []}')) == (
+        "http://h:1/v1/models/m:predict"
+    )
+    chat = record("", b'{"model": "a", "messages": []}')
+    openai = Target(base_url, api="openai", model="b")
+    assert openai.endpoint(chat) == "http://h:1/v1/chat/completions"
+    assert json.loads(openai.body(chat))["model"] == "b"
+    fixed = "http://h:1/predictions/other/3.0"
+    assert Target(fixed).endpoint(record("v2", tensors)) == fixed
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--against", "127.0.0.1:8080"], "'127.0.0.1:8080' is not an http:// or https:// URL"),
+        (["--against", "http://h:1", "-H", "no colon"], "--header 'no colon' should be 'Name: value'"),
+        (["--against", "http://h:1", "--since", "2026-01-01T00:00:00"],
+         "'2026-01-01T00:00:00' has no time zone (add Z or +00:00)"),
+        (["--against", "http://h:1", "--until", "yesterday"], "'yesterday' is not an ISO 8601 time"),
+        (["--against", "http://h:1", "--top-k", "5000"], "top_k must be an integer from 0 to 1000"),
+    ],
+)  # fmt: skip
+def test_usage_errors_name_the_flag(tmp_path, args: list[str], message: str) -> None:
+    log = tmp_path / "empty.jsonl"
+    log.write_text("")
+    result = CliRunner().invoke(replay_main, [str(log), *args])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_a_key_file_without_an_inference_key_is_named(tmp_path) -> None:
+    log, key = tmp_path / "empty.jsonl", tmp_path / "key_file.json"
+    log.write_text("")
+    key.write_text("{}")
+    result = CliRunner().invoke(replay_main, [str(log), "--against", "http://h:1",
+                                              "--key-file", str(key)])  # fmt: skip
+    assert result.exit_code == 2
+    assert f"--key-file {key}: no inference key in it" in " ".join(result.output.split())
+
+
+def test_nothing_to_replay_exits_4(tmp_path) -> None:
+    log = tmp_path / "empty.jsonl"
+    log.write_text("garbage\n")
+    code, report, output = replay(str(log), "--against", "http://127.0.0.1:9")
+    assert code == 4 and report["counts"]["skipped"] == {"not_a_record": 1}
+    assert "mserve replay: nothing to replay: no record of the log could be sent" in output
