@@ -1,7 +1,10 @@
 """TorchServe/MMS module-function handler for the example MLP.
 
 Request body: ``{"data": [256 floats]}``; answer: 10 floats. The first call (with no data)
-initialises, as MMS and TorchServe do for module-function handlers.
+initialises, as MMS and TorchServe do for module-function handlers. A request the handler cannot
+use (not JSON, no ``data``, not 256 numbers) is the client's mistake: it is answered 400 with the
+reason (``context.error_response``, TorchServe's BadInput body) and the rest of its batch is
+served, instead of the whole batch failing with a 500.
 """
 
 import json
@@ -29,17 +32,22 @@ def _initialize(context):
     _model = model.to(device).eval()
 
 
-def _rows(data):
-    rows = []
-    for item in data:
-        body = item.get("body") if isinstance(item, dict) else item
-        if isinstance(body, (bytes, bytearray)):
+def _values(item):
+    """The request's numbers, or why it has none (a string)."""
+    body = item.get("body", item.get("data")) if isinstance(item, dict) else item
+    if isinstance(body, (bytes, bytearray)):
+        try:
             body = json.loads(body)
-        values = body["data"] if isinstance(body, dict) else body
-        if len(values) != IN_FEATURES:
-            raise ValueError(f"expected {IN_FEATURES} numbers in 'data', got {len(values)}")
-        rows.append(values)
-    return rows
+        except ValueError:
+            return f'expected a JSON body {{"data": [{IN_FEATURES} numbers]}}'
+    values = body.get("data") if isinstance(body, dict) else body
+    if not isinstance(values, list):
+        return f'expected {{"data": [{IN_FEATURES} numbers]}}, found no list under "data"'
+    if len(values) != IN_FEATURES:
+        return f"expected {IN_FEATURES} numbers in 'data', got {len(values)}"
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return f"expected {IN_FEATURES} numbers in 'data', found something else among them"
+    return values
 
 
 def handle(data, context):
@@ -47,7 +55,18 @@ def handle(data, context):
         _initialize(context)
     if not data:
         return None
-    device = next(_model.parameters()).device
-    with torch.inference_mode():
-        batch = torch.tensor(_rows(data), dtype=torch.float32, device=device)
-        return _model(batch).tolist()
+    answers, rows, good = [None] * len(data), [], []
+    for i, item in enumerate(data):
+        values = _values(item)
+        if isinstance(values, str):  # the client's mistake: 400, the others still served
+            answers[i] = context.error_response(i, 400, "BadInput", values)
+        else:
+            rows.append(values)
+            good.append(i)
+    if rows:
+        device = next(_model.parameters()).device
+        with torch.inference_mode():
+            out = _model(torch.tensor(rows, dtype=torch.float32, device=device)).tolist()
+        for k, i in enumerate(good):
+            answers[i] = out[k]
+    return answers
