@@ -346,6 +346,22 @@ def test_grpc_sets_the_split_and_follows_it(served: tuple[Server, Path]) -> None
     assert line.startswith("split 2.0 100% (served 2.0 100.0%), sticky by header x-user")
 
 
+def test_unregistering_the_canarys_version_aborts_it(served: tuple[Server, Path]) -> None:
+    """(4.0, the slow version, is gone after this test.)"""
+    server, _ = served
+    _reset(server)
+    doc = {"weights": {"1.0": 50, "4.0": 50}}
+    assert _send(server, "PUT", "/models/m/traffic", doc)[0] == 200
+    plan = {"version": "4.0", "steps": [10, 100], "interval_s": 3600}
+    assert _send(server, "POST", "/models/m/canary", plan)[0] == 200
+    assert server.manage("DELETE", "/models/m/4.0").status == 200
+    shown = _send(server, "GET", "/models/m/traffic")[1]
+    canary = shown["canary"]
+    assert (canary["state"], canary["reason"]) == ("aborted", "version 4.0 was unregistered")
+    assert shown["weights"] == {"1.0": 100.0}  # out of the split too
+    assert {_version(server) for _ in range(10)} == {"1.0"}
+
+
 def test_the_state_survives_a_restart(served: tuple[Server, Path]) -> None:
     """Last in the module: it restarts the server (and registers a version whose model config
     starts its own canary)."""
