@@ -355,3 +355,47 @@ def test_nothing_to_replay_exits_4(tmp_path) -> None:
     code, report, output = replay(str(log), "--against", "http://127.0.0.1:9")
     assert code == 4 and report["counts"]["skipped"] == {"not_a_record": 1}
     assert "mserve replay: nothing to replay: no record of the log could be sent" in output
+
+
+class _Other(BaseHTTPRequestHandler):
+    """Another server's answers: HTTP/1.0 closing after each (``/close``), or HTTP/1.1 chunked
+    (``/chunked``); both echo the request's x as TorchServe's version 1.0 answers it."""
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        x = float(body["x"])
+        data = json.dumps({"predictions": [{"label": "cat", "score": x}], "x": x}).encode()
+        if self.path == "/chunked":
+            self.protocol_version = "HTTP/1.1"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            half = len(data) // 2
+            for part in (data[:half], data[half:], b""):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("path", ["/close", "/chunked"])
+def test_another_server_closing_connections_or_chunking_answers(captured, path: str) -> None:
+    _, log_file, _ = captured
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _Other)
+    other.daemon_threads = True
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{other.server_address[1]}{path}"
+        code, report, _ = replay(str(log_file), "--against", url, "-c", "4")
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert code == 0, report
+    assert report["counts"]["equal"] == CAPTURED and report["counts"]["failed"] == {}
