@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from archiver import __version__
+from archiver.checks import InputProblems, handler_problems, missing_inputs
 from archiver.errors import (
     ArchiverError,
     DigestMismatch,
@@ -110,6 +111,15 @@ def build(
         )
     if not version.strip():
         raise UsageError("--version is empty", hint="give a version such as 1.0, or leave it out")
+    files = {
+        "--serialized-file": serialized_file,
+        "--model-file": model_file,
+        "--requirements-file": requirements_file,
+        "--config-file": config_file,
+    }
+    problems = missing_inputs(export_path, files, handler, model_path)
+    if len(problems) > 1:  # all of them at once; one alone is raised where it is met below
+        raise InputProblems(problems)
     export_dir = Path(export_path)
     if not export_dir.is_dir():
         raise ExportPathMissing(export_path)
@@ -142,6 +152,8 @@ def build(
     if spec.source_file is not None:
         members.add_file(spec.source_file, "--handler")
     members.add_extra(split_list(extra_files))
+    for problem in handler_problems(spec, handler, members.names()):
+        raise problem
     _resolve_handler_module(spec, members)
     extra: dict[str, Any] = {}
     if wheelhouse:
