@@ -504,7 +504,7 @@ class Metrics:
                 dropped.add_metric([reason], spans)
             yield dropped
         if tenants.current is not None:  # per-tenant counts (server/tenants/)
-            yield from tenants.current.families()
+            yield from tenants.current.families((mv.name, mv.queue) for mv in self._models())
         residency = self._residency
         if residency is None:
             return

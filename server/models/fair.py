@@ -42,6 +42,11 @@ class FairJobQueue(JobQueue):
         self._jobs: _Lanes = _Lanes()  # type: ignore[assignment]
         self._finish: dict[str, float] = {}  # each tenant's last finish tag
         self._virtual = 0.0
+        # requests each tenant was served (taken to a worker): mserve_tenant_requests_served
+        self.served: dict[str, int] = {}
+        # every tenant's lane, empty ones too: a queue that drains after each request would
+        # otherwise make a deque per request
+        self._made: dict[str, collections.deque[Job]] = {}
 
     def put(self, job: Job, waiting_elsewhere: int = 0) -> None:
         jobs = self._jobs
@@ -57,7 +62,7 @@ class FairJobQueue(JobQueue):
         job.tag = start
         lane = jobs.lanes.get(name)
         if lane is None:
-            lane = jobs.lanes[name] = collections.deque()
+            lane = jobs.lanes[name] = self._lane(name)
         lane.append(job)
         jobs.count += 1
         self._wake(1)
@@ -69,10 +74,16 @@ class FairJobQueue(JobQueue):
             name = "" if job.tenant is None else job.tenant.name
             lane = lanes.get(name)
             if lane is None:
-                lane = lanes[name] = collections.deque()
+                lane = lanes[name] = self._lane(name)
             lane.appendleft(job)
         self._jobs.count += len(jobs)
         self._wake(len(jobs))
+
+    def _lane(self, name: str) -> collections.deque[Job]:
+        lane = self._made.get(name)
+        if lane is None:
+            lane = self._made[name] = collections.deque()
+        return lane
 
     def pop(self) -> Job | None:
         jobs = self._jobs
@@ -89,6 +100,7 @@ class FairJobQueue(JobQueue):
             if job.future.done():  # the client went away: costs no worker time
                 continue
             self._virtual = job.tag
+            self.served[name] = self.served.get(name, 0) + 1
             if job.trace is not None:
                 job.trace.popped = time.monotonic()
             return job
@@ -110,6 +122,7 @@ class FairJobQueue(JobQueue):
         self._jobs.count -= 1
         if not lane:
             del self._jobs.lanes[name]
+        self.served[name] = self.served.get(name, 0) + 1
         if job.trace is not None:
             job.trace.popped = time.monotonic()
         return job
@@ -118,7 +131,9 @@ class FairJobQueue(JobQueue):
         failed = 0
         lanes, self._jobs.lanes, self._jobs.count = self._jobs.lanes, {}, 0
         for lane in lanes.values():
-            for job in lane:
+            jobs = list(lane)
+            lane.clear()
+            for job in jobs:
                 if not job.future.done():
                     job.future.set_exception(error)
                     failed += 1
@@ -128,10 +143,11 @@ class FairJobQueue(JobQueue):
         """Callers that went away leave their jobs until popped; at the bound they go."""
         jobs = self._jobs
         for name in list(jobs.lanes):
-            lane = collections.deque(j for j in jobs.lanes[name] if not j.future.done())
-            if lane:
-                jobs.lanes[name] = lane
-            else:
+            lane = jobs.lanes[name]
+            kept = [j for j in lane if not j.future.done()]
+            lane.clear()
+            lane.extend(kept)
+            if not lane:
                 del jobs.lanes[name]
         jobs.count = sum(len(lane) for lane in jobs.lanes.values())
 

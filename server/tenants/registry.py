@@ -84,15 +84,15 @@ class _Limits:
 class Tenant:
     """A tenant as the request path sees it: name and weight (fair queuing), quotas, counts."""
 
-    __slots__ = ("limits", "model_limits", "name", "refused", "served", "weight")
+    __slots__ = ("bounded", "limits", "model_limits", "name", "refused", "weight")
 
     def __init__(self, spec: TenantSpec) -> None:
         self.name = spec.name
         self.weight = spec.weight
         self.limits = _Limits(spec.quota)
         self.model_limits: dict[str, _Limits] = {}
-        self.served: dict[str, int] = {}  # by model: requests answered
         self.refused: dict[str, int] = {}  # by model: requests over quota
+        self.bounded = False  # has any quota: without, admitting costs one test
         self.update(spec)
 
     def update(self, spec: TenantSpec) -> None:
@@ -105,18 +105,22 @@ class Tenant:
                 self.model_limits[model] = _Limits(quota)
         for model in [m for m in self.model_limits if m not in spec.models]:
             del self.model_limits[model]
+        quota = spec.quota
+        self.bounded = bool(spec.models or quota.requests_per_second or quota.in_flight)
 
     def admit(self, model: str, future: asyncio.Future[Any]) -> None:
-        """Count a request to ``model`` in, or raise QuotaExceeded; ``future`` (the request's)
-        counts it out when done."""
+        """Let a request to ``model`` in, or raise QuotaExceeded. Under an ``in_flight`` quota
+        it is counted in, and out when ``future`` (the request's) is done."""
+        if not self.bounded:  # the common case: one attribute read per request
+            return
         limits = self.limits
         per_model = self.model_limits.get(model)
-        if limits.bucket is not None or limits.quota.in_flight or per_model is not None:
-            self._check(model, limits, per_model)
-        limits.in_flight += 1
-        if per_model is not None:
-            per_model.in_flight += 1
-        future.add_done_callback(lambda f: self._done(model, per_model, f))
+        self._check(model, limits, per_model)
+        counted = [lim for lim in (limits, per_model) if lim is not None and lim.quota.in_flight]
+        if counted:
+            for lim in counted:
+                lim.in_flight += 1
+            future.add_done_callback(lambda _f: _count_out(counted))
 
     def _check(self, model: str, limits: _Limits, per_model: _Limits | None) -> None:
         now = time.monotonic()
@@ -149,12 +153,10 @@ class Tenant:
     def _refuse(self, model: str) -> None:
         self.refused[model] = self.refused.get(model, 0) + 1
 
-    def _done(self, model: str, per_model: _Limits | None, future: asyncio.Future[Any]) -> None:
-        self.limits.in_flight -= 1
-        if per_model is not None:
-            per_model.in_flight -= 1
-        if not future.cancelled():
-            self.served[model] = self.served.get(model, 0) + 1
+
+def _count_out(counted: list[_Limits]) -> None:
+    for lim in counted:
+        lim.in_flight -= 1
 
 
 def key_hash(key: str) -> str:
@@ -173,6 +175,9 @@ class Tenants:
         self.models_known = False
         self.by_name: dict[str, Tenant] = {}
         self.by_hash: dict[str, Tenant] = {}
+        # keys already hashed and found (sha256 per request cost ~1 us); emptied by a reload,
+        # so a removed key stops at once. Only keys of the file get in: bounded by it
+        self._by_key: dict[str, Tenant] = {}
         self.default = Tenant(TenantSpec(DEFAULT))
         self.reloads = {"ok": 0, "failed": 0}
         self._stamp: tuple[float, int] | None = None
@@ -213,14 +218,19 @@ class Tenants:
             by_name[name] = tenant
             for digest in spec.key_hashes:
                 by_hash[digest] = tenant
-        self.by_name, self.by_hash = by_name, by_hash
+        self.by_name, self.by_hash, self._by_key = by_name, by_hash, {}
 
     def of_key(self, key: str | None) -> Tenant | None:
         """The tenant whose key ``key`` is (None: no tenant's; the server's own inference key
         is the default tenant's, which its caller checks)."""
-        if key is None or not self.by_hash:
+        if key is None:
             return None
-        return self.by_hash.get(key_hash(key))
+        tenant = self._by_key.get(key)
+        if tenant is None and self.by_hash:
+            tenant = self.by_hash.get(key_hash(key))
+            if tenant is not None:
+                self._by_key[key] = tenant
+        return tenant
 
     def _file_stamp(self) -> tuple[float, int] | None:
         try:
@@ -269,9 +279,10 @@ class Tenants:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def families(self) -> Iterator[Any]:
+    def families(self, queues: Iterable[tuple[str, Any]]) -> Iterator[Any]:
         """Prometheus families; the ``tenant`` label takes known tenants only (unknown keys
-        are refused, never labelled)."""
+        are refused, never labelled). ``queues``: (model name, its versions' fair queues),
+        which count what each tenant was served (server/models/fair.py)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         labels = ["tenant", "model"]
@@ -282,20 +293,21 @@ class Tenants:
             "mserve_tenant_requests_refused", "Requests over the tenant's quota (429)",
             labels=labels,
         )  # fmt: skip
-        in_flight = GaugeMetricFamily(
-            "mserve_tenant_in_flight", "Requests queued or running, by tenant", labels=["tenant"]
-        )
         weight = GaugeMetricFamily("mserve_tenant_weight", "Fair-queuing weight", labels=["tenant"])
+        by_model: dict[tuple[str, str], int] = {}
+        for model, queue in queues:
+            for name, n in getattr(queue, "served", {}).items():
+                if name in self.by_name:
+                    by_model[(name, model)] = by_model.get((name, model), 0) + n
+        for (name, model), n in by_model.items():
+            served.add_metric([name, model], n)
         for tenant in self.by_name.values():
-            for model, n in tenant.served.items():
-                served.add_metric([tenant.name, model], n)
             for model, n in tenant.refused.items():
                 refused.add_metric([tenant.name, model], n)
-            in_flight.add_metric([tenant.name], tenant.limits.in_flight)
             weight.add_metric([tenant.name], tenant.weight)
         reloads = CounterMetricFamily(
             "mserve_tenants_reloads", "Reloads of tenants_file", labels=["outcome"]
         )
         for outcome, n in self.reloads.items():
             reloads.add_metric([outcome], n)
-        yield from (served, refused, in_flight, weight, reloads)
+        yield from (served, refused, weight, reloads)
