@@ -88,6 +88,27 @@ def _print_status(status: dict[str, Any], env_sizes: bool = True) -> None:
         click.echo(f"  sandbox    {sandbox['setting']}")
     for worker, confinement in sorted((sandbox.get("workers") or {}).items()):
         click.echo(f"  worker {worker}: {confinement}")
+    trace = status.get("tracing")
+    if trace:
+        click.echo(
+            f"  tracing    OTLP {trace['protocol']} to {trace['endpoint']},"
+            f" sampling {trace['sampling_ratio']:g} of new traces"
+        )
+    memory = status.get("memory") or {}
+    limits = [
+        text.format(memory[key])
+        for key, text in (
+            ("worker_memory_budget_mb", "workers' memory {} MB"),
+            ("max_loaded_models", "{} models loaded"),
+            ("warm_tier_budget_mb", "warm tier {} MB"),
+        )
+        if memory.get(key)
+    ]
+    if limits:
+        click.echo(
+            f"  memory     at most {', '.join(limits)}"
+            f" (idle models evicted by {memory.get('eviction')})"
+        )
     click.echo(f"  logs       {status.get('log_dir')}")
     if status.get("env_dir") and env_sizes:
         click.echo(f"  envs       {status['env_dir']} ({_env_summary(Path(status['env_dir']))})")

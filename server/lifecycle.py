@@ -198,11 +198,30 @@ class Server:
                 "models": models,
                 "log_dir": str(self.config.log_path),
                 "env_dir": str(self.config.env_path),
+                "tracing": self.tracing_status(),
+                "memory": {
+                    "worker_memory_budget_mb": self.config.worker_memory_budget_mb,
+                    "max_loaded_models": self.config.max_loaded_models,
+                    "warm_tier_budget_mb": self.config.warm_tier_budget_mb,
+                    "eviction": self.config.eviction,
+                },
             },
             durable=False,  # describes this process: a crash makes it stale anyway
         )
         self._written_models = models
         self._written_sandbox = sandbox_status(self.registry)
+
+    @staticmethod
+    def tracing_status() -> dict[str, Any] | None:
+        """Where traces go (the start banner says it); None: tracing is off."""
+        if tracing.current is None:
+            return None
+        settings = tracing.current.settings
+        return {
+            "endpoint": settings.endpoint,
+            "protocol": settings.protocol,
+            "sampling_ratio": settings.sampling_ratio,
+        }
 
     async def refresh_status(self) -> None:
         """Rewrite the status file when a model's state changed on its own."""
