@@ -125,6 +125,8 @@ class Summary:
     def failed(self, record: Recorded, kind: str, message: str) -> None:
         """A record that got no answer: the target unreachable, a timeout, a broken answer."""
         self.model = self.model or record.model
+        if record.microsec:  # the recorded side counts every record sent
+            self.recorded_ms.append(record.microsec / 1000)
         self.failures[kind] += 1
         if len(self.failure_samples) < _KEEP_FAILURES:
             self.failure_samples.append({"id": record.id, "where": record.where, "kind": kind,
