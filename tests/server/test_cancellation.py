@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import grpc
@@ -15,7 +16,7 @@ import pytest
 
 from server.rpc.protos import inference_pb2 as ipb
 from server.rpc.protos import inference_pb2_grpc
-from tests.server.conftest import HANDLERS, Server
+from tests.server.conftest import HANDLERS, Reply, Server
 from tests.server.test_continuous_batching import metric, reader, tokens, wait_for
 from tests.server.test_streamed_responses import Incomplete, RawStream
 
@@ -92,21 +93,36 @@ def timed(make_archive, start_server) -> Server:
 
 
 def test_requests_past_their_deadline_stop_queued_or_generating(timed) -> None:
-    long = RawStream(timed, "timed", {"name": "long", "tokens": 200})
-    assert long.next_chunk() is not None  # generating; batchSize 1, so the next one queues
-    started = time.monotonic()
+    """clientTimeoutInMills=2000, batchSize 1. No step of it races a deadline: the stream's
+    first token comes within one 50 ms step (2 s leaves room for a loaded machine), and the
+    queued request waits behind one 3 s step, so its deadline passes while it is queued."""
+    # generating: its 200 and first chunk went out; at its deadline the stream breaks off
+    long = RawStream(timed, "timed", {"name": "long", "tokens": 400})
+    try:
+        assert long.status == 200
+        assert long.next_chunk() is not None
+        with pytest.raises(Incomplete):  # no terminating chunk: its client sees it is cut
+            long.chunks()
+    finally:
+        long.close()
+    # queued: behind a request whose one step outlasts its own deadline and the next one's
+    replies: dict[str, Reply] = {}
+    held = {"name": "blocker", "tokens": 1, "sleep": 3}
+    thread = threading.Thread(target=lambda: replies.update(held=timed.predict("timed", held)))
+    thread.start()
+    pending = "mserve_requests_pending"
+    wait_for(lambda: metric(timed, pending, model="timed") >= 1, "the blocker arrived")
     queued = timed.predict("timed", {"name": "queued", "tokens": 2})
-    assert queued.status == 504
-    assert time.monotonic() - started < 5
-    message = queued.json()["message"]
-    assert message.startswith("request ") and message.endswith(
-        "to model timed:1.0 did not complete within clientTimeoutInMills=700"
-        " (queue time included); it was dropped"
-    )
-    with pytest.raises(Incomplete):  # its stream broke off at its deadline
-        long.chunks()
-    long.close()
+    thread.join(30)
+    for reply, name in ((queued, "queued"), (replies["held"], "blocker")):
+        assert reply.status == 504, name
+        message = reply.json()["message"]
+        assert message.startswith("request ") and message.endswith(
+            "to model timed:1.0 did not complete within clientTimeoutInMills=2000"
+            " (queue time included); it was dropped"
+        )
+    wait_for(lambda: metric(timed, pending, model="timed") == 0, "the blocker's step ended")
     quick = timed.predict("timed", {"name": "quick", "tokens": 1, "sleep": 0})
     assert quick.status == 200
     assert json.loads(quick.body)["batch"] == ["quick"]
-    assert metric(timed, "mserve_requests_cancelled_total", model="timed", reason="deadline") == 2
+    assert metric(timed, "mserve_requests_cancelled_total", model="timed", reason="deadline") == 3
