@@ -101,7 +101,7 @@ class Residency:
         self.eviction = config.eviction  # "cost" or "lru" (see _victim)
         self._waking: dict[str, bool] = {}  # label: whether its load in progress is a wake
         self._rates = Rates()
-        self._keeping: set[asyncio.Task[int]] = set()
+        self._keeping: set[asyncio.Task[int]] = set()  # keeps and measures under way
         self._warm_measured_at = 0.0
         self._measured_at = 0.0
         self._sizes: dict[int, tuple[float, int]] = {}  # pid: (when read, bytes)
@@ -128,6 +128,11 @@ class Residency:
         warm = self._waking.pop(model.label, False)
         if ok:
             self.footprints.loaded(model.label, seconds, warm=warm)
+            # its worker's PSS into the footprint now, whatever the budget (a model unloaded
+            # before the chore's next reading would have none)
+            task = asyncio.get_running_loop().create_task(self._measure_quietly())
+            self._keeping.add(task)
+            task.add_done_callback(self._keeping.discard)
         if self.metrics is not None:
             self.metrics.model_loaded(model.name, model.version, seconds, ok)
             if ok:
@@ -147,6 +152,13 @@ class Residency:
             self._keeping.add(task)
             task.add_done_callback(self._keeping.discard)
         return True
+
+    async def _measure_quietly(self) -> int:
+        try:
+            return await self.measure()
+        except (OSError, psutil.Error) as exc:
+            log.warning("could not measure the workers' memory: %s", exc)
+            return 0
 
     async def _keep_warm(self, model: Resident, files: list[tuple[str, int]]) -> int:
         try:

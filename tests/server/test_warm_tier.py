@@ -159,8 +159,9 @@ def test_a_worker_footprint_is_measured_against_proc(
     assert (
         server.manage("PUT", "/models/a?min_worker=0&max_worker=1&synchronous=true").status == 200
     )
-    saved = json.loads((server.run_dir / "footprints.json").read_text())
-    assert saved["models"]["a:1.0"]["worker_bytes"] > 0
+    saved = server.run_dir / "footprints.json"  # written by the residency chore (1 s)
+    wait_until(lambda: saved.exists() and "a:1.0" in saved.read_text(), 15, "the file")
+    assert json.loads(saved.read_text())["models"]["a:1.0"]["worker_bytes"] > 0
 
 
 def test_a_model_woken_from_warm_answers_exactly_what_it_answered_loaded(server: Server) -> None:
