@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import openai
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -40,6 +41,7 @@ def tenants_yaml(*extra: str) -> str:
         f"    keys: [sha256:{key_hash(KEYS['capped'])}]",
         "    models:",
         "      paced: {requests_per_second: 0.5, burst: 2}",
+        "      gen: {requests_per_second: 0.2, burst: 1}",
         *extra,
     ]) + "\n"  # fmt: skip
 
@@ -53,6 +55,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             str(HANDLERS / "tenants"), "--export-path", str(store), "-f"]  # fmt: skip
     out = CliRunner().invoke(archiver_main, args, catch_exceptions=False)
     assert out.exit_code == 0, out.output
+    gen = HANDLERS / "generative"
+    args = ["--model-name", "gen", "--handler", "lm:handle", "--model-path", str(gen),
+            "--export-path", str(store), "-c", str(gen / "chat.yaml"), "-f"]  # fmt: skip
+    out = CliRunner().invoke(archiver_main, args, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
     (root / "tenants.yaml").write_text(tenants_yaml())
     settings: dict[str, Any] = {f"{api}_address": "127.0.0.1:0" for api in
                 ("inference", "management", "metrics", "grpc_inference", "grpc_management")}  # fmt: skip
@@ -62,7 +69,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     run_dir = root / "run"
     cli = ["--config", str(config), "--run-dir", str(run_dir)]
     started = subprocess.run(
-        [MSERVE, "--start", *cli, "--models", "paced=paced.mar"], capture_output=True, text=True,
+        [MSERVE, "--start", *cli, "--models", "paced=paced.mar", "gen=gen.mar"], capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert started.returncode == 0, started.stdout + started.stderr
@@ -81,10 +88,12 @@ def predict(server: Server, key: str, body: str = "hi") -> Any:
                 {"Authorization": f"Bearer {key}", "Content-Type": "text/plain"})  # fmt: skip
 
 
-def counts(server: Server, family: str = "mserve_tenant_requests_served_total") -> dict[str, float]:
+def counts(
+    server: Server, family: str = "mserve_tenant_requests_served_total", model: str = "paced"
+) -> dict[str, float]:
     text = http("GET", server.url("metrics", "/metrics")).body.decode()
     found = {}
-    for m in re.finditer(rf'^{family}\{{model="paced",tenant="([^"]+)"\}} (\S+)$', text, re.M):
+    for m in re.finditer(rf'^{family}\{{model="{model}",tenant="([^"]+)"\}} (\S+)$', text, re.M):
         found[m.group(1)] = float(m.group(2))
     return found
 
@@ -137,6 +146,25 @@ def test_over_quota_is_429_with_retry_after_and_takes_no_slot(server: Server) ->
         trailing = dict(err.value.trailing_metadata() or ())
         assert trailing["retry-after"] in ("1", "2")
         stub.Predictions(request, metadata=[("authorization", f"Bearer {KEYS['heavy']}")])
+
+
+def test_the_openai_api_key_is_the_tenants_key(server: Server) -> None:
+    def client(key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=server.url("inference", "/openai/v1"), api_key=key,
+                             max_retries=0, timeout=30)  # fmt: skip
+
+    say = [{"role": "user", "content": "say: hello"}]
+    reply = client(KEYS["light"]).chat.completions.create(model="gen", messages=say, max_tokens=2)
+    assert reply.choices[0].message.content
+    assert counts(server, model="gen")["light"] == 1
+    with pytest.raises(openai.AuthenticationError):
+        client("not-a-key-of-anyone-at-all").chat.completions.create(model="gen", messages=say)
+    capped = client(KEYS["capped"])
+    capped.chat.completions.create(model="gen", messages=say, max_tokens=2)  # the burst
+    with pytest.raises(openai.RateLimitError) as err:
+        capped.chat.completions.create(model="gen", messages=say, max_tokens=2)
+    assert err.value.response.headers["Retry-After"] in ("4", "5")  # a token every 5 s
+    assert "tenant capped is over its quota for model gen" in str(err.value)
 
 
 def _load(server: Server, key: str, stop: threading.Event) -> Callable[[], None]:
