@@ -6,9 +6,14 @@ reader looks them up for."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import http.server
 import os
+import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,3 +61,61 @@ def test_cli_rest_and_metrics_references(site: Path) -> None:
     metrics = (site / "reference/metrics/index.html").read_text(encoding="utf-8")
     for name in ("mserve_requests", "mserve_queue_depth", "ts_inference_requests_total"):
         assert name in metrics, name
+
+
+@pytest.fixture(scope="module")
+def site_url(site: Path) -> Iterator[str]:
+    """The built site over HTTP on 127.0.0.1 (its search index is fetched: not over file:)."""
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_site_renders_and_searches_in_a_real_browser(site_url: str, tmp_path: Path) -> None:
+    """Home page and a guide render, the search box finds "canary", no console error and no
+    request leaves the site (Debian's chromium through Playwright, as tests/server/
+    test_replay.py drives it)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    problems: list[str] = []
+    with sync_api.sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(
+                executable_path=shutil.which("chromium") or shutil.which("chromium-browser")
+            )
+        except sync_api.Error as exc:  # neither Debian's chromium nor Playwright's
+            pytest.skip(f"no headless chromium here: {str(exc).splitlines()[0]}")
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.on(
+            "request",
+            lambda r: None if r.url.startswith((site_url, "data:")) else problems.append(r.url),
+        )
+        page.goto(site_url)
+        assert page.title() == "mserve"
+        assert "Get started" in page.inner_text(".md-tabs")
+        page.screenshot(path=str(tmp_path / "home.png"))
+        page.goto(site_url + "rollouts/")
+        assert page.locator("h1").first.inner_text().strip() != ""
+        assert page.locator("article pre").count() > 0  # code blocks rendered
+        page.screenshot(path=str(tmp_path / "guide.png"))
+        page.click("input.md-search__input")  # the search box, as a reader types into it
+        page.keyboard.type("canary")
+        results = page.locator(".md-search-result__item")
+        results.first.wait_for(timeout=20_000)
+        assert results.count() > 0
+        assert "canary" in page.inner_text(".md-search-result").lower()
+        page.screenshot(path=str(tmp_path / "search.png"))
+        browser.close()
+    assert problems == []
+    for name in ("home.png", "guide.png", "search.png"):
+        assert (tmp_path / name).stat().st_size > 10_000, name
