@@ -68,10 +68,13 @@ class FairJobQueue(JobQueue):
         self._wake(1)
 
     def requeue(self, jobs: list[Job]) -> None:
-        """Accepted jobs go back at the head of their lanes with the tags they had."""
+        """Accepted jobs go back at the head of their lanes with the tags they had (taken
+        again, they are counted served once)."""
         lanes = self._jobs.lanes
         for job in reversed(jobs):
             name = "" if job.tenant is None else job.tenant.name
+            if self.served.get(name):
+                self.served[name] -= 1
             lane = lanes.get(name)
             if lane is None:
                 lane = lanes[name] = self._lane(name)

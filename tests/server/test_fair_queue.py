@@ -1,0 +1,92 @@
+"""The fair queue's order, in process (server/models/fair.py): weights, a tenant alone, a quiet
+tenant arriving, requeued jobs, the bound, cancelled callers. The served figures on a real
+server are tests/server/test_tenants.py's."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from mserve_worker.protocol import RequestItem
+from server.models.batching import Job, QueueFull
+from server.models.fair import FairJobQueue
+from server.tenants import Tenant, TenantSpec
+
+
+def run(body: Callable[[], None]) -> None:
+    async def main() -> None:
+        body()
+
+    asyncio.run(main())
+
+
+def job(queue: FairJobQueue, tenant: Tenant | None, rid: str) -> Job:
+    made = Job(RequestItem(request_id=rid, content_type="", headers=[], body=b""),
+               queue.new_future())  # fmt: skip
+    made.tenant = tenant
+    return made
+
+
+def order(queue: FairJobQueue, n: int) -> list[str]:
+    out = []
+    for _ in range(n):
+        popped = queue.pop()
+        assert popped is not None
+        out.append(popped.item.request_id)
+    return out
+
+
+def test_weights_alone_and_a_quiet_tenant() -> None:
+    def body() -> None:
+        heavy, light = Tenant(TenantSpec("heavy", weight=3)), Tenant(TenantSpec("light"))
+        queue = FairJobQueue(100)
+        for i in range(12):
+            queue.put(job(queue, heavy, f"h{i}"))
+            queue.put(job(queue, light, f"l{i}"))
+        taken = order(queue, 16)
+        assert sum(t.startswith("h") for t in taken) == 12  # 3 of heavy's per light's
+        assert queue.served == {"heavy": 12, "light": 4}
+        # heavy alone: everything it has, in order
+        queue = FairJobQueue(100)
+        for i in range(5):
+            queue.put(job(queue, heavy, f"h{i}"))
+        assert order(queue, 5) == ["h0", "h1", "h2", "h3", "h4"]
+        # a quiet tenant arriving behind a backlog goes next, not last
+        for i in range(20):
+            queue.put(job(queue, heavy, f"b{i}"))
+        order(queue, 2)
+        queue.put(job(queue, light, "quiet"))
+        assert "quiet" in order(queue, 2)
+
+    run(body)
+
+
+def test_requeue_pop_matching_bound_and_gone_callers() -> None:
+    def body() -> None:
+        a, b = Tenant(TenantSpec("a")), Tenant(TenantSpec("b"))
+        queue = FairJobQueue(4)
+        jobs = [job(queue, a, "a0"), job(queue, b, "b0"), job(queue, a, "a1")]
+        for j in jobs:
+            queue.put(j)
+        first = [queue.pop(), queue.pop()]
+        queue.requeue([j for j in first if j is not None])  # back at the head, same tags
+        assert order(queue, 3) == ["a0", "b0", "a1"]
+        assert queue.served == {"a": 2, "b": 1}  # the requeued ones counted once
+        for j in (job(queue, a, "x"), job(queue, b, "y"), job(queue, None, "z")):
+            queue.put(j)
+        matched = queue.pop_matching(lambda j: j.item.request_id == "y")
+        assert matched is not None and matched.item.request_id == "y"
+        assert len(queue) == 2
+        gone = job(queue, a, "gone")
+        queue.put(gone)
+        queue.put(job(queue, b, "w"))
+        with pytest.raises(QueueFull):
+            queue.put(job(queue, b, "over"))
+        gone.future.cancel()  # its caller left: at the bound its place is freed
+        queue.put(job(queue, b, "fits"))
+        assert queue.fail_all(RuntimeError("stop")) == 4
+        assert len(queue) == 0 and queue.pop() is None
+
+    run(body)
