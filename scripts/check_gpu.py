@@ -18,7 +18,8 @@ workers confined by the sandbox, forked from the torch-preloaded template):
 - examples/tiny_lm, continuous batching on the GPU: concurrent streamed OpenAI completions;
 - the warm tier (docs/warm-tier.md) on the GPU: a ``BaseHandler`` model with a state dict,
   evicted to the warm tier and woken, answers on ``cuda:0`` what it answered loaded, and the
-  wake is faster than the cold load. Written without a GPU to run it on: not yet run.
+  wake is faster than the cold load. Not yet run on a GPU: called on the CPU, its flow runs
+  and only the cuda:0 part fails (cold 8.1 s, wake 0.41 s for its 256 MiB model).
 """
 
 from __future__ import annotations
