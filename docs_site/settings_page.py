@@ -8,8 +8,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 import tokenize
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 from server.config import ServerConfig, server_config
@@ -74,6 +76,28 @@ def _default(field: dataclasses.Field[Any]) -> str:
     return f"`{value}`"
 
 
+_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "server.md"
+_ROW = re.compile(r"^\| `([a-z0-9_]+)` \|(?:[^|]|\\\|)*\|(?:[^|]|\\\|)*\|(.*)\|\s*$")
+
+
+def guide_meanings() -> dict[str, str]:
+    """The meaning column of the server guide's settings table (docs/server.md), for settings
+    whose code carries no comment; its links made relative to this page."""
+    out = {}
+    for line in _GUIDE.read_text(encoding="utf-8").splitlines():
+        match = _ROW.match(line)
+        if match and match.group(2).strip():
+            text = match.group(2).strip()
+            text = re.sub(r"\]\(#", "](../server.md#", text)
+            text = re.sub(r"\]\((?!https?:|\.\./|#)", "](../", text)
+            out.setdefault(match.group(1), text)
+    return out
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
 def torchserve_keys() -> dict[str, list[str]]:
     """Our setting -> TorchServe's config.properties keys that set it."""
     out: dict[str, list[str]] = {}
@@ -98,24 +122,23 @@ def render() -> str:
         "See [the server guide](../server.md#configuration) for how the layers combine.",
         "",
     ]
+    out += [
+        "A setting's meaning is the comment above it in the code (one above several settings",
+        "is shown beside the first of them), else the server guide's table.",
+        "",
+        "| Setting | Default | Environment variable | TorchServe's key | Meaning |",
+        "|---|---|---|---|---|",
+    ]
+    guide = guide_meanings()
     for text, names in _groups():
-        names = [(n, t) for n, t in names if n not in _INTERNAL]
-        if not names:
-            continue
-        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-        out += [f"## `{names[0][0]}`{more}", ""]
-        if text:
-            out += [text, ""]
-        out += [
-            "| Setting | Default | Environment variable | TorchServe's key | Note |",
-            "|---|---|---|---|---|",
-        ]
-        for name, trailing in names:
+        for index, (name, trailing) in enumerate(names):
+            if name in _INTERNAL:
+                continue
             theirs = ", ".join(f"`{k}`" for k in ts_keys.get(name, [])) or "—"
-            note = trailing.replace("|", "\\|")
+            meaning = _cell(" ".join(x for x in (text if index == 0 else "", trailing) if x))
             out.append(
                 f"| `{name}` | {_default(fields[name])} | `{ENV_PREFIX}{name.upper()}`"
-                f" | {theirs} | {note} |"
+                f" | {theirs} | {meaning or guide.get(name, '')} |"
             )
-        out.append("")
+    out.append("")
     return "\n".join(out)

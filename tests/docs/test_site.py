@@ -48,6 +48,7 @@ def test_settings_reference_lists_every_setting(site: Path) -> None:
     for field in dataclasses.fields(ServerConfig):
         if field.name not in internal:
             assert f"MSERVE_{field.name.upper()}" in html, field.name
+    assert "folder that registration <code>url</code>s are relative to" in html  # the guide's
     # TorchServe's key beside ours, where the names differ
     assert "default_response_timeout" in html and "blacklist_env_vars" in html
 
@@ -56,6 +57,7 @@ def test_cli_rest_and_metrics_references(site: Path) -> None:
     cli = (site / "reference/cli/index.html").read_text(encoding="utf-8")
     for flag in ("--model-store", "--export-path", "--handler", "--interval"):
         assert flag in cli, flag
+    assert "Sentinel" not in cli  # click's UNSET default, as mkdocs-click's tables show it
     rest = (site / "reference/rest/index.html").read_text(encoding="utf-8")
     assert "/predictions/{model_name}" in rest and "/models/{model_name}" in rest
     metrics = (site / "reference/metrics/index.html").read_text(encoding="utf-8")
