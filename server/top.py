@@ -140,6 +140,8 @@ class View:
             parts.append(Text(m.swap, style="bold"))
         if m.traffic:
             parts.append(Text(m.traffic, style="bold"))
+        if m.tenants:
+            parts.append(Text(m.tenants))
         for v in m.versions:
             parts.append(Text(
                 f"version {v.version}: {v.status} ({v.load_state})  workers min {v.min_workers}"

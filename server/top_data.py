@@ -57,6 +57,7 @@ class ModelRow:
     evictions: int = 0
     swap: str = ""  # its in-place swap, running or the last one (describe's swap)
     traffic: str = ""  # its split and canary (describe's traffic, server/rollouts/)
+    tenants: str = ""  # what each tenant was served and refused (server/tenants/), if any
 
     @property
     def state(self) -> str:
@@ -210,6 +211,8 @@ class Reader:
         counts: dict[str, tuple[float, dict[float, float]]] = {}
         errors: dict[str, float] = {}
         evictions: dict[str, float] = {}
+        # model: {tenant: [served, refused]} (server/tenants/)
+        tenants: dict[str, dict[str, list[float]]] = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 model = s.labels.get("model", "")
@@ -221,6 +224,9 @@ class Reader:
                 elif s.name == "mserve_request_latency_seconds_bucket":
                     total, buckets = counts.setdefault(model, (0.0, {}))
                     buckets[float(s.labels["le"])] = s.value
+                elif s.name in _TENANT_COUNTS:
+                    tenant = tenants.setdefault(model, {}).setdefault(s.labels["tenant"], [0, 0])
+                    tenant[_TENANT_COUNTS[s.name]] += s.value
                 elif s.name == "mserve_model_evictions_total":
                     evictions[model] = evictions.get(model, 0.0) + s.value
                 elif s.name == "mserve_worker_memory_bytes":
@@ -238,6 +244,7 @@ class Reader:
         then, before = self._history[0]
         for row in snap.models:
             row.errors = int(errors.get(row.name, 0))
+            row.tenants = tenants_line(tenants.get(row.name))
             row.evictions = int(evictions.get(row.name, 0))
             total, buckets = counts.get(row.name, (0.0, {}))
             old_total, old_buckets = before.get(row.name, (0.0, {}))
@@ -247,6 +254,25 @@ class Reader:
             if not any(window.values()):
                 window = buckets  # nothing answered lately: since the start
             row.p50_s, row.p99_s = quantile(window, 0.5), quantile(window, 0.99)
+
+
+_TENANT_COUNTS = {
+    "mserve_tenant_requests_served_total": 0,
+    "mserve_tenant_requests_refused_total": 1,
+}
+
+
+def tenants_line(counts: dict[str, list[float]] | None) -> str:
+    """``tenants: heavy 2753 (75%), light 919 (25%), capped 2 (0%) 1 refused``: each tenant's
+    requests served since the start, its share of them, and its refusals (over quota)."""
+    if not counts:
+        return ""
+    total = sum(served for served, _refused in counts.values()) or 1
+    words = []
+    for name, (served, refused) in sorted(counts.items(), key=lambda kv: -kv[1][0]):
+        word = f"{name} {served:.0f} ({100 * served / total:.0f}%)"
+        words.append(word + (f" {refused:.0f} refused" if refused else ""))
+    return "tenants: " + ", ".join(words)
 
 
 def swap_line(swap: dict[str, Any] | None) -> str:

@@ -122,6 +122,19 @@ def test_the_access_log_names_the_tenant(server: Server) -> None:
     assert line.endswith(f" {rid} - light")  # request id, trace id (none), tenant
 
 
+def test_mserve_top_shows_what_each_tenant_was_served(server: Server) -> None:
+    from server.top_data import Reader
+
+    reader = Reader(server.status)
+    try:
+        row = next(m for m in reader.read().models if m.name == "paced")
+    finally:
+        reader.close()
+    served = counts(server)
+    assert row.tenants.startswith("tenants: ")
+    assert f"light {served['light']:.0f} (" in row.tenants
+
+
 def test_over_quota_is_429_with_retry_after_and_takes_no_slot(server: Server) -> None:
     replies = [predict(server, KEYS["capped"]) for _ in range(3)]
     assert [r.status for r in replies[:2]] == [200, 200]  # the burst
