@@ -7,6 +7,7 @@ same through its MSERVE_* variables."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,6 +27,12 @@ PORTS = {
 }
 
 
+_CACHES = shutil.ignore_patterns("__pycache__")
+EXAMPLES = sorted(
+    p.parent for p in (ROOT / "examples").glob("*/README.md") if marked_blocks(p)
+)  # fmt: skip
+
+
 def _free_ports(n: int) -> list[int]:
     sockets = [socket.socket() for _ in range(n)]
     for s in sockets:
@@ -36,13 +43,17 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _run_page(page: Path, tmp_path: Path) -> str:
+def _run_page(page: Path, tmp_path: Path, example: Path | None = None) -> str:
+    """``example``: an example's folder, copied to examples/<name> of the fresh folder, for
+    READMEs that run from the repository root."""
     blocks = marked_blocks(page)
     assert blocks, f"{page} has no <!-- run --> blocks"
     ours = dict(zip(PORTS, _free_ports(len(PORTS)), strict=True))
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
+    if example is not None:
+        shutil.copytree(example, work / "examples" / example.name, ignore=_CACHES)
     env = {
         **os.environ,
         "HOME": str(home),
@@ -80,3 +91,15 @@ def test_get_started_runs_as_pasted_twice(tmp_path: Path) -> None:
 def test_readme_five_minute_example_runs_as_pasted_twice(tmp_path: Path) -> None:
     out = _run_page(ROOT / "README.md", tmp_path)
     assert '"score"' in out
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_example_readme_runs_as_pasted_twice(example: Path, tmp_path: Path) -> None:
+    """Each example README's marked blocks, from a fresh folder holding the example where the
+    repository has it (the READMEs run from the repository root)."""
+    _run_page(example / "README.md", tmp_path, example=example)
+
+
+def test_the_examples_with_marked_blocks() -> None:
+    """The examples whose READMEs are run; one to add is one marked block away."""
+    assert [p.name for p in EXAMPLES] == ["mlp"]
