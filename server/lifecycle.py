@@ -348,6 +348,10 @@ class Server:
         self.registry.on_change("status file", self.write_status)
         if tracing.current is not None:
             tracing.current.start()  # the span exporter process (server/tracing/process.py)
+            warning = await asyncio.to_thread(tracing.collector_warning)
+            if warning:  # said at start, not only in the log once the first batch fails
+                self.warnings.append(warning)
+                log.warning("%s", warning)
         try:
             # the templates of the models about to load import what those need meanwhile
             self.launcher.prestart(self.early.models, self.early.templates, self.early.guessed)

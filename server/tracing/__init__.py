@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,6 +91,25 @@ def setup(config: TraceConfig, environ: Mapping[str, str] | None = None) -> Trac
         settings.protocol, settings.endpoint, settings.sampling_ratio,
     )  # fmt: skip
     return current
+
+
+def collector_warning(timeout_s: float = 0.5) -> str | None:
+    """Whether the OTLP collector takes a connection, asked once at start so that the start
+    banner says a collector that is down (the exporter's failures reach the log only after its
+    first batch's retries); None when it does, or when tracing is off."""
+    if current is None:
+        return None
+    url = urllib.parse.urlsplit(current.settings.endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        return (
+            f"tracing: the OTLP collector at {url.hostname}:{port} does not answer ({why});"
+            " spans are dropped until it does"
+        )
 
 
 _NO_SPAN = contextlib.nullcontext()

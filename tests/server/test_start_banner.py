@@ -1,5 +1,6 @@
 """The start banner names what is on that a newcomer would otherwise find only in the log
-(issue 47): where traces go, and the memory limits that evict models."""
+(issue 47): where traces go (and a collector that does not answer), and the memory limits that
+evict models."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ def test_banner_names_tracing_and_the_memory_budget(start_server) -> None:
     ), out
     memory = "  memory     at most workers' memory 2048 MB, 3 models loaded (idle models evicted by"
     assert f"{memory} cost)" in out, out
+    # a collector that is down is said at start, not only in the log seconds later
+    assert (
+        "mserve: WARNING: tracing: the OTLP collector at 127.0.0.1:9 does not answer"
+        " (Connection refused); spans are dropped until it does" in out
+    ), out
     status = server.cli("--status").stdout
     assert "tracing    OTLP http/protobuf" in status and "memory     at most" in status
 
