@@ -95,7 +95,7 @@ def timed(make_archive, start_server) -> Server:
 def test_requests_past_their_deadline_stop_queued_or_generating(timed) -> None:
     """clientTimeoutInMills=2000, batchSize 1. No step of it races a deadline: the stream's
     first token comes within one 50 ms step (2 s leaves room for a loaded machine), and the
-    queued request waits behind one 3 s step, so its deadline passes while it is queued."""
+    queued request waits behind one 4 s step, so its deadline passes while it is queued."""
     # generating: its 200 and first chunk went out; at its deadline the stream breaks off
     long = RawStream(timed, "timed", {"name": "long", "tokens": 400})
     try:
@@ -106,11 +106,12 @@ def test_requests_past_their_deadline_stop_queued_or_generating(timed) -> None:
     finally:
         long.close()
     # queued: behind a request whose one step outlasts its own deadline and the next one's
+    pending = "mserve_requests_pending"  # queued, plus a worker in a step
+    wait_for(lambda: metric(timed, pending, model="timed") == 0, "the stream's last step")
     replies: dict[str, Reply] = {}
-    held = {"name": "blocker", "tokens": 1, "sleep": 3}
+    held = {"name": "blocker", "tokens": 1, "sleep": 4}
     thread = threading.Thread(target=lambda: replies.update(held=timed.predict("timed", held)))
     thread.start()
-    pending = "mserve_requests_pending"
     wait_for(lambda: metric(timed, pending, model="timed") >= 1, "the blocker arrived")
     queued = timed.predict("timed", {"name": "queued", "tokens": 2})
     thread.join(30)
