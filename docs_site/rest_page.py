@@ -21,6 +21,9 @@ def _schema(schema: dict[str, Any]) -> str:
     kind = schema.get("type", "")
     if "enum" in schema:
         kind += " (" + ", ".join(str(v) for v in schema["enum"]) + ")"
+    if "minimum" in schema or "maximum" in schema:  # the bounds the server checks
+        low = ("> " if schema.get("exclusiveMinimum") else "") + str(schema.get("minimum", ""))
+        kind += f" ({low} to {schema.get('maximum', 'any')})"
     return kind
 
 
@@ -33,6 +36,18 @@ def _operation(path: str, method: str, op: dict[str, Any]) -> list[str]:
             out.append(
                 f"| `{p['name']}` | {p['in']} | {_cell(_schema(p.get('schema', {})))}"
                 f" | {'yes' if p.get('required') else 'no'} | {_cell(p.get('description', ''))} |"
+            )
+        out.append("")
+    content = op.get("requestBody", {}).get("content", {})
+    body = content.get("application/json", {}).get("schema", {})
+    if body.get("properties"):  # a JSON body of named fields (the traffic, canary, shadow)
+        out += [_cell(body.get("description", "")), "",
+                "| Body field | Type | Required | Meaning |", "|---|---|---|---|"]  # fmt: skip
+        for name, field in body["properties"].items():
+            required = "yes" if name in body.get("required", ()) else "no"
+            out.append(
+                f"| `{name}` | {_cell(_schema(field))} | {required}"
+                f" | {_cell(field.get('description', ''))} |"
             )
         out.append("")
     out += ["| Status | Meaning |", "|---|---|"]

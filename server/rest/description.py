@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from archiver import __version__
 from server.operations import MAX_PAGE, MAX_WORKERS
+from server.rest.rollout_schemas import CANARY_BODY, SHADOW_BODY, TRAFFIC_BODY
+from server.rest.rollout_schemas import SCHEMAS as ROLLOUT_SCHEMAS
 
 if TYPE_CHECKING:
     from server.http import Connection, Request
@@ -374,6 +376,102 @@ _SCALE_PARAMS = [
     _query("max_worker", _WORKERS, "upper bound (at least min_worker)"), _SYNC,
 ]  # fmt: skip
 
+_RELOADED = {
+    "200": _json("the workers switched to the code on disk", {
+        "type": "object", "required": ["status", "workers", "seconds"],
+        "properties": {"status": {"type": "string"}, "workers": {"type": "integer"},
+                       "code": {"type": "object", "nullable": True},
+                       "seconds": {"type": "number"}}}),
+    "400": _error("the new code failed (its file and line), the old code serves on; or"
+                  " the model runs continuous batching or is a parallel model"),
+    "404": _NOT_FOUND,
+}  # fmt: skip
+
+
+def _json_body(op: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """``op`` taking a JSON body of ``schema``; a body that is not JSON or breaks the schema is
+    a 400 naming the field, one over max_request_size_bytes a 413."""
+    op["requestBody"] = {"required": True, "description": schema["description"],
+                         "content": {"application/json": {"schema": schema}}}  # fmt: skip
+    op["responses"]["413"] = _error("the body is over max_request_size_bytes")
+    op["responses"] = dict(sorted(op["responses"].items()))
+    return op
+
+
+# docs/rollouts.md and docs/shadow.md (server/rest/rollouts.py): on a model *name*
+_BAD_BODY = _error("the body is not JSON, a field is wrong (named), or a version of the model is"
+                   " being unregistered")  # fmt: skip
+_TRAFFIC = _json("the model's traffic", _ref("Traffic"))
+_CANARY = _json("the canary", _ref("Canary"))
+_NO_CANARY = _error("no such model, or it has no canary")
+_SHADOW = _json("the shadow", _ref("Shadow"))
+_NO_SHADOW = _error("no such model, or it has no shadow")
+_ACTION = {
+    "name": "action", "in": "path", "required": True,
+    "schema": {"type": "string", "enum": ["pause", "resume", "promote", "abort"]},
+    "description": "pause or resume its steps; promote: the canary takes every request and"
+                   " becomes the default; abort: back to the baseline",
+}  # fmt: skip
+_SWAP_PARAMS = [
+    _query("to", _NAME, "the registered version that replaces this one", True),
+    _query("workers", {"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
+           "the new version's workers at the end (default: this one's now, at least 1)"),
+    _query("unregister", _BOOL, "unregister this version at the end (default false)"),
+    _query("overlap", _BOOL, "start each new worker before draining an old one, one worker"
+                             " over the memory budget meanwhile (default false)"),
+    _query("synchronous", _BOOL, "answer when the swap has ended (default false)"),
+]  # fmt: skip
+ROLLOUT_PATHS: dict[str, dict[str, Any]] = {
+    "/models/{model_name}/traffic": {
+        "get": _op("The split between the model's versions and what each served", {
+            "200": _TRAFFIC, "404": _NOT_FOUND}, [_MODEL]),
+        "put": _json_body(_op("Set the split and/or the sticky key (the shadow stays)", {
+            "200": _TRAFFIC, "400": _BAD_BODY, "404": _NOT_FOUND}, [_MODEL]), TRAFFIC_BODY),
+        "delete": _op("Clear the split: the default version takes every request (a canary and"
+                      " the shadow stay)", {"200": _TRAFFIC, "404": _NOT_FOUND}, [_MODEL]),
+    },
+    "/models/{model_name}/canary": {
+        "get": _op("The canary's state", {"200": _CANARY, "404": _NO_CANARY}, [_MODEL]),
+        "post": _json_body(_op("Start a canary of a version over the baseline", {
+            "200": _CANARY,
+            "400": _error("the body is not JSON, a field is wrong (named), the model has one"
+                          " version, or a swap is running"),
+            "404": _NOT_FOUND}, [_MODEL]), CANARY_BODY),
+        "delete": _op("Forget the canary (aborted first when it runs)", {
+            "200": _CANARY, "404": _NO_CANARY}, [_MODEL]),
+    },
+    "/models/{model_name}/canary/{action}": {
+        "put": _op("Pause, resume, promote or abort the canary", {
+            "200": _CANARY, "404": _NO_CANARY}, [_MODEL, _ACTION]),
+    },
+    "/models/{model_name}/shadow": {
+        "get": _op("The shadow's settings, counts and kept differing pairs", {
+            "200": _SHADOW, "404": _NO_SHADOW}, [_MODEL]),
+        "put": _json_body(_op("Shadow a share of the traffic onto another version", {
+            "200": _SHADOW, "400": _BAD_BODY, "404": _NOT_FOUND}, [_MODEL]), SHADOW_BODY),
+        "delete": _op("Stop the shadow (answers its last counts)", {
+            "200": _SHADOW, "404": _NO_SHADOW}, [_MODEL]),
+    },
+    "/models/{model_name}/reload": {
+        "put": _op("Hot-reload the default version's handler code (docs/hot-reload.md)",
+                   _RELOADED, [_MODEL]),
+    },
+    "/models/{model_name}/{model_version}/swap": {
+        "put": _op("Replace this version by another in place, one worker at a time within the"
+                   " memory budget (docs/swap.md)", {
+            "200": _STATUS,
+            "202": _json("accepted; GET /models/{model_name} shows its progress",
+                         _ref("Status")),
+            "400": _error("a bad parameter, a version not registered, a swap or canary running,"
+                          " a version being unregistered; synchronous: the swap failed on a bad"
+                          " archive and rolled back"),
+            "404": _NOT_FOUND,
+            "500": _error("synchronous: a worker died during the swap, which rolled back"),
+            "504": _error("synchronous: a worker did not load in time; the swap rolled back"),
+        }, [_MODEL, _VERSION, *_SWAP_PARAMS]),
+    },
+}  # fmt: skip
+
 MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
     "/models": {
         "get": _LIST,
@@ -454,16 +552,8 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
         }, [_MODEL, _VERSION]),
     },
     "/models/{model_name}/{model_version}/reload": {
-        "put": _op("Hot-reload the version's handler code on its workers (docs/hot-reload.md)", {
-            "200": _json("the workers switched to the code on disk", {
-                "type": "object", "required": ["status", "workers", "seconds"],
-                "properties": {"status": {"type": "string"}, "workers": {"type": "integer"},
-                               "code": {"type": "object", "nullable": True},
-                               "seconds": {"type": "number"}}}),
-            "400": _error("the new code failed (its file and line), the old code serves on; or"
-                          " the model runs continuous batching or is a parallel model"),
-            "404": _NOT_FOUND,
-        }, [_MODEL, _VERSION]),
+        "put": _op("Hot-reload the version's handler code on its workers (docs/hot-reload.md)",
+                   _RELOADED, [_MODEL, _VERSION]),
     },
     "/models/{model_name}/{model_version}/set-default": {
         "put": _op("Make this version the default", {"200": _STATUS, "404": _NOT_FOUND},
@@ -482,6 +572,7 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
         "404": _error("token authorization is off: there are no keys"),
     }, [_query("type", {"type": "string", "enum": ["management", "inference"]},
                "which key to replace", True)])},
+    **ROLLOUT_PATHS,
     "/api-description": _API_DESCRIPTION,
 }  # fmt: skip
 
@@ -530,7 +621,7 @@ def describe(api: str) -> dict[str, Any]:
                  "description": "TorchServe-compatible model server"},
         "paths": _secured(paths),
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": {**SCHEMAS, **ROLLOUT_SCHEMAS},
             "securitySchemes": {"bearerAuth": {
                 "type": "http", "scheme": "bearer",
                 "description": "a key from the server's key file (token authorization)",

@@ -9,6 +9,8 @@ import urllib.request
 import pytest
 
 from server.rest.description import INFERENCE_PATHS, MANAGEMENT_PATHS, describe
+from server.rollouts.policy import CANARY_FIELDS
+from server.rollouts.shadow_settings import SHADOW_FIELDS
 from tests.server.conftest import http
 
 
@@ -58,7 +60,7 @@ def test_every_described_route_is_served(server) -> None:
     unrouted = []
     for api, path, method in routes:
         url = server.url(api, path.format(model_name="nosuch", model_version="1.0",
-                                          operation="op_x"))  # fmt: skip
+                                          operation="op_x", action="pause"))  # fmt: skip
         body = b"{}" if method in ("post", "put") else None
         reply = http(method.upper(), url, body, {"Content-Type": "application/json"})
         body = reply.json() if reply.body else {}
@@ -111,3 +113,33 @@ def test_parameters_say_what_the_server_accepts() -> None:
     assert all(p["allowEmptyValue"] for p in register.values() if not p["required"])
     statuses = set(management["/models"]["post"]["responses"])
     assert statuses == {"200", "202", "400", "401", "403", "404", "409", "413", "502", "503", "504"}
+
+
+def test_the_rollout_bodies_are_described_as_the_parsers_read_them() -> None:
+    """PUT /traffic, POST /canary and PUT /shadow take JSON bodies (docs/rollouts.md,
+    docs/shadow.md): the description gives their fields and the parsers' bounds, so a generated
+    client sends what the server accepts; and the swap's `to` is required."""
+    paths = describe("management")["paths"]
+
+    def body(path: str, method: str) -> dict:
+        op = paths[path][method]
+        assert {"400", "413"} <= set(op["responses"]), (method, path)
+        return op["requestBody"]["content"]["application/json"]["schema"]
+
+    traffic = body("/models/{model_name}/traffic", "put")
+    assert set(traffic["properties"]) == {"weights", "sticky"}
+    assert traffic["properties"]["weights"]["maxProperties"] == 16
+    canary = body("/models/{model_name}/canary", "post")
+    assert canary["required"] == ["version"] and canary["additionalProperties"] is False
+    assert set(canary["properties"]) == set(CANARY_FIELDS)
+    assert canary["properties"]["steps"]["maxItems"] == 20
+    shadow = body("/models/{model_name}/shadow", "put")
+    assert set(shadow["properties"]) == set(SHADOW_FIELDS)
+    assert shadow["properties"]["samples"]["maximum"] == 200
+    actions = paths["/models/{model_name}/canary/{action}"]["put"]["parameters"][1]
+    assert actions["schema"]["enum"] == ["pause", "resume", "promote", "abort"]
+    swap = {p["name"]: p for p in paths["/models/{model_name}/{model_version}/swap"]["put"][
+        "parameters"]}  # fmt: skip
+    assert swap["to"]["required"] and not swap["workers"]["required"]
+    assert describe("management")["components"]["schemas"]["Traffic"]["required"] == [
+        "weights", "split", "sticky", "served", "canary", "shadow"]  # fmt: skip
