@@ -60,6 +60,14 @@ def test_cli_rest_and_metrics_references(site: Path) -> None:
     assert "Sentinel" not in cli  # click's UNSET default, as mkdocs-click's tables show it
     rest = (site / "reference/rest/index.html").read_text(encoding="utf-8")
     assert "/predictions/{model_name}" in rest and "/models/{model_name}" in rest
+    for path in (
+        "/models/{model_name}/traffic",
+        "/models/{model_name}/canary/{action}",
+        "/models/{model_name}/shadow",
+        "/models/{model_name}/{model_version}/swap",
+    ):
+        assert path in rest, path
+    assert "max_error_ratio" in rest  # the canary body's fields
     metrics = (site / "reference/metrics/index.html").read_text(encoding="utf-8")
     for name in ("mserve_requests", "mserve_queue_depth", "ts_inference_requests_total"):
         assert name in metrics, name
