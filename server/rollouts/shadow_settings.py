@@ -81,7 +81,7 @@ def parse_shadow(
         if value is not None and (not isinstance(value, str) or value not in versions):
             raise BadRequest(
                 f"{where}.{key}: version {value!r} is not registered (registered:"
-                f" {', '.join(versions)})"
+                f" {', '.join(sorted(versions))})"
             )
     if version == (source or default):
         what = "source" if source else "default version"
