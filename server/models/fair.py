@@ -20,6 +20,10 @@ from collections.abc import Callable
 
 from server.models.batching import Job, JobQueue, QueueFull
 
+# Tenants contend while a second tenant's lane is waiting, and for this many requests taken
+# after the tenant taken changed: then workers are sent fewer batches ahead (server/models/pump.py)
+CONTENDED_FOR = 64
+
 
 class _Lanes:
     """Each tenant's waiting jobs, oldest first; ``len()`` is all of them."""
@@ -47,6 +51,9 @@ class FairJobQueue(JobQueue):
         # every tenant's lane, empty ones too: a queue that drains after each request would
         # otherwise make a deque per request
         self._made: dict[str, collections.deque[Job]] = {}
+        self._taken = 0  # requests taken so far
+        self._last: str | None = None  # the tenant of the last one
+        self._contended_until = 0  # contended() until that many are taken
 
     def put(self, job: Job, waiting_elsewhere: int = 0) -> None:
         jobs = self._jobs
@@ -63,6 +70,8 @@ class FairJobQueue(JobQueue):
         lane = jobs.lanes.get(name)
         if lane is None:
             lane = jobs.lanes[name] = self._lane(name)
+            if len(jobs.lanes) > 1:
+                self._contended_until = self._taken + CONTENDED_FOR
         lane.append(job)
         jobs.count += 1
         self._wake(1)
@@ -81,6 +90,18 @@ class FairJobQueue(JobQueue):
             lane.appendleft(job)
         self._jobs.count += len(jobs)
         self._wake(len(jobs))
+
+    def contended(self) -> bool:
+        """Whether several tenants are being served (see CONTENDED_FOR)."""
+        return self._taken < self._contended_until
+
+    def _took(self, name: str) -> None:
+        self._taken += 1
+        self.served[name] = self.served.get(name, 0) + 1
+        if name != self._last:
+            if self._last is not None:
+                self._contended_until = self._taken + CONTENDED_FOR
+            self._last = name
 
     def _lane(self, name: str) -> collections.deque[Job]:
         lane = self._made.get(name)
@@ -103,7 +124,7 @@ class FairJobQueue(JobQueue):
             if job.future.done():  # the client went away: costs no worker time
                 continue
             self._virtual = job.tag
-            self.served[name] = self.served.get(name, 0) + 1
+            self._took(name)
             if job.trace is not None:
                 job.trace.popped = time.monotonic()
             return job
@@ -125,7 +146,7 @@ class FairJobQueue(JobQueue):
         self._jobs.count -= 1
         if not lane:
             del self._jobs.lanes[name]
-        self.served[name] = self.served.get(name, 0) + 1
+        self._took(name)
         if job.trace is not None:
             job.trace.popped = time.monotonic()
         return job

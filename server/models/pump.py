@@ -138,14 +138,15 @@ class BatchPump:
         waking no task; only a batch that failed takes one."""
         fill = self.settings.batch_wait == "fill"
         depth = pipeline_depth(self.settings.batch_size)
-        if self.queue.fair:  # tenants: what waits in a worker is served in order, not fairly
-            depth = 2
         if worker.concurrent:  # TorchServe's async worker is sent every batch the queue holds
             depth = max(depth, -(-self.settings.job_queue_size // self.settings.batch_size))
-        pipe = _Pipeline(
+        fair = self.queue.fair and not worker.concurrent
+        pipe = (_FairPipeline if fair else _Pipeline)(
             depth, self.queue.new_future,
             None if fill or self.settings.batch_size == 1 else self.queue.wake_filling,
         )  # fmt: skip
+        if fair:
+            pipe.queue = self.queue  # type: ignore[attr-defined]
         delay_s = self.settings.max_batch_delay_ms / 1000
         retired = Retired(retire, self._others_serve, self.queue)
 
@@ -391,6 +392,22 @@ class BatchPump:
             )
             self.queue.requeue(retry)
         fail_jobs([j for j in jobs if j not in retry], error)
+
+
+class _FairPipeline(_Pipeline):
+    """While tenants contend for the queue (server/models/fair.py), a worker is sent at most 2
+    batches ahead: what waits in its socket is served in order, not fairly. Otherwise (one
+    tenant) as many as without tenants: fewer cost the frontend more writes per request."""
+
+    queue: Any = None  # set by the pump: the FairJobQueue
+
+    @property  # type: ignore[override]
+    def depth(self) -> int:
+        return 2 if self.queue is not None and self.queue.contended() else self._most
+
+    @depth.setter
+    def depth(self, value: int) -> None:
+        self._most = value
 
 
 def pipeline_depth(batch_size: int) -> int:

@@ -48,11 +48,13 @@ def test_weights_alone_and_a_quiet_tenant() -> None:
         taken = order(queue, 16)
         assert sum(t.startswith("h") for t in taken) == 12  # 3 of heavy's per light's
         assert queue.served == {"heavy": 12, "light": 4}
-        # heavy alone: everything it has, in order
+        assert queue.contended()  # workers are sent fewer batches ahead
+        # heavy alone: everything it has, in order; no contention
         queue = FairJobQueue(100)
         for i in range(5):
             queue.put(job(queue, heavy, f"h{i}"))
         assert order(queue, 5) == ["h0", "h1", "h2", "h3", "h4"]
+        assert not queue.contended()
         # a quiet tenant arriving behind a backlog goes next, not last
         for i in range(20):
             queue.put(job(queue, heavy, f"b{i}"))
