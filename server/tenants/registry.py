@@ -201,8 +201,10 @@ class Tenants:
         """The startup models are there: read the file again, checking the models its quotas
         name (a mistake is logged and the tenants read at start stay)."""
         self.models_known = True
-        self._stamp = None
-        self.check_reload()
+        try:
+            self._apply(read(self.path, self.known_models))
+        except ConfigError as exc:
+            log.error("tenants: %s; the tenants read at start stay in force", exc.message)
 
     def _apply(self, specs: dict[str, TenantSpec]) -> None:
         by_name: dict[str, Tenant] = {}
