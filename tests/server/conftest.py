@@ -162,6 +162,36 @@ def make_archive(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
+def server_settings(store: Path, **overrides: Any) -> dict[str, Any]:
+    """The settings test servers start from: every API on a free port of 127.0.0.1, the given
+    model store, token authorization off (tests send no key) and the model API on;
+    ``overrides`` add to them or replace them."""
+    return {
+        "inference_address": "127.0.0.1:0",
+        "management_address": "127.0.0.1:0",
+        "metrics_address": "127.0.0.1:0",
+        "grpc_inference_address": "127.0.0.1:0",
+        "grpc_management_address": "127.0.0.1:0",
+        "model_store": str(store),
+        "disable_token_authorization": True,
+        "enable_model_api": True,
+        **overrides,
+    }
+
+
+def start_daemon(config_file: Path, run_dir: Path, settings: dict[str, Any],
+                 extra: tuple[str, ...] = (), timeout_s: float = 120) -> Server:  # fmt: skip
+    """Write ``settings`` to ``config_file`` and start a daemon on it as an operator would
+    (``mserve --start``), for module-scoped servers that outlive one test's ``start_server``;
+    ``extra`` are more flags, kept out of the Server's ``cli_args`` (used again at a restart)."""
+    config_file.write_text(yaml.safe_dump(settings))
+    args = ["--config", str(config_file), "--run-dir", str(run_dir)]
+    out = subprocess.run([MSERVE, "--start", *args, *extra], capture_output=True, text=True,
+                         timeout=timeout_s)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    return Server(run_dir, json.loads((run_dir / "status.json").read_text()), args)
+
+
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
@@ -177,17 +207,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
         tests are about serving, registering and scaling, and send no key;
         tests/server/test_auth.py starts servers with the secure defaults."""
         run_dir = run_dir or tmp_path / f"run{len(started)}"
-        settings = {
-            "inference_address": "127.0.0.1:0",
-            "management_address": "127.0.0.1:0",
-            "metrics_address": "127.0.0.1:0",
-            "grpc_inference_address": "127.0.0.1:0",
-            "grpc_management_address": "127.0.0.1:0",
-            "model_store": str(tmp_path / "store"),
-            "disable_token_authorization": True,
-            "enable_model_api": True,
-            **(config or {}),
-        }
+        settings = server_settings(tmp_path / "store", **(config or {}))
         (tmp_path / "store").mkdir(exist_ok=True)
         cfg = tmp_path / f"mserve{len(started)}.yaml"
         cfg.write_text(yaml.safe_dump(settings))

@@ -13,12 +13,18 @@ from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 
 from server.rpc.protos import mserve_management_pb2 as mpb
 from server.rpc.protos import mserve_management_pb2_grpc
 from tests.conftest import ARCHIVER_SCRIPT
-from tests.server.conftest import HANDLERS, MSERVE, Server, http, pid_alive
+from tests.server.conftest import (
+    HANDLERS,
+    Server,
+    http,
+    pid_alive,
+    server_settings,
+    start_daemon,
+)
 
 pytestmark = pytest.mark.timeout(120)
 SOURCE = (HANDLERS / "hot_reload" / "handler.py").read_text()
@@ -26,23 +32,8 @@ SOURCE = (HANDLERS / "hot_reload" / "handler.py").read_text()
 
 def start(root: Path, extra: tuple[str, ...] = ()) -> Server:
     """A server on free ports over ``root/store``, without token keys (tests send none)."""
-    config = {
-        "inference_address": "127.0.0.1:0",
-        "management_address": "127.0.0.1:0",
-        "metrics_address": "127.0.0.1:0",
-        "grpc_inference_address": "127.0.0.1:0",
-        "grpc_management_address": "127.0.0.1:0",
-        "model_store": str(root / "store"),
-        "disable_token_authorization": True,
-        "enable_model_api": True,
-    }
-    (root / "mserve.yaml").write_text(yaml.safe_dump(config))
-    args = ["--config", str(root / "mserve.yaml"), "--run-dir", str(root / "run")]
-    out = subprocess.run(
-        [MSERVE, "--start", *args, *extra], capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    return Server(root / "run", json.loads((root / "run" / "status.json").read_text()), args)
+    settings = server_settings(root / "store")
+    return start_daemon(root / "mserve.yaml", root / "run", settings, extra)
 
 
 def folder_model(root: Path, name: str) -> Path:

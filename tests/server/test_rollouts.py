@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -29,11 +28,12 @@ from server.rpc.protos import mserve_management_pb2 as mpb
 from server.top_data import traffic_line
 from tests.server.conftest import (
     HANDLERS,
-    MSERVE,
     Server,
     concurrently,
     http,
     pid_alive,
+    server_settings,
+    start_daemon,
     wait_until,
 )
 from tests.server.test_torchserve_layout import PROPERTIES, TorchServeDir, torchserve_env
@@ -57,27 +57,14 @@ def _archive(root: Path, file: str, version: str, config: dict[str, Any]) -> Non
 
 
 def _start(root: Path) -> Server:
-    args = ["--config", str(root / "mserve.yaml"), "--run-dir", str(root / "run")]
-    out = subprocess.run([MSERVE, "--start", *args], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return Server(root / "run", json.loads((root / "run" / "status.json").read_text()), args)
+    settings = server_settings(root / "store", default_workers_per_model=1)
+    return start_daemon(root / "mserve.yaml", root / "run", settings)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
     root = tmp_path_factory.mktemp("rollouts")
     (root / "store").mkdir()
-    (root / "mserve.yaml").write_text(yaml.safe_dump({
-        "inference_address": "127.0.0.1:0",
-        "management_address": "127.0.0.1:0",
-        "metrics_address": "127.0.0.1:0",
-        "grpc_inference_address": "127.0.0.1:0",
-        "grpc_management_address": "127.0.0.1:0",
-        "model_store": str(root / "store"),
-        "disable_token_authorization": True,
-        "enable_model_api": True,
-        "default_workers_per_model": 1,
-    }))  # fmt: skip
     for version, faults in VERSIONS.items():
         _archive(root, f"m{version[0]}", version, {"rollout_test": faults})
     _archive(root, "solo", "1.0", {})

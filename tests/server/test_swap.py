@@ -17,11 +17,19 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
 from server.top_data import Reader
 from tests.conftest import ARCHIVER_SCRIPT
-from tests.server.conftest import HANDLERS, MSERVE, Server, http, pid_alive, wait_until
+from tests.server.conftest import (
+    HANDLERS,
+    MSERVE,
+    Server,
+    http,
+    pid_alive,
+    server_settings,
+    start_daemon,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(180)
 FOLDER = HANDLERS / "swap_versions"
@@ -29,23 +37,9 @@ MIB = 2**20
 
 
 def _start(root: Path, name: str, settings: dict) -> Server:
-    config = {
-        "inference_address": "127.0.0.1:0",
-        "management_address": "127.0.0.1:0",
-        "metrics_address": "127.0.0.1:0",
-        "grpc_inference_address": "127.0.0.1:0",
-        "grpc_management_address": "127.0.0.1:0",
-        "model_store": str(root / "store"),
-        "disable_token_authorization": True,
-        "enable_model_api": True,
-        "fork_workers": False,  # each worker a process of its own: its PSS is its own
-        **settings,
-    }
-    (root / f"{name}.yaml").write_text(yaml.safe_dump(config))
-    args = ["--config", str(root / f"{name}.yaml"), "--run-dir", str(root / name)]
-    out = subprocess.run([MSERVE, "--start", *args], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return Server(root / name, json.loads((root / name / "status.json").read_text()), args)
+    # each worker a process of its own: its PSS is its own
+    config = server_settings(root / "store", fork_workers=False, **settings)
+    return start_daemon(root / f"{name}.yaml", root / name, config)
 
 
 def _stop(server: Server) -> None:

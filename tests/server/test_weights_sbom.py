@@ -4,16 +4,13 @@ and of the server's own environment for a model without requirements."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from archiver.cli import main as archiver_main
-from tests.server.conftest import HANDLERS, MSERVE, Server, pid_alive
+from tests.server.conftest import HANDLERS, Server, pid_alive, server_settings, start_daemon
 from tests.wheels import make_wheel
 
 pytestmark = pytest.mark.timeout(240)
@@ -38,21 +35,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             "--export-path", str(store), "-f", *extra,
         ], catch_exceptions=False)  # fmt: skip
         assert out.exit_code == 0, out.output
-    settings = {
-        "inference_address": "127.0.0.1:0", "management_address": "127.0.0.1:0",
-        "metrics_address": "127.0.0.1:0", "grpc_inference_address": "127.0.0.1:0",
-        "grpc_management_address": "127.0.0.1:0", "model_store": str(store),
-        "disable_token_authorization": True, "enable_model_api": True,
-    }  # fmt: skip
-    config_file = root / "mserve.yaml"
-    config_file.write_text(yaml.safe_dump(settings))
-    run_dir = root / "run"
-    args = ["--config", str(config_file), "--run-dir", str(run_dir)]
-    started = subprocess.run([MSERVE, "--start", *args, "--models", "ownenv=ownenv.mar",
-                              "plain=plain.mar"], capture_output=True, text=True,
-                             timeout=200)  # fmt: skip
-    assert started.returncode == 0, started.stdout + started.stderr
-    served = Server(run_dir, json.loads((run_dir / "status.json").read_text()), args)
+    served = start_daemon(
+        root / "mserve.yaml",
+        root / "run",
+        server_settings(store),
+        ("--models", "ownenv=ownenv.mar", "plain=plain.mar"),
+        timeout_s=200,
+    )
     yield served
     if pid_alive(served.pid):
         served.cli("--stop")

@@ -7,16 +7,13 @@ nothing unpickled them (not the scan, not a worker)."""
 from __future__ import annotations
 
 import collections
-import json
 import os
 import pickle
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
@@ -24,7 +21,14 @@ from archiver.cli import main as archiver_main
 from mserve_worker.sdk.safe_weights import weights_only
 from server.weights.policy import strictest
 from server.weights.scan import scan_file
-from tests.server.conftest import HANDLERS, MSERVE, Server, http, pid_alive
+from tests.server.conftest import (
+    HANDLERS,
+    Server,
+    http,
+    pid_alive,
+    server_settings,
+    start_daemon,
+)
 from tests.server.test_url_registration import Route, Upstream
 
 pytestmark = pytest.mark.timeout(180)
@@ -96,24 +100,13 @@ def setup(
     state = {f"fc.{k}": v for k, v in torch.nn.Linear(2, 1).state_dict().items()}  # Linear2
     save_file(state, root / "weights" / "linear.safetensors")
     archive(store, "safet", root / "weights" / "linear.safetensors", *linear)
-    settings = {
-        "inference_address": "127.0.0.1:0", "management_address": "127.0.0.1:0",
-        "metrics_address": "127.0.0.1:0", "grpc_inference_address": "127.0.0.1:0",
-        "grpc_management_address": "127.0.0.1:0", "model_store": str(store),
-        "disable_token_authorization": True, "enable_model_api": True,
-        "weights_scan": "warn",
-        "allowed_urls": [f"http://127\\.0\\.0\\.1:{upstream.port}/ok/.*"],
-        "models": {"strict": {"1.0": {"weightsScan": "require"}},
-                   "weaker": {"1.0": {"weightsScan": "require"}}},
-    }  # fmt: skip
-    config_file = root / "mserve.yaml"
-    config_file.write_text(yaml.safe_dump(settings))
-    run_dir = root / "run"
-    args = ["--config", str(config_file), "--run-dir", str(run_dir)]
-    started = subprocess.run([MSERVE, "--start", *args], capture_output=True, text=True,
-                             timeout=120)  # fmt: skip
-    assert started.returncode == 0, started.stdout + started.stderr
-    server = Server(run_dir, json.loads((run_dir / "status.json").read_text()), args)
+    settings = server_settings(
+        store, weights_scan="warn",
+        allowed_urls=[f"http://127\\.0\\.0\\.1:{upstream.port}/ok/.*"],
+        models={"strict": {"1.0": {"weightsScan": "require"}},
+                "weaker": {"1.0": {"weightsScan": "require"}}},
+    )  # fmt: skip
+    server = start_daemon(root / "mserve.yaml", root / "run", settings)
     yield server, store, marker
     if pid_alive(server.pid):
         server.cli("--stop")
