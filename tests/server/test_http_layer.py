@@ -10,8 +10,9 @@ from pathlib import Path
 import server.http
 
 HTTP = Path(server.http.__file__).parent
-# what the HTTP layer may use of the server: its errors, token authorization, the access log
-BELOW = {"server.errors", "server.auth", "server.accesslog"}
+# what the HTTP layer may use of the server: its errors, token authorization, the access log,
+# the tenants (a request's sender, found by its key)
+BELOW = {"server.errors", "server.auth", "server.accesslog", "server.tenants"}
 
 
 def _server_imports(path: Path) -> list[tuple[int, str]]:
