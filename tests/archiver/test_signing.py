@@ -137,7 +137,9 @@ def test_model_signing_verifies_an_unpacked_archive(model_inputs: Path, signed: 
     )
     verifier.verify(folder, folder / SIGNATURE_PATH)
     (folder / "weights.pt").write_bytes(b"changed")
-    with pytest.raises(ValueError, match=r"Hash mismatch for 'weights\.pt'"):
+    # the library's message may hold its list of problems as a repr, quotes escaped (whether it
+    # does depends on the digests' bytes)
+    with pytest.raises(ValueError, match=r"Hash mismatch for \\*'weights\.pt"):
         verifier.verify(folder, folder / SIGNATURE_PATH)
 
 
