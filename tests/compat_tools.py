@@ -12,6 +12,8 @@ import venv
 from dataclasses import dataclass
 from pathlib import Path
 
+from server.locks import exclusive
+
 REPO = Path(__file__).resolve().parent.parent
 COMPAT_DIR = REPO / ".cache" / "compat"
 
@@ -42,16 +44,19 @@ class CompatTool:
 def build_compat_tool(name: str) -> CompatTool:
     """Install the tool once into .cache/compat; ``.complete`` is written last, so a run that
     was killed halfway is rebuilt instead of trusted (venv scripts embed their path, so the
-    venv is built where it stays)."""
+    venv is built where it stays). The suite's parallel workers may ask at once: one builds
+    under a lock while the others wait for it."""
     requirement, script = COMPAT_TOOLS[name]
     home = COMPAT_DIR / requirement.replace("==", "-")
-    if not (home / ".complete").exists():
-        shutil.rmtree(home, ignore_errors=True)
-        venv.EnvBuilder(with_pip=True).create(home)
-        subprocess.run(
-            [str(home / "bin" / "python"), "-m", "pip", "install", "--quiet", requirement],
-            check=True,
-            timeout=600,
-        )
-        (home / ".complete").write_text(requirement)
+    COMPAT_DIR.mkdir(parents=True, exist_ok=True)
+    with exclusive(COMPAT_DIR / f".{name}.lock"):
+        if not (home / ".complete").exists():
+            shutil.rmtree(home, ignore_errors=True)
+            venv.EnvBuilder(with_pip=True).create(home)
+            subprocess.run(
+                [str(home / "bin" / "python"), "-m", "pip", "install", "--quiet", requirement],
+                check=True,
+                timeout=600,
+            )
+            (home / ".complete").write_text(requirement)
     return CompatTool(python=home / "bin" / "python", script=home / "bin" / script)
