@@ -95,6 +95,10 @@ def guide_meanings() -> dict[str, str]:
 
 
 def _cell(text: str) -> str:
+    """A meaning as a table cell: ``|`` escaped, and ``<`` outside code spans, so that a
+    comment's ``<run_dir>`` shows instead of being taken for an HTML tag."""
+    parts = re.split(r"(`+[^`]*`+)", text)
+    text = "".join(p if p.startswith("`") else p.replace("<", "&lt;") for p in parts)
     return text.replace("|", "\\|")
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from docs_site import settings_page
 from server.config import ServerConfig
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -48,9 +50,21 @@ def test_settings_reference_lists_every_setting(site: Path) -> None:
     for field in dataclasses.fields(ServerConfig):
         if field.name not in internal:
             assert f"MSERVE_{field.name.upper()}" in html, field.name
-    assert "folder that registration <code>url</code>s are relative to" in html  # the guide's
+    # meanings from the code's comments, a <placeholder> in them shown as written
+    assert "the folder of the archives: startup models' paths and registration urls" in html
+    assert "JSON lines under &lt;run_dir&gt;/inference_log/" in html
     # TorchServe's key beside ours, where the names differ
     assert "default_response_timeout" in html and "blacklist_env_vars" in html
+
+
+def test_every_setting_has_a_meaning_in_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference reads a setting's meaning from its comment in ServerConfig; none may be
+    left blank (a guide's table is no fallback: the guides are rewritten in their own words)."""
+    monkeypatch.setattr(settings_page, "guide_meanings", dict, raising=False)
+    rows = [line for line in settings_page.render().splitlines() if line.startswith("| `")]
+    assert len(rows) > 100
+    blank = [row.split("|")[1].strip() for row in rows if re.search(r"\|\s*\|\s*$", row)]
+    assert not blank, f"settings without a comment in server/config/server_config.py: {blank}"
 
 
 def test_cli_rest_and_metrics_references(site: Path) -> None:
