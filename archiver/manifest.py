@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from archiver.errors import InvalidManifest
+from archiver.jsonschema_import import import_jsonschema
 
 if TYPE_CHECKING:
     import jsonschema
@@ -65,7 +66,7 @@ def schema_digest() -> str:
 def _validator() -> jsonschema.protocols.Validator:
     # here, not at module level: jsonschema is slow to import, and every server module
     # imports this package (for its version) while only reading an archive validates
-    import jsonschema
+    jsonschema = import_jsonschema()
 
     cls = jsonschema.validators.validator_for(schema())
     cls.check_schema(schema())

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from archiver.errors import InvalidModelConfig
+from archiver.jsonschema_import import import_jsonschema
 
 if TYPE_CHECKING:
     import jsonschema
@@ -97,7 +98,7 @@ def validate_model_config(data: Any, source: str) -> dict[str, Any]:
         typo = _typo_of(key)
         if typo:
             raise InvalidModelConfig(source, f"unknown key '{key}'", hint=f"did you mean '{typo}'?")
-    import jsonschema  # here: slow to import, paid only by a model that has a config file
+    jsonschema = import_jsonschema()  # here: paid only by a model that has a config file
 
     errors = list(jsonschema.Draft202012Validator(_SCHEMA).iter_errors(data))
     if errors:

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from archiver.jsonschema_import import import_jsonschema
 from server.errors import MserveError
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; a chat without one gets the context
@@ -143,9 +144,7 @@ if TYPE_CHECKING:
 def _validator(kind: str) -> jsonschema.Draft202012Validator:
     """Built at the first OpenAI request of its kind: importing jsonschema takes ~60 ms, which
     every server start (on the path to its first answer) would pay for an API most never use."""
-    import jsonschema
-
-    return jsonschema.Draft202012Validator(SCHEMAS[kind])
+    return import_jsonschema().Draft202012Validator(SCHEMAS[kind])
 
 
 @dataclass(frozen=True)
