@@ -80,7 +80,7 @@ def render() -> str:
         "Generated at build time from the metrics' definitions in `server/metrics/`, so every",
         "metric the code defines is here with its labels. The metrics port (8082) serves them",
         "at `GET /metrics` in Prometheus's text format; see",
-        "[the server guide](../server.md#metrics-and-logs) for the modes and the log files.",
+        "[the metrics and logs guide](../metrics-and-logs.md) for the modes and the log files.",
         "",
         "## mserve's own metrics",
         "",

@@ -76,19 +76,19 @@ def _default(field: dataclasses.Field[Any]) -> str:
     return f"`{value}`"
 
 
-_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "server.md"
+_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 _ROW = re.compile(r"^\| `([a-z0-9_]+)` \|(?:[^|]|\\\|)*\|(?:[^|]|\\\|)*\|(.*)\|\s*$")
 
 
 def guide_meanings() -> dict[str, str]:
-    """The meaning column of the server guide's settings table (docs/server.md), for settings
+    """The meaning column of the settings table in docs/configuration.md, for settings
     whose code carries no comment; its links made relative to this page."""
     out = {}
     for line in _GUIDE.read_text(encoding="utf-8").splitlines():
         match = _ROW.match(line)
         if match and match.group(2).strip():
             text = match.group(2).strip()
-            text = re.sub(r"\]\(#", "](../server.md#", text)
+            text = re.sub(r"\]\(#", "](../configuration.md#", text)
             text = re.sub(r"\]\((?!https?:|\.\./|#)", "](../", text)
             out.setdefault(match.group(1), text)
     return out
@@ -123,12 +123,12 @@ def render() -> str:
         "the code. A setting is given, lowest precedence first, by its default, TorchServe's",
         "`config.properties` (`--ts-config`, the key in the last column), the YAML file",
         "(`--config`, the setting's name as the key), an environment variable, or a flag.",
-        "See [the server guide](../server.md#configuration) for how the layers combine.",
+        "See [the configuration guide](../configuration.md) for how the layers combine.",
         "",
     ]
     out += [
         "A setting's meaning is the comment above it in the code (one above several settings",
-        "is shown beside the first of them), else the server guide's table.",
+        "is shown beside the first of them), else the configuration guide's table.",
         "",
         "| Setting | Default | Environment variable | TorchServe's key | Meaning |",
         "|---|---|---|---|---|",

@@ -57,7 +57,7 @@ def _preload(names: list) -> list:
 
 def _warm_runtime() -> None:
     """Import what every forked worker imports first (the runtime, the handler SDK), so each
-    child starts without it (docs/server.md, Workers, has what it saves)."""
+    child starts without it (docs/workers.md, has what it saves)."""
     from . import confine, runtime, sdk  # noqa: F401
 
 
@@ -77,7 +77,7 @@ def _fork() -> int:
     """Fork with every object so far moved out of the collector's reach (``gc.freeze``, the
     recipe in the gc module's docs): a collection in the child would otherwise touch each
     inherited object, copying its pages: after importing torch, a full collection takes a
-    noticeable time and leaves most of them private to the child (docs/server.md)."""
+    noticeable time and leaves most of them private to the child (docs/explanations/costs.md)."""
     if hasattr(gc, "freeze"):
         gc.freeze()
     return os.fork()

@@ -1,4 +1,4 @@
-"""The request's trace context inside the worker (docs/server.md, Observability).
+"""The request's trace context inside the worker (docs/observability.md).
 
 The server passes each request's W3C ``traceparent`` as a request header (appended last while
 the server traces). Here: whether a batch is traced, the handler phases' times the server makes

@@ -52,8 +52,8 @@ yet) on its own, then the medians of ``--rounds`` rounds. Each round also times 
 cold start cannot beat, in the same run: a bare interpreter start (``python -I -c pass``) and,
 for the MLP, ``import torch`` in a fresh interpreter (what its worker template must do); the
 medians come with each cold start's ratio to its floor. ``--profile-start``: the steps of one
-start, from the server log's time stamps (docs/server.md, Measuring cold start); with
-``--fresh``, of a first start on a fresh run dir.
+start, from the server log's time stamps (docs/explanations/measuring.md, Measuring cold start);
+with ``--fresh``, of a first start on a fresh run dir.
 
 ``--sandbox``: what confining the workers costs: each round, one fresh server per variant
 (sandbox off; Landlock, no_new_privs and limits with workers under the server's user; the same
@@ -75,9 +75,9 @@ against the same models without it, in one run (scripts/bench_inflog.py says how
 under load): a run taken while it steals X% is slower by about that much, so compare only rows
 taken at low steal. The last line gives the median steal over all rows.
 
-One file for the serving figures docs/server.md quotes, one mode a few functions each, sharing
-the load and measuring helpers (harness.py); the modes with code of their own live beside it
-(bench_ceiling.py, bench_inflog.py, bench_otel.py).
+One file for the serving figures docs/explanations/measuring.md quotes, one mode a few functions
+each, sharing the load and measuring helpers (harness.py); the modes with code of their own live
+beside it (bench_ceiling.py, bench_inflog.py, bench_otel.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Usage: python scripts/check_gpu.py [--keep]
 
 The test suite runs where there is no GPU (tests/server/test_gpus.py hands out GPUs that do not
 exist and checks what each worker is told); this is the same contract on the real thing, run
-by hand on a GPU machine (docs/server.md, GPUs). With the server's defaults (GPUs detected,
+by hand on a GPU machine (docs/workers.md, GPUs). With the server's defaults (GPUs detected,
 workers confined by the sandbox, forked from the torch-preloaded template):
 
 - detection: every worker of a model is pinned to a GPU, round robin, described with its id;

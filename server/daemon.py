@@ -2,10 +2,10 @@
 
 A daemon start forks the server-to-be before anything else (:class:`Prefork`): the child imports
 the server's modules while this process imports the CLI and reads the config, on two cores at
-once, instead of one after the other (docs/server.md, cold start). The child is handed the
-parsed start over a pipe and becomes the daemon; when the command turns out to be something
-else, or fails (a bad flag, a server already running), the pipe closes unused and the child
-exits without a word.
+once, instead of one after the other (docs/explanations/measuring.md, cold start). The child is
+handed the parsed start over a pipe and becomes the daemon; when the command turns out to be
+something else, or fails (a bad flag, a server already running), the pipe closes unused and the
+child exits without a word.
 
 Imports the standard library only, so that the fork comes first thing.
 """

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 TORCH_PROBE_TIMEOUT_S = 60.0  # importing torch from a cold disk can take a while
 # What a GPU driver leaves behind (NVIDIA, WSL2, ROCm). Without one torch sees no GPU either, so
-# it is not asked: importing it would add seconds to every server start (docs/server.md).
+# it is not asked: importing it would add seconds to every server start
+# (docs/explanations/costs.md).
 GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 # -c puts the working folder first on sys.path: drop it, so a stray torch/ there is not imported
 _TORCH_PROBE = "import sys; sys.path.pop(0); import torch; print(torch.cuda.device_count())"

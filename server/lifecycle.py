@@ -77,8 +77,8 @@ LAUNCHER_EXIT_WAIT_S = 10.0
 # Young objects the garbage collector lets pile up before a pass, up from CPython's 700. Each
 # request allocates a few dozen containers, nearly all freed at once by reference counting; a
 # pass every 700 allocations walked the objects of every request in flight each time (a
-# visible share of the frontend's CPU under load; docs/server.md). Cyclic garbage now waits a
-# little longer: a few hundred requests' worth of objects.
+# visible share of the frontend's CPU under load; docs/explanations/costs.md). Cyclic garbage now
+# waits a little longer: a few hundred requests' worth of objects.
 GC_YOUNG_THRESHOLD = 10_000
 
 

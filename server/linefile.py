@@ -2,10 +2,10 @@
 
 The access log and TorchServe's metric logs take a line per request or per metric update:
 formatting through the logging module (a LogRecord, a format pass and a write each) took a large
-share of the frontend's CPU under load (docs/server.md). Here a line is a string appended to a
-list; the list goes to the file when it holds ``max_lines``, every second (the server's flusher
-task) and at stop. Rotate such a file with logrotate (``copytruncate``): we append, and never
-stat it."""
+share of the frontend's CPU under load (docs/explanations/costs.md). Here a line is a string
+appended to a list; the list goes to the file when it holds ``max_lines``, every second (the
+server's flusher task) and at stop. Rotate such a file with logrotate (``copytruncate``): we
+append, and never stat it."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ becomes True. Each request of a batch is then served on its own:
 - any other operation ``POST /v2/models/{m}/{op}`` calls ``op_<op>(event)`` with a
   :class:`Event`; its return value is the response body.
 
-When the server logs the model for monitoring (docs/server.md, Inference logging), each
+When the server logs the model for monitoring (docs/inference-logging.md), each
 predict/explain is recorded as mlrun's model monitoring stream has it: what
 ``logged_results(request, response, op)`` returns (``(inputs, outputs)``), else the request and
 response; the values ``set_metric`` recorded ride along; a failure is recorded with its message.
@@ -162,7 +162,7 @@ class V2ModelServer:
 
     def logged_results(self, request: dict[str, Any], response: Any, op: str) -> Any:
         """What model monitoring records of a request, when the server logs this model
-        (docs/server.md, Inference logging): ``(inputs, outputs)`` lists to record instead
+        (docs/inference-logging.md): ``(inputs, outputs)`` lists to record instead
         of the request and response, or ``(None, None)`` to record them as they are."""
         return None, None
 

@@ -5,7 +5,7 @@ server/metrics/server_metrics.py).
 Why not aiohttp: on the inference path the server's whole job is to move a body to a worker and
 an answer back, and aiohttp's request, response, router and middleware objects cost ~100-140 us
 of CPU per request (a bare protocol over httptools: ~12-22 us, scripts/bench_server.py and
-docs/server.md); importing aiohttp also cost ~0.25 s of every cold start. The parsing is
+docs/apis.md, HTTP); importing aiohttp also cost ~0.25 s of every cold start. The parsing is
 httptools' (llhttp, Node.js's parser: request line, headers, Content-Length and chunked framing,
 the request smuggling cases); this package keeps what our APIs need: keep-alive, pipelined
 requests answered in order, size limits, idle timeouts, write flow control, the access log, and

@@ -9,7 +9,7 @@ JSON-lines files and/or sent as CloudEvents exactly as KServe's logger sends the
 - :mod:`.logger`: the per-model logger the batch pump hands settled requests to; the request
   path only appends to a bounded queue, a background task per sink sends.
 
-docs/server.md (Inference logging) is the user's guide.
+docs/inference-logging.md is the user's guide.
 """
 
 from server.inference_log.logger import InferenceLogger

@@ -4,7 +4,7 @@ HTTP receiver gets.
 A record keeps the bodies as they travelled; decoding, redaction and encoding happen in the
 sink's task, off the request path. The JSON line uses mlrun's stream field names (``request``,
 ``op``, ``resp``, ``when``, ``microsec``, ``metrics``, ``error``); the CloudEvents are KServe's
-logger's, attribute for attribute (docs/server.md, Inference logging).
+logger's, attribute for attribute (docs/inference-logging.md).
 """
 
 from __future__ import annotations

@@ -512,7 +512,7 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
                    "the archive's digest: registration fails if it differs"),
             _query("inference_log", {"type": "string",
                                      "enum": ["off", "request", "response", "all"]},
-                   "log requests and/or responses for model monitoring (docs/server.md)"),
+                   "log requests and/or responses for monitoring (docs/inference-logging.md)"),
             _query("inference_log_sample", {"type": "integer", "minimum": 1},
                    "log every Nth request"),
             _query("inference_log_batch", {"type": "integer", "minimum": 1},

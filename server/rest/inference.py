@@ -217,7 +217,7 @@ class InferenceAPI:
         self, conn: Connection, req: Request, model: ModelVersion, stream: ChunkStream,
         request_id: str, counts: list[float], job: Job,
     ) -> None:  # fmt: skip
-        """Answer with the chunks as they come (docs/server.md, Streaming); the request counts
+        """Answer with the chunks as they come (docs/apis.md, Streaming); the request counts
         in the metrics once, when its answer ends."""
         try:
             headers = self._headers(

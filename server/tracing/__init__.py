@@ -1,5 +1,4 @@
-"""OpenTelemetry traces of requests, model loads and environment builds (docs/server.md,
-Observability).
+"""OpenTelemetry traces of requests, model loads and environment builds (docs/observability.md).
 
 Off unless an OTLP endpoint is configured (``otel_endpoint``, or the standard
 ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``); off, :data:`current` is None and the request path

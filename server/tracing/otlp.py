@@ -1,7 +1,7 @@
 """OTLP's protobuf wire format for spans, written by hand for the span exporter process
 (server/tracing/export.py): the SDK's path (a ReadableSpan per span, then opentelemetry-proto's
 message objects, then serialization) cost ~20 us a span; writing the few fields we use straight
-to bytes costs a fraction of that (docs/server.md, Observability). The bytes are those the SDK's
+to bytes costs a fraction of that (docs/observability.md). The bytes are those the SDK's
 encoder gives for the same span (tests/server/test_tracing_otlp.py compares them byte for byte):
 fields in field-number order, proto3's defaults left out, a oneof's value always written.
 

@@ -1,5 +1,5 @@
 """What tracing the server does, from its settings and the standard ``OTEL_*`` variables
-(docs/server.md, Observability): :func:`trace_settings`, checked when the config is loaded and
+(docs/observability.md): :func:`trace_settings`, checked when the config is loaded and
 read again by :func:`server.tracing.setup`; :func:`export_options`, how the exporter process
 sends, read there. Every ``OTEL_EXPORTER_OTLP_*`` variable is read through
 :func:`otlp_variable`, the ``TRACES_`` one first."""

@@ -22,7 +22,7 @@ from mserve_worker import protocol
 from mserve_worker.protocol import Frame, Kind
 
 # Enum members read per frame, bound once: on Python 3.11 ``Kind.RESULT`` goes through
-# EnumType.__getattr__, ~65 ns a lookup against ~5 ns for a global (docs/server.md).
+# EnumType.__getattr__, ~65 ns a lookup against ~5 ns for a global (docs/explanations/costs.md).
 _CHUNK, _STEP = Kind.CHUNK, Kind.STEP
 # what answers a sent frame, in order: a batch's RESULT or BATCH_FAILED, a reload step's RELOADED
 _ANSWERS = (Kind.RESULT, Kind.BATCH_FAILED, Kind.RELOADED)

@@ -48,7 +48,7 @@ class WorkerState(str, Enum):
 
 
 # Read per batch, bound once: on Python 3.11 an Enum member lookup goes through
-# EnumType.__getattr__ (~65 ns, a global ~5 ns; docs/server.md).
+# EnumType.__getattr__ (~65 ns, a global ~5 ns; docs/explanations/costs.md).
 _BUSY, _READY, _RESULT = WorkerState.BUSY, WorkerState.READY, Kind.RESULT
 
 

@@ -8,7 +8,7 @@ Every model also reads the model caches the server's environment names, its user
 ``sandbox_read_paths`` setting (``server/workers/sandbox_caches.py``). A model config may grant
 more (``sandbox:`` with ``readPaths``, ``writePaths``, ``connectPorts``,
 ``bindPorts``, ``maxProcesses``, ``maxOpenFiles``), never the server's own files or ports.
-docs/server.md, Sandbox, has the threat model.
+docs/security.md, Sandbox, has the threat model.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Many models on one server: loading on demand, idle unload, the budget and its evictions
-(docs/server.md, Loading on demand). Real servers, real workers."""
+(docs/many-models.md, Loading on demand). Real servers, real workers."""
 
 from __future__ import annotations
 

@@ -490,7 +490,7 @@ def test_a_request_for_an_idle_worker_goes_from_the_call_that_queues_it(
 ) -> None:
     """A batching model (batch_wait busy) sends a request that finds its worker idle from the
     very call that queues it, as a model of batch size 1 does, not a loop turn later by waking
-    its batch gatherer (what a lone request paid for a batch setting: docs/server.md, Workers).
+    its batch gatherer (what a lone request paid for a batch setting: docs/workers.md).
     Two requests written at once on one connection are queued by one read of the server: the
     first goes alone at once; the second finds the worker busy and goes when it is free, well
     before max_batch_delay (a gatherer woken a turn later found both: one batch of 2)."""
