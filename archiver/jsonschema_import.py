@@ -21,10 +21,8 @@ _lock = threading.Lock()
 def import_jsonschema() -> ModuleType:
     """The jsonschema module; call it where ``import jsonschema`` would be (it is imported at the
     first call, and a module that imported ``rfc3987_syntax`` itself keeps it)."""
-    if "jsonschema" in sys.modules:
-        return sys.modules["jsonschema"]
-    with _lock:
-        hidden = _SLOW not in sys.modules
+    with _lock:  # a plain import below: it waits for another thread's import to finish
+        hidden = "jsonschema" not in sys.modules and _SLOW not in sys.modules
         if hidden:
             sys.modules[_SLOW] = None  # type: ignore[assignment]  # makes its import fail
         try:
