@@ -67,6 +67,16 @@ def test_every_setting_has_a_meaning_in_the_code(monkeypatch: pytest.MonkeyPatch
     assert not blank, f"settings without a comment in server/config/server_config.py: {blank}"
 
 
+def test_comparison_page_is_dated_and_every_note_is_defined(site: Path) -> None:
+    """The comparison with other servers says when it was checked, and every cell's note
+    exists (an undefined footnote is left as text: ``mkdocs build --strict`` does not see it)."""
+    html = (site / "explanations/comparison/index.html").read_text(encoding="utf-8")
+    assert "Checked 2026-11" in html
+    assert "[^" not in html
+    for server in ("Triton", "KServe", "Ray Serve", "BentoML", "LitServe"):
+        assert f"<th>{server}</th>" in html, server
+
+
 def test_cli_rest_and_metrics_references(site: Path) -> None:
     cli = (site / "reference/cli/index.html").read_text(encoding="utf-8")
     for flag in ("--model-store", "--export-path", "--handler", "--interval"):
