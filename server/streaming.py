@@ -35,6 +35,14 @@ class StreamConsumer(Protocol):
         """The stream broke after it began (handler error, timeout, worker death)."""
 
 
+class StreamMeter(Protocol):
+    """What a stream's chunks cost its sender (server/tenants/tokens.py's Usage)."""
+
+    def chunk(self, data: bytes) -> None: ...
+
+    def ended(self) -> None: ...
+
+
 class ChunkStream:
     """The chunks of one request's response. ``status``, ``content_type`` and ``headers`` are
     what the handler had set when it sent the first chunk."""
@@ -67,6 +75,8 @@ class ChunkStream:
         self._kept: bytearray | None = None
         self._keep_limit = 0
         self._on_end: Callable[[ChunkStream, bytes, MserveError | None], None] | None = None
+        # told of each chunk as it comes from the worker, and of the end (a tenant's quotas)
+        self.meter: StreamMeter | None = None
 
     def record_to(
         self, limit: int, on_end: Callable[[ChunkStream, bytes, MserveError | None], None]
@@ -85,6 +95,8 @@ class ChunkStream:
             return
         self.chunks_in += 1
         self.bytes_in += len(data)
+        if self.meter is not None:
+            self.meter.chunk(data)
         if self._kept is not None:
             self._keep(data)
         consumer = self._consumer
@@ -101,6 +113,8 @@ class ChunkStream:
             return
         if last:  # the client gets it as one chunk more
             self.chunks_in += 1
+            if self.meter is not None:
+                self.meter.chunk(last)
         self.bytes_in += len(last)
         if self._kept is not None:
             self._keep(last)
@@ -178,6 +192,8 @@ class ChunkStream:
             self._kept += data[:room]
 
     def _ended(self, error: MserveError | None) -> None:
+        if self.meter is not None:
+            self.meter.ended()
         on_end, self._on_end = self._on_end, None
         if on_end is not None:
             kept, self._kept = self._kept, None

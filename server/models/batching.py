@@ -21,6 +21,7 @@ from server.errors import MserveError
 if TYPE_CHECKING:
     from server.streaming import ChunkStream
     from server.tenants import Tenant
+    from server.tenants.tokens import Usage
     from server.workers.channel import Batch
     from server.workers.process import Worker
 
@@ -41,8 +42,8 @@ class Job:
     """One request on a model's queue (a plain class with slots: one is made per request)."""
 
     __slots__ = (
-        "cancelled", "enqueued_at", "future", "group", "handled", "item", "retried", "sent",
-        "sent_at", "stream", "tag", "tenant", "trace",
+        "cancelled", "enqueued_at", "future", "group", "handled", "item", "meter", "retried",
+        "sent", "sent_at", "stream", "tag", "tenant", "trace",
     )  # fmt: skip
 
     def __init__(self, item: RequestItem, future: asyncio.Future[ResponseItem]) -> None:
@@ -62,6 +63,8 @@ class Job:
         self.group: str | None = None  # its sequence id, under sequence batching
         self.tenant: Tenant | None = None  # who sent it (server/tenants/), while tenancy is on
         self.tag = 0.0  # its start tag in its tenant's lane (server/models/fair.py)
+        # what it costs its tenant while it runs (server/tenants/tokens.py): its stream's meter
+        self.meter: Usage | None = None
 
     def cancel(self, reason: str = "client", error: MserveError | None = None) -> bool:
         """Stop this request wherever it is; False if it was answered or cancelled already.

@@ -65,6 +65,7 @@ def _open_stream(
     """The first chunk of ``job``'s answer: its stream, which its caller now gets (and the
     model's inference log, when it samples the request)."""
     stream = job.stream = ChunkStream(status, content_type, headers, _no_pause, _no_pause)
+    stream.meter = job.meter  # its tenant's tokens and in-flight count (server/tenants/tokens.py)
     if pump.inference_log is not None:
         pump.inference_log.stream(job.item, job.enqueued_at, stream)
     job.future.set_result(stream)  # type: ignore[arg-type]

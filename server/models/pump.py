@@ -366,6 +366,7 @@ class BatchPump:
                     worker.pause_reading, worker.resume_reading,
                     functools.partial(worker.stop_streaming, batch, job.item.request_id),
                 )  # fmt: skip
+                stream.meter = job.meter  # its tenant's tokens and in-flight count
                 if self.inference_log is not None:
                     self.inference_log.stream(job.item, job.enqueued_at, stream)
                 if job.future.done():  # its caller left before the first chunk: stop it

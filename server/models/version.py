@@ -126,6 +126,8 @@ class ModelVersion:
         self.sequence_headers = sequence_headers  # (id, start, end): ts_header_key_sequence_*
         self.sandbox = sandbox  # what its workers may reach; None: unconfined (sandbox: false)
         self.loaded_at_startup = loaded_at_startup
+        # its answers' tokens count against tenants' token quotas (docs/generative.md, tenants.md)
+        self.generative = model_yaml_config.get("generative") not in (None, False)
         # fair between tenants while the server has some (server/tenants/, server/models/fair.py)
         self.queue = (JobQueue if tenants.current is None else FairJobQueue)(
             settings.job_queue_size
@@ -281,7 +283,8 @@ class ModelVersion:
         if tenant is not None:
             if trace is not None:
                 trace.attributes["mserve.tenant"] = tenant.name
-            tenant.admit(self.name, job.future)  # over quota: raises, and nothing is queued
+            # over quota: raises, and nothing is queued
+            job.meter = tenant.admit(self.name, job.future, self.generative)
             job.tenant = tenant
         try:
             if self.sequences is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from mserve_worker import fastjson
 from server.openai.request import OpenAIError
+from server.tenants.tokens import piece_tokens
 
 
 @dataclass
@@ -34,15 +35,11 @@ def read_piece(data: bytes) -> Piece:
         if isinstance(fields, dict) and ("text" in fields or "tokens" in fields):
             text = fields.get("text")
             text = text if isinstance(text, str) else ""
-            tokens = fields.get("tokens")
-            if type(tokens) is not int:
-                ids = fields.get("ids")
-                tokens = len(ids) if isinstance(ids, list) else (1 if text else 0)
             prompt = fields.get("prompt_tokens")
             reason = fields.get("finish_reason")
             return Piece(
                 text,
-                max(tokens, 0),
+                piece_tokens(fields, text),  # as tenants' token quotas count them
                 prompt if type(prompt) is int else None,
                 reason if reason in ("stop", "length") else None,
             )

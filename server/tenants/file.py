@@ -9,6 +9,7 @@ YAML, read with its line numbers kept, so a mistake is named by its line::
         quota: {requests_per_second: 50, burst: 100, in_flight: 32}
         models:                         # per model, on top of the tenant's own quota
           mlp: {requests_per_second: 10, burst: 20, in_flight: 4}
+          llm: {tokens_per_second: 200, token_burst: 2000}   # generated tokens
       default:                          # the server's own inference key (optional entry)
         weight: 1
 
@@ -32,18 +33,21 @@ DEFAULT = "default"
 MAX_FILE_BYTES = 1024 * 1024
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # a metric label and a log field
 HASH = re.compile(r"^(?:sha256:)?([0-9a-f]{64})$")
-QUOTA_FIELDS = ("requests_per_second", "burst", "in_flight")
+QUOTA_FIELDS = ("requests_per_second", "burst", "in_flight", "tokens_per_second", "token_burst")
 TENANT_FIELDS = ("keys", "weight", "quota", "models")
 
 
 @dataclass(frozen=True)
 class Quota:
-    """Requests per second (a token bucket holding up to ``burst``) and requests in flight;
-    None: no bound."""
+    """Requests per second (a token bucket holding up to ``burst``), requests in flight, and
+    for generative models generated tokens per second (a bucket holding up to ``token_burst``,
+    charged as tokens are produced: server/tenants/tokens.py); None: no bound."""
 
     requests_per_second: float | None = None
     burst: float | None = None
     in_flight: int | None = None
+    tokens_per_second: float | None = None
+    token_burst: float | None = None
 
 
 @dataclass(frozen=True)
@@ -196,9 +200,15 @@ def _quota(node: Any, fail: Callable[[Any, str], _Problem], what: str) -> Quota:
         values[key] = value
     if "burst" in values and "requests_per_second" not in values:
         raise fail(node, f"{what}: 'burst' needs 'requests_per_second'")
+    if "token_burst" in values and "tokens_per_second" not in values:
+        raise fail(node, f"{what}: 'token_burst' needs 'tokens_per_second'")
     rate = values.get("requests_per_second")
     in_flight = values.get("in_flight")
     if in_flight is not None and in_flight != int(in_flight):
         raise fail(fields["in_flight"][1], f"{what}: 'in_flight' should be a whole number")
     burst = values.get("burst", max(1.0, rate) if rate is not None else None)
-    return Quota(rate, burst, None if in_flight is None else int(in_flight))
+    token_rate = values.get("tokens_per_second")
+    token_burst = values.get("token_burst", max(1.0, token_rate) if token_rate else None)
+    return Quota(
+        rate, burst, None if in_flight is None else int(in_flight), token_rate, token_burst
+    )

@@ -22,6 +22,7 @@ from typing import Any
 
 from server.errors import ConfigError, TooManyRequests
 from server.tenants.file import DEFAULT, Quota, TenantSpec, read
+from server.tenants.tokens import Usage
 
 log = logging.getLogger(__name__)
 RELOAD_POLL_S = 1.0
@@ -39,7 +40,8 @@ class QuotaExceeded(TooManyRequests):
 
 
 class _Bucket:
-    """A token bucket: ``rate`` tokens a second, up to ``burst``."""
+    """A token bucket: ``rate`` tokens a second, up to ``burst``; a token quota's may be
+    charged below zero (server/tenants/tokens.py)."""
 
     __slots__ = ("burst", "last", "rate", "tokens")
 
@@ -54,31 +56,37 @@ class _Bucket:
 
 
 class _Limits:
-    """One quota's live state: its bucket and its count in flight."""
+    """One quota's live state: its buckets (requests, generated tokens) and its count in
+    flight."""
 
-    __slots__ = ("bucket", "in_flight", "quota")
+    __slots__ = ("bucket", "in_flight", "quota", "token_bucket")
 
     def __init__(self, quota: Quota) -> None:
         self.quota = quota
         self.in_flight = 0
-        self.bucket = (
-            _Bucket(quota.requests_per_second, quota.burst or 1.0)
-            if quota.requests_per_second
-            else None
-        )
+        self.bucket = _new_bucket(None, quota.requests_per_second, quota.burst)
+        self.token_bucket = _new_bucket(None, quota.tokens_per_second, quota.token_burst)
 
     def update(self, quota: Quota) -> None:
         if quota == self.quota:
             return
         self.quota = quota
-        rate = quota.requests_per_second
-        if rate is None:
-            self.bucket = None
-        elif self.bucket is None:
-            self.bucket = _Bucket(rate, quota.burst or 1.0)
-        else:
-            self.bucket.rate, self.bucket.burst = rate, quota.burst or 1.0
-            self.bucket.tokens = min(self.bucket.tokens, self.bucket.burst)
+        self.bucket = _new_bucket(self.bucket, quota.requests_per_second, quota.burst)
+        self.token_bucket = _new_bucket(
+            self.token_bucket, quota.tokens_per_second, quota.token_burst
+        )
+
+
+def _new_bucket(bucket: _Bucket | None, rate: float | None, burst: float | None) -> _Bucket | None:
+    """The bucket of a quota's rate (None: no rate); one that was there keeps what it holds
+    (a debt included) up to its new burst."""
+    if not rate:
+        return None
+    if bucket is None:
+        return _Bucket(rate, burst or 1.0)
+    bucket.rate, bucket.burst = rate, burst or 1.0
+    bucket.tokens = min(bucket.tokens, bucket.burst)
+    return bucket
 
 
 class Tenant:
@@ -106,23 +114,37 @@ class Tenant:
         for model in [m for m in self.model_limits if m not in spec.models]:
             del self.model_limits[model]
         quota = spec.quota
-        self.bounded = bool(spec.models or quota.requests_per_second or quota.in_flight)
+        self.bounded = bool(
+            spec.models or quota.requests_per_second or quota.in_flight
+            or quota.tokens_per_second
+        )  # fmt: skip
 
-    def admit(self, model: str, future: asyncio.Future[Any]) -> None:
-        """Let a request to ``model`` in, or raise QuotaExceeded. Under an ``in_flight`` quota
-        it is counted in, and out when ``future`` (the request's) is done."""
+    def admit(
+        self, model: str, future: asyncio.Future[Any], generative: bool = False
+    ) -> Usage | None:
+        """Let a request to ``model`` in, or raise QuotaExceeded. What it costs while it runs
+        (None: nothing to count): under an ``in_flight`` quota it is counted in, and out when
+        its answer has ended (a stream's last chunk); a ``generative`` model's tokens are
+        charged to the token quotas as they come (its stream's ``meter``)."""
         if not self.bounded:  # the common case: one attribute read per request
-            return
+            return None
         limits = self.limits
         per_model = self.model_limits.get(model)
-        self._check(model, limits, per_model)
+        self._check(model, limits, per_model, generative)
         counted = [lim for lim in (limits, per_model) if lim is not None and lim.quota.in_flight]
-        if counted:
-            for lim in counted:
-                lim.in_flight += 1
-            future.add_done_callback(lambda _f: _count_out(counted))
+        buckets = []
+        if generative:
+            buckets = [lim.token_bucket for lim in (limits, per_model)
+                       if lim is not None and lim.token_bucket is not None]  # fmt: skip
+        if not counted and not buckets:
+            return None
+        usage = Usage(counted, buckets)  # type: ignore[arg-type]
+        future.add_done_callback(usage.settled)
+        return usage
 
-    def _check(self, model: str, limits: _Limits, per_model: _Limits | None) -> None:
+    def _check(
+        self, model: str, limits: _Limits, per_model: _Limits | None, generative: bool
+    ) -> None:
         now = time.monotonic()
         for scope, lim in (("", limits), (f" for model {model}", per_model)):
             if lim is None:
@@ -147,16 +169,22 @@ class Tenant:
                     f" ({lim.quota.requests_per_second:g} requests/s, burst"
                     f" {lim.quota.burst:g}); retry in {wait_s:.3f} s", wait_s,
                 )  # fmt: skip
+        if generative:  # tokens are charged as they come: only a debt or an empty bucket
+            for scope, lim in (("", limits), (f" for model {model}", per_model)):
+                bucket = None if lim is None else lim.token_bucket
+                if bucket is not None and (wait_s := bucket.wait_s(now)) > 0:
+                    self._refuse(model)
+                    owed = f", {-bucket.tokens:.0f} tokens owed" if bucket.tokens < 0 else ""
+                    raise QuotaExceeded(
+                        f"tenant {self.name} is over its token quota{scope}"
+                        f" ({lim.quota.tokens_per_second:g} tokens/s, burst"
+                        f" {lim.quota.token_burst:g}{owed}); retry in {wait_s:.3f} s", wait_s,
+                    )  # fmt: skip
         for _wait, _scope, lim in waits:
             lim.bucket.tokens -= 1  # type: ignore[union-attr]
 
     def _refuse(self, model: str) -> None:
         self.refused[model] = self.refused.get(model, 0) + 1
-
-
-def _count_out(counted: list[_Limits]) -> None:
-    for lim in counted:
-        lim.in_flight -= 1
 
 
 def key_hash(key: str) -> str:
