@@ -24,6 +24,7 @@ from server.inference_log.sinks import Sink
 
 if TYPE_CHECKING:
     from server.streaming import ChunkStream
+    from server.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,11 @@ class InferenceLogger:
     def settled(
         self, items: Sequence[RequestItem], results: Sequence[ResponseItem],
         enqueued_at: Sequence[float], logged: Any = None,
+        tenants: Sequence[Tenant | None] = (),
     ) -> None:  # fmt: skip
         """A batch was answered; ``logged``: the worker's ``[request id, record]`` pairs (v2
-        model classes' logged_results, a RESULT frame's ``inference_log``)."""
+        model classes' logged_results, a RESULT frame's ``inference_log``); ``tenants``: who
+        sent each request, while the server has tenants (server/tenants/)."""
         by_id = _by_id(logged) if logged else None
         for i, (item, result) in enumerate(zip(items, results, strict=False)):
             if self._sampled():
@@ -105,9 +108,12 @@ class InferenceLogger:
                 extra = by_id.get(item.request_id) if by_id is not None else None
                 self._offer(item, result.status, result.content_type, result.body, error,
                             enqueued_at[i], extra if isinstance(extra, dict) else None,
-                            result.json_body)  # fmt: skip
+                            result.json_body, _name(tenants, i))  # fmt: skip
 
-    def stream(self, item: RequestItem, enqueued_at: float, stream: ChunkStream) -> None:
+    def stream(
+        self, item: RequestItem, enqueued_at: float, stream: ChunkStream,
+        tenant: Tenant | None = None,
+    ) -> None:  # fmt: skip
         """A request's answer started streaming: when it is sampled, its record is made once
         the stream ends, with the answer's chunks joined (its first ``max_stream_bytes``; none
         kept when only requests are logged), a broken stream's error, and 499 for a client
@@ -122,16 +128,19 @@ class InferenceLogger:
                 status, message = error.status, error.message
             else:
                 status, message = stream.status, None
-            self._offer(item, status, stream.content_type, body, message, enqueued_at, None)
+            self._offer(item, status, stream.content_type, body, message, enqueued_at, None,
+                        tenant=None if tenant is None else tenant.name)  # fmt: skip
 
         stream.record_to(self.delivery.max_stream_bytes if self.policy.responses else 0, ended)
 
-    def failed(self, items: Sequence[RequestItem], enqueued_at: Sequence[float],
-               status: int, message: str) -> None:  # fmt: skip
+    def failed(
+        self, items: Sequence[RequestItem], enqueued_at: Sequence[float], status: int,
+        message: str, tenants: Sequence[Tenant | None] = (),
+    ) -> None:  # fmt: skip
         """A batch failed as a whole (the handler raised, the worker died or timed out)."""
-        for item, at in zip(items, enqueued_at, strict=False):
+        for i, (item, at) in enumerate(zip(items, enqueued_at, strict=False)):
             if self._sampled():
-                self._offer(item, status, "", b"", message, at, None)
+                self._offer(item, status, "", b"", message, at, None, tenant=_name(tenants, i))
 
     def _sampled(self) -> bool:
         self._seen += 1
@@ -140,14 +149,14 @@ class InferenceLogger:
     def _offer(
         self, item: RequestItem, status: int, response_type: str, response_body: Any,
         error: str | None, enqueued_at: float, logged: dict[str, Any] | None,
-        response_json: bool = False,
+        response_json: bool = False, tenant: str | None = None,
     ) -> None:  # fmt: skip
         now = time.monotonic()
         record = Record(
             item.request_id, _event_id(item), item.api, item.op,
             time.time() - (now - enqueued_at), int((now - enqueued_at) * 1e6),
             item.content_type, bytes(item.body), status, response_type, bytes(response_body),
-            error, logged, response_json,
+            error, logged, response_json, tenant,
         )  # fmt: skip
         self._append(record, now)
 
@@ -281,6 +290,12 @@ def _by_id(logged: Any) -> dict[Any, Any]:
     if not isinstance(logged, list):
         return {}
     return {p[0]: p[1] for p in logged if isinstance(p, list) and len(p) == 2}
+
+
+def _name(tenants: Sequence[Tenant | None], i: int) -> str | None:
+    """The name of the i-th request's tenant (None: no tenants, or none given)."""
+    tenant = tenants[i] if i < len(tenants) else None
+    return None if tenant is None else tenant.name
 
 
 def _event_id(item: RequestItem) -> str:

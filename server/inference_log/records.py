@@ -32,14 +32,14 @@ class Record:
     __slots__ = (
         "api", "arrived", "error", "id", "logged", "microsec", "op", "request_body",
         "request_id", "request_type", "response_body", "response_json", "response_type",
-        "status",
+        "status", "tenant",
     )  # fmt: skip
 
     def __init__(
         self, request_id: str, event_id: str, api: str, op: str, arrived: float, microsec: int,
         request_type: str, request_body: bytes, status: int, response_type: str,
         response_body: bytes, error: str | None, logged: dict[str, Any] | None,
-        response_json: bool = False,
+        response_json: bool = False, tenant: str | None = None,
     ) -> None:  # fmt: skip
         self.request_id = request_id
         self.id = event_id  # the client's ce-id header, else our request id (X-Request-Id)
@@ -58,6 +58,7 @@ class Record:
         self.logged = logged
         # the worker encoded the response body as JSON itself (ResponseItem.json_body)
         self.response_json = response_json
+        self.tenant = tenant  # who sent it, while the server has tenants (server/tenants/)
 
 
 class Encoder:
@@ -162,6 +163,8 @@ class Encoder:
             "microsec": record.microsec,
             "status": record.status,
         }
+        if record.tenant is not None:
+            out["tenant"] = record.tenant
         out["request"] = self.redacted(logged.get("request"))
         if "resp" in logged:
             out["resp"] = self.redacted(logged["resp"])
@@ -181,6 +184,8 @@ class Encoder:
         order, written directly (json.dumps of the dict cost ~6 us more per record) and the
         bodies spliced in as JSON text (see value_text)."""
         error = "" if record.error is None else f',"error":{_quoted(record.error)}'
+        if record.tenant is not None:  # a tenant's name: letters, digits, . _ - (no escapes)
+            error = f',"tenant":"{record.tenant}"{error}'
         text = (
             f'{{"id":{_quoted(record.id)},"request_id":{_quoted(record.request_id)},'
             f'{self._line_model}"api":{_quoted(record.api or "torchserve")},'
@@ -212,6 +217,8 @@ class Encoder:
         metrics = ""
         if logged is not None and logged.get("metrics"):
             metrics = f"ce-metrics: {_ce(json.dumps(logged['metrics'], default=str))}\r\n"
+        if record.tenant is not None:  # an extension attribute of ours
+            metrics += f"ce-tenant: {record.tenant}\r\n"
         if requests:
             if logged is not None:
                 data = _json_bytes(self.redacted(logged.get("request")))

@@ -67,7 +67,7 @@ def _open_stream(
     stream = job.stream = ChunkStream(status, content_type, headers, _no_pause, _no_pause)
     stream.meter = job.meter  # its tenant's tokens and in-flight count (server/tenants/tokens.py)
     if pump.inference_log is not None:
-        pump.inference_log.stream(job.item, job.enqueued_at, stream)
+        pump.inference_log.stream(job.item, job.enqueued_at, stream, job.tenant)
     job.future.set_result(stream)  # type: ignore[arg-type]
     return stream
 
@@ -313,7 +313,7 @@ class _Feed:
             if pump.inference_log is not None and jobs:
                 pump.inference_log.failed(
                     [j.item for j in jobs], [j.enqueued_at for j in jobs], error.status,
-                    error.message,
+                    error.message, [j.tenant for j in jobs],
                 )  # fmt: skip
             return
         started = time.perf_counter()
@@ -337,6 +337,7 @@ class _Feed:
             pump.inference_log.settled(
                 [j.item for j, _ in whole], [r for _, r in whole],
                 [j.enqueued_at for j, _ in whole], frame.meta.get("inference_log"),
+                [j.tenant for j, _ in whole],
             )  # fmt: skip
         handler_ms, entries = self.worker.frame_metrics(frame)
         pump.stats.batch_done(handler_ms, entries, jobs, time.perf_counter() - started)

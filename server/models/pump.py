@@ -298,8 +298,9 @@ class BatchPump:
             fail_jobs(live, exc)
             if self.inference_log is not None:
                 self.inference_log.failed(
-                    [j.item for j in live], [j.enqueued_at for j in live], exc.status, exc.message
-                )
+                    [j.item for j in live], [j.enqueued_at for j in live], exc.status, exc.message,
+                    [j.tenant for j in live],
+                )  # fmt: skip
             return None
         except ChannelClosed:  # queued behind a batch that lost the worker: it never ran
             self.queue.requeue(live)
@@ -323,8 +324,9 @@ class BatchPump:
         if self.inference_log is not None:
             plain = [(j, r) for j, r in zip(live, results, strict=False) if j.stream is None]
             self.inference_log.settled(
-                [j.item for j, _ in plain], [r for _, r in plain], [j.enqueued_at for j, _ in plain]
-            )
+                [j.item for j, _ in plain], [r for _, r in plain],
+                [j.enqueued_at for j, _ in plain], tenants=[j.tenant for j, _ in plain],
+            )  # fmt: skip
         return None
 
     def _log_settled(self, live: list[Job], results: list[Any], batch: Batch) -> None:
@@ -335,7 +337,7 @@ class BatchPump:
         jobs = [(j, r) for j, r in zip(live, results, strict=True) if j.stream is None]
         self.inference_log.settled(
             [j.item for j, _ in jobs], [r for _, r in jobs], [j.enqueued_at for j, _ in jobs],
-            reply.meta.get("inference_log"),
+            reply.meta.get("inference_log"), [j.tenant for j, _ in jobs],
         )  # fmt: skip
 
     def _chunk(self, worker: Worker, batch: Batch, frame: Frame) -> None:
@@ -368,7 +370,7 @@ class BatchPump:
                 )  # fmt: skip
                 stream.meter = job.meter  # its tenant's tokens and in-flight count
                 if self.inference_log is not None:
-                    self.inference_log.stream(job.item, job.enqueued_at, stream)
+                    self.inference_log.stream(job.item, job.enqueued_at, stream, job.tenant)
                 if job.future.done():  # its caller left before the first chunk: stop it
                     stream.cancel()
                 else:

@@ -260,32 +260,38 @@ class ModelVersion:
         return self.settings.max_workers >= 1 and self.prepared
 
     def enqueue(
-        self, item: RequestItem, trace: RequestTrace | None = None, tenant: Tenant | None = None
-    ) -> Job:
+        self, item: RequestItem, trace: RequestTrace | None = None, tenant: Tenant | None = None,
+        charged: bool = True,
+    ) -> Job:  # fmt: skip
         """Queue a request; the job's future gets its answer. A caller that goes away cancels
         the future and calls :meth:`withdraw`: the request is dropped if no worker has started
         it. Raises at once when the request cannot be queued (429 queue full, 503 no worker or
         failed model). ``trace``: the request's server span (server/tracing/). ``tenant``: who
-        sent it (server/tenants/): over its quota, 429 before it takes a queue slot."""
+        sent it (server/tenants/): over its quota, 429 before it takes a queue slot (and before
+        a load on demand starts); ``charged`` False: its lane in the fair queue, not its quota
+        (a shadow's copy of its request)."""
         if self.failed is not None:
             raise ServiceUnavailable(f"model {self.label} has failed: {self.failed}")
-        if not self.slots and not self.held:
-            if not self.loads_on_demand():
-                raise ServiceUnavailable(  # TorchServe's words
-                    f'Model "{self.name}" has no worker to serve inference request. Please use'
-                    " scale workers API to add workers."
-                )
-            self._load_on_demand()
+        load = not self.slots and not self.held
+        if load and not self.loads_on_demand():
+            raise ServiceUnavailable(  # TorchServe's words
+                f'Model "{self.name}" has no worker to serve inference request. Please use'
+                " scale workers API to add workers."
+            )
         self.last_used = time.monotonic()
         self.asked += 1
         job = Job(item, self.queue.new_future())
         job.trace = trace
+        if tenant is not None and not charged:
+            job.tenant, tenant = tenant, None
         if tenant is not None:
             if trace is not None:
                 trace.attributes["mserve.tenant"] = tenant.name
             # over quota: raises, and nothing is queued
             job.meter = tenant.admit(self.name, job.future, self.generative)
             job.tenant = tenant
+        if load:  # after the quota: a request over it starts no load
+            self._load_on_demand()
         try:
             if self.sequences is not None:
                 if self.queued() >= self.queue.maxsize:

@@ -16,6 +16,8 @@ from archiver import __version__
 from server.operations import MAX_PAGE, MAX_WORKERS
 from server.rest.rollout_schemas import CANARY_BODY, SHADOW_BODY, TRAFFIC_BODY
 from server.rest.rollout_schemas import SCHEMAS as ROLLOUT_SCHEMAS
+from server.rest.tenant_schemas import NEW_TENANT_BODY, TENANT_BODY
+from server.rest.tenant_schemas import SCHEMAS as TENANT_SCHEMAS
 
 if TYPE_CHECKING:
     from server.http import Connection, Request
@@ -472,6 +474,53 @@ ROLLOUT_PATHS: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 
+# docs/tenants.md (server/rest/tenants.py): each change is written to tenants_file
+_TENANT = {"name": "tenant_name", "in": "path", "required": True, "schema": _NAME}
+_KEY_ID = {
+    "name": "key_id",
+    "in": "path",
+    "required": True,
+    "schema": _NAME,
+    "description": "sha256: and at least 8 hex digits of the key's hash (its id)",
+}
+_NO_TENANT = _error("no tenants_file, or no such tenant (or key)")
+_UNWRITTEN = _error(
+    "the tenant exists already, or the file does not read now (a hand edit"
+    " half done) or cannot be written: nothing changed"
+)
+_NEW_KEY = _json("the key, shown this once", _ref("TenantKey"))
+TENANT_PATHS: dict[str, dict[str, Any]] = {
+    "/tenants": {
+        "get": _op("The tenants in force (no key)", {
+            "200": _json("the tenants", _ref("Tenants")), "404": _NO_TENANT}),
+        "post": _json_body(_op("Add a tenant, with a key made by the server", {
+            "200": _NEW_KEY, "400": _error("the body is not JSON or a field is wrong (named)"),
+            "404": _NO_TENANT, "409": _UNWRITTEN}), NEW_TENANT_BODY),
+    },
+    "/tenants/{tenant_name}": {
+        "get": _op("A tenant, its keys' ids and its live usage", {
+            "200": _json("the tenant", _ref("Tenant")), "404": _NO_TENANT}, [_TENANT]),
+        "put": _json_body(_op("Change a tenant's weight and quotas", {
+            "200": _json("the tenant", _ref("TenantSummary")),
+            "400": _error("the body is not JSON or a field is wrong (named)"),
+            "404": _NO_TENANT, "409": _UNWRITTEN}, [_TENANT]), TENANT_BODY),
+        "delete": _op("Remove a tenant: its keys stop working", {
+            "200": _json("removed", _ref("TenantRemoved")),
+            "400": _error("the default tenant cannot be removed"), "404": _NO_TENANT,
+            "409": _UNWRITTEN}, [_TENANT]),
+    },
+    "/tenants/{tenant_name}/keys": {
+        "post": _op("Add a key to a tenant (rotation), made by the server", {
+            "200": _NEW_KEY, "404": _NO_TENANT, "409": _UNWRITTEN}, [_TENANT]),
+    },
+    "/tenants/{tenant_name}/keys/{key_id}": {
+        "delete": _op("Revoke one of a tenant's keys", {
+            "200": _json("revoked", _ref("TenantRemoved")),
+            "400": _error("the id is not 8-64 hex digits, or it names several keys"),
+            "404": _NO_TENANT, "409": _UNWRITTEN}, [_TENANT, _KEY_ID]),
+    },
+}  # fmt: skip
+
 MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
     "/models": {
         "get": _LIST,
@@ -573,6 +622,7 @@ MANAGEMENT_PATHS: dict[str, dict[str, Any]] = {
     }, [_query("type", {"type": "string", "enum": ["management", "inference"]},
                "which key to replace", True)])},
     **ROLLOUT_PATHS,
+    **TENANT_PATHS,
     "/api-description": _API_DESCRIPTION,
 }  # fmt: skip
 
@@ -621,7 +671,7 @@ def describe(api: str) -> dict[str, Any]:
                  "description": "TorchServe-compatible model server"},
         "paths": _secured(paths),
         "components": {
-            "schemas": {**SCHEMAS, **ROLLOUT_SCHEMAS},
+            "schemas": {**SCHEMAS, **ROLLOUT_SCHEMAS, **TENANT_SCHEMAS},
             "securitySchemes": {"bearerAuth": {
                 "type": "http", "scheme": "bearer",
                 "description": "a key from the server's key file (token authorization)",

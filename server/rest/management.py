@@ -28,6 +28,7 @@ from server.operations import (
     swap_model,
     unregister_model,
 )
+from server.rest import tenants as tenants_api
 from server.rest.description import answer_description
 from server.rest.rollouts import RolloutAPI
 from server.rest.workflows import WorkflowAPI
@@ -93,6 +94,8 @@ class ManagementAPI:
             else:
                 check_model_api(self.model_api, "registering models", registry.config.torchserve)
                 conn.answer_later(req, _answer(register_model(registry, req.query)))
+            return
+        if tenants_api.manage(conn, req, registry):  # /tenants (server/rest/tenants.py)
             return
         if parts == ["token"]:
             req.allow("GET")

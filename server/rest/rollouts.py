@@ -38,7 +38,7 @@ class RolloutAPI:
             if method == "GET":
                 answer = control.traffic(router, name)
             elif method == "PUT":
-                answer = control.set_traffic(router, name, _body(req))
+                answer = control.set_traffic(router, name, json_body(req))
             else:
                 answer = control.clear_traffic(router, name)
         elif what == "canary" and len(parts) == 3:
@@ -46,7 +46,7 @@ class RolloutAPI:
             if method == "GET":
                 answer = control.canary_state(router, name)
             elif method == "POST":
-                answer = control.start_canary(router, name, _body(req))
+                answer = control.start_canary(router, name, json_body(req))
             else:
                 answer = control.forget_canary(router, name)
         elif what == "canary":
@@ -57,7 +57,7 @@ class RolloutAPI:
             if method == "GET":
                 answer = router.shadows.inspect(name)
             elif method == "PUT":
-                answer = router.shadows.put(name, _body(req))
+                answer = router.shadows.put(name, json_body(req))
             else:
                 answer = router.shadows.delete(name)
         else:
@@ -73,7 +73,7 @@ class RolloutAPI:
         return [{**entry, "traffic": shown} for entry in described]
 
 
-def _body(req: Request) -> Any:
+def json_body(req: Request) -> Any:
     try:
         return json.loads(bytes(req.body) or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:

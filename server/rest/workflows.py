@@ -86,6 +86,7 @@ class WorkflowAPI:
             headers=[list(h) for h in req.headers],
             body=bytes(req.body),
             params=dict(req.query) if req.query_string else {},
+            tenant=req.tenant,
         )
         conn.answer_later(req, self._predict(name, request))
 

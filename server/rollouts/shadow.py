@@ -73,6 +73,7 @@ class _Pair:
     primary: Answer
     primary_s: float
     primary_version: str
+    tenant: Any = None  # the client's (server/tenants/): the copy's lane, never its quota
 
 
 class Shadow:
@@ -120,24 +121,28 @@ class Shadow:
         copy = RequestItem(item.request_id, item.content_type, list(item.headers),
                            bytes(item.body), dict(item.params), item.op, item.api)  # fmt: skip
         job.future.add_done_callback(
-            functools.partial(self._primary_settled, copy, job.enqueued_at, model.version)
+            functools.partial(
+                self._primary_settled, copy, job.enqueued_at, model.version, job.tenant
+            )
         )
 
     def _primary_settled(
-        self, item: RequestItem, enqueued_at: float, version: str, future: Any
+        self, item: RequestItem, enqueued_at: float, version: str, tenant: Any, future: Any
     ) -> None:
         # The frontend's own callback may come after this one on the same future: the shadow
         # is taken on the loop's next pass, once the client's answer has been written.
         future.get_loop().call_soon(
-            self._primary_done, item, time.monotonic() - enqueued_at, version, future
+            self._primary_done, item, time.monotonic() - enqueued_at, version, tenant, future
         )
 
-    def _primary_done(self, item: RequestItem, primary_s: float, version: str, future: Any) -> None:
+    def _primary_done(
+        self, item: RequestItem, primary_s: float, version: str, tenant: Any, future: Any
+    ) -> None:
         answer = _answer(future)
         if answer is None or self.closed:  # the client went away, the answer streams
             self._count("skipped")
             return
-        pair = _Pair(item, answer, primary_s, version)
+        pair = _Pair(item, answer, primary_s, version, tenant)
         if self.in_flight < self._concurrency():
             self._start(pair)
         elif len(self.waiting) < self.settings.queue_size:
@@ -164,7 +169,9 @@ class Shadow:
             self._count("refused")
             return
         try:
-            job = model.enqueue(pair.item)
+            # in the client's tenant's lane of the fair queue, not charged to its quotas: the
+            # shadow is the operator's, bounded by its own concurrency and queue
+            job = model.enqueue(pair.item, None, pair.tenant, charged=False)
         except MserveError as exc:
             log.debug("shadow %s refused a request: %s", model.label, exc.message)
             self._count("refused")

@@ -29,6 +29,7 @@ from mserve_worker.protocol import RequestItem
 from server.errors import ModelNotFound, ModelVersionNotFound, MserveError
 from server.models.registry import Registry
 from server.streaming import ChunkStream
+from server.tenants import Tenant
 from server.workflows.errors import NodeFailed
 from server.workflows.spec import Node, WorkflowSpec
 
@@ -51,6 +52,9 @@ class Request:
     headers: list[list[str]]
     body: bytes
     params: dict[str, str]
+    # who sent it (server/tenants/): each node's request is that tenant's, charged to its
+    # quotas (the overall one and the node's model's) and served in its fair-queue lane
+    tenant: Tenant | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,9 @@ async def run(
     async def node_task(node: Node) -> Output:
         parents = [await tasks[p] for p in node.parents]
         make = _item_maker(node, request, parents)
-        return await _call(workflow, node, models[node.name], registry, make, max_response_bytes)
+        return await _call(
+            workflow, node, models[node.name], registry, make, max_response_bytes, request.tenant
+        )
 
     for node in spec.nodes:  # parents first: each task finds its parents' tasks
         tasks[node.name] = asyncio.ensure_future(node_task(node))
@@ -132,7 +138,7 @@ def _form(fields: dict[str, bytes]) -> tuple[bytes, str]:
 
 async def _call(
     workflow: str, node: Node, model_name: str, registry: Registry,
-    make: Callable[[], RequestItem], max_response_bytes: int,
+    make: Callable[[], RequestItem], max_response_bytes: int, tenant: Tenant | None = None,
 ) -> Output:  # fmt: skip
     what = f"workflow {workflow}: node {node.name} (model {model_name})"
     tries = 1 + node.settings.retry_attempts
@@ -141,7 +147,7 @@ async def _call(
     for attempt in range(1, tries + 1):
         try:
             return await asyncio.wait_for(
-                _once(what, model_name, registry, make(), max_response_bytes), timeout_s
+                _once(what, model_name, registry, make(), max_response_bytes, tenant), timeout_s
             )
         except asyncio.TimeoutError:
             error = NodeFailed(
@@ -163,10 +169,11 @@ async def _call(
 
 
 async def _once(
-    what: str, model_name: str, registry: Registry, item: RequestItem, max_response_bytes: int
-) -> Output:
+    what: str, model_name: str, registry: Registry, item: RequestItem, max_response_bytes: int,
+    tenant: Tenant | None = None,
+) -> Output:  # fmt: skip
     model = registry.get(model_name)
-    job = model.enqueue(item)
+    job = model.enqueue(item, None, tenant)
     try:
         result = await job.future
     except asyncio.CancelledError:  # timeout-ms passed, or the request was given up

@@ -60,7 +60,8 @@ def test_every_described_route_is_served(server) -> None:
     unrouted = []
     for api, path, method in routes:
         url = server.url(api, path.format(model_name="nosuch", model_version="1.0",
-                                          operation="op_x", action="pause"))  # fmt: skip
+                                          operation="op_x", action="pause",
+                                          tenant_name="nosuch", key_id="sha256:00000000"))  # fmt: skip
         body = b"{}" if method in ("post", "put") else None
         reply = http(method.upper(), url, body, {"Content-Type": "application/json"})
         body = reply.json() if reply.body else {}
