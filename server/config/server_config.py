@@ -109,8 +109,7 @@ class ServerConfig:
     # requests of one sequence that may wait behind the one being run; another gets 429
     # (maxSequenceJobQueueSize)
     max_sequence_job_queue_size: int = 1
-    # The request and answer header that carries a sequence's id (TorchServe's
-    # ts_header_key_sequence_id, as its other sequence headers' settings).
+    # the request and answer header that carries a sequence's id
     sequence_id_header: str = "ts_request_sequence_id"
     # the header the server adds to a sequence's first request
     sequence_start_header: str = "ts_request_sequence_start"
@@ -278,7 +277,8 @@ class ServerConfig:
     weights_scan: str = "warn"
     # Inference logging (server/inference_log/): what every model logs, unless its config
     # (inferenceLog) or registration (inference_log) says otherwise: off, request, response or
-    # all. The next five are defaults a model overrides the same way (inferenceLogSample, ...).
+    # all. Its sample, batch, url, file and redact settings are defaults a model overrides the
+    # same way (inferenceLogSample, ...).
     inference_log: str = "off"
     inference_log_sample: int = 1  # log every Nth request
     # records a sink takes per send (one file write; events pipelined together)
@@ -288,8 +288,8 @@ class ServerConfig:
     # key names (at any depth) or JSON pointers (/card/number) whose values are logged as
     # "[redacted]"
     inference_log_redact: tuple[str, ...] = ()
-    # Then how every sink delivers: records waiting per sink of a model version; more are
-    # dropped and counted.
+    # How every sink (a model version's log file, its receiver) delivers: the records that
+    # may wait per sink; more are dropped and counted.
     inference_log_queue_size: int = 10_000
     # a batch that is not full goes out this long after its first record
     inference_log_flush_s: float = 1.0
