@@ -153,3 +153,12 @@ def test_the_site_renders_and_searches_in_a_real_browser(site_url: str, tmp_path
     assert problems == []
     for name in ("home.png", "guide.png", "search.png"):
         assert (tmp_path / name).stat().st_size > 10_000, name
+
+
+def test_a_pipe_in_a_tables_code_span_shows_as_on_github(site: Path) -> None:
+    """`POST\\|PUT` in a table cell keeps GitHub from ending the cell there and shows `POST|PUT`
+    on GitHub; the site shows it the same (docs_site/hooks.py), not with the backslash."""
+    apis = (site / "apis/index.html").read_text(encoding="utf-8")
+    assert "<code>POST|PUT /predictions/{m}[/{v}]</code>" in apis
+    for page in ("apis", "rollouts", "migration", "workflows", "reference/settings"):
+        assert "\\|" not in (site / page / "index.html").read_text(encoding="utf-8"), page
