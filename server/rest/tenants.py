@@ -14,7 +14,6 @@ Each change is written to the tenants file and applied as a reload of it. Withou
 from __future__ import annotations
 
 from server import tenants
-from server.errors import PathNotFound
 from server.http import Connection, Request
 from server.models.registry import Registry
 from server.rest.rollouts import json_body
@@ -31,11 +30,7 @@ def manage(conn: Connection, req: Request, registry: Registry) -> bool:
         return False
     methods = {1: ("GET", "POST"), 2: ("GET", "PUT", "DELETE"), 3: ("POST",), 4: ("DELETE",)}
     method = req.allow(*methods[n])
-    current = tenants.current
-    if current is None:
-        raise PathNotFound(
-            "the server has no tenants_file: tenants are set in that file (docs/tenants.md)"
-        )
+    current = edit.required(tenants.current)
     if n == 1:
         if method == "GET":
             answer = edit.listing(current)

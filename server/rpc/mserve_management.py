@@ -12,6 +12,7 @@ import json
 from grpc import aio
 
 from server import operations as ops
+from server import tenants
 from server.errors import BadRequest, MserveError
 from server.models.registry import Registry
 from server.rollouts import control
@@ -19,6 +20,7 @@ from server.rollouts.router import Router
 from server.rpc.protos import mserve_management_pb2 as pb
 from server.rpc.protos import mserve_management_pb2_grpc
 from server.rpc.server import AddService, abort
+from server.tenants import edit
 
 
 class MserveManagementService(mserve_management_pb2_grpc.MserveManagementServiceServicer):
@@ -116,6 +118,41 @@ class MserveManagementService(mserve_management_pb2_grpc.MserveManagementService
             await abort(context, exc, self.registry.redact)
             raise  # abort raises; never reached
         return pb.RolloutResponse(msg=json.dumps(answer))
+
+    async def Tenants(
+        self, request: pb.TenantsRequest, context: aio.ServicerContext
+    ) -> pb.RolloutResponse:
+        """``/tenants`` (docs/tenants.md): ``list``, ``get``, ``add`` and ``set`` with REST's
+        JSON body, ``remove``, ``add_key``, ``revoke_key``."""
+        try:
+            answer = self._tenants(request)
+        except MserveError as exc:
+            await abort(context, exc, self.registry.redact)
+            raise  # abort raises; never reached
+        return pb.RolloutResponse(msg=json.dumps(answer))
+
+    def _tenants(self, request: pb.TenantsRequest) -> object:
+        current = edit.required(tenants.current)
+        action, name = request.action or "list", request.tenant_name
+        if action == "list":
+            return edit.listing(current)
+        if action == "add":
+            return edit.add_tenant(current, _body(request.body))
+        if action not in ("get", "set", "remove", "add_key", "revoke_key"):
+            raise BadRequest(
+                f"action {action!r}: expected list, get, add, set, remove, add_key or revoke_key"
+            )
+        if not name:
+            raise BadRequest("parameter 'tenant_name' is required")
+        if action == "get":
+            return edit.detail(current, name, ((mv.name, mv.queue) for mv in self.registry.all()))
+        if action == "set":
+            return edit.change_tenant(current, name, _body(request.body))
+        if action == "remove":
+            return edit.remove_tenant(current, name)
+        if action == "add_key":
+            return edit.add_key(current, name)
+        return edit.revoke_key(current, name, request.key_id)
 
 
 def _required(name: str) -> str:

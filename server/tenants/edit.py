@@ -52,6 +52,15 @@ class TenantConflict(MserveError):
     type = "ConflictStatusException"
 
 
+def required(current: Tenants | None) -> Tenants:
+    """The server's tenants (``server.tenants.current``), or a 404 saying there are none."""
+    if current is None:
+        raise PathNotFound(
+            "the server has no tenants_file: tenants are set in that file (docs/tenants.md)"
+        )
+    return current
+
+
 def key_id(digest: str) -> str:
     return f"sha256:{digest[:ID_DIGITS]}"
 

@@ -18,12 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from click.testing import CliRunner
 
 from archiver.cli import main as archiver_main
 from archiver.workflow_cli import main as workflow_archiver
+from server.rpc.protos import mserve_management_pb2 as mpb
+from server.rpc.protos import mserve_management_pb2_grpc
 from server.tenants import key_hash
 from tests.server.conftest import (
     HANDLERS,
@@ -338,6 +341,42 @@ def test_a_shadow_copy_is_the_callers_but_not_charged(server: Server) -> None:
     finally:
         manage(server, "DELETE", "/models/twin/shadow")
         assert manage(server, "PUT", "/tenants/team-a", {"models": None}).status == 200
+
+
+def test_grpc_manages_tenants_as_rest_does(server: Server) -> None:
+    """mserve's gRPC management service: the same operations on the same code, REST's JSON
+    answers, and its errors as gRPC codes (the management key in the metadata)."""
+    auth = (("authorization", f"Bearer {server.key('management')}"),)
+    with grpc.insecure_channel(server.status["grpc_management"]) as channel:
+        stub = mserve_management_pb2_grpc.MserveManagementServiceStub(channel)
+
+        def call(**fields: str) -> Any:
+            return json.loads(stub.Tenants(mpb.TenantsRequest(**fields), metadata=auth).msg)
+
+        assert "team-a" in {row["name"] for row in call()["tenants"]}
+        added = call(action="add", body=json.dumps({"name": "grpc-team", "weight": 4}))
+        assert predict(server, added["key"]).status == 200
+        assert call(action="get", tenant_name="grpc-team")["usage"]["served"] == {"echo": 1}
+        assert call(action="set", tenant_name="grpc-team", body='{"weight": 1}')["weight"] == 1
+        made = call(action="add_key", tenant_name="grpc-team")
+        revoked = call(action="revoke_key", tenant_name="grpc-team", key_id=added["id"])
+        assert revoked == {"name": "grpc-team", "revoked": added["id"], "keys": 1}
+        assert predict(server, added["key"]).status == 401
+        assert predict(server, made["key"]).status == 200
+        with pytest.raises(grpc.RpcError) as err:
+            call(action="set", tenant_name="grpc-team", body='{"weight": -1}')
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == "tenant 'grpc-team': 'weight' should be above 0"
+        with pytest.raises(grpc.RpcError) as err:
+            call(action="get", tenant_name="nobody")
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert call(action="remove", tenant_name="grpc-team") == {
+            "name": "grpc-team",
+            "removed": True,
+        }
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Tenants(mpb.TenantsRequest(), metadata=(("authorization", f"Bearer {KEY}"),))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def _reloads(server: Server, outcome: str = "ok") -> float:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)server/rpc/protos/mserve_management.proto\x12\x11mserve.management\"?\n\x12ReloadModelRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\"\"\n\x13ReloadModelResponse\x12\x0b\n\x03msg\x18\x01 \x01(\t\"B\n\x0eTrafficRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\t\"A\n\rCanaryRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\t\"A\n\rShadowRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\t\"\x1e\n\x0fRolloutResponse\x12\x0b\n\x03msg\x18\x01 \x01(\t2\xf1\x02\n\x17MserveManagementService\x12^\n\x0bReloadModel\x12%.mserve.management.ReloadModelRequest\x1a&.mserve.management.ReloadModelResponse\"\x00\x12R\n\x07Traffic\x12!.mserve.management.TrafficRequest\x1a\".mserve.management.RolloutResponse\"\x00\x12P\n\x06\x43\x61nary\x12 .mserve.management.CanaryRequest\x1a\".mserve.management.RolloutResponse\"\x00\x12P\n\x06Shadow\x12 .mserve.management.ShadowRequest\x1a\".mserve.management.RolloutResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)server/rpc/protos/mserve_management.proto\x12\x11mserve.management\"?\n\x12ReloadModelRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\"\"\n\x13ReloadModelResponse\x12\x0b\n\x03msg\x18\x01 \x01(\t\"B\n\x0eTrafficRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\t\"A\n\rCanaryRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\t\"A\n\rShadowRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\t\"S\n\x0eTenantsRequest\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12\x13\n\x0btenant_name\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\t\"\x1e\n\x0fRolloutResponse\x12\x0b\n\x03msg\x18\x01 \x01(\t2\xc5\x03\n\x17MserveManagementService\x12^\n\x0bReloadModel\x12%.mserve.management.ReloadModelRequest\x1a&.mserve.management.ReloadModelResponse\"\x00\x12R\n\x07Traffic\x12!.mserve.management.TrafficRequest\x1a\".mserve.management.RolloutResponse\"\x00\x12P\n\x06\x43\x61nary\x12 .mserve.management.CanaryRequest\x1a\".mserve.management.RolloutResponse\"\x00\x12P\n\x06Shadow\x12 .mserve.management.ShadowRequest\x1a\".mserve.management.RolloutResponse\"\x00\x12R\n\x07Tenants\x12!.mserve.management.TenantsRequest\x1a\".mserve.management.RolloutResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,8 +41,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANARYREQUEST']._serialized_end=298
   _globals['_SHADOWREQUEST']._serialized_start=300
   _globals['_SHADOWREQUEST']._serialized_end=365
-  _globals['_ROLLOUTRESPONSE']._serialized_start=367
-  _globals['_ROLLOUTRESPONSE']._serialized_end=397
-  _globals['_MSERVEMANAGEMENTSERVICE']._serialized_start=400
-  _globals['_MSERVEMANAGEMENTSERVICE']._serialized_end=769
+  _globals['_TENANTSREQUEST']._serialized_start=367
+  _globals['_TENANTSREQUEST']._serialized_end=450
+  _globals['_ROLLOUTRESPONSE']._serialized_start=452
+  _globals['_ROLLOUTRESPONSE']._serialized_end=482
+  _globals['_MSERVEMANAGEMENTSERVICE']._serialized_start=485
+  _globals['_MSERVEMANAGEMENTSERVICE']._serialized_end=938
 # @@protoc_insertion_point(module_scope)

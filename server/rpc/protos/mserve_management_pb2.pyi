@@ -48,6 +48,18 @@ class ShadowRequest(_message.Message):
     body: str
     def __init__(self, model_name: _Optional[str] = ..., action: _Optional[str] = ..., body: _Optional[str] = ...) -> None: ...
 
+class TenantsRequest(_message.Message):
+    __slots__ = ("action", "tenant_name", "key_id", "body")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TENANT_NAME_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    tenant_name: str
+    key_id: str
+    body: str
+    def __init__(self, action: _Optional[str] = ..., tenant_name: _Optional[str] = ..., key_id: _Optional[str] = ..., body: _Optional[str] = ...) -> None: ...
+
 class RolloutResponse(_message.Message):
     __slots__ = ("msg",)
     MSG_FIELD_NUMBER: _ClassVar[int]

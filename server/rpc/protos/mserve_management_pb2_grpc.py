@@ -54,6 +54,11 @@ class MserveManagementServiceStub(object):
                 request_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.ShadowRequest.SerializeToString,
                 response_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
                 _registered_method=True)
+        self.Tenants = channel.unary_unary(
+                '/mserve.management.MserveManagementService/Tenants',
+                request_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.TenantsRequest.SerializeToString,
+                response_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
+                _registered_method=True)
 
 
 class MserveManagementServiceServicer(object):
@@ -88,6 +93,14 @@ class MserveManagementServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tenants(self, request, context):
+        """List, read, add, change or remove tenants, make or revoke their keys (a key made is in the
+        answer once); INVALID_ARGUMENT naming the field, NOT_FOUND without a tenants_file.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MserveManagementServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +122,11 @@ def add_MserveManagementServiceServicer_to_server(servicer, server):
             'Shadow': grpc.unary_unary_rpc_method_handler(
                     servicer.Shadow,
                     request_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.ShadowRequest.FromString,
+                    response_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.SerializeToString,
+            ),
+            'Tenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tenants,
+                    request_deserializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.TenantsRequest.FromString,
                     response_serializer=server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.SerializeToString,
             ),
     }
@@ -219,6 +237,33 @@ class MserveManagementService(object):
             target,
             '/mserve.management.MserveManagementService/Shadow',
             server_dot_rpc_dot_protos_dot_mserve__management__pb2.ShadowRequest.SerializeToString,
+            server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mserve.management.MserveManagementService/Tenants',
+            server_dot_rpc_dot_protos_dot_mserve__management__pb2.TenantsRequest.SerializeToString,
             server_dot_rpc_dot_protos_dot_mserve__management__pb2.RolloutResponse.FromString,
             options,
             channel_credentials,
