@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from mserve_worker.imports import valid_names
 from server.config import DEFAULT_DENY
 from server.workers.env_vars import WorkerEnvironment
+from server.workers.pipe_reader import read_pipe
 from server.workers.preload import PreloadMemory
 from server.workers.prespawn import (
     EarlyTemplate,
@@ -39,6 +40,7 @@ from server.workers.prespawn import (
 log = logging.getLogger(__name__)
 
 TEMPLATE_START_TIMEOUT_S = 300.0  # its imports, on a busy machine; then workers use exec
+SPAWN_TIMEOUT_S = 30.0  # a fork's answer; then the worker starts with exec
 
 
 class Process(Protocol):
@@ -103,15 +105,6 @@ class ForkedProcess:
             os.kill(self.pid, signal.SIGTERM)
 
 
-async def _pipe_reader(fd: int) -> asyncio.StreamReader:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
-    )
-    return reader
-
-
 class _AdoptedProcess:
     """A template started with ``subprocess`` before the loop ran, as the launcher uses one."""
 
@@ -172,7 +165,7 @@ class Template:
     async def adopt(self, early: EarlyTemplate, timeout_s: float) -> None:
         """Take over a template started before the event loop ran (server/workers/prespawn.py)."""
         self.proc = _AdoptedProcess(early.proc)
-        await self._attach(early.sock, await _pipe_reader(early.stderr_fd), timeout_s)
+        await self._attach(early.sock, read_pipe(early.stderr_fd), timeout_s)
 
     async def _attach(
         self, sock: socket.socket, stderr: asyncio.StreamReader, timeout_s: float
@@ -251,18 +244,24 @@ class Template:
         request = {"op": "spawn", "id": self._ids, "cwd": cwd, "env": env, "user": user}
         message = json.dumps(request).encode()
         try:
-            self._sock.sendmsg(
-                [message + b"\n"],
-                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _fd_bytes([fd, out_w, err_w]))],
-            )
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        pid = await asyncio.wait_for(spawned, 30)
+            try:
+                self._sock.sendmsg(
+                    [message + b"\n"],
+                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _fd_bytes([fd, out_w, err_w]))],
+                )
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+            pid = await asyncio.wait_for(asyncio.shield(spawned), SPAWN_TIMEOUT_S)
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            # the caller starts the worker with exec on the same channel: a fork the template
+            # reports after all must not serve beside it
+            spawned.add_done_callback(_kill_late_fork)
+            raise
         exited = self._exits.setdefault(pid, loop.create_future())
-        return ForkedProcess(
-            pid, await _pipe_reader(out_r), await _pipe_reader(err_r), exited, self.modules,
-        )  # fmt: skip
+        return ForkedProcess(pid, read_pipe(out_r), read_pipe(err_r), exited, self.modules)
 
     async def stop(self) -> None:
         if self._sock is not None:
@@ -275,6 +274,12 @@ class Template:
                 await self.proc.wait()
         if self._log_task is not None:
             await self._log_task
+
+
+def _kill_late_fork(spawned: asyncio.Future[int]) -> None:
+    if not spawned.cancelled() and spawned.exception() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(spawned.result(), signal.SIGKILL)  # the child's own process group
 
 
 def _fd_bytes(fds: list[int]) -> bytes:
