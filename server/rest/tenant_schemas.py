@@ -59,6 +59,9 @@ _LIVE = {
                   "description": "its requests queued or running (null: no in_flight quota)"},
     "bucket_tokens": {"type": "number", "nullable": True,
                       "description": "requests its bucket lets in now (null: no rate quota)"},
+    "generated_tokens_left": {"type": "number", "nullable": True,
+                              "description": "generated tokens its token bucket holds now,"
+                                             " below 0 a debt (null: no token quota)"},
 }  # fmt: skip
 
 SCHEMAS: dict[str, Any] = {

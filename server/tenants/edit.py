@@ -108,13 +108,17 @@ def detail(current: Tenants, name: str, queues: Iterable[tuple[str, Any]]) -> di
 
 
 def _live(lim: Any) -> dict[str, Any]:
-    """A quota's requests in flight and its bucket's tokens now; None where the quota does not
-    bound them (in flight is counted only under an ``in_flight`` quota)."""
-    level = None
-    if lim.bucket is not None:
-        lim.bucket.wait_s(time.monotonic())  # refilled to now
-        level = round(lim.bucket.tokens, 3)
-    return {"in_flight": lim.in_flight if lim.quota.in_flight else None, "bucket_tokens": level}
+    """A quota's requests in flight and its buckets' levels now: requests its rate lets in, and
+    generated tokens (below 0: a debt); None where the quota does not bound them (in flight is
+    counted only under an ``in_flight`` quota)."""
+    now = time.monotonic()
+    levels = []
+    for bucket in (lim.bucket, lim.token_bucket):
+        if bucket is not None:
+            bucket.wait_s(now)  # refilled to now
+        levels.append(None if bucket is None else round(bucket.tokens, 3))
+    return {"in_flight": lim.in_flight if lim.quota.in_flight else None,
+            "bucket_tokens": levels[0], "generated_tokens_left": levels[1]}  # fmt: skip
 
 
 def _tenant(current: Tenants, name: str) -> Tenant:
