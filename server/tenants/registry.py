@@ -92,7 +92,7 @@ def _new_bucket(bucket: _Bucket | None, rate: float | None, burst: float | None)
 class Tenant:
     """A tenant as the request path sees it: name and weight (fair queuing), quotas, counts."""
 
-    __slots__ = ("bounded", "limits", "model_limits", "name", "refused", "weight")
+    __slots__ = ("bounded", "limits", "model_limits", "name", "refused", "tokens", "weight")
 
     def __init__(self, spec: TenantSpec) -> None:
         self.name = spec.name
@@ -100,6 +100,7 @@ class Tenant:
         self.limits = _Limits(spec.quota)
         self.model_limits: dict[str, _Limits] = {}
         self.refused: dict[str, int] = {}  # by model: requests over quota
+        self.tokens: dict[str, int] = {}  # by model: generated tokens charged to token quotas
         self.bounded = False  # has any quota: without, admitting costs one test
         self.update(spec)
 
@@ -138,7 +139,7 @@ class Tenant:
                        if lim is not None and lim.token_bucket is not None]  # fmt: skip
         if not counted and not buckets:
             return None
-        usage = Usage(counted, buckets)  # type: ignore[arg-type]
+        usage = Usage(counted, buckets, self.tokens, model)  # type: ignore[arg-type]
         future.add_done_callback(usage.settled)
         return usage
 
@@ -323,6 +324,11 @@ class Tenants:
             "mserve_tenant_requests_refused", "Requests over the tenant's quota (429)",
             labels=labels,
         )  # fmt: skip
+        tokens = CounterMetricFamily(
+            "mserve_tenant_tokens_charged",
+            "Generated tokens charged to the tenant's token quotas (tokens_per_second)",
+            labels=labels,
+        )
         weight = GaugeMetricFamily("mserve_tenant_weight", "Fair-queuing weight", labels=["tenant"])
         by_model: dict[tuple[str, str], int] = {}
         for model, queue in queues:
@@ -334,10 +340,12 @@ class Tenants:
         for tenant in self.by_name.values():
             for model, n in tenant.refused.items():
                 refused.add_metric([tenant.name, model], n)
+            for model, n in tenant.tokens.items():
+                tokens.add_metric([tenant.name, model], n)
             weight.add_metric([tenant.name], tenant.weight)
         reloads = CounterMetricFamily(
             "mserve_tenants_reloads", "Reloads of tenants_file", labels=["outcome"]
         )
         for outcome, n in self.reloads.items():
             reloads.add_metric([outcome], n)
-        yield from (served, refused, weight, reloads)
+        yield from (served, refused, tokens, weight, reloads)

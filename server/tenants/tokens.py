@@ -58,15 +58,20 @@ class Bucket(Protocol):
 
 class Usage:
     """One admitted request's charge: counted in ``counted`` (``in_flight`` quotas) until it
-    ends, its tokens taken from ``buckets`` (token quotas of a generative model) as they come.
-    A job's stream calls :meth:`chunk` per chunk and :meth:`ended` when it ends, finished,
-    broken or cancelled; a whole answer is charged from :meth:`settled`."""
+    ends, its tokens taken from ``buckets`` (token quotas of a generative model) as they come
+    and added up in ``tally`` under ``model`` (mserve_tenant_tokens_charged_total). A job's
+    stream calls :meth:`chunk` per chunk and :meth:`ended` when it ends, finished, broken or
+    cancelled; a whole answer is charged from :meth:`settled`."""
 
-    __slots__ = ("buckets", "counted", "open")
+    __slots__ = ("buckets", "counted", "model", "open", "tally")
 
-    def __init__(self, counted: list[Counted], buckets: list[Bucket]) -> None:
+    def __init__(
+        self, counted: list[Counted], buckets: list[Bucket], tally: dict[str, int], model: str
+    ) -> None:
         self.counted = counted
         self.buckets = buckets
+        self.tally = tally
+        self.model = model
         self.open = True
         for lim in counted:
             lim.in_flight += 1
@@ -83,6 +88,7 @@ class Usage:
         for bucket in self.buckets:
             bucket.wait_s(now)  # refilled up to now first
             bucket.tokens -= tokens
+        self.tally[self.model] = self.tally.get(self.model, 0) + tokens
 
     def ended(self) -> None:
         if self.open:

@@ -135,6 +135,7 @@ def test_a_tenant_over_its_token_quota_finishes_its_answer_then_waits(server: Se
     assert err.value.response.headers["Retry-After"] == str(math.ceil(wait_s))
     assert counts(server, "mserve_tenant_requests_refused_total", "gen")["metered"] == 1
     assert counts(server, "mserve_tenant_requests_served_total", "gen")["metered"] == 2
+    assert counts(server, "mserve_tenant_tokens_charged_total", "gen")["metered"] == 16
 
 
 def test_torchserve_style_streams_count_a_token_per_chunk(server: Server) -> None:
@@ -152,6 +153,7 @@ def test_torchserve_style_streams_count_a_token_per_chunk(server: Server) -> Non
         "tenant streamer is over its token quota (0.2 tokens/s, burst 4, 2 tokens owed); retry in"
     ), message
     assert 10 < int(over.headers["Retry-After"]) <= 15  # (1 + 2) / 0.2, less what refilled
+    assert counts(server, "mserve_tenant_tokens_charged_total", "cb")["streamer"] == 6
 
 
 def test_in_flight_counts_a_stream_until_it_ends_or_is_cancelled(server: Server) -> None:
