@@ -9,7 +9,9 @@ job. A batch is filled by taking jobs one at a time, so batches are shared fairl
 
 Used only while the server has tenants (server/tenants/); without, the plain JobQueue runs.
 The lanes stand in for JobQueue's deque behind ``len()``, so its waiting and waking run as
-they are.
+they are. Every request passes put and pop: they are written for a lone tenant's queue that
+empties after each request (no lane made or looked up twice, no tuple or method call that
+can be spared; see ``scripts/bench_tenants.py --micro``).
 """
 
 from __future__ import annotations
@@ -21,17 +23,20 @@ from collections.abc import Callable
 from server.models.batching import Job, JobQueue, QueueFull
 
 # Tenants contend while a second tenant's lane is waiting, and for this many requests taken
-# after the tenant taken changed: then workers are sent fewer batches ahead (server/models/pump.py)
+# after the tenant taken changed: then workers are sent fewer batches ahead (server/models/pump.py).
+# A tenant arriving beside another's waiting jobs (a quiet one beside a backlog) makes the
+# queue "shallow" for as many: workers are sent one batch at a time, so its request waits for
+# the batch running, not also for the one sent after it
 CONTENDED_FOR = 64
 
 
 class _Lanes:
-    """Each tenant's waiting jobs, oldest first; ``len()`` is all of them."""
+    """The tenants' lanes that hold jobs, oldest first; ``len()`` is all their jobs."""
 
     __slots__ = ("count", "lanes")
 
     def __init__(self) -> None:
-        self.lanes: dict[str, collections.deque[Job]] = {}
+        self.lanes: dict[str, collections.deque[Job]] = {}  # only lanes with jobs
         self.count = 0
 
     def __len__(self) -> int:
@@ -54,6 +59,10 @@ class FairJobQueue(JobQueue):
         self._taken = 0  # requests taken so far
         self._last: str | None = None  # the tenant of the last one
         self._contended_until = 0  # contended() until that many are taken
+        self._shallow_until = 0  # shallow() until that many are taken
+
+    def __len__(self) -> int:
+        return self._jobs.count
 
     def put(self, job: Job, waiting_elsewhere: int = 0) -> None:
         jobs = self._jobs
@@ -62,19 +71,28 @@ class FairJobQueue(JobQueue):
             if jobs.count + waiting_elsewhere >= self.maxsize:
                 raise QueueFull
         tenant = job.tenant
-        name, weight = ("", 1.0) if tenant is None else (tenant.name, tenant.weight)
-        finish = self._finish.get(name, 0.0)
-        start = finish if finish > self._virtual else self._virtual
-        self._finish[name] = start + 1.0 / weight
+        if tenant is None:
+            name, step = "", 1.0
+        else:
+            name, step = tenant.name, 1.0 / tenant.weight
+        finish = self._finish
+        start = finish.get(name, 0.0)
+        if start < self._virtual:
+            start = self._virtual
+        finish[name] = start + step
         job.tag = start
-        lane = jobs.lanes.get(name)
+        lane = self._made.get(name)
         if lane is None:
-            lane = jobs.lanes[name] = self._lane(name)
-            if len(jobs.lanes) > 1:
-                self._contended_until = self._taken + CONTENDED_FOR
+            lane = self._made[name] = collections.deque()
+        if not lane:  # its lane starts waiting
+            lanes = jobs.lanes
+            lanes[name] = lane
+            if len(lanes) > 1:  # beside another tenant's waiting jobs
+                self._contended_until = self._shallow_until = self._taken + CONTENDED_FOR
         lane.append(job)
         jobs.count += 1
-        self._wake(1)
+        if self._waiters:
+            self._wake(1)
 
     def requeue(self, jobs: list[Job]) -> None:
         """Accepted jobs go back at the head of their lanes with the tags they had (taken
@@ -84,9 +102,10 @@ class FairJobQueue(JobQueue):
             name = "" if job.tenant is None else job.tenant.name
             if self.served.get(name):
                 self.served[name] -= 1
-            lane = lanes.get(name)
+            lane = self._made.get(name)
             if lane is None:
-                lane = lanes[name] = self._lane(name)
+                lane = self._made[name] = collections.deque()
+            lanes[name] = lane
             lane.appendleft(job)
         self._jobs.count += len(jobs)
         self._wake(len(jobs))
@@ -95,32 +114,34 @@ class FairJobQueue(JobQueue):
         """Whether several tenants are being served (see CONTENDED_FOR)."""
         return self._taken < self._contended_until
 
+    def shallow(self) -> bool:
+        """Whether a tenant came to wait beside another's jobs lately (see CONTENDED_FOR)."""
+        return self._taken < self._shallow_until
+
     def _took(self, name: str) -> None:
-        self._taken += 1
-        self.served[name] = self.served.get(name, 0) + 1
+        taken = self._taken = self._taken + 1
+        served = self.served
+        served[name] = served.get(name, 0) + 1
         if name != self._last:
             if self._last is not None:
-                self._contended_until = self._taken + CONTENDED_FOR
+                self._contended_until = taken + CONTENDED_FOR
             self._last = name
-
-    def _lane(self, name: str) -> collections.deque[Job]:
-        lane = self._made.get(name)
-        if lane is None:
-            lane = self._made[name] = collections.deque()
-        return lane
 
     def pop(self) -> Job | None:
         jobs = self._jobs
         lanes = jobs.lanes
         while lanes:
-            if len(lanes) == 1:
-                name, lane = next(iter(lanes.items()))
+            if len(lanes) == 1:  # one tenant waits: no tags to compare
+                name, lane = lanes.popitem()
+                job = lane.popleft()
+                if lane:
+                    lanes[name] = lane
             else:
                 name, lane = min(lanes.items(), key=_head_tag)
-            job = lane.popleft()
+                job = lane.popleft()
+                if not lane:
+                    del lanes[name]
             jobs.count -= 1
-            if not lane:
-                del lanes[name]
             if job.future.done():  # the client went away: costs no worker time
                 continue
             self._virtual = job.tag

@@ -11,7 +11,7 @@ import pytest
 
 from mserve_worker.protocol import RequestItem
 from server.models.batching import Job, QueueFull
-from server.models.fair import FairJobQueue
+from server.models.fair import CONTENDED_FOR, FairJobQueue
 from server.tenants import Tenant, TenantSpec
 
 
@@ -90,5 +90,33 @@ def test_requeue_pop_matching_bound_and_gone_callers() -> None:
         queue.put(job(queue, b, "fits"))
         assert queue.fail_all(RuntimeError("stop")) == 4
         assert len(queue) == 0 and queue.pop() is None
+
+    run(body)
+
+
+def test_a_tenant_arriving_beside_a_backlog_makes_the_queue_shallow() -> None:
+    """Workers are sent one batch at a time while a tenant lately came to wait beside another's
+    jobs (server/models/pump.py reads ``shallow``); two tenants that both keep a backlog only
+    contend."""
+
+    def body() -> None:
+        heavy, light, quiet = (Tenant(TenantSpec(n)) for n in ("heavy", "light", "quiet"))
+        queue = FairJobQueue(1000)
+        for i in range(200):
+            queue.put(job(queue, heavy, f"h{i}"))
+            queue.put(job(queue, light, f"l{i}"))
+        assert queue.shallow()  # light's lane came beside heavy's
+        order(queue, CONTENDED_FOR + 1)
+        assert queue.contended() and not queue.shallow()  # both backlogged: no newcomer
+        queue.put(job(queue, quiet, "q"))
+        assert queue.shallow()
+        assert "q" in order(queue, 2)  # and it is taken next
+        # one tenant alone, its queue emptied after each request: neither
+        alone = FairJobQueue(10)
+        for i in range(CONTENDED_FOR + 1):
+            alone.put(job(alone, heavy, f"a{i}"))
+            assert alone.pop() is not None
+        assert not alone.contended() and not alone.shallow()
+        assert len(alone) == 0 and alone.served == {"heavy": CONTENDED_FOR + 1}
 
     run(body)
