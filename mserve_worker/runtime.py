@@ -76,9 +76,12 @@ def _gpu_unusable() -> str | None:
     )
 
 
-def _load(init: dict, channel: Channel, sandbox: dict | None = None) -> HandlerService | None:
-    """The service, READY sent (with how the worker was confined, ``sandbox``); None when the
-    handler failed to load (LOAD_FAILED sent)."""
+def _load(
+    init: dict, channel: Channel, sandbox: dict | None = None, phases: dict | None = None
+) -> HandlerService | None:
+    """The service, READY sent (with how the worker was confined, ``sandbox``, and when each
+    step of its start ended, ``phases``); None when the handler failed to load (LOAD_FAILED
+    sent)."""
     try:
         service = HandlerService.load(init)
     except LoadFailed as exc:
@@ -96,6 +99,8 @@ def _load(init: dict, channel: Channel, sandbox: dict | None = None) -> HandlerS
         ready["code"] = service.code
     if weights.enabled():  # the checkpoints it mapped: the server keeps them warm
         ready["mapped"] = weights.mapped_files()
+    if phases is not None:  # what its start took, step by step: the server logs it
+        ready["phases"] = {**phases, **weights.timings(), "ready": time.time()}
     if sandbox is not None:
         ready["sandbox"] = sandbox
     if init.get("gpu_id") is not None:
@@ -179,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mserve-worker")
     parser.add_argument("--fd", type=int, required=True, help="inherited Unix socket")
     args = parser.parse_args(argv)
+    started = time.time()  # forked from a template: just after the fork
     # Handlers log with the logging module (the seeds' hooks and kernels do); stderr is re-logged
     # by the server under the model's name, so the worker's own format stays short.
     logging.basicConfig(
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     try:
-        return _serve(channel, args.fd)
+        return _serve(channel, args.fd, started)
     except ProtocolError as exc:
         # The stream cannot be trusted past a bad frame: say why and exit; the server sees the
         # channel close and the exit status (docs/protocol.md, Errors).
@@ -205,11 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PROTOCOL_ERROR
 
 
-def _serve(channel: Channel, fd: int) -> int:
+def _serve(channel: Channel, fd: int, started: float | None = None) -> int:
     """INIT, then batches until the server closes the channel; ProtocolError on a bad frame."""
     init = channel.receive()
     if init is None:
         return 0
+    phases = {"started": started, "init": time.time()} if started is not None else None
     if init.kind != Kind.INIT:
         raise ProtocolError(f"expected an INIT frame first, got {init.kind.name}")
     _check_init(init.meta)
@@ -236,7 +243,7 @@ def _serve(channel: Channel, fd: int) -> int:
     ).start()
     if "rank" in init.meta:
         _rank_threads()
-    service = _load(init.meta, channel, sandbox)
+    service = _load(init.meta, channel, sandbox, phases)
     if service is None:
         return 1
     if init.meta.get("continuous_batching") is True:  # the worker runs the steps

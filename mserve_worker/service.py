@@ -34,7 +34,7 @@ from .oip.tensors import OIPError
 from .payload import PayloadError, decode_request, encode_output
 from .protocol import STREAM_FAILED_HEADER, TOO_LARGE_HEADER, RequestItem, ResponseItem
 from .reload import Reloader, code_of, own_modules
-from .sdk import weights
+from .sdk import convert, weights
 from .sdk.errors import PredictionException
 from .steps import NEXT_HEADER, Steps
 
@@ -99,6 +99,8 @@ class HandlerService:
         _log_shadowing()
         os.chdir(model_dir)
         weights.enable(init.get("warm_tier") is True)  # map checkpoints (docs/warm-tier.md)
+        # where legacy checkpoints' mappable copies go, and how big one may be (convert.py)
+        convert.configure(init.get("mapped_dir"), init.get("mapped_max_bytes"))
         context = Context(
             model_name=init["model_name"],
             model_dir=model_dir,

@@ -11,6 +11,8 @@ and when its worker loaded the model (a request sent before that waited for a lo
    a cold load (pages dropped; mapped), then, once its idle unload put it in the warm tier, a
    wake. Printed: the medians of the time from the request to its answer, the ratio, and
    whether the woken model answered what the cold one did.
+   ``wake``: the warm tier's wake alone, step by step (the worker's start as the server logs
+   it, the first forward pass), against a forward pass of the loaded model.
 2. ``zipf``: ``--models`` models of ``--size-mb`` each, room for ``--loaded`` of them
    (``max_loaded_models``), ``--clients`` threads asking for models drawn from a Zipf-like law
    for ``--duration`` seconds; once with a warm tier of ``--warm-mb`` and once without.
@@ -30,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -72,20 +75,28 @@ from mserve_worker.sdk.base_handler import BaseHandler
 
 class Handler(BaseHandler):
     def initialize(self, context):
+        started = time.time()
         super().initialize(context)
         self.loaded_at = time.time()
+        self.initialize_s = self.loaded_at - started
+        self.forward_s = []
 
     def preprocess(self, data):
         return torch.randn(len(data), WIDTH, generator=torch.Generator().manual_seed(7))
 
     def inference(self, data):
+        started = time.perf_counter()
         with torch.no_grad():
-            return self.model(data)
+            out = self.model(data)
+        self.forward_s.append(time.perf_counter() - started)
+        return out
 
     def postprocess(self, output):
         return [{{"digest": hashlib.sha256(row.numpy().tobytes()).hexdigest(),
                  "loaded_at": self.loaded_at, "pid": os.getpid(),
-                 "weights": self.model_pt_path}} for row in output]
+                 "initialize_s": self.initialize_s, "forward_s": self.forward_s[-1],
+                 "forwards": len(self.forward_s), "weights": self.model_pt_path}}
+                for row in output]
 """
 
 
@@ -96,6 +107,10 @@ def build(work: Path, name: str, size_mb: float, seed: int) -> None:
     width = 2048 if size_mb >= 64 else 512
     depth = max(1, round(size_mb * MIB / (4 * width * (width + 1))))
     src = work / "src" / name
+    stamp = json.dumps({"size_mb": size_mb, "seed": seed, "handler": HANDLER})
+    built = src / "built.json"  # --work: built by an earlier run
+    if (work / "store" / f"{name}.mar").exists() and built.exists() and built.read_text() == stamp:
+        return
     src.mkdir(parents=True, exist_ok=True)
     (src / "stack.py").write_text(STACK.format(width=width, depth=depth))
     (src / "handler.py").write_text(HANDLER.format())
@@ -114,10 +129,12 @@ def build(work: Path, name: str, size_mb: float, seed: int) -> None:
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
     (src / "weights.pt").unlink()
+    (src / "built.json").write_text(stamp)
 
 
 class Mserve(Server):
     def __init__(self, work: Path, name: str, settings: dict[str, Any]) -> None:
+        shutil.rmtree(work / f"run-{name}", ignore_errors=True)  # --work: an earlier run's
         super().__init__(work, {"enable_model_api": True, "grpc": False, **settings}, name=name)
         self.inference = Client(self.status["inference"], self.headers["inference"])
         self.management = Client(self.status["management"], self.headers["management"])
@@ -225,6 +242,57 @@ def single(args: argparse.Namespace, work: Path) -> None:
         f" {med['off_cached'] / med['wake']:.0f}x (off, page cache)"
     )
     print(f"  same answer every time: {len(digests) == 1}")
+
+
+def wake(args: argparse.Namespace, work: Path) -> None:
+    """The warm tier's wake, step by step: a cold load, a request to the loaded model (what a
+    forward pass costs when loaded), then ``--rounds`` wakes from warm, each with the steps of
+    its worker's start as the server logged them (its ``worker ... ready`` line)."""
+    print(f"building a {args.size_mb:g} MiB model ...", flush=True)
+    build(work, "big", args.size_mb, 1)
+    machine = Machine()
+    on = Mserve(work, "wake", {"warm_tier_budget_mb": int(args.warm_mb)})
+    rows: list[tuple[float, dict[str, Any], str]] = []
+    try:
+        on.register("big", idle_s=1)
+        _sent, cold_s, first = on.ask("big")
+        if first is None:
+            raise SystemExit("big did not answer")
+        loaded = [on.ask("big") for _ in range(3)]
+        for _round in range(args.rounds):
+            _unloaded(on, "big")
+            wait_until(lambda: on.footprint("big")["tier"] == "warm", 60, "big warm")
+            time.sleep(0.5)  # the tier's mapping made
+            _sent, took, answer = on.ask("big")
+            if answer is None:
+                raise SystemExit("big failed to wake")
+            rows.append((took, answer, _ready_line(on)))
+    finally:
+        on.stop()
+    print(f"\n{args.size_mb:g} MiB model, warm tier on; {machine.since()}")
+    print(f"  cold load, request to answer {cold_s:.3f} s (first forward"
+          f" {first['forward_s']:.3f} s, initialize {first['initialize_s']:.3f} s)")  # fmt: skip
+    fwd = statistics.median(a["forward_s"] for _s, _t, a in loaded if a)
+    ask = statistics.median(t for _s, t, _a in loaded)
+    print(f"  loaded: request to answer {ask:.3f} s, forward {fwd:.3f} s (median of 3)")
+    for took, answer, line in rows:
+        print(f"  wake: request to answer {took:.3f} s = first forward {answer['forward_s']:.3f}"
+              f" s + the rest {took - answer['forward_s']:.3f} s (initialize"
+              f" {answer['initialize_s']:.3f} s)\n    {line}")  # fmt: skip
+    med = statistics.median(t for t, _a, _l in rows)
+    over = statistics.median(t - a["forward_s"] for t, a, _l in rows)
+    print(f"  wake median {med:.3f} s: overhead {over:.3f} s + forward; cold / wake"
+          f" {cold_s / med:.0f}x")  # fmt: skip
+
+
+def _ready_line(server: Mserve) -> str:
+    """The server log's last ``worker ... of big... ready`` line, from ``ready in``."""
+    found = ""
+    for log in server.run_dir.glob("logs/mserve.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if " of big:" in line and " ready in " in line:
+                found = line[line.index("ready in") :]
+    return found
 
 
 def _settled_cold(server: Mserve, name: str) -> dict[str, Any]:
@@ -354,7 +422,7 @@ def cost(args: argparse.Namespace, work: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("single", "zipf", "cost"))
+    parser.add_argument("mode", choices=("single", "wake", "zipf", "cost"))
     parser.add_argument("--size-mb", type=float, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", type=int, default=24)
@@ -369,10 +437,10 @@ def main() -> None:
     if args.work:
         work = Path(args.work)
         work.mkdir(parents=True, exist_ok=True)
-        {"single": single, "zipf": zipf, "cost": cost}[args.mode](args, work)
+        {"single": single, "wake": wake, "zipf": zipf, "cost": cost}[args.mode](args, work)
         return
     with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
-        {"single": single, "zipf": zipf, "cost": cost}[args.mode](args, Path(tmp))
+        {"single": single, "wake": wake, "zipf": zipf, "cost": cost}[args.mode](args, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -13,25 +13,30 @@ the mapped tensors to it, skipping the initialisation and the copy.
 Built-in handlers (``BaseHandler``, the hooks drivers) load through here without a change. A
 handler that calls ``torch.load`` itself calls :func:`load_weights` instead, with the same
 arguments. The files mapped are reported to the server with READY (``mapped``), which keeps
-their pages when the model is evicted. What is not a zip checkpoint (TorchScript, ONNX, the
-legacy pickle format) loads as before and is not kept warm.
+their pages when the model is evicted. A checkpoint in torch's legacy format is converted
+once into a mappable copy (convert.py) and that copy mapped. What is not a checkpoint
+(TorchScript, ONNX) loads as before and is not kept warm.
 
 Runs inside a worker, in the model's environment: standard library at import time.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import mmap
 import os
+import time
 import zipfile
+from collections.abc import Iterator
 from typing import Any
 
-_MADV_POPULATE_READ = 22  # linux/mman.h
-_libc: Any = None
+from . import convert
 
 _enabled = False  # set from INIT's warm_tier by the service (mserve_worker/service.py)
 _mapped: dict[str, int] = {}  # real path: size in bytes, of each file mapped by this worker
+_copies: dict[str, str] = {}  # real path of a legacy checkpoint: its mappable copy (convert.py)
+_timings = {"weights_s": 0.0, "populate_s": 0.0}  # this worker's time in load_weights, of which
+# touching the pages
 
 
 def enable(on: bool) -> None:
@@ -42,6 +47,12 @@ def enable(on: bool) -> None:
 
 def enabled() -> bool:
     return _enabled
+
+
+def timings() -> dict[str, float]:
+    """Seconds this worker spent in :func:`load_weights` (``weights_s``) and, of those,
+    mapping the pages (``populate_s``): READY's ``phases``, which the server logs."""
+    return {k: round(v, 4) for k, v in _timings.items()}
 
 
 def mapped_files() -> list[list[Any]]:
@@ -55,24 +66,50 @@ def load_weights(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any
 
     ``weights_only`` defaults to True here, as in torch 2.6 and later. A file that is not a
     zip checkpoint, or that torch refuses to map, loads with a plain ``torch.load``."""
+    started = time.monotonic()
+    try:
+        return _load(os.fspath(path), args, kwargs)
+    finally:
+        _timings["weights_s"] += time.monotonic() - started
+
+
+def _load(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     import torch
 
     kwargs.setdefault("weights_only", True)
-    name = os.fspath(path)
+    source = name
+    if _enabled and kwargs.get("mmap") is not False and not _is_zip_checkpoint(name):
+        name = _mappable_copy(name, args, kwargs) or name
     if not _enabled or kwargs.get("mmap") is False or not _is_zip_checkpoint(name):
         kwargs.pop("mmap", None)
         return torch.load(name, *args, **kwargs)
     kwargs["mmap"] = True
     loaded = torch.load(name, *args, **kwargs)
     real = os.path.realpath(name)
+    if name != source:
+        _copies[os.path.realpath(source)] = real
     _mapped[real] = os.path.getsize(real)
+    started = time.monotonic()
     _populate(loaded)
+    _timings["populate_s"] += time.monotonic() - started
     return loaded
 
 
+def _mappable_copy(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The mappable copy of a legacy checkpoint (convert.py), made now if need be; None when
+    ``name`` is none, or the load asks for more than a location and ``weights_only`` (its own
+    unpickler, say), which the conversion could not honour."""
+    if args or set(kwargs) - {"map_location", "weights_only", "mmap"}:
+        return None
+    if not convert.is_legacy(name):
+        return None
+    return convert.mappable(name, bool(kwargs["weights_only"]))
+
+
 def is_mapped(path: str | os.PathLike[str]) -> bool:
-    """Whether :func:`load_weights` mapped ``path`` in this worker."""
-    return os.path.realpath(os.fspath(path)) in _mapped
+    """Whether :func:`load_weights` mapped ``path`` (or its mappable copy) in this worker."""
+    real = os.path.realpath(os.fspath(path))
+    return _copies.get(real, real) in _mapped
 
 
 def build_with_state(cls: Any, state: Any) -> Any:
@@ -83,7 +120,7 @@ def build_with_state(cls: Any, state: Any) -> Any:
     import torch
 
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _no_init(torch.nn.init):
             model = cls()
         model.load_state_dict(state, assign=True)
     except (RuntimeError, TypeError, NotImplementedError):
@@ -95,10 +132,35 @@ def build_with_state(cls: Any, state: Any) -> Any:
     return model
 
 
+@contextlib.contextmanager
+def _no_init(init: Any) -> Iterator[None]:
+    """``torch.nn.init``'s initialisers do nothing meanwhile: on the ``meta`` device they
+    compute nothing anyway, but each still ran through torch's dispatch (three quarters of the
+    time to build a stack of ``Linear`` layers there)."""
+    saved = {
+        name: fn for name, fn in vars(init).items()
+        if name.endswith("_") and not name.startswith("_") and callable(fn)
+    }  # fmt: skip
+    for name in saved:
+        setattr(init, name, _unchanged)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(init, name, fn)
+
+
+def _unchanged(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    return tensor
+
+
 def _populate(loaded: Any) -> None:
-    """Map every page of the loaded tensors now (``MADV_POPULATE_READ``, Linux 5.14+; else one
-    read per page), so the model is whole when READY is sent: the server measures the worker's
-    PSS then, and it must count the weights; the first request would pay the same faults."""
+    """Map every page of the loaded tensors now, so the model is whole when READY is sent: the
+    server measures the worker's PSS then, and it must count the weights (the first request
+    would pay the same faults). One read per page: each fault maps the pages around it that
+    the page cache holds (fault-around, large folios), so it costs a quarter of what
+    ``MADV_POPULATE_READ`` does, which walks the range page by page (20 against 65 ms of CPU
+    for 1 GiB held in the page cache, measured with scripts/bench_warm.py's model)."""
     import torch
 
     if isinstance(loaded, torch.nn.Module):
@@ -109,25 +171,11 @@ def _populate(loaded: Any) -> None:
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.is_meta:
             continue
         storage = t.untyped_storage()
-        start, size = storage.data_ptr(), storage.nbytes()
-        if not size or start in seen:
+        if not storage.nbytes() or storage.data_ptr() in seen:
             continue
-        seen.add(start)
-        if not _madvise_populate(start, size):
-            flat = torch.empty(0, dtype=torch.uint8).set_(storage)
-            int(flat[:: mmap.PAGESIZE].sum())  # one byte of each page
-
-
-def _madvise_populate(start: int, size: int) -> bool:
-    global _libc
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        page = start - start % mmap.PAGESIZE
-        return _libc.madvise(page, size + (start - page), _MADV_POPULATE_READ) == 0
-    except (OSError, AttributeError):
-        return False
+        seen.add(storage.data_ptr())
+        flat = torch.empty(0, dtype=torch.uint8).set_(storage)
+        int(flat[:: mmap.PAGESIZE].sum())  # one byte of each page
 
 
 def _is_zip_checkpoint(path: str) -> bool:

@@ -447,6 +447,7 @@ class Registry:
 
     async def _drop(self, model: ModelVersion) -> None:
         await model.stop(5.0)
+        await self.residency.forget(model)  # its weights leave the warm tier
         versions = self.models.get(model.name, {})
         if versions.get(model.version) is model:
             del versions[model.version]

@@ -96,7 +96,7 @@ class Residency:
         self.footprints = Footprints(config.run_path)
         # evicted models' weights kept in the page cache (warm.py); off without a budget
         warm_mb = config.warm_tier_budget_mb
-        self.warm = WarmTier(warm_mb * MIB if warm_mb else None)
+        self.warm = WarmTier(warm_mb * MIB if warm_mb else None, config.run_path / "unpacked")
         self.warm.on_drop = self._warm_dropped
         self.eviction = config.eviction  # "cost" or "lru" (see _victim)
         self._waking: dict[str, bool] = {}  # label: whether its load in progress is a wake
@@ -147,11 +147,23 @@ class Residency:
         self.evictions += 1
         if self.metrics is not None:
             self.metrics.model_evicted(model.name, model.version, reason)
-        if files:
+        self.keep_warm(model, files)
+        return True
+
+    def keep_warm(self, model: Resident, files: list[tuple[str, int]]) -> None:
+        """``model``'s last workers are stopping (evicted, or scaled to 0 by hand): keep the
+        ``files`` they mapped in the warm tier (what :meth:`Resident.mapped_files` said before
+        they were retired)."""
+        if files and self.warm.enabled:
             task = asyncio.get_running_loop().create_task(self._keep_warm(model, files))
             self._keeping.add(task)
             task.add_done_callback(self._keeping.discard)
-        return True
+
+    async def forget(self, model: Resident) -> None:
+        """``model`` was unregistered: its weights leave the warm tier now, and its mappable
+        copies of legacy checkpoints go."""
+        self.warm.drop(model.label, "unregistered")
+        await self.warm.remove_copies(model.name, model.version)
 
     async def _measure_quietly(self) -> int:
         try:

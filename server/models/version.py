@@ -378,12 +378,16 @@ class ModelVersion:
             init["inference_log"] = True
         if self.declared_metrics:
             init["model_metrics"] = self.declared_metrics
-        if self.residency is not None and self.residency.warm.enabled:
-            init["warm_tier"] = True  # map checkpoints from the page cache (docs/warm-tier.md)
         env = {**self.worker_env, **worker_env_for(gpu)}
         if self.sandbox is not None:
             init["sandbox"] = self.sandbox.policy(gpu, self.python)
             env.update(self.sandbox.env())
+        if self.residency is not None and self.residency.warm.enabled:
+            # map checkpoints from the page cache, legacy ones copied once (docs/warm-tier.md)
+            init.update(self.residency.warm.worker_init(
+                self.name, self.version, init.get("sandbox"),
+                self.sandbox.user if self.sandbox is not None else None,
+            ))  # fmt: skip
         return WorkerSpec(
             python=self.python,
             model_dir=self.model_dir,
@@ -726,7 +730,10 @@ class ModelVersion:
         if retire > 0:
             order = sorted(self.slots, key=lambda s: not s.idle)  # idle ones first
             retired = order[:retire]
+            files = self.mapped_files()  # scaled to 0 by hand: its weights go warm, as idle
             self._retire(retired)
+            if not self.slots and self.residency is not None:
+                self.residency.keep_warm(self, files)
         if synchronous:
             await self._await_started(new, keep_trying)
             await asyncio.gather(*(s.task for s in retired if s.task is not None))

@@ -27,12 +27,17 @@ import asyncio
 import logging
 import mmap
 import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import psutil
+
+from server.workers.sandbox_users import WorkerUser, own_scratch
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +69,11 @@ class WarmTier:
     pages are in the page cache then (its worker just used them), so a request arriving while
     they are being mapped wakes it warm, and the mapping is closed when it completes."""
 
-    def __init__(self, budget_bytes: int | None) -> None:
+    def __init__(self, budget_bytes: int | None, copies_root: Path | None = None) -> None:
+        """``copies_root``: where each model version's folder of mappable copies of legacy
+        checkpoints goes (``<run_dir>/unpacked``, beside the unpacked archives)."""
         self.budget_bytes = budget_bytes or None  # 0 or None: no warm tier
+        self.copies_root = copies_root
         self.entries: dict[str, WarmEntry] = {}
         self.drops: Counter[str] = Counter()  # reason: models dropped to cold
         self.on_drop: Callable[[str, str], None] | None = None  # (label, reason): metrics
@@ -109,6 +117,40 @@ class WarmTier:
                  label, reason, entry.bytes / MIB)  # fmt: skip
         if self.on_drop is not None:
             self.on_drop(label, reason)
+
+    def worker_init(
+        self, name: str, version: str, policy: dict[str, Any] | None, user: WorkerUser | None
+    ) -> dict[str, Any]:
+        """INIT's fields for a worker of ``name:version`` while the tier is on: map checkpoints
+        (``warm_tier``), and keep the mappable copies of legacy ones in the model version's
+        own folder (``mapped_dir``; mserve_worker/sdk/convert.py), at most the budget each;
+        the worker's sandbox ``policy`` may write there, and only there beside its archive.
+        The worker converts, not the server: it loads the file as its handler would, under
+        its sandbox, and the server never unpickles a model's weights."""
+        init: dict[str, Any] = {"warm_tier": True}
+        folder = self._copies(name, version)
+        if folder is None:
+            return init
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if user is not None:  # the model's own uid writes there
+                own_scratch(folder, user)
+        except OSError as exc:
+            log.warning("model %s:%s: no folder for mappable copies of legacy checkpoints"
+                        " (%s): they load unmapped", name, version, exc)  # fmt: skip
+            return init
+        if policy is not None:
+            policy.setdefault("write", []).append(str(folder))
+        return {**init, "mapped_dir": str(folder), "mapped_max_bytes": self.budget_bytes}
+
+    def _copies(self, name: str, version: str) -> Path | None:
+        return None if self.copies_root is None else self.copies_root / f"{name}-{version}.mapped"
+
+    async def remove_copies(self, name: str, version: str) -> None:
+        """The model version was unregistered: its mappable copies go."""
+        folder = self._copies(name, version)
+        if folder is not None and folder.exists():
+            await asyncio.to_thread(shutil.rmtree, folder, True)
 
     def prune(self, registered: Iterable[str]) -> None:
         """Drop the models no longer registered."""
@@ -167,13 +209,16 @@ class WarmTier:
         the kernel has not reclaimed). Returns the total."""
         if not self.entries:
             return 0
+        # those mapped before the reading starts: one mapped meanwhile would read as 0 bytes
+        # and let the tier pass its budget by it
+        mapped = [e for e in self.entries.values() if all(f.view is not None for f in e.files)]
         try:
             resident = await asyncio.to_thread(_resident_by_path)
         except (OSError, psutil.Error) as exc:
             log.warning("could not measure the warm tier: %s", exc)
             return self.bytes
-        for entry in self.entries.values():
-            if all(f.view is not None for f in entry.files):  # not while being mapped
+        for entry in mapped:
+            if self.entries.get(entry.label) is entry:
                 entry.bytes = sum(resident.get(f.path, 0) for f in entry.files)
         return self.bytes
 

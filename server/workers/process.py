@@ -400,9 +400,9 @@ class Worker:
         self.mapped = _mapped_files(reply.meta.get("mapped"))
         self.state = WorkerState.READY
         log.info(
-            "worker %s of %s ready in %.2f s (handler style %s)",
+            "worker %s of %s ready in %.2f s (handler style %s%s)",
             self.id, self.model_label, time.time() - self.started_at, self.style,
-            extra=self.facts,
+            _phases(self.started_at, reply.meta.get("phases"), self.load_s), extra=self.facts,
         )  # fmt: skip
         unusable = reply.meta.get("gpu_unusable")
         if isinstance(unusable, str):
@@ -677,6 +677,27 @@ class Worker:
 
 def default_python() -> str:
     return sys.executable
+
+
+def _phases(launched: float, reported: Any, load_s: Any) -> str:
+    """READY's ``phases`` (the worker's clock times, same machine) as the steps of its start:
+    the process up, INIT received, the handler loaded and, of that, the weights (and touching
+    their pages); empty when the worker said nothing usable."""
+    if not isinstance(reported, dict):
+        return ""
+    times = {k: v for k, v in reported.items() if isinstance(v, (int, float))}
+    if not {"started", "init", "ready"} <= times.keys():
+        return ""
+    text = (
+        f"; process up {times['started'] - launched:.3f} s, INIT {times['init'] - launched:.3f}"
+        f" s, ready {times['ready'] - launched:.3f} s after launch"
+    )
+    if isinstance(load_s, (int, float)):
+        text += f"; handler loaded in {load_s:.3f} s"
+        if times.get("weights_s"):
+            text += f", weights {times['weights_s']:.3f} s"
+            text += f" (pages touched {times.get('populate_s', 0.0):.3f} s)"
+    return text
 
 
 def _mapped_files(reported: Any) -> list[tuple[str, int]]:

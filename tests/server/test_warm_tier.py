@@ -36,7 +36,7 @@ WARM_BUDGET_MB = 20  # two of the 8 MiB models, not three
 WORKER_BUDGET_MB = 250
 
 
-def _weights(path: Path, seed: int) -> Path:
+def _weights(path: Path, seed: int, legacy: bool = False) -> Path:
     import sys
 
     sys.path.insert(0, str(FOLDER))
@@ -46,14 +46,27 @@ def _weights(path: Path, seed: int) -> Path:
         sys.path.remove(str(FOLDER))
     torch.manual_seed(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(Stack().state_dict(), path)
+    torch.save(Stack().state_dict(), path, _use_new_zipfile_serialization=not legacy)
     return path
 
 
+class _Payload:
+    """What a checkpoint that runs a command when unpickled holds."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
 def _archive(store: Path, name: str, seed: int, handler: str = "handler.py",
-             config: dict | None = None) -> None:  # fmt: skip
+             config: dict | None = None, legacy: bool = False) -> None:  # fmt: skip
     work = store.parent / f"src-{name}"
-    weights = _weights(work / "weights.pt", seed)
+    weights = _weights(work / "weights.pt", seed, legacy)
+    if name == "payload":
+        state = {"w": _Payload(store.parent / "payload-ran")}
+        torch.save(state, weights, _use_new_zipfile_serialization=False)
     args = [
         ARCHIVER_SCRIPT, "--model-name", name, "--handler", str(FOLDER / handler),
         "--model-file", str(FOLDER / "stack.py"), "--serialized-file", str(weights),
@@ -89,6 +102,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     _archive(store, "custom", 1, handler="custom.py")
     _archive(store, "cheap", 5)
     _archive(store, "dear", 6, config={"handler": {"load_sleep_s": 1.5}})
+    _archive(store, "e", 8)
+    _archive(store, "legacy", 9, legacy=True)
+    _archive(store, "payload", 9, legacy=True)
     served = _start(root)
     yield served
     if pid_alive(served.pid):
@@ -154,8 +170,14 @@ def test_a_worker_footprint_is_measured_against_proc(
         server.manage("PUT", "/models/a?min_worker=0&max_worker=1&synchronous=true").status == 200
     )
     saved = server.run_dir / "footprints.json"  # written by the residency chore (1 s)
-    wait_until(lambda: saved.exists() and "a:1.0" in saved.read_text(), 15, "the file")
-    assert json.loads(saved.read_text())["models"]["a:1.0"]["worker_bytes"] > 0
+
+    def kept() -> int:
+        known = json.loads(saved.read_text())["models"] if saved.exists() else {}
+        return (known.get("a:1.0") or {}).get("worker_bytes") or 0
+
+    wait_until(lambda: kept() > 0, 15, "a's footprint in the file")
+    # scaled to 0 by hand, it goes warm as an idle unload would
+    wait_until(lambda: _tier(server, "a") == "warm", 15, "a warm")
 
 
 def test_a_model_woken_from_warm_answers_exactly_what_it_answered_loaded(server: Server) -> None:
@@ -290,3 +312,69 @@ def test_top_shows_each_model_tier_footprint_and_wake_time(server: Server) -> No
     assert "warm tier" in out.stdout and f"of {WARM_BUDGET_MB} MiB" in out.stdout
     assert rows["dear"].split()[-3:-2] == ["loaded"]
     assert rows["b"].split()[-3] in ("warm", "cold") and rows["b"].endswith(" s")
+
+
+def test_a_model_scaled_to_0_by_hand_goes_warm_and_unregistering_drops_it(
+    server: Server,
+) -> None:
+    _register(server, "e")  # no idle unload: only the scale requests below unload it
+    to_0 = "/models/e?min_worker=0&max_worker=1&synchronous=true"
+    loaded = _ask(server, "e")
+    assert server.manage("PUT", to_0).status == 200
+    wait_until(lambda: _tier(server, "e") == "warm", 15, "e warm after a scale to 0")
+    weights = str(Path(loaded["model_dir"]) / "weights.pt")
+    wait_until(lambda: _server_maps(server, weights) > 0, 15, "e's pages mapped")
+    woken = _ask(server, "e")  # a load on demand, from the warm tier
+    assert woken["pid"] != loaded["pid"] and woken["digest"] == loaded["digest"]
+    wakes = 'mserve_model_wakes_total{model="e",tier="warm",version="1.0"}'
+    assert _metric(server, re.escape(wakes)) == 1
+    assert server.manage("PUT", to_0).status == 200
+    wait_until(lambda: _server_maps(server, weights) > 0, 15, "e warm again")
+    assert server.manage("DELETE", "/models/e").status == 200
+    dropped = 'mserve_warm_tier_drops_total{model="e",reason="unregistered",version="1.0"}'
+    assert _metric(server, re.escape(dropped)) == 1  # at once, not at the chore's next pass
+    assert _server_maps(server, weights) == 0
+
+
+def _conversions(server: Server) -> int:
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    return log.count("to a mappable copy, once")
+
+
+def test_a_legacy_checkpoint_is_converted_once_and_mapped_thereafter(server: Server) -> None:
+    _register(server, "legacy", idle_s=1)
+    loaded = _ask(server, "legacy")
+    assert loaded["mapped"] is True  # its mappable copy, made by the worker
+    source = Path(loaded["model_dir"]) / "weights.pt"
+    assert source.read_bytes()[:2] == b"\x80\x02"  # the archive's file stays as it was
+    folder = server.run_dir / "unpacked" / "legacy-1.0.mapped"
+    copies = list(folder.iterdir())
+    assert [p.name.split(".")[:2] for p in copies] == [["weights", "pt"]], copies
+    assert _conversions(server) == 1
+    _unload(server, "legacy")
+    wait_until(lambda: _server_maps(server, str(copies[0])) > 0, 15, "the copy kept warm")
+    woken = _ask(server, "legacy")
+    assert (woken["digest"], woken["mapped"]) == (loaded["digest"], True)
+    assert _conversions(server) == 1  # mapped, not converted again
+    # the source replaced (another file, same bytes): converted again, the old copy gone
+    fresh = source.with_name("weights.new")
+    fresh.write_bytes(source.read_bytes())
+    fresh.replace(source)
+    _unload(server, "legacy")
+    again = _ask(server, "legacy")
+    assert (again["digest"], again["mapped"]) == (loaded["digest"], True)
+    assert _conversions(server) == 2
+    assert len(list(folder.iterdir())) == 1 and not copies[0].exists()
+    assert server.manage("DELETE", "/models/legacy").status == 200
+    assert not folder.exists()
+
+
+def test_a_legacy_checkpoint_that_would_run_code_is_refused_not_converted(
+    server: Server,
+) -> None:
+    _register(server, "payload")
+    reply = server.predict("payload", {"seed": 7})
+    assert reply.status >= 500, reply.body
+    assert b"is not a plain state dict" in reply.body
+    assert not (server.run_dir.parent / "payload-ran").exists()  # no process unpickled it
+    assert not list((server.run_dir / "unpacked" / "payload-1.0.mapped").iterdir())
