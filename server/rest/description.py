@@ -475,7 +475,8 @@ ROLLOUT_PATHS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 # docs/tenants.md (server/rest/tenants.py): each change is written to tenants_file
-_TENANT = {"name": "tenant_name", "in": "path", "required": True, "schema": _NAME}
+_TENANT = {"name": "tenant_name", "in": "path", "required": True, "schema": _NAME,
+           "description": "a tenant of tenants_file (GET /tenants lists them)"}  # fmt: skip
 _KEY_ID = {
     "name": "key_id",
     "in": "path",

@@ -102,7 +102,10 @@ def _fuzz(server: Server, api: str, fixed: dict[str, list[dict[str, Any]]]) -> C
         names = {p.name for p in operation.path_parameters}
         variants: list[dict[str, Any] | None] = [None]
         if names:
-            variants += [{k: v for k, v in m.items() if k in names} for m in MODELS]
+            for model in MODELS:  # none where the path names no model (/tenants/{tenant_name})
+                fixed_names = {k: v for k, v in model.items() if k in names}
+                if fixed_names:
+                    variants.append(fixed_names)
         # negative cases: parameters the description constrains, given values it does not allow
         modes = list(GenerationMode) if operation.query else [GenerationMode.POSITIVE]
         for path_parameters, query, mode in itertools.product(
