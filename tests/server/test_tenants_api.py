@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -291,6 +292,28 @@ def test_each_logged_request_names_its_tenant(server: Server) -> None:
     wait_until(lambda: rid in lines() and other in lines(), 10, "the inference log's lines")
     assert lines()[rid]["tenant"] == "team-a"
     assert lines()[other]["tenant"] == "default"  # the server's own inference key
+
+
+def test_a_records_tenant_is_in_its_line_and_its_events() -> None:
+    """In process: the JSON line (both of its forms) and the CloudEvents name the tenant, and
+    the cloudevents SDK reads ``ce-tenant`` back as an extension attribute."""
+    from cloudevents.core.bindings.http import HTTPMessage, from_http_event
+
+    from server.inference_log.records import Encoder, Record
+
+    encoder = Encoder("m", "1.0", [], "http://localhost:8080/", "default")
+
+    def record(tenant: str | None, logged: dict[str, Any] | None = None) -> Record:
+        return Record("r1", "r1", "", "", time.time(), 10, "application/json", b"{}", 200,
+                      "application/json", b"{}", None, logged, tenant=tenant)  # fmt: skip
+
+    assert json.loads(encoder.line(record("team-a")))["tenant"] == "team-a"
+    assert json.loads(encoder.line(record("team-a", {"request": {}})))["tenant"] == "team-a"
+    assert "tenant" not in json.loads(encoder.line(record(None)))
+    for message in encoder.events(record("team-a"), True, True):
+        event = from_http_event(HTTPMessage(dict(message.headers.items()), message.body))
+        assert event.get_extension("tenant") == "team-a"
+    assert all("ce-tenant" not in m.headers for m in encoder.events(record(None), True, True))
 
 
 def test_a_workflows_steps_are_the_callers_tenants(server: Server) -> None:
