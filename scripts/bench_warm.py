@@ -12,7 +12,9 @@ and when its worker loaded the model (a request sent before that waited for a lo
    wake. Printed: the medians of the time from the request to its answer, the ratio, and
    whether the woken model answered what the cold one did.
    ``wake``: the warm tier's wake alone, step by step (the worker's start as the server logs
-   it, the first forward pass), against a forward pass of the loaded model.
+   it, the first forward pass), against a forward pass of the loaded model. ``steps``: the
+   worker's load steps in one process, the way it did them before this cut and the way it
+   does them now, alternately.
 2. ``zipf``: ``--models`` models of ``--size-mb`` each, room for ``--loaded`` of them
    (``max_loaded_models``), ``--clients`` threads asking for models drawn from a Zipf-like law
    for ``--duration`` seconds; once with a warm tier of ``--warm-mb`` and once without.
@@ -42,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import Client, Machine, Server, wait_until
+from harness import REPO, Client, Machine, Server, wait_until
 
 MIB = 2**20
 ARCHIVER = str(Path(sys.executable).parent / "model-archiver")
@@ -285,6 +287,98 @@ def wake(args: argparse.Namespace, work: Path) -> None:
           f" {cold_s / med:.0f}x")  # fmt: skip
 
 
+STEPS = """import ctypes, mmap, sys, time
+import torch
+sys.path.insert(0, {model_dir!r})
+from stack import Stack
+from mserve_worker.sdk import weights
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def madvise_populate(state):  # what the worker did before: MADV_POPULATE_READ
+    for t in state.values():
+        s = t.untyped_storage()
+        start = s.data_ptr() - s.data_ptr() % mmap.PAGESIZE
+        libc.madvise(start, s.nbytes() + s.data_ptr() - start, 22)
+
+
+def clocks():
+    return time.perf_counter(), time.process_time()
+
+
+rows = {{}}
+x = torch.randn(1, {width}, generator=torch.Generator().manual_seed(7))
+for rnd in range({rounds}):
+    for way in ("before", "after"):
+        out = {{}}
+        t = clocks()
+        state = torch.load({weights!r}, mmap=True, weights_only=True)
+        out["torch.load(mmap)"], t = [a - b for a, b in zip(clocks(), t)], clocks()
+        (madvise_populate if way == "before" else weights._populate)(state)
+        out["pages touched"], t = [a - b for a, b in zip(clocks(), t)], clocks()
+        if way == "before":
+            with torch.device("meta"):
+                model = Stack()
+            model.load_state_dict(state, assign=True)
+        else:
+            model = weights.build_with_state(Stack, state)
+        out["module built"], t = [a - b for a, b in zip(clocks(), t)], clocks()
+        with torch.no_grad():
+            model(x)
+        out["first forward"], t = [a - b for a, b in zip(clocks(), t)], clocks()
+        with torch.no_grad():
+            model(x)
+        out["forward, loaded"], t = [a - b for a, b in zip(clocks(), t)], clocks()
+        for k, v in out.items():
+            rows.setdefault((way, k), []).append(v)
+        del model, state
+print(repr(rows))
+"""
+
+
+def steps(args: argparse.Namespace, work: Path) -> None:
+    """The worker's load steps in one process, as the worker did them before (pages mapped
+    with ``MADV_POPULATE_READ``, the module built on ``meta`` with its initialisers running)
+    and does now (a read per page, initialisers off), alternately in the same run: wall and
+    CPU seconds (CPU tells more on a loaded machine). The weights in the page cache, as in a
+    wake."""
+    import ast
+    import zipfile
+
+    build(work, "big", args.size_mb, 1)
+    folder = work / "steps"
+    weights = folder / "weights.pt"
+    if not weights.exists():  # written in 1 MiB chunks, as the server unpacks an archive: the
+        # page cache then holds it in large folios, which a fault maps many pages of at once
+        folder.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(work / "store" / "big.mar") as mar:
+            mar.extract("stack.py", folder)
+            with mar.open("weights.pt") as src, open(weights, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    Path(weights).read_bytes()  # into the page cache
+    width = 2048 if args.size_mb >= 64 else 512
+    machine = Machine()
+    code = STEPS.format(model_dir=str(folder), width=width, rounds=args.rounds,
+                        weights=str(weights))  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=1800, env=env)  # fmt: skip
+    rows = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    print(f"\n{args.size_mb:g} MiB model, the worker's load steps in process, {args.rounds}"
+          f" rounds, medians, wall / CPU seconds; {machine.since()}")  # fmt: skip
+    for step in ("torch.load(mmap)", "pages touched", "module built", "first forward",
+                 "forward, loaded"):  # fmt: skip
+        cells = []
+        for way in ("before", "after"):
+            runs = rows[(way, step)]
+            wall = statistics.median(r[0] for r in runs)
+            cpu = statistics.median(r[1] for r in runs)
+            cells.append(f"{way} {wall:6.3f} / {cpu:6.3f}")
+        print(f"  {step:18s} {cells[0]}   {cells[1]}")
+
+
 def _ready_line(server: Mserve) -> str:
     """The server log's last ``worker ... of big... ready`` line, from ``ready in``."""
     found = ""
@@ -422,7 +516,7 @@ def cost(args: argparse.Namespace, work: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("single", "wake", "zipf", "cost"))
+    parser.add_argument("mode", choices=("single", "wake", "steps", "zipf", "cost"))
     parser.add_argument("--size-mb", type=float, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", type=int, default=24)
@@ -434,13 +528,14 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=8, help="cost: expensive / cheap size")
     parser.add_argument("--work", help="a folder to build in (default: a temporary one)")
     args = parser.parse_args()
+    run = {"single": single, "wake": wake, "steps": steps, "zipf": zipf, "cost": cost}[args.mode]
     if args.work:
         work = Path(args.work)
         work.mkdir(parents=True, exist_ok=True)
-        {"single": single, "wake": wake, "zipf": zipf, "cost": cost}[args.mode](args, work)
+        run(args, work)
         return
     with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
-        {"single": single, "wake": wake, "zipf": zipf, "cost": cost}[args.mode](args, Path(tmp))
+        run(args, Path(tmp))
 
 
 if __name__ == "__main__":
