@@ -1,6 +1,7 @@
 """Overriding one step of a built-in handler: answer with the best class only.
 
-A TorchServe handler would import ``ts.torch_handler.image_classifier``; that line is the change.
+A handler written for TorchServe imports ``ts.torch_handler.image_classifier`` instead, and runs
+unedited: mserve's workers provide that name too.
 """
 
 import torch
