@@ -348,8 +348,15 @@ def _change(current: Tenants, change: Callable[[Any], None], what: str) -> None:
             f"{exc.message}: the file does not read now, so no change is made to it; fix it"
             " first (the tenants in force are the last ones read)"
         ) from None
+    from ruamel.yaml.error import YAMLError
+
     yaml = _yaml()
-    data = yaml.load(text)
+    try:
+        data = yaml.load(text)
+    except YAMLError as exc:  # read by PyYAML above, but not by ruamel.yaml (YAML 1.2)
+        raise TenantConflict(
+            f"tenants_file {path} cannot be edited here ({exc}); edit it by hand"
+        ) from None
     if data.get("tenants") is None:
         data["tenants"] = _new_map()
     change(data["tenants"])
