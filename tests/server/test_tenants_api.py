@@ -167,6 +167,11 @@ def test_a_tenant_added_through_the_api_gets_a_key_that_works_at_once(server: Se
                    "quota": {"requests_per_second": 50}}  # fmt: skip
     # shown once: describing it gives the id, never the key
     assert key not in manage(server, "GET", "/tenants/team-b").body.decode()
+    bad_name = manage(server, "POST", "/tenants", {"name": "team b!"})
+    assert bad_name.status == 400
+    assert bad_name.json()["message"] == (
+        "body: 'name' should be 1-63 letters, digits, . _ - (found 'team b!')"
+    )
     again = manage(server, "POST", "/tenants", {"name": "team-b"})
     assert again.status == 409
     assert again.json()["message"] == "tenant 'team-b' exists already: PUT /tenants/team-b changes it"  # fmt: skip
@@ -217,6 +222,9 @@ def test_a_quota_changed_through_the_api_applies_as_a_reload(server: Server) -> 
         ({"models": {"nosuch": {"in_flight": 1}}}, "tenant 'team-a': unknown model 'nosuch' in its quotas (models: echo, lazy, twin, wf__echoed, wf__pre)"),
         ({"keys": ["sha256:00"]}, "body: unknown field 'keys' (fields: weight, quota, models)"),
         (b"{not json", "body: not JSON"),
+        ([1, 2], "body: should be a JSON object with weight, quota, models"),
+        ({"quota": [1]}, "body: 'quota' should be an object of quota fields"),
+        ({"models": [1]}, "body: 'models' should be an object: model name -> quota"),
     ],
 )  # fmt: skip
 def test_a_bad_change_is_refused_naming_the_field(server: Server, body: Any, message: str) -> None:
@@ -400,6 +408,14 @@ def test_grpc_manages_tenants_as_rest_does(server: Server) -> None:
         with pytest.raises(grpc.RpcError) as err:
             stub.Tenants(mpb.TenantsRequest(), metadata=(("authorization", f"Bearer {KEY}"),))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as err:
+            call(action="rename", tenant_name="team-a")
+        assert err.value.details() == (
+            "action 'rename': expected list, get, add, set, remove, add_key or revoke_key"
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            call(action="get")
+        assert err.value.details() == "parameter 'tenant_name' is required"
 
 
 def _reloads(server: Server, outcome: str = "ok") -> float:
