@@ -28,9 +28,10 @@ import sys
 import sysconfig
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from archiver import __version__
 from server import locks
@@ -155,6 +156,18 @@ def _base_site_packages() -> list[str]:
     return seen
 
 
+class BuildConfinement(Protocol):
+    """How a build's commands are confined (``server/workers/build_sandbox.py``): a build runs
+    code of the model's requirements (``setup.py``, build backends, ``.pth`` files)."""
+
+    environ: Mapping[str, str]  # what the build's processes get of the server's environment
+
+    def prefix(self, folder: Path, reads: list[Path], requirements: str, offline: bool
+               ) -> list[str]: ...  # fmt: skip
+
+    def done(self, folder: Path) -> None: ...
+
+
 class EnvCache:
     def __init__(
         self,
@@ -162,11 +175,14 @@ class EnvCache:
         python: str = sys.executable,
         use_uv: bool = True,
         protected: tuple[str, ...] = ("torch",),
+        sandbox: BuildConfinement | None = None,
     ) -> None:
+        """``sandbox``: how builds are confined (None: they run as the server does)."""
         self.root = root
         self.python = python
         self.protected = protected
         self.uv = find_uv() if use_uv else None
+        self.sandbox = sandbox
 
     @functools.cached_property
     def _installer(self) -> str:
@@ -250,9 +266,13 @@ class EnvCache:
                      meta["build_s"])  # fmt: skip
         return self.env_python(key)
 
+    def _environ(self) -> dict[str, str]:
+        base = self.sandbox.environ if self.sandbox is not None else os.environ
+        return {**base, "UV_COMPILE_BYTECODE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
     def _run(self, cmd: list[str], what: str, on_line: Callable[[str], None], label: str) -> None:
         tail: deque[str] = deque(maxlen=TAIL_LINES)
-        env = {**os.environ, "UV_COMPILE_BYTECODE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        env = self._environ()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env)  # fmt: skip
         assert proc.stdout is not None
@@ -268,18 +288,31 @@ class EnvCache:
             )
 
     def _build(self, tmp: Path, request: EnvRequest, on_line: Callable[[str], None]) -> None:
+        try:
+            self._build_in(tmp, request, on_line)
+        finally:
+            if self.sandbox is not None:
+                self.sandbox.done(tmp)
+
+    def _build_in(self, tmp: Path, request: EnvRequest, on_line: Callable[[str], None]) -> None:
         label = request.model_label
+        confined: list[str] = []  # every command of the build runs confined
+        if self.sandbox is not None:
+            reads = [self.runtime_dir(), *([request.wheelhouse] if request.wheelhouse else [])]
+            confined = self.sandbox.prefix(tmp, reads, request.requirements,
+                                           offline=request.wheelhouse is not None)  # fmt: skip
         if self.uv:
-            self._run([self.uv, "venv", "--quiet", "--relocatable", "--python", self.python,
+            self._run([*confined, self.uv, "venv", "--quiet", "--relocatable",
+                       *(["--allow-existing"] if confined else []), "--python", self.python,
                        str(tmp)], "creating the environment", on_line, label)  # fmt: skip
         else:
-            self._run([self.python, "-m", "venv", str(tmp)], "creating the environment",
-                      on_line, label)  # fmt: skip
+            self._run([*confined, self.python, "-m", "venv", str(tmp)],
+                      "creating the environment", on_line, label)  # fmt: skip
         python = str(tmp / "bin" / "python")
         purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
         site_dir = Path(
-            subprocess.run([python, "-c", purelib], capture_output=True, text=True,
-                           check=True).stdout.strip()
+            subprocess.run([*confined, python, "-c", purelib], capture_output=True, text=True,
+                           check=True, env=self._environ()).stdout.strip()
         )  # fmt: skip
         # .pth files run in name order: the runtime first, then (layered) the server's packages,
         # both after the environment's own site-packages, so the model's pins win.
@@ -302,13 +335,14 @@ class EnvCache:
                    "-r", str(req_file)]  # fmt: skip
         else:
             cmd = [python, "-m", "pip", "install", *offline, *constraints, "-r", str(req_file)]
-        self._run(cmd, "installing requirements", on_line, label)
-        probe = subprocess.run([python, "-I", "-c", "import mserve_worker.runtime"],
-                               capture_output=True, text=True)  # fmt: skip
+        self._run([*confined, *cmd], "installing requirements", on_line, label)
+        probe = subprocess.run([*confined, python, "-I", "-c", "import mserve_worker.runtime"],
+                               capture_output=True, text=True, env=self._environ())  # fmt: skip
         if probe.returncode != 0:
             raise EnvBuildError(f"the worker runtime does not import in the new environment for"
                                 f" {label}: {probe.stderr.strip()[-500:]}")  # fmt: skip
-        sbom.record(python, tmp, label)  # what it holds, beside it (server/weights/sbom.py)
+        # what it holds, beside it (server/weights/sbom.py)
+        sbom.record(python, tmp, label, confined, self._environ())
 
     # --- housekeeping -----------------------------------------------------------------------
 

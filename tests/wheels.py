@@ -13,13 +13,15 @@ def _record_line(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
-def make_wheel(folder: Path, name: str, version: str, code: str, package: str = "") -> Path:
+def make_wheel(folder: Path, name: str, version: str, code: str, package: str = "",
+               extra: dict[str, bytes] | None = None) -> Path:  # fmt: skip
     """A pure-Python wheel of distribution ``name`` whose package (``package``, default ``name``)
-    has an ``__init__`` holding ``code``."""
+    has an ``__init__`` holding ``code``; ``extra``: more files, by their path in the wheel."""
     folder.mkdir(parents=True, exist_ok=True)
     dist = f"{name}-{version}.dist-info"
     files = {
         f"{package or name}/__init__.py": code.encode(),
+        **(extra or {}),
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: mserve-tests\nRoot-Is-Purelib: true\n"
         b"Tag: py3-none-any\n",

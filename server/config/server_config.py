@@ -141,8 +141,9 @@ class ServerConfig:
     protected_packages: tuple[str, ...] = ("torch",)
     # fork workers from a warm template process; false: every worker is a fresh interpreter
     fork_workers: bool = True
-    # Confine every worker to its own model (server/workers/sandbox.py): on where the kernel
-    # offers Landlock, with one warning at start where it does not; false turns it off.
+    # Confine every worker to its own model (server/workers/sandbox.py), and each model
+    # environment's build (server/workers/build_sandbox.py): on where the kernel offers
+    # Landlock, with one warning at start where it does not; false turns it off.
     sandbox: bool = True
     # Run each model's workers as their own uid from this range when the server runs as root
     # (server/workers/sandbox_users.py); "off": they keep the server's user. The default lies

@@ -40,6 +40,7 @@ from server.signatures import Signatures
 from server.store import UnpackedModel, resolve_url, unpack
 from server.weights import policy as weights_policy
 from server.weights.scan import WeightsScan
+from server.workers.build_sandbox import BuildSandbox
 from server.workers.launch import Launcher
 from server.workers.process import default_python
 from server.workers.sandbox import Sandbox
@@ -145,7 +146,9 @@ class Registry:
         self.signatures = Signatures(
             config, metrics.signature_failure if metrics is not None else None
         )
-        self.envs = EnvCache(config.env_path, protected=config.protected_packages)
+        self.envs = EnvCache(  # builds run code of the requirements: confined as workers are
+            config.env_path, protected=config.protected_packages, sandbox=BuildSandbox.of(config)
+        )
         self.downloader = Downloader(config)
         # which models keep workers: idle unload, the memory budget (server/models/residency.py)
         self.residency = Residency(config, metrics)

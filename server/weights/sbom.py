@@ -24,6 +24,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from server import locks
@@ -48,9 +49,12 @@ def available() -> bool:
     return importlib.util.find_spec(GENERATOR) is not None
 
 
-def generate(python: str, target: Path, label: str) -> float:
+def generate(python: str, target: Path, label: str, confined: Sequence[str] = (),
+             env: Mapping[str, str] | None = None) -> float:  # fmt: skip
     """Write the SBOM of ``python``'s environment to ``target`` (blocking); seconds taken.
-    Written next to the target and renamed into place: a reader finds all of it or none."""
+    Written next to the target and renamed into place: a reader finds all of it or none.
+    ``confined``, ``env``: the command prefix and environment of an environment's build (the
+    generator starts ``python``, which runs the ``.pth`` files of what it holds)."""
     if not available():
         raise SbomUnavailable(
             f"no SBOM for {label}: CycloneDX's generator (cyclonedx-bom) is not installed next"
@@ -62,10 +66,10 @@ def generate(python: str, target: Path, label: str) -> float:
     tmp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}")
     # --no-validate: the schema check costs ~25x the generation (40 s for 190 packages) and
     # checks the generator's own output
-    cmd = [sys.executable, "-m", GENERATOR, "environment", "--no-validate", "--of", "JSON",
-           "-o", str(tmp), python]  # fmt: skip
+    cmd = [*confined, sys.executable, "-m", GENERATOR, "environment", "--no-validate", "--of",
+           "JSON", "-o", str(tmp), python]  # fmt: skip
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
         if out.returncode != 0 or not tmp.is_file():
             tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-5:])
             raise SbomUnavailable(
@@ -84,11 +88,12 @@ def generate(python: str, target: Path, label: str) -> float:
     return took
 
 
-def record(python: str, folder: Path, label: str) -> None:
+def record(python: str, folder: Path, label: str, confined: Sequence[str] = (),
+           env: Mapping[str, str] | None = None) -> None:  # fmt: skip
     """At an environment's build: its SBOM beside it, or a log line saying why not (the model
     runs without it; the endpoint tries again)."""
     try:
-        generate(python, folder / SBOM_FILE, label)
+        generate(python, folder / SBOM_FILE, label, confined, env)
     except SbomUnavailable as exc:
         log.info("%s", exc)
 

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from mserve_worker.confine import landlock_abi
+from server.config import DEFAULT_DENY
 from server.model_envs import EnvBuildError, EnvCache, EnvRequest
+from server.workers.build_sandbox import BUILD_TMP, BuildSandbox, url_ports
 from tests.server.conftest import wait_until
 from tests.wheels import make_wheel
 
@@ -91,10 +94,58 @@ def test_layered_env_sees_server_packages_isolated_does_not(tmp_path: Path) -> N
     assert "No module named 'yaml'" in out.stderr  # runtime and its own package import, not ours
 
 
+_PROBE = """
+import os, sys
+try:
+    seen = open({secret!r}).read()
+except OSError as exc:
+    seen = f"refused {{exc.errno}}"
+try:
+    with open({outside!r}, "a") as f:
+        f.write("written outside\\n")
+except OSError:
+    pass
+with open(os.path.join(sys.prefix, "probe-ran.txt"), "a") as f:
+    f.write(f"{{seen}} key={{os.environ.get('CLOUD_API_KEY')}}\\n")
+"""
+
+
+@pytest.mark.skipif(landlock_abi() <= 0, reason="needs Landlock (Linux 5.13+)")
+def test_a_requirements_code_runs_confined_at_the_build(tmp_path: Path) -> None:
+    """A requirement runs code at the build (a .pth file at each start of the new interpreter:
+    the import probe, the SBOM; a source package's setup.py): confined as a worker is, it reads
+    none of the server's files, writes nothing outside the environment, sees no secrets."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    secret, outside = run_dir / "key_file", run_dir / "written.txt"
+    secret.write_text("the server's key")
+    wheels = tmp_path / "wheels"
+    probe = _PROBE.format(secret=str(secret), outside=str(outside))
+    make_wheel(wheels, PKG, "1.0", "", extra={"zz_probe.pth": b"import mservetest_probe\n",
+                                              "mservetest_probe.py": probe.encode()})  # fmt: skip
+    environ = {**os.environ, "CLOUD_API_KEY": "s3cret"}
+    sandbox = BuildSandbox(environ, DEFAULT_DENY)
+    python = EnvCache(tmp_path / "envs", sandbox=sandbox).ensure(
+        EnvRequest(f"{PKG}==1.0", "m:1", wheels)
+    )
+    ran = (Path(python).parent.parent / "probe-ran.txt").read_text().splitlines()
+    assert ran and set(ran) == {"refused 13 key=None"}, ran  # the probe, and the SBOM if any
+    assert not outside.exists()
+    assert not (Path(python).parent.parent / BUILD_TMP).exists()  # its TMPDIR is gone
+
+
+def test_an_index_and_a_proxy_named_anywhere_are_the_ports_a_build_reaches() -> None:
+    texts = ["--index-url https://pypi.example:8443/simple\nrequests", "http://proxy:3128", ""]
+    assert url_ports(texts) == [3128, 8443]
+
+
 _BUILD = """
 import sys
 from pathlib import Path
+from mserve_worker.confine import landlock_abi
+from server.config import DEFAULT_DENY
 from server.model_envs import EnvBuildError, EnvCache, EnvRequest
+from server.workers.build_sandbox import BUILD_TMP, BuildSandbox, url_ports
 cache = EnvCache(Path(sys.argv[1]), use_uv=sys.argv[3] == "uv")
 print(cache.ensure(EnvRequest("mservetestpkg==1.0", "m:1", Path(sys.argv[2]))))
 """
