@@ -418,6 +418,23 @@ def test_grpc_manages_tenants_as_rest_does(server: Server) -> None:
         assert err.value.details() == "parameter 'tenant_name' is required"
 
 
+def test_a_quota_naming_an_unregistered_model_can_be_removed_through_the_api(
+    server: Server,
+) -> None:
+    """A model unregistered under a tenant's quota: the next change says so (400 naming it),
+    and the change that removes that quota is taken. Last: it unregisters ``lazy``."""
+    capped = manage(server, "PUT", "/tenants/team-a", {"models": {"lazy": {"in_flight": 1}}})
+    assert capped.status == 200, capped.body
+    assert manage(server, "DELETE", "/models/lazy").status == 200
+    refused = manage(server, "PUT", "/tenants/team-a", {"weight": 2})
+    assert refused.status == 400
+    assert refused.json()["message"].startswith(
+        "tenant 'team-a': unknown model 'lazy' in its quotas (models: echo, twin, "
+    )
+    removed = manage(server, "PUT", "/tenants/team-a", {"models": None})
+    assert removed.status == 200 and removed.json()["models"] == {}
+
+
 def _reloads(server: Server, outcome: str = "ok") -> float:
     text = http("GET", server.url("metrics", "/metrics")).body.decode()
     found = re.search(rf'^mserve_tenants_reloads_total\{{outcome="{outcome}"\}} (\S+)$', text, re.M)
