@@ -273,6 +273,9 @@ class Swaps:
     def __init__(self, metrics: Metrics | None = None) -> None:
         self.metrics = metrics
         self._swaps: dict[str, Swap] = {}
+        # the swaps that route requests naming no version, while they run: empty, a request
+        # pays one test for them (server/rollouts/router.py)
+        self.routing: dict[str, Swap] = {}
         # ended swaps read back from the snapshot, shown until a new one starts
         self.restored: dict[str, dict[str, Any]] = {}
 
@@ -285,13 +288,21 @@ class Swaps:
 
     def pick(self, name: str) -> ModelVersion | None:
         """The version a request naming none gets while ``name`` swaps; None: no swap runs."""
-        swap = self._swaps.get(name)
-        return swap.pick() if swap is not None and swap.running and swap.routes else None
+        swap = self.routing.get(name)
+        return swap.pick() if swap is not None and swap.running else None
 
     def start(self, swap: Swap) -> Swap:
         self._swaps[swap.name] = swap
         self.restored.pop(swap.name, None)
         swap.task = asyncio.create_task(swap.run(), name=f"swap {swap.name}")
+        if swap.routes:
+            self.routing[swap.name] = swap
+
+            def ended(_task: asyncio.Task[None]) -> None:
+                if self.routing.get(swap.name) is swap:
+                    del self.routing[swap.name]
+
+            swap.task.add_done_callback(ended)
         return swap
 
     def shown(self, name: str) -> dict[str, Any] | None:

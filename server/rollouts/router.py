@@ -78,7 +78,8 @@ class Router:
     ) -> ModelVersion:  # fmt: skip
         """The version that answers a request of ``name`` (``version``: the one it named).
         ``item`` / ``meta`` (lower-cased call metadata, gRPC) carry a sticky key."""
-        if version is None and (swapping := self.registry.swaps.pick(name)) is not None:
+        swaps = self.registry.swaps
+        if version is None and swaps.routing and (swapping := swaps.pick(name)) is not None:
             return swapping  # an in-place swap runs: A or B, by ready workers (models/swap.py)
         route = self._routes.get(name)
         if route is None or version is not None or not route.versions:
