@@ -24,6 +24,7 @@ from server.errors import (
 from server.models.describe import describe as described
 from server.models.registry import RegisterRequest, Registry
 from server.models.reload import reload_version
+from server.models.version_order import sorted_versions
 
 # The most workers one model may be asked for through the API (min_worker, max_worker,
 # initial_workers); more is refused with 400 rather than started.
@@ -302,7 +303,7 @@ async def swap_model(
     end (A's now, at least 1); ``unregister``: unregister A at the end; ``overlap``: B's worker
     starts before A's drains (the budget passed by one worker meanwhile); ``synchronous``: answer
     when it has ended (a rollback is an error naming why), else at once (202)."""
-    versions = [mv.version for mv in registry.versions(name)]
+    versions = sorted_versions(mv.version for mv in registry.versions(name))
     if version not in versions:
         raise BadRequest(
             f"version {version!r} (the path's) is not registered for model {name} (registered:"

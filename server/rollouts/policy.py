@@ -23,6 +23,7 @@ from mserve_worker.protocol import RequestItem
 from server.errors import BadRequest
 from server.models.batching import Job
 from server.models.version import ModelVersion
+from server.models.version_order import sorted_versions
 
 # the most versions a split may name, and the longest sticky header or field name
 MAX_SPLIT_VERSIONS = 16
@@ -145,7 +146,7 @@ def parse_weights(doc: Any, versions: list[str], where: str) -> tuple[tuple[str,
         if version not in versions:
             raise BadRequest(
                 f"{where}: version {version!r} is not registered (registered:"
-                f" {', '.join(sorted(versions))})"
+                f" {', '.join(sorted_versions(versions))})"
             )
         weights.append((version, _number(weight, f"{where}.{version}", 0.0, 100.0)))
     total = sum(w for _, w in weights)
@@ -187,7 +188,7 @@ def parse_canary(doc: Any, versions: list[str], default: str, where: str = "body
     if len(versions) < 2:
         raise BadRequest(
             f"{where}: a canary needs two versions of the model, and it has one"
-            f" ({', '.join(sorted(versions))}): register the new version first"
+            f" ({', '.join(sorted_versions(versions))}): register the new version first"
         )
     version = doc.get("version")
     if not isinstance(version, str) or not version:
@@ -197,7 +198,7 @@ def parse_canary(doc: Any, versions: list[str], default: str, where: str = "body
         if not isinstance(value, str) or value not in versions:
             raise BadRequest(
                 f"{where}.{key}: version {value!r} is not registered (registered:"
-                f" {', '.join(sorted(versions))})"
+                f" {', '.join(sorted_versions(versions))})"
             )
     if version == baseline:
         raise BadRequest(

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from server.compare import CompareOptions
 from server.errors import BadRequest
+from server.models.version_order import sorted_versions
 
 SHADOW_FIELDS = frozenset(
     ("version", "source", "share", "compare", "queue_size", "concurrency", "timeout_s", "samples")
@@ -81,7 +82,7 @@ def parse_shadow(
         if value is not None and (not isinstance(value, str) or value not in versions):
             raise BadRequest(
                 f"{where}.{key}: version {value!r} is not registered (registered:"
-                f" {', '.join(sorted(versions))})"
+                f" {', '.join(sorted_versions(versions))})"
             )
     if version == (source or default):
         what = "source" if source else "default version"

@@ -22,6 +22,9 @@ import yaml
 from click.testing import CliRunner
 
 from archiver.cli import main as archiver_main
+from server.errors import BadRequest
+from server.models.version_order import sorted_versions
+from server.rollouts.policy import parse_policy
 from server.rpc.protos import inference_pb2 as ipb
 from server.rpc.protos import inference_pb2_grpc, mserve_management_pb2_grpc
 from server.rpc.protos import mserve_management_pb2 as mpb
@@ -215,6 +218,17 @@ def _drive_until(server: Server, done: Any, timeout_s: float = 60.0) -> dict[str
 
 
 GUARD = {"window_s": 1, "interval_s": 60, "min_requests": 5, "steps": [20, 100]}
+
+
+def test_messages_list_versions_in_version_order() -> None:
+    """1.9 before 1.10, 2.0 before 10.0: numbers as numbers, the rest as text."""
+    versions = ["10.0", "1.10", "2.0", "1.9", "1.9b", "v2"]
+    assert sorted_versions(versions) == ["1.9", "1.9b", "1.10", "2.0", "10.0", "v2"]
+    with pytest.raises(BadRequest) as refused:
+        parse_policy({"weights": {"3.0": 100}}, versions)
+    assert refused.value.message == (
+        "body.weights: version '3.0' is not registered (registered: 1.9, 1.9b, 1.10, 2.0, 10.0, v2)"
+    )
 
 
 def test_a_canary_that_fails_is_rolled_back_at_once(served: tuple[Server, Path]) -> None:
