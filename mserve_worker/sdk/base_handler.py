@@ -147,9 +147,10 @@ class BaseHandler:
     def _kept_as(self, model_dir: str) -> tuple[Any, ...] | None:
         """The key the loaded model is kept under across hot reloads (sdk/keep.py): what the
         model depends on (the serialized file's identity, the model file's source, the device,
-        the ``pt2`` options, and the code of any ``_load*`` method a subclass overrides), so a
-        reload that changes ``preprocess`` keeps it and one that changes how it is built loads
-        it again. None: nothing to load (initialize says why)."""
+        the whole model config: ``pt2``, ``weightsOnly`` and whatever a subclass reads, and the
+        code of any ``_load*`` method a subclass overrides), so a reload that changes
+        ``preprocess`` keeps it and one that changes how it is built loads it again. None:
+        nothing to load (initialize says why)."""
         if self.model_pt_path is None:
             return None
         model_file = ((self.manifest or {}).get("model") or {}).get(_MODEL_FILE)
@@ -159,7 +160,7 @@ class BaseHandler:
             file_key(self.model_pt_path),
             file_digest(source) if source and os.path.isfile(source) else model_file,
             str(self.device),
-            json.dumps((self.model_yaml_config or {}).get("pt2"), sort_keys=True, default=str),
+            json.dumps(self.model_yaml_config or {}, sort_keys=True, default=str),
             _overridden_loaders(type(self)),
         )
 

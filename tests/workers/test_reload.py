@@ -128,6 +128,23 @@ def _reload(peer: Peer, reload_id: int, step: str) -> Reloaded:
     return protocol.parse_reloaded(peer.receive())
 
 
+def test_what_basehandler_keeps_is_keyed_by_its_whole_model_config(tmp_path: Path) -> None:
+    """A model config that changes how the model is built (weightsOnly, pt2, a subclass's own
+    setting) changes the key BaseHandler keeps its model under: it is loaded again."""
+    from mserve_worker.sdk.base_handler import BaseHandler
+
+    weights = tmp_path / "model.pt"
+    weights.write_bytes(b"weights")
+    configs = [{}, {"weightsOnly": False}, {"pt2": {"compile": True}}, {"handler": {"k": 1}}]
+    keys = []
+    for config in [*configs, dict(configs[1])]:
+        handler = BaseHandler()
+        handler.model_pt_path, handler.manifest, handler.device = str(weights), {}, "cpu"
+        handler.model_yaml_config = config
+        keys.append(handler._kept_as(str(tmp_path)))
+    assert len(set(keys[:4])) == 4 and keys[4] == keys[1]
+
+
 def test_the_runtime_prepares_beside_the_old_code_and_switches_on_commit(tmp_path: Path) -> None:
     folder = tmp_path / "model"
     shutil.copytree(HANDLERS / "hot_reload", folder)
