@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -34,6 +35,26 @@ from typing import Any
 from server.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)
+
+
+class _ModelRelativePaths(logging.Filter):
+    """picklescan names each file it warns about by the path it was given: the unpacked model's
+    folder under the run dir (the user's home, the host's layout). Its lines in the server's
+    log name the file as the model knows it (``weights/model.pt``), as mserve's own do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scanning = threading.local()  # .folder: the model folder this thread scans
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        folder = getattr(self.scanning, "folder", None)
+        if folder:
+            record.msg, record.args = record.getMessage().replace(folder, ""), None
+        return True
+
+
+_RELATIVE = _ModelRelativePaths()
+logging.getLogger("picklescan").addFilter(_RELATIVE)
 
 # Files unpickled by torch.load, pickle, joblib or numpy (allow_pickle): what is scanned.
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
@@ -199,10 +220,14 @@ def scan_folder(model_dir: Path) -> WeightsScan:
     """Every weights file of ``model_dir`` (blocking: call it in a thread)."""
     started = time.monotonic()
     files, size = [], 0
-    for path in weights_files(model_dir):
-        rel = path.relative_to(model_dir).as_posix()
-        size += path.stat().st_size
-        files.append(scan_file(path, rel))
+    _RELATIVE.scanning.folder = os.path.join(str(model_dir), "")
+    try:
+        for path in weights_files(model_dir):
+            rel = path.relative_to(model_dir).as_posix()
+            size += path.stat().st_size
+            files.append(scan_file(path, rel))
+    finally:
+        _RELATIVE.scanning.folder = None
     return WeightsScan(tuple(files), size, time.monotonic() - started)
 
 

@@ -7,6 +7,7 @@ nothing unpickled them (not the scan, not a worker)."""
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import pickle
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from safetensors.torch import save_file
 from archiver.cli import main as archiver_main
 from mserve_worker.sdk.safe_weights import weights_only
 from server.weights.policy import strictest
-from server.weights.scan import scan_file
+from server.weights.scan import scan_file, scan_folder
 from tests.server.conftest import (
     HANDLERS,
     Server,
@@ -273,6 +274,23 @@ def test_verdicts_of_files(tmp_path: Path) -> None:
     cut = scan_file(tmp_path / "cut.pkl", "cut.pkl")
     assert cut.verdict == "unscannable"
     assert cut.reason() == "cut.pkl could not be read to its end as a pickle"
+
+
+def test_picklescans_own_log_lines_name_files_inside_the_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """picklescan warns with the path it scanned: the unpacked model's folder, a host path;
+    the server's log names the file as the model knows it."""
+    folder = tmp_path / "unpacked" / "abc123"
+    (folder / "weights").mkdir(parents=True)
+    torch.save({"hook": RunsCommand(tmp_path / "PWNED")}, folder / "weights" / "legacy.pt",
+               _use_new_zipfile_serialization=False)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="picklescan"):
+        scan = scan_folder(folder)
+    assert [f.verdict for f in scan.files] == ["dangerous"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "picklescan"]
+    assert lines and all(line.startswith("weights/legacy.pt: ") for line in lines), lines
+    assert not any(str(tmp_path) in line for line in lines)
 
 
 def test_stricter_only() -> None:
