@@ -38,10 +38,8 @@ class MserveManagementService(mserve_management_pb2_grpc.MserveManagementService
     ) -> pb.ReloadModelResponse:
         """``PUT /models/{name}[/{version}]/reload``: its JSON answer, or its error's code."""
         try:
-            if not request.model_name:
-                raise BadRequest("parameter 'model_name' is required")
-            version = request.model_version or None
-            answer = await ops.reload_model(self.registry, request.model_name, version)
+            name, version = _required(request.model_name), request.model_version or None
+            answer = await ops.reload_model(self.registry, name, version)
         except MserveError as exc:
             await abort(context, exc, self.registry.redact)
             raise  # abort raises; never reached

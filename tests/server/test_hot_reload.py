@@ -225,6 +225,10 @@ def test_the_grpc_management_address_reloads_too(served: tuple[Server, Path]) ->
         reply = stub.ReloadModel(mpb.ReloadModelRequest(model_name="hot"), timeout=60)
         assert json.loads(reply.msg)["workers"] == 2
         assert {a["answer"] for a in answers(server)} == {"over grpc"}
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.ReloadModel(mpb.ReloadModelRequest(), timeout=60)
+        assert missing.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert missing.value.details() == "parameter 'model_name' is required"
         edit(handler, "x", "\ndef broken(:\n")
         with pytest.raises(grpc.RpcError) as err:
             stub.ReloadModel(mpb.ReloadModelRequest(model_name="hot", model_version="1.0"),
