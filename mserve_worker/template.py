@@ -56,9 +56,12 @@ def _preload(names: list) -> list:
 
 
 def _warm_runtime() -> None:
-    """Import what every forked worker imports first (the runtime, the handler SDK), so each
-    child starts without it (docs/workers.md, has what it saves)."""
+    """Import what every forked worker imports first (the runtime, the handler SDK, and what a
+    handler's load imports of it: ``BaseHandler`` and the styles' adapters, standard library
+    only), so each child starts without it (docs/workers.md, has what it saves; a wake from
+    the warm tier, docs/warm-tier.md, pays for each import it still makes)."""
     from . import confine, runtime, sdk  # noqa: F401
+    from .sdk import base_handler, kernel, v2_serving  # noqa: F401
 
 
 def _warm_spawn() -> None:
