@@ -8,6 +8,9 @@ starts at "now" (it is not owed a backlog, nor behind one), and a tenant alone t
 job. A batch is filled by taking jobs one at a time, so batches are shared fairly too.
 
 Used only while the server has tenants (server/tenants/); without, the plain JobQueue runs.
+Under sequence batching each worker's lane is one too: it holds one request per sequence bound
+to that worker, so a tenant with many sequences open is served in turn with one that has few
+(the order within a sequence is kept: only one of its requests is ever in a lane).
 The lanes stand in for JobQueue's deque behind ``len()``, so its waiting and waking run as
 they are. Every request passes put and pop: they are written for a lone tenant's queue that
 empties after each request (no lane made or looked up twice, no tuple or method call that
@@ -46,13 +49,15 @@ class _Lanes:
 class FairJobQueue(JobQueue):
     fair = True
 
-    def __init__(self, maxsize: int) -> None:
+    def __init__(self, maxsize: int, served: dict[str, int] | None = None) -> None:
         super().__init__(maxsize)
         self._jobs: _Lanes = _Lanes()  # type: ignore[assignment]
         self._finish: dict[str, float] = {}  # each tenant's last finish tag
         self._virtual = 0.0
-        # requests each tenant was served (taken to a worker): mserve_tenant_requests_served
-        self.served: dict[str, int] = {}
+        # requests each tenant was served (taken to a worker): mserve_tenant_requests_served.
+        # A sequence-batched model's worker lanes count into its queue's (``served``): a lane
+        # goes with its worker, the counts must not
+        self.served: dict[str, int] = {} if served is None else served
         # every tenant's lane, empty ones too: a queue that drains after each request would
         # otherwise make a deque per request
         self._made: dict[str, collections.deque[Job]] = {}

@@ -595,8 +595,13 @@ class ModelVersion:
         slot = Slot(
             str(next(_worker_ids)), first_start=first, on_demand=on_demand, keep_trying=keep_trying
         )
-        if self.sequences is not None:
-            slot.lane = JobQueue(LANE_SIZE)
+        if self.sequences is not None:  # fair between tenants too, counted as the queue's
+            queue = self.queue
+            slot.lane = (
+                FairJobQueue(LANE_SIZE, queue.served)
+                if isinstance(queue, FairJobQueue)
+                else JobQueue(LANE_SIZE)
+            )
         run = self._run_on_demand(slot) if on_demand else self._run_slot(slot)
         slot.task = asyncio.create_task(run, name=f"{self.label}-slot")
         self.slots.append(slot)

@@ -60,6 +60,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             "--export-path", str(store), "-c", str(gen / "chat.yaml"), "-f"]  # fmt: skip
     out = CliRunner().invoke(archiver_main, args, catch_exceptions=False)
     assert out.exit_code == 0, out.output
+    # a sequence-batched model: its requests wait in its worker's lane (a fair queue too)
+    (root / "seq.yaml").write_text("minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\n"
+                                   "sequenceBatching: true\nmaxNumSequence: 8\n")  # fmt: skip
+    args = ["--model-name", "seq", "--handler", "stateful:Stateful", "--model-path",
+            str(HANDLERS / "stateful"), "--export-path", str(store), "-c", str(root / "seq.yaml"),
+            "-f"]  # fmt: skip
+    out = CliRunner().invoke(archiver_main, args, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
     (root / "tenants.yaml").write_text(tenants_yaml())
     settings: dict[str, Any] = {f"{api}_address": "127.0.0.1:0" for api in
                 ("inference", "management", "metrics", "grpc_inference", "grpc_management")}  # fmt: skip
@@ -69,7 +77,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     run_dir = root / "run"
     cli = ["--config", str(config), "--run-dir", str(run_dir)]
     started = subprocess.run(
-        [MSERVE, "--start", *cli, "--models", "paced=paced.mar", "gen=gen.mar"], capture_output=True, text=True,
+        [MSERVE, "--start", *cli, "--models", "paced=paced.mar", "gen=gen.mar", "seq=seq.mar"],
+        capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert started.returncode == 0, started.stdout + started.stderr
@@ -111,6 +120,31 @@ def test_each_tenant_key_is_accepted_and_others_refused(server: Server) -> None:
     # only hashes are stored: no key of the file can be read from it
     text = server.tenants_file.read_text()  # type: ignore[attr-defined]
     assert not any(key in text for key in KEYS.values())
+
+
+def test_a_sequence_batched_models_lanes_are_fair_queues_counted_per_tenant(
+    server: Server,
+) -> None:
+    """A sequence's requests wait in its worker's lane, which serves tenants fairly too (one
+    request per sequence waits there); what each tenant was served counts as the model's."""
+    before = counts(server, model="seq")
+
+    def add(key: str, n: int, sequence: str | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        if sequence is not None:
+            headers["ts_request_sequence_id"] = sequence
+        reply = http("POST", server.url("inference", "/predictions/seq"),
+                     json.dumps({"add": n}).encode(), headers)  # fmt: skip
+        assert reply.status == 200, reply.body
+        return reply
+
+    first = add(KEYS["heavy"], 2)
+    sequence = first.headers["ts_request_sequence_id"]
+    assert add(KEYS["heavy"], 3, sequence).json()["sum"] == 5  # its state kept, in order
+    add(KEYS["light"], 1)
+    after = counts(server, model="seq")
+    assert after["heavy"] - before.get("heavy", 0) == 2
+    assert after["light"] - before.get("light", 0) == 1
 
 
 def test_the_access_log_names_the_tenant(server: Server) -> None:
