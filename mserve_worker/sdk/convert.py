@@ -128,12 +128,13 @@ def _progress(partial: str, size: int, done: threading.Event) -> None:
 
 
 def _remove_older(stem: str, keep: str) -> None:
-    """The copies of earlier versions of the same file (or of other rules), and what a
-    conversion cut short left, go: one copy per file."""
+    """The copies of earlier versions of the same file (or of other rules), and what their
+    conversions cut short left, go: one copy per file. Another worker's conversion of the same
+    version (``keep``'s name) is left alone."""
     assert _folder is not None
     ours = re.compile(re.escape(stem) + r"\.[0-9a-f]{24}\.pt(\.\d+\.partial)?")
     for name in os.listdir(_folder):
         path = os.path.join(_folder, name)
-        if path != keep and ours.fullmatch(name):
+        if not name.startswith(os.path.basename(keep)) and ours.fullmatch(name):
             with contextlib.suppress(OSError):
                 os.unlink(path)
