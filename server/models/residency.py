@@ -48,6 +48,7 @@ from server.models.warm import WarmTier
 log = logging.getLogger(__name__)
 
 MEASURE_EVERY_S = 5.0  # the memory gauge, when nothing else measured it meanwhile
+SWEEP_COPIES_AFTER_S = 60.0  # after the start: the startup models are registered by then
 # A worker's PSS is read again only when older than this: reading it walks the process's page
 # tables (milliseconds for a worker that imported torch), so re-reading every worker at each
 # admission would slow each load on demand down. A new worker is read at once.
@@ -376,9 +377,17 @@ class Residency:
 
     async def run(self) -> None:
         """The server's chore: idle unloads (checked at a quarter of the shortest
-        ``idle_unload_s``, between 0.05 and 1 s) and the memory gauge."""
+        ``idle_unload_s``, between 0.05 and 1 s) and the memory gauge; once, a minute after
+        the start, the mappable copies of models no longer registered go (warm.py)."""
+        sweep_at = time.monotonic() + SWEEP_COPIES_AFTER_S
         while True:
             now = time.monotonic()
+            if self.warm.enabled and now >= sweep_at:
+                sweep_at = float("inf")
+                try:
+                    await self.warm.sweep_copies((m.name, m.version) for m in self._models())
+                except OSError as exc:
+                    log.warning("could not sweep the mappable copies: %s", exc)
             try:
                 self.unload_idle(now)
             except Exception:  # the chore's guard: one bad pass must not end idle unloads

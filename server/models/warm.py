@@ -74,6 +74,7 @@ class WarmTier:
         checkpoints goes (``<run_dir>/unpacked``, beside the unpacked archives)."""
         self.budget_bytes = budget_bytes or None  # 0 or None: no warm tier
         self.copies_root = copies_root
+        self._since = time.time()  # copies' folders given to workers since are in use
         self.entries: dict[str, WarmEntry] = {}
         self.drops: Counter[str] = Counter()  # reason: models dropped to cold
         self.on_drop: Callable[[str, str], None] | None = None  # (label, reason): metrics
@@ -137,6 +138,7 @@ class WarmTier:
             return init
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.utime(folder)  # in use (sweep_copies)
             if user is not None:  # the model's own uid writes there
                 own_scratch(folder, user)
         except OSError as exc:
@@ -155,6 +157,20 @@ class WarmTier:
         folder = self._copies(name, version)
         if folder is not None and folder.exists():
             await asyncio.to_thread(shutil.rmtree, folder, True)
+
+    async def sweep_copies(self, registered: Iterable[tuple[str, str]]) -> None:
+        """Remove the folders of mappable copies of model versions no longer registered
+        (unregistered while the server was down, or not restored after a restart): their disk
+        is bounded by the registered models' own legacy checkpoints."""
+        if self.copies_root is None or not self.copies_root.is_dir():
+            return
+        keep = {self._copies(name, version) for name, version in registered}
+        for folder in self.copies_root.glob("*.mapped"):
+            # one a worker of this server's run was given is left alone: its model may be
+            # registering right now
+            if folder not in keep and folder.is_dir() and folder.stat().st_mtime < self._since:
+                log.info("removing %s: mappable copies of a model no longer registered", folder)
+                await asyncio.to_thread(shutil.rmtree, folder, True)
 
     def prune(self, registered: Iterable[str]) -> None:
         """Drop the models no longer registered."""
