@@ -302,12 +302,12 @@ def _drive(host: str, port: int, headers: dict[str, str], body: bytes, n: int,
 
 
 def callgrind_rows(work: Path, body: bytes, n: int, extra: str = "", label: str = "",
-                   bare: bool = True) -> float:  # fmt: skip
+                   bare: bool = True, key: str | None = None) -> float:  # fmt: skip
     """Instructions per request of the frontend alone (callgrind: user-space instructions,
     the same from run to run whatever the machine's load or steal), N echo requests over 16
     connections after 300 to warm up, and of the bare httptools echo the same way. The worker
-    runs natively (valgrind follows no child). ``extra``: more config lines (YAML);
-    returns the frontend's count."""
+    runs natively (valgrind follows no child). ``extra``: more config lines (YAML); ``key``:
+    the key sent (default: the server's inference key); returns the frontend's count."""
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         print("valgrind is not installed: no instruction counts (apt-get install valgrind)")
         return 0.0
@@ -339,7 +339,8 @@ def callgrind_rows(work: Path, body: bytes, n: int, extra: str = "", label: str 
             time.sleep(1)
         else:
             raise SystemExit("mserve under callgrind did not start")
-        key = json.loads((run_dir / "key_file.json").read_text())["inference"]["key"]
+        if key is None:
+            key = json.loads((run_dir / "key_file.json").read_text())["inference"]["key"]
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
         host, port = str(status["inference"]).rsplit(":", 1)
         mserve = callgrind_per_call(

@@ -6,9 +6,15 @@ one server with a tenants file (quiet, noisy: weight 1 each; heavy: 3, light: 1)
 - ``quiet alone``: the quiet tenant sends 100 requests/s (open loop: 4 threads, each on its own
   schedule of 25/s, a late request sent at once) for ``--seconds``: its p50/p99, refusals.
 - ``quiet + noisy``: the same while the noisy tenant sends as fast as wrk's 64 connections
-  allow. Target: the quiet tenant's p99 <= 1.5x alone, none refused. ``--fifo`` adds the same
-  two rows on a server without tenants (both clients send the one inference key: one FIFO
-  queue), which is what the fair queue saves the quiet client from.
+  allow. Target: the quiet tenant's p99 <= 1.5x alone, none refused. Both rows are taken in
+  turn ``--rounds`` times on the same server; each round prints its own ratio, then the p99s
+  of all rounds' requests pooled and their ratio. Each mixed row also gives the CPU (% of one
+  core) of the frontend, the worker, wrk and this script's quiet client, and the machine's
+  busy share: what the two cores were asked for (CPU contention), beside ``batch``, the mean
+  time per batch of 8 at the noisy rate, the unit of the queueing a quiet request still meets
+  (the batch running, then its own). ``--fifo`` adds the same rows on a server without
+  tenants (both clients send the one inference key: one FIFO queue), which is what the fair
+  queue saves the quiet client from.
 - ``3:1``: heavy and light, 32 wrk connections each at once: their shares of the requests the
   server served in that time, from its own counts (``mserve_tenant_requests_served_total``).
   Target: within 10 % of 0.75 / 0.25.
@@ -20,8 +26,13 @@ one server with a tenants file (quiet, noisy: weight 1 each; heavy: 3, light: 1)
   request's queue steps (a Job made, put, popped, answered) on the plain JobQueue against the
   tenant's steps (its key looked up, admitted) and the FairJobQueue, rounds interleaved,
   medians.
+- ``--callgrind N``: the frontend's user-space instructions per echo request under valgrind's
+  callgrind (the same whatever the machine's load), tenancy off against on with one tenant
+  (its key sent), N requests over 16 connections each: the figure the CPU target is read
+  from on a loaded VM. Minutes (Python runs ~50x slower under valgrind).
 
     python scripts/bench_tenants.py [--seconds 10] [--rounds 3] [--fifo] [--micro]
+    python scripts/bench_tenants.py --callgrind 2000
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import argparse
 import asyncio
 import json
 import re
+import resource
 import statistics
 import tempfile
 import threading
@@ -37,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+from bench_ceiling import callgrind_rows
 from harness import Client, Machine, Server, build_archives, cpu_seconds, wrk_load
 
 from mserve_worker.protocol import RequestItem
@@ -65,8 +79,9 @@ class As:
         self.headers = {"inference": {"Authorization": f"Bearer {key}"}}
 
 
-def paced(server: Server, key: str, rate: float, seconds: float) -> dict[str, float]:
-    """``rate`` requests/s from 4 threads on their own schedules: p50, p99 (ms), refused."""
+def paced(server: Server, key: str, rate: float, seconds: float) -> dict[str, Any]:
+    """``rate`` requests/s from 4 threads on their own schedules: p50, p99 (ms), refused,
+    the latencies (s)."""
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     client = Client(server.status["inference"], headers)
     latencies: list[float] = []
@@ -103,9 +118,9 @@ def paced(server: Server, key: str, rate: float, seconds: float) -> dict[str, fl
     for t in threads:
         t.join()
     latencies.sort()
-    return {"p50": latencies[len(latencies) // 2] * 1000,
-            "p99": latencies[int(len(latencies) * 0.99)] * 1000,
-            "n": float(len(latencies)), "refused": float(refused[0])}  # fmt: skip
+    return {"p50": latencies[len(latencies) // 2] * 1000, "p99": _p99(latencies),
+            "n": float(len(latencies)), "refused": float(refused[0]),
+            "latencies": latencies}  # fmt: skip
 
 
 def served(server: Server) -> dict[str, float]:
@@ -125,19 +140,66 @@ def register_mlp(server: Server) -> None:
     assert status == 200, answer
 
 
-def quiet_rows(server: Server, quiet: str, noisy: str, seconds: float) -> dict[str, Any]:
-    alone = paced(server, quiet, 100, seconds)
-    box: dict[str, Any] = {}
+def quiet_rows(server: Server, quiet: str, noisy: str, seconds: float, rounds: int,
+               label: str) -> None:  # fmt: skip
+    """``rounds`` times in turn: the quiet tenant alone, then beside the noisy one; printed."""
+    pooled: dict[str, list[float]] = {"alone": [], "mixed": []}
+    workers = server.worker_pids("mlp")
+    for r in range(rounds):
+        alone = paced(server, quiet, 100, seconds)
+        box: dict[str, Any] = {}
+        noise = threading.Thread(target=_noise, args=(server, noisy, int(seconds) + 2, box))
+        wrk_before = _children_cpu_s()
+        noise.start()
+        time.sleep(1.0)  # the noisy queue fills first
+        machine = Machine()
+        before = _cpu_now(server.pid, workers)
+        mixed = paced(server, quiet, 100, seconds)
+        after = _cpu_now(server.pid, workers)
+        busy = machine.since()
+        noise.join()
+        wall_s = after[3] - before[3]
+        front, worker, client = (
+            (b - a) / wall_s * 100 for a, b in zip(before[:3], after[:3], strict=True)
+        )
+        wrk = (_children_cpu_s() - wrk_before) / (seconds + 2) * 100
+        for row, got in (("alone", alone), ("mixed", mixed)):
+            pooled[row] += got["latencies"]
+        rps = box.get("rps", 0.0)
+        print(f"{label} round {r + 1}: quiet alone p50 {alone['p50']:5.1f} p99 {alone['p99']:5.1f}"
+              f" ms | beside noisy p50 {mixed['p50']:5.1f} p99 {mixed['p99']:6.1f} ms, ratio"
+              f" {mixed['p99'] / alone['p99']:.2f}, refused {alone['refused'] + mixed['refused']:.0f}"  # noqa: E501
+              f" | noisy {rps:.0f} req/s (p99 {box.get('p99', 0):.0f} ms), batch"
+              f" {8000 / max(rps + 100, 1):.1f} ms | cpu % front {front:.0f} worker {worker:.0f}"
+              f" wrk {wrk:.0f} client {client:.0f} | {busy}", flush=True)  # fmt: skip
+    a, m = _p99(pooled["alone"]), _p99(pooled["mixed"])
+    print(f"{label} pooled over {rounds} round(s): quiet p99 alone {a:.1f} ms, beside the noisy"
+          f" tenant {m:.1f} ms: ratio {m / a:.2f} (target <= 1.5)", flush=True)  # fmt: skip
 
-    def noise_run() -> None:
-        box.update(wrk_load(As(server, noisy), "/predictions/mlp", MLP_BODY, 64, int(seconds) + 2))
 
-    noise = threading.Thread(target=noise_run)
-    noise.start()
-    time.sleep(1.0)  # the noisy queue fills first
-    mixed = paced(server, quiet, 100, seconds)
-    noise.join()
-    return {"alone": alone, "mixed": mixed, "noisy": box}
+def _noise(server: Server, key: str, seconds: int, box: dict[str, Any]) -> None:
+    box.update(wrk_load(As(server, key), "/predictions/mlp", MLP_BODY, 64, seconds))
+
+
+def _cpu_now(frontend: int, workers: list[int]) -> tuple[float, float, float, float]:
+    """CPU seconds so far of the frontend, the workers, this script; the time."""
+    return cpu_seconds([frontend]), cpu_seconds(workers), _own_cpu_s(), time.perf_counter()
+
+
+def _p99(latencies: list[float]) -> float:
+    ordered = sorted(latencies)
+    return ordered[int(len(ordered) * 0.99)] * 1000
+
+
+def _own_cpu_s() -> float:
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
+
+
+def _children_cpu_s() -> float:
+    """CPU of this script's children that have ended and been waited for (wrk runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def shares(server: Server, seconds: int) -> tuple[float, float, float]:
@@ -194,7 +256,7 @@ async def micro_rows(work: Path, rounds: int, n: int = 100_000) -> None:
             rows[fair].append(await per_request_us(fair))
     off, on = statistics.median(rows[False]), statistics.median(rows[True])
     print(f"micro  queue steps per request: plain {off:.2f} us, tenant + fair queue {on:.2f} us:"
-          f" +{on - off:.2f} us (target <= 5)")  # fmt: skip
+          f" {on - off:+.2f} us (target <= +5)")  # fmt: skip
 
 
 def main() -> None:
@@ -203,6 +265,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fifo", action="store_true")
     parser.add_argument("--micro", action="store_true", help="only the in-process cost")
+    parser.add_argument("--callgrind", type=int, default=0, metavar="N",
+                        help="only the frontend's instructions per request")  # fmt: skip
     parser.add_argument("--skip", default="", help="rows to leave out: quiet,shares,cpu")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
@@ -213,6 +277,18 @@ def main() -> None:
             asyncio.run(micro_rows(work, max(args.rounds, 5)))
             print(f"machine: {machine.since()}")
             return
+        if args.callgrind:
+            build_archives(work, with_mlp=False)
+            one = tenants_file(work / "one.yaml", ("quiet",), {})
+            off = callgrind_rows(work, b'{"x": 1}', args.callgrind, "grpc: false\n", "off",
+                                 bare=False)  # fmt: skip
+            on = callgrind_rows(work, b'{"x": 1}', args.callgrind,
+                                f"grpc: false\ntenants_file: {json.dumps(str(one))}\n",
+                                "on (one tenant)", bare=False, key=KEYS["quiet"])  # fmt: skip
+            print(f"callgrind frontend per request: on - off = {on - off:+,.0f} instructions"
+                  f" ({(on - off) / off * 100:+.1f} %)")  # fmt: skip
+            print(f"machine: {machine.since()}")
+            return
         build_archives(work, with_mlp=True)
         path = tenants_file(work / "tenants.yaml", ("quiet", "noisy", "heavy", "light"),
                             {"heavy": 3})  # fmt: skip
@@ -221,15 +297,7 @@ def main() -> None:
         try:
             register_mlp(server)
             if "quiet" not in skip:
-                r = quiet_rows(server, KEYS["quiet"], KEYS["noisy"], args.seconds)
-                a, m = r["alone"], r["mixed"]
-                print(f"fair   quiet alone:   p50 {a['p50']:6.1f} ms  p99 {a['p99']:6.1f} ms"
-                      f"  n {a['n']:.0f}  refused {a['refused']:.0f}")  # fmt: skip
-                print(f"fair   quiet + noisy: p50 {m['p50']:6.1f} ms  p99 {m['p99']:6.1f} ms"
-                      f"  n {m['n']:.0f}  refused {m['refused']:.0f}  (noisy"
-                      f" {r['noisy'].get('rps', 0):.0f} req/s, p99"
-                      f" {r['noisy'].get('p99', 0):.0f} ms)   p99 ratio {m['p99'] / a['p99']:.2f}"
-                      " (target <= 1.5)")  # fmt: skip
+                quiet_rows(server, KEYS["quiet"], KEYS["noisy"], args.seconds, args.rounds, "fair")
             if "shares" not in skip:
                 share, heavy, light = shares(server, int(args.seconds))
                 print(f"3:1    heavy {heavy:.0f}, light {light:.0f} served: heavy's share"
@@ -241,11 +309,7 @@ def main() -> None:
             try:
                 register_mlp(plain)
                 key = plain.keys["inference"]
-                r = quiet_rows(plain, key, key, args.seconds)
-                a, m = r["alone"], r["mixed"]
-                print(f"fifo   quiet alone:   p50 {a['p50']:6.1f} ms  p99 {a['p99']:6.1f} ms")
-                print(f"fifo   quiet + noisy: p50 {m['p50']:6.1f} ms  p99 {m['p99']:6.1f} ms"
-                      f"   p99 ratio {m['p99'] / a['p99']:.2f}")  # fmt: skip
+                quiet_rows(plain, key, key, args.seconds, args.rounds, "fifo")
             finally:
                 plain.stop()
         if "cpu" not in skip:

@@ -405,11 +405,11 @@ class _FairPipeline(_Pipeline):
     batches ahead: what waits in its socket is served in order, not fairly. While a tenant
     came to wait beside another's jobs lately (``shallow``: a quiet tenant beside a noisy
     one), one: its request, taken next, then waits for the batch running only, not also for
-    a full batch sent after it (batch 8, MLP, load 15: the quiet tenant's p99 beside a noisy
-    one 0.64x of depth 2's, the noisy tenant's requests/s 0.92x, within its rounds' spread;
-    docs/tenants.md). Batches of one keep 2: a round trip per request would cost more than a
-    short request's wait. Otherwise (one tenant) as many as without tenants: fewer cost the
-    frontend more writes per request."""
+    a full batch sent after it (batch 8, MLP, two runs at load 9 and 15: the quiet tenant's
+    p99 beside a noisy one 0.64-0.69x of depth 2's, the noisy tenant's requests/s 0.92x: the
+    worker idles for the round trip between batches; docs/tenants.md). Batches of one keep
+    2: a round trip per request would cost more than a short request's wait. Otherwise (one
+    tenant) as many as without tenants: fewer cost the frontend more writes per request."""
 
     queue: Any = None  # set by the pump: the FairJobQueue
     one_ahead = False  # set by the pump: batches above one, which go one at a time when shallow
