@@ -344,6 +344,16 @@ class EnvCache:
         # what it holds, beside it (server/weights/sbom.py)
         sbom.record(python, tmp, label, confined, self._environ())
 
+    def sbom(self, key: str, label: str) -> bytes:
+        """The SBOM of environment ``key``: the one its build made, or one made now (the
+        generator starts the environment's interpreter, which runs the ``.pth`` files of what
+        it holds: confined as the build was)."""
+        folder, confined = self.path(key), list[str]()
+        if self.sandbox is not None and not (folder / sbom.SBOM_FILE).is_file():
+            confined = self.sandbox.prefix(folder, [self.runtime_dir()], "", offline=True)
+        return sbom.ensure(self.env_python(key), folder / sbom.SBOM_FILE, label, confined,
+                           self._environ())  # fmt: skip
+
     # --- housekeeping -----------------------------------------------------------------------
 
     def entries(self) -> list[dict[str, object]]:

@@ -48,12 +48,12 @@ async def _sbom(registry: Registry, name: str, version: str) -> Answer:
     """The CycloneDX SBOM of the environment the model's workers run in: its own (made when
     it was built), or the server's (one for every model on it), made now if missing."""
     model = registry.get(name, version)
-    if model.env_key:
-        target = registry.envs.path(model.env_key) / sbom.SBOM_FILE
+    if model.env_key:  # its own environment: made as its build was, confined
+        body = await asyncio.to_thread(registry.envs.sbom, model.env_key, model.label)
     else:
         target = await asyncio.to_thread(sbom.default_env_file, registry.config.run_path,
                                          model.python)  # fmt: skip
-    body = await asyncio.to_thread(sbom.ensure, model.python, target, model.label)
+        body = await asyncio.to_thread(sbom.ensure, model.python, target, model.label)
     return 200, [["Content-Type", sbom.MEDIA_TYPE]], body
 
 

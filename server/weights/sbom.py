@@ -108,11 +108,13 @@ def default_env_file(run_dir: Path, python: str) -> Path:
     return run_dir / "sbom" / f"default-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.json"
 
 
-def ensure(python: str, target: Path, label: str) -> bytes:
-    """The SBOM at ``target``, made first if missing (one maker at a time; blocking)."""
+def ensure(python: str, target: Path, label: str, confined: Sequence[str] = (),
+           env: Mapping[str, str] | None = None) -> bytes:  # fmt: skip
+    """The SBOM at ``target``, made first if missing (one maker at a time; blocking);
+    ``confined``, ``env``: as :func:`generate`'s."""
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with locks.exclusive(target.parent / f".{target.name}.lock"):
             if not target.is_file():
-                generate(python, target, label)
+                generate(python, target, label, confined, env)
     return target.read_bytes()

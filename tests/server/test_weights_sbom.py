@@ -64,6 +64,11 @@ def test_a_model_environment_sbom_lists_what_its_requirements_installed(server) 
     assert listed[PKG] == "1.2.3"
     # a default environment sees the server's packages behind its own: they are listed too
     assert "pyyaml" in listed
+    # missing (say, the generator was installed after the build): made on request, confined
+    # as the build was (the generator starts the environment's interpreter)
+    (env / "sbom.cdx.json").unlink()
+    assert components(server.manage("GET", "/models/ownenv/1.0/sbom")) == listed
+    assert (env / "sbom.cdx.json").is_file()
 
 
 def test_the_server_environment_sbom_is_made_once(server) -> None:
