@@ -432,10 +432,12 @@ class Launcher:
         return started
 
     async def close(self) -> None:
-        for task in self._warming.values():
+        # Copies: a template still starting may land in ``_templates`` while another stops.
+        warming = list(self._warming.values())
+        for task in warming:
             task.cancel()
-        await asyncio.gather(*self._warming.values(), return_exceptions=True)
-        for template in self._templates.values():
+        await asyncio.gather(*warming, return_exceptions=True)
+        for template in list(self._templates.values()):
             await template.stop()
         self._templates.clear()
         self._warming.clear()
