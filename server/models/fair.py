@@ -26,10 +26,7 @@ from collections.abc import Callable
 from server.models.batching import Job, JobQueue, QueueFull
 
 # Tenants contend while a second tenant's lane is waiting, and for this many requests taken
-# after the tenant taken changed: then workers are sent fewer batches ahead (server/models/pump.py).
-# A tenant arriving beside another's waiting jobs (a quiet one beside a backlog) makes the
-# queue "shallow" for as many: workers are sent one batch at a time, so its request waits for
-# the batch running, not also for the one sent after it
+# after the tenant taken changed: then workers are sent fewer batches ahead (server/models/pump.py)
 CONTENDED_FOR = 64
 
 
@@ -64,7 +61,6 @@ class FairJobQueue(JobQueue):
         self._taken = 0  # requests taken so far
         self._last: str | None = None  # the tenant of the last one
         self._contended_until = 0  # contended() until that many are taken
-        self._shallow_until = 0  # shallow() until that many are taken
 
     def __len__(self) -> int:
         return self._jobs.count
@@ -93,7 +89,7 @@ class FairJobQueue(JobQueue):
             lanes = jobs.lanes
             lanes[name] = lane
             if len(lanes) > 1:  # beside another tenant's waiting jobs
-                self._contended_until = self._shallow_until = self._taken + CONTENDED_FOR
+                self._contended_until = self._taken + CONTENDED_FOR
         lane.append(job)
         jobs.count += 1
         if self._waiters:
@@ -118,10 +114,6 @@ class FairJobQueue(JobQueue):
     def contended(self) -> bool:
         """Whether several tenants are being served (see CONTENDED_FOR)."""
         return self._taken < self._contended_until
-
-    def shallow(self) -> bool:
-        """Whether a tenant came to wait beside another's jobs lately (see CONTENDED_FOR)."""
-        return self._taken < self._shallow_until
 
     def _took(self, name: str) -> None:
         taken = self._taken = self._taken + 1

@@ -147,7 +147,6 @@ class BatchPump:
         )  # fmt: skip
         if fair:
             pipe.queue = self.queue  # type: ignore[attr-defined]
-            pipe.one_ahead = self.settings.batch_size > 1  # type: ignore[attr-defined]
         delay_s = self.settings.max_batch_delay_ms / 1000
         retired = Retired(retire, self._others_serve, self.queue)
 
@@ -217,9 +216,7 @@ class BatchPump:
             idle worker's gets it first: queue.put picks the least loaded)."""
             return not queue.has_waiters() and take()
 
-        if one or (fair and not fill):
-            # batches of one; or a fair queue's worker sent one batch at a time: the next
-            # batch goes from the callback, the worker idles no task wake-up
+        if one:
             pipe.refill = refill
         while not pipe.lost.is_set():
             if pipe.in_flight >= pipe.depth:
@@ -402,24 +399,19 @@ class BatchPump:
 
 class _FairPipeline(_Pipeline):
     """While tenants contend for the queue (server/models/fair.py), a worker is sent at most 2
-    batches ahead: what waits in its socket is served in order, not fairly. While a tenant
-    came to wait beside another's jobs lately (``shallow``: a quiet tenant beside a noisy
-    one), one: its request, taken next, then waits for the batch running only, not also for
-    a full batch sent after it (batch 8, MLP, two runs at load 9 and 15: the quiet tenant's
-    p99 beside a noisy one 0.64-0.69x of depth 2's, the noisy tenant's requests/s 0.92x: the
-    worker idles for the round trip between batches; docs/tenants.md). Batches of one keep
-    2: a round trip per request would cost more than a short request's wait. Otherwise (one
-    tenant) as many as without tenants: fewer cost the frontend more writes per request."""
+    batches ahead: what waits in its socket is served in order, not fairly. Otherwise (one
+    tenant) as many as without tenants: fewer cost the frontend more writes per request.
+
+    One batch at a time while a quiet tenant waits beside a noisy one was measured and left
+    out (MLP, batch 8, same-run A/B, docs/tenants.md): the quiet tenant's p99 0.64-0.69x at
+    load 9-15, but at load 4-7 no better and the noisy tenant's requests/s 0.71-0.74x: the
+    worker idles for the round trip between batches."""
 
     queue: Any = None  # set by the pump: the FairJobQueue
-    one_ahead = False  # set by the pump: batches above one, which go one at a time when shallow
 
     @property  # type: ignore[override]
     def depth(self) -> int:
-        queue = self.queue
-        if queue is None or not queue.contended():
-            return self._most
-        return 1 if self.one_ahead and queue.shallow() else 2
+        return 2 if self.queue is not None and self.queue.contended() else self._most
 
     @depth.setter
     def depth(self, value: int) -> None:
