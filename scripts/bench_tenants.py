@@ -324,7 +324,7 @@ def main() -> None:
                     rows["on"].append(frontend_us(on, KEYS["quiet"], int(args.seconds)))
                 off_us, on_us = statistics.median(rows["off"]), statistics.median(rows["on"])
                 print(f"cpu    frontend per request: off {off_us:.1f} us, on (one tenant)"
-                      f" {on_us:.1f} us: +{on_us - off_us:.1f} us (target <= 5);"
+                      f" {on_us:.1f} us: {on_us - off_us:+.1f} us (target <= +5);"
                       f" rounds off {[round(x, 1) for x in rows['off']]}"
                       f" on {[round(x, 1) for x in rows['on']]}")  # fmt: skip
             finally:
