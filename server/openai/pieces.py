@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from mserve_worker import fastjson
 from server.openai.request import OpenAIError
-from server.tenants.tokens import piece_tokens
+from server.tenants.tokens import json_piece, piece_tokens
 
 
 @dataclass
@@ -27,22 +27,17 @@ class Piece:
 
 
 def read_piece(data: bytes) -> Piece:
-    if data[:1] == b"{":
-        try:
-            fields = fastjson.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            fields = None
-        if isinstance(fields, dict) and ("text" in fields or "tokens" in fields):
-            text = fields.get("text")
-            text = text if isinstance(text, str) else ""
-            prompt = fields.get("prompt_tokens")
-            reason = fields.get("finish_reason")
-            return Piece(
-                text,
-                piece_tokens(fields, text),  # as tenants' token quotas count them
-                prompt if type(prompt) is int else None,
-                reason if reason in ("stop", "length") else None,
-            )
+    piece = json_piece(data)  # read as tenants' token quotas read it
+    if piece is not None:
+        fields, text = piece
+        prompt = fields.get("prompt_tokens")
+        reason = fields.get("finish_reason")
+        return Piece(
+            text,
+            piece_tokens(fields, text),
+            prompt if type(prompt) is int else None,
+            reason if reason in ("stop", "length") else None,
+        )
     text = data.decode("utf-8", "replace")
     return Piece(text, 1 if text else 0)
 

@@ -31,16 +31,26 @@ def piece_tokens(fields: dict[str, Any], text: str) -> int:
     return max(tokens, 0)
 
 
+def json_piece(data: bytes) -> tuple[dict[str, Any], str] | None:
+    """A chunk's fields and text when it is a JSON piece (an object with ``text`` or
+    ``tokens``); None for anything else, which counts as plain text."""
+    if data[:1] != b"{":
+        return None
+    try:
+        fields = fastjson.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(fields, dict) or ("text" not in fields and "tokens" not in fields):
+        return None
+    text = fields.get("text")
+    return fields, text if isinstance(text, str) else ""
+
+
 def chunk_tokens(data: bytes) -> int:
     """The tokens of one chunk (or whole answer) of a generative model."""
-    if data[:1] == b"{":
-        try:
-            fields = fastjson.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            fields = None
-        if isinstance(fields, dict) and ("text" in fields or "tokens" in fields):
-            text = fields.get("text")
-            return piece_tokens(fields, text if isinstance(text, str) else "")
+    piece = json_piece(data)
+    if piece is not None:
+        return piece_tokens(*piece)
     return 1 if data else 0
 
 
