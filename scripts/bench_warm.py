@@ -418,7 +418,8 @@ def zipf_run(args: argparse.Namespace, work: Path, label: str, settings: dict[st
     order = names[:]
     random.Random(7).shuffle(order)
     weights = [1 / (i + 1) ** args.zipf for i in range(len(order))]
-    results: list[tuple[bool, float, bool]] = []  # (waited for a load, seconds, ok)
+    # (waited for a load, seconds, ok, model, the answering worker's (loaded_at, pid))
+    results: list[tuple[bool, float, bool, str, tuple[float, int] | None]] = []
     lock = threading.Lock()
     try:
         for name in names:
@@ -431,8 +432,9 @@ def zipf_run(args: argparse.Namespace, work: Path, label: str, settings: dict[st
                 name = rng.choices(order, weights)[0]
                 sent, took, answer = server.ask(name)
                 waited = answer is not None and answer["loaded_at"] > sent
+                worker = (answer["loaded_at"], answer["pid"]) if answer is not None else None
                 with lock:
-                    results.append((waited, took, answer is not None))
+                    results.append((waited, took, answer is not None, name, worker))
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
         for t in threads:
@@ -457,11 +459,41 @@ def zipf_run(args: argparse.Namespace, work: Path, label: str, settings: dict[st
             "load_s": sum(loads.values()),
             "loads_by_model": by_model,
             "machine": machine.since(),
+            "by_tier": _waits_by_tier(server, results),
         }
     finally:
         server.stop()
     _print_run(out)
     return out
+
+
+def _waits_by_tier(server: Mserve, results: list[Any]) -> dict[str, list[float]] | None:
+    """The waits of requests that waited for a load, by where the load's weights came from:
+    the server logs each on-demand load in order ("... loaded on demand in N s (woken from the
+    warm tier)" or "(cold)"), and the n-th worker that answered for a model (ordered by when it
+    loaded) is that model's n-th load (every worker here is loaded on demand). None when the
+    counts do not match (a load with no answer), rather than a guess."""
+    tiers: dict[str, list[str]] = {}
+    for log in server.run_dir.glob("logs/mserve.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if " loaded on demand in " in line and " model " in line:
+                model = line.split(" model ", 1)[1].split(":", 1)[0]
+                tier = "warm" if "(woken from the warm tier)" in line else "cold"
+                tiers.setdefault(model, []).append(tier)
+    workers: dict[str, list[tuple[float, int]]] = {}
+    for _waited, _took, ok, model, worker in results:
+        if ok and worker not in workers.setdefault(model, []):
+            workers[model].append(worker)
+    out: dict[str, list[float]] = {"warm": [], "cold": []}
+    for model, seen in workers.items():
+        seen.sort()
+        if len(seen) != len(tiers.get(model, [])):
+            return None
+        order = {worker: tiers[model][i] for i, worker in enumerate(seen)}
+        for waited, took, ok, name, worker in results:
+            if name == model and ok and waited:
+                out[order[worker]].append(took)
+    return {tier: sorted(waits) for tier, waits in out.items()}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -476,6 +508,13 @@ def _print_run(r: dict[str, Any]) -> None:
           f" p99 {_pct(r['waited'], 0.99):.2f} s; hits p50 {_pct(r['hits'], 0.5) * 1000:.0f} ms;"
           f" loads warm {r['warm']:g} cold {r['cold']:g}; warm drops {r['drops']:g};"
           f" {r['load_s']:.1f} s loading in all; {r['machine']}", flush=True)  # fmt: skip
+    by_tier = r.get("by_tier")
+    if by_tier is None:
+        print("    (waits by tier: the log's loads and the answering workers do not match)")
+    elif by_tier["warm"]:
+        for tier, waits in by_tier.items():
+            print(f"    waited for a {tier} load: {len(waits)}, p50 {_pct(waits, 0.5):.2f} s,"
+                  f" p99 {_pct(waits, 0.99):.2f} s", flush=True)  # fmt: skip
 
 
 def zipf(args: argparse.Namespace, work: Path) -> None:

@@ -122,8 +122,9 @@ class Residency:
 
     # --- events -----------------------------------------------------------------------------
 
-    def loaded(self, model: Resident, seconds: float, ok: bool) -> None:
-        """An on-demand load ended (server/models/version.py)."""
+    def loaded(self, model: Resident, seconds: float, ok: bool) -> str:
+        """An on-demand load ended (server/models/version.py); where its weights came from, for
+        the log: ``warm`` (the warm tier), ``cold``, or "" with the warm tier off."""
         self.loads += 1
         self.failed_loads += not ok
         warm = self._waking.pop(model.label, False)
@@ -138,6 +139,7 @@ class Residency:
             self.metrics.model_loaded(model.name, model.version, seconds, ok)
             if ok:
                 self.metrics.model_woken(model.name, model.version, "warm" if warm else "cold")
+        return ("warm" if warm else "cold") if self.warm.enabled else ""
 
     def _unload(self, model: Resident, why: str, reason: str) -> bool:
         """Evict ``model`` if it is idle (``reason``: ``idle`` or ``budget``); its mapped

@@ -634,10 +634,12 @@ class ModelVersion:
         """An on-demand load ended: count it; a failed one fails the requests that waited."""
         error = None if future.cancelled() else future.exception()
         seconds = time.monotonic() - started
+        tier = ""
         if self.residency is not None:
-            self.residency.loaded(self, seconds, error is None)
+            tier = self.residency.loaded(self, seconds, error is None)
         if error is None:
-            log.info("model %s loaded on demand in %.2f s", self.label, seconds)
+            source = {"warm": " (woken from the warm tier)", "cold": " (cold)"}.get(tier, "")
+            log.info("model %s loaded on demand in %.2f s%s", self.label, seconds, source)
             return
         if slot in self.slots:
             self.slots.remove(slot)
