@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from server.errors import BadRequest, ConfigError, MserveError, PathNotFound
-from server.tenants.file import DEFAULT, HASH, MAX_FILE_BYTES, NAME, Quota, parse
+from server.tenants.file import DEFAULT, HASH, NAME, Quota, parse, read_bytes
 from server.tenants.registry import Tenant, Tenants, key_hash
 
 log = logging.getLogger(__name__)
@@ -378,12 +378,9 @@ def _change(current: Tenants, change: Callable[[Any], None], what: str) -> None:
 
 def _read(path: Path) -> str:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise TenantConflict(f"cannot read tenants_file {path}: {exc.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise TenantConflict(f"tenants_file {path} is larger than {MAX_FILE_BYTES} bytes")
+        data = read_bytes(path)
+    except ConfigError as exc:  # the file is not the request's fault: a conflict
+        raise TenantConflict(exc.message) from None
     return data.decode("utf-8", "replace")
 
 

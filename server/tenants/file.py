@@ -63,10 +63,8 @@ class _Problem(ConfigError):
     pass
 
 
-def read(path: Path, known_models: Callable[[], Iterable[str] | None]) -> dict[str, TenantSpec]:
-    """The tenants of ``path``, by name; ConfigError naming the file and line of a mistake.
-    ``known_models``: the registered model names, which quotas may name (None: not known yet,
-    at start before the startup models are registered)."""
+def read_bytes(path: Path) -> bytes:
+    """The tenants file's bytes, at most MAX_FILE_BYTES; ConfigError naming it otherwise."""
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
@@ -74,6 +72,14 @@ def read(path: Path, known_models: Callable[[], Iterable[str] | None]) -> dict[s
         raise ConfigError(f"cannot read tenants_file {path}: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
         raise ConfigError(f"tenants_file {path} is larger than {MAX_FILE_BYTES} bytes")
+    return data
+
+
+def read(path: Path, known_models: Callable[[], Iterable[str] | None]) -> dict[str, TenantSpec]:
+    """The tenants of ``path``, by name; ConfigError naming the file and line of a mistake.
+    ``known_models``: the registered model names, which quotas may name (None: not known yet,
+    at start before the startup models are registered)."""
+    data = read_bytes(path)
     try:
         return parse(data.decode("utf-8"), known_models, str(path))
     except UnicodeDecodeError:
