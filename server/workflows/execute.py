@@ -157,8 +157,9 @@ async def _call(
             error = exc
         except (ModelNotFound, ModelVersionNotFound) as exc:  # unregistered under the workflow
             raise NodeFailed(f"{what} failed: {exc.message}", 503) from exc
-        except MserveError as exc:
-            error = NodeFailed(f"{what} failed: {exc.message}", exc.status)
+        except MserveError as exc:  # a 429's Retry-After only: other headers are the node's
+            retry_after = exc.headers().get("Retry-After")
+            error = NodeFailed(f"{what} failed: {exc.message}", exc.status, retry_after)
         if attempt < tries:
             log.warning("%s (try %d of %d); trying again", error.message, attempt, tries)
     assert error is not None

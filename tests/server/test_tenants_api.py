@@ -342,6 +342,8 @@ def test_a_workflows_steps_are_the_callers_tenants(server: Server) -> None:
                     {"Authorization": f"Bearer {KEY}"})  # fmt: skip
         assert over.status == 429
         assert "tenant team-a is over its quota for model wf__echoed" in over.json()["message"]
+        # the step's Retry-After is the workflow's: a token every 100 s, one just spent
+        assert over.headers["Retry-After"] in ("99", "100")
     finally:
         assert manage(server, "PUT", "/tenants/team-a", {"models": None}).status == 200
 
