@@ -12,8 +12,8 @@ decides the rest, server-wide:
   workers must stay within ``max_loaded_models``. If not, the idle model cheapest to evict
   (another one, every worker ready and none busy, nothing queued; eviction.py: request rate x
   measured reload time, or the least recently used with ``eviction: lru``) is scaled down to
-  its ``min_workers`` (its mapped weights going to the warm tier, warm.py) and the check runs
-  again; with nothing to evict the start waits for room up to
+  its ``min_workers`` (its mapped weights going to the warm tier: warm_keeper.py, warm.py) and
+  the check runs again; with nothing to evict the start waits for room up to
   ``load_wait_s``, then fails with :class:`BudgetExhausted`, which names the budget. Workers
   that are stopping count as gone: the new worker does not wait for them to exit (tens of ms,
   more on a busy machine), so for that long the real memory can pass the budget by theirs.
@@ -44,11 +44,11 @@ from server.metrics.server_metrics import Metrics
 from server.models.eviction import DEFAULT_RELOAD_S, Rates
 from server.models.footprints import Footprints
 from server.models.warm import WarmTier
+from server.models.warm_keeper import WarmKeeper
 
 log = logging.getLogger(__name__)
 
 MEASURE_EVERY_S = 5.0  # the memory gauge, when nothing else measured it meanwhile
-SWEEP_COPIES_AFTER_S = 60.0  # after the start: the startup models are registered by then
 # A worker's PSS is read again only when older than this: reading it walks the process's page
 # tables (milliseconds for a worker that imported torch), so re-reading every worker at each
 # admission would slow each load on demand down. A new worker is read at once.
@@ -98,12 +98,12 @@ class Residency:
         # evicted models' weights kept in the page cache (warm.py); off without a budget
         warm_mb = config.warm_tier_budget_mb
         self.warm = WarmTier(warm_mb * MIB if warm_mb else None, config.run_path / "unpacked")
-        self.warm.on_drop = self._warm_dropped
         self.eviction = config.eviction  # "cost" or "lru" (see _victim)
         self._waking: dict[str, bool] = {}  # label: whether its load in progress is a wake
         self._rates = Rates()
-        self._keeping: set[asyncio.Task[int]] = set()  # keeps and measures under way
-        self._warm_measured_at = 0.0
+        # what goes into the warm tier and when (warm_keeper.py)
+        self.keeper = WarmKeeper(self.warm, self.footprints, self._rates, metrics)
+        self._keeping: set[asyncio.Task[int]] = set()  # measures under way
         self._measured_at = 0.0
         self._sizes: dict[int, tuple[float, int]] = {}  # pid: (when read, bytes)
 
@@ -154,19 +154,12 @@ class Residency:
         return True
 
     def keep_warm(self, model: Resident, files: list[tuple[str, int]]) -> None:
-        """``model``'s last workers are stopping (evicted, or scaled to 0 by hand): keep the
-        ``files`` they mapped in the warm tier (what :meth:`Resident.mapped_files` said before
-        they were retired)."""
-        if files and self.warm.enabled:
-            task = asyncio.get_running_loop().create_task(self._keep_warm(model, files))
-            self._keeping.add(task)
-            task.add_done_callback(self._keeping.discard)
+        """``model``'s last workers are stopping: keep the ``files`` they mapped warm."""
+        self.keeper.keep(model, files)
 
     async def forget(self, model: Resident) -> None:
-        """``model`` was unregistered: its weights leave the warm tier now, and its mappable
-        copies of legacy checkpoints go."""
-        self.warm.drop(model.label, "unregistered")
-        await self.warm.remove_copies(model.name, model.version)
+        """``model`` was unregistered: it leaves the warm tier, its mappable copies go."""
+        await self.keeper.forget(model)
 
     async def _measure_quietly(self) -> int:
         try:
@@ -175,33 +168,10 @@ class Residency:
             log.warning("could not measure the workers' memory: %s", exc)
             return 0
 
-    async def _keep_warm(self, model: Resident, files: list[tuple[str, int]]) -> int:
-        try:
-            kept = await self.warm.keep(model.label, files, self._worth_warm)
-        except Exception:  # a task of its own: nothing else would see it
-            log.exception("could not keep model %s warm", model.label)
-            return 0
-        if kept:
-            self.footprints.warm(model.label, kept)
-            log.info("model %s is warm: %.0f MiB of weights kept in the page cache",
-                     model.label, kept / MIB)  # fmt: skip
-        return kept
-
-    def _warm_dropped(self, label: str, reason: str) -> None:
-        if self.metrics is not None:
-            name, _, version = label.rpartition(":")
-            self.metrics.warm_dropped(name, version, reason)
-
-    def tier(self, model: Resident) -> str:
-        """``loaded`` (workers starting or serving), ``warm`` (its weights in the warm tier)
-        or ``cold``."""
-        if model.live_workers(retiring=False):
-            return "loaded"
-        return "warm" if self.warm.holds(model.label) else "cold"
-
     def shown(self, model: Resident) -> dict[str, float | int | None]:
-        """describe's ``footprint``: what ``model`` was measured to take (footprints.py)."""
-        return {"tier": self.tier(model), **self.footprints.get(model.label).shown()}
+        """describe's ``footprint``: its tier and what it was measured to take
+        (footprints.py)."""
+        return {"tier": self.keeper.tier_of(model), **self.footprints.get(model.label).shown()}
 
     # --- admission --------------------------------------------------------------------------
 
@@ -317,11 +287,6 @@ class Residency:
         reload_s = self.footprints.get(model.label).reload_s(warm)
         return self._rates.rate(model.label, now) * (reload_s or DEFAULT_RELOAD_S)
 
-    def _worth_warm(self, label: str) -> float:
-        """What keeping ``label`` warm saves, per second: its rate x its cold load time."""
-        load_s = self.footprints.get(label).load_s
-        return self._rates.rate(label, time.monotonic()) * (load_s or DEFAULT_RELOAD_S)
-
     def _estimate(self, model: Resident) -> int:
         """A worker of ``model`` takes what its last one took; never seen: the mean of all."""
         known = self.footprints.get(model.label).worker_bytes
@@ -379,17 +344,10 @@ class Residency:
 
     async def run(self) -> None:
         """The server's chore: idle unloads (checked at a quarter of the shortest
-        ``idle_unload_s``, between 0.05 and 1 s) and the memory gauge; once, a minute after
-        the start, the mappable copies of models no longer registered go (warm.py)."""
-        sweep_at = time.monotonic() + SWEEP_COPIES_AFTER_S
+        ``idle_unload_s``, between 0.05 and 1 s), the memory gauge, and the warm tier's pass
+        (warm_keeper.py)."""
         while True:
             now = time.monotonic()
-            if self.warm.enabled and now >= sweep_at:
-                sweep_at = float("inf")
-                try:
-                    await self.warm.sweep_copies((m.name, m.version) for m in self._models())
-                except OSError as exc:
-                    log.warning("could not sweep the mappable copies: %s", exc)
             try:
                 self.unload_idle(now)
             except Exception:  # the chore's guard: one bad pass must not end idle unloads
@@ -401,12 +359,7 @@ class Residency:
                     log.warning("could not measure the workers' memory: %s", exc)
             self.footprints.save()  # when a figure changed
             self._rates.sample(self._models(), now)
-            if self.warm.entries and now - self._warm_measured_at >= MEASURE_EVERY_S:
-                self._warm_measured_at = now
-                self.warm.prune(m.label for m in self._models())
-                await self.warm.measure()
-                for label, entry in self.warm.entries.items():
-                    self.footprints.warm(label, entry.bytes)
+            await self.keeper.tend(self._models(), now)
             idle = [m.settings.idle_unload_s for m in self._models() if m.settings.idle_unload_s]
             await asyncio.sleep(min(1.0, max(0.05, min(idle) / 4)) if idle else 1.0)
 

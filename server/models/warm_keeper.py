@@ -1,0 +1,118 @@
+"""Residency's side of the warm tier: what it keeps there, and when.
+
+The tier itself (warm.py) maps files within a budget and knows nothing of models. Residency
+(residency.py) decides which models keep workers. This module sits between them: an evicted
+model's mapped files go into the tier (measured, in a task of its own), an unregistered
+model's leave it with its mappable copies, a model's tier is told for describe, what keeping a
+model warm is worth (its request rate x its cold load time) ranks the tier's drops, drops are
+counted in the metrics, and the residency chore's pass measures the tier and, once a minute
+after the start, sweeps the copies of models no longer registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from server.metrics.server_metrics import Metrics
+from server.models.eviction import DEFAULT_RELOAD_S, Rates
+from server.models.footprints import Footprints
+from server.models.warm import WarmTier
+
+log = logging.getLogger(__name__)
+
+MEASURE_EVERY_S = 5.0  # the tier's pages, read from /proc/self/smaps
+SWEEP_COPIES_AFTER_S = 60.0  # after the start: the startup models are registered by then
+MIB = 2**20
+
+
+class Kept(Protocol):
+    """A model version as the warm tier's keeper sees it (residency.py's Resident)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    def live_workers(self, retiring: bool = True) -> list[tuple[int | None, bool]]: ...
+
+
+class WarmKeeper:
+    def __init__(
+        self, tier: WarmTier, footprints: Footprints, rates: Rates, metrics: Metrics | None
+    ) -> None:
+        self.tier = tier
+        self.footprints = footprints
+        self.metrics = metrics
+        self._rates = rates
+        tier.on_drop = self._dropped
+        self._keeping: set[asyncio.Task[int]] = set()  # keeps under way
+        self._measured_at = 0.0
+        self._sweep_at: float | None = None  # set at the chore's first pass
+
+    def keep(self, model: Kept, files: list[tuple[str, int]]) -> None:
+        """``model``'s last workers are stopping (evicted, or scaled to 0 by hand): keep the
+        ``files`` they mapped in the warm tier (what :meth:`Resident.mapped_files` said before
+        they were retired)."""
+        if files and self.tier.enabled:
+            task = asyncio.get_running_loop().create_task(self._keep(model, files))
+            self._keeping.add(task)
+            task.add_done_callback(self._keeping.discard)
+
+    async def forget(self, model: Kept) -> None:
+        """``model`` was unregistered: its weights leave the warm tier now, and its mappable
+        copies of legacy checkpoints go."""
+        self.tier.drop(model.label, "unregistered")
+        await self.tier.remove_copies(model.name, model.version)
+
+    async def _keep(self, model: Kept, files: list[tuple[str, int]]) -> int:
+        try:
+            kept = await self.tier.keep(model.label, files, self._worth)
+        except Exception:  # a task of its own: nothing else would see it
+            log.exception("could not keep model %s warm", model.label)
+            return 0
+        if kept:
+            self.footprints.warm(model.label, kept)
+            log.info("model %s is warm: %.0f MiB of weights kept in the page cache",
+                     model.label, kept / MIB)  # fmt: skip
+        return kept
+
+    def _dropped(self, label: str, reason: str) -> None:
+        if self.metrics is not None:
+            name, _, version = label.rpartition(":")
+            self.metrics.warm_dropped(name, version, reason)
+
+    def tier_of(self, model: Kept) -> str:
+        """``loaded`` (workers starting or serving), ``warm`` (its weights in the warm tier)
+        or ``cold``."""
+        if model.live_workers(retiring=False):
+            return "loaded"
+        return "warm" if self.tier.holds(model.label) else "cold"
+
+    def _worth(self, label: str) -> float:
+        """What keeping ``label`` warm saves, per second: its rate x its cold load time."""
+        load_s = self.footprints.get(label).load_s
+        return self._rates.rate(label, time.monotonic()) * (load_s or DEFAULT_RELOAD_S)
+
+    async def tend(self, models: Sequence[Kept], now: float) -> None:
+        """The residency chore's pass: once, a minute after the start, the mappable copies of
+        models no longer registered go (warm.py); every ``MEASURE_EVERY_S`` the tier's pages
+        are measured into the footprints."""
+        if self._sweep_at is None:
+            self._sweep_at = now + SWEEP_COPIES_AFTER_S
+        if self.tier.enabled and now >= self._sweep_at:
+            self._sweep_at = float("inf")
+            try:
+                await self.tier.sweep_copies((m.name, m.version) for m in models)
+            except OSError as exc:
+                log.warning("could not sweep the mappable copies: %s", exc)
+        if self.tier.entries and now - self._measured_at >= MEASURE_EVERY_S:
+            self._measured_at = now
+            self.tier.prune(m.label for m in models)
+            await self.tier.measure()
+            for label, entry in self.tier.entries.items():
+                self.footprints.warm(label, entry.bytes)
