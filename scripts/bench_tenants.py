@@ -25,7 +25,9 @@ one server with a tenants file (quiet, noisy: weight 1 each; heavy: 3, light: 1)
 - ``--micro``: the same cost in process, steadier than CPU per request through a busy VM: a
   request's queue steps (a Job made, put, popped, answered) on the plain JobQueue against the
   tenant's steps (its key looked up, admitted) and the FairJobQueue, rounds interleaved,
-  medians.
+  medians. Then the key check alone (``auth.check_tenant``), per request: without tenants (the
+  inference key), with tenants a tenant's key, and the server's own inference key (the
+  ``default`` tenant), beside a sha256 of the key (what a key not yet cached costs).
 - ``--callgrind N``: the frontend's user-space instructions per echo request under valgrind's
   callgrind (the same whatever the machine's load), tenancy off against on with one tenant
   (its key sent), N requests over 16 connections each: the figure the CPU target is read
@@ -54,6 +56,8 @@ from bench_ceiling import callgrind_rows
 from harness import Client, Machine, Server, build_archives, cpu_seconds, wrk_load
 
 from mserve_worker.protocol import RequestItem
+from server import tenants as server_tenants
+from server.auth import Keys, check_tenant
 from server.models.batching import Job, JobQueue
 from server.models.fair import FairJobQueue
 from server.tenants import Tenants, key_hash
@@ -257,6 +261,40 @@ async def micro_rows(work: Path, rounds: int, n: int = 100_000) -> None:
     off, on = statistics.median(rows[False]), statistics.median(rows[True])
     print(f"micro  queue steps per request: plain {off:.2f} us, tenant + fair queue {on:.2f} us:"
           f" {on - off:+.2f} us (target <= +5)")  # fmt: skip
+    key_rows(tenants, rounds)
+
+
+def key_rows(with_tenants: Tenants, rounds: int, n: int = 200_000) -> None:
+    """The key check per request (``auth.check_tenant``), tenants off and on, rounds
+    interleaved, medians."""
+    own = KEYS["heavy"]  # the server's own inference key: in no tenant of the file
+    keys = Keys(Path("unused.json"), {}, fixed={"inference": own, "management": own + "-m"})
+
+    def per_check_us(current: Tenants | None, key: str) -> float:
+        server_tenants.current = current
+        started = time.perf_counter()
+        for _ in range(n):
+            check_tenant(keys, "inference", key, "bench")
+        return (time.perf_counter() - started) / n * 1e6
+
+    def sha_us() -> float:
+        started = time.perf_counter()
+        for _ in range(n):
+            key_hash(own)
+        return (time.perf_counter() - started) / n * 1e6
+
+    cases = {"no tenants": (None, own), "a tenant's key": (with_tenants, KEYS["quiet"]),
+             "the server's own key": (with_tenants, own)}  # fmt: skip
+    rows: dict[str, list[float]] = {name: [] for name in [*cases, "sha256"]}
+    try:
+        for _ in range(rounds):
+            for name, (current, key) in cases.items():
+                rows[name].append(per_check_us(current, key))
+            rows["sha256"].append(sha_us())
+    finally:
+        server_tenants.current = None
+    print("micro  key check per request: " + ", ".join(
+        f"{name} {statistics.median(values):.3f} us" for name, values in rows.items()))  # fmt: skip
 
 
 def main() -> None:

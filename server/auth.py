@@ -231,6 +231,8 @@ def check_tenant(keys: Keys, kind: str, sent: str | None, realm: str) -> Tenant 
     if tenant is not None:
         return tenant
     keys.check(kind, sent, realm)  # an unknown key is refused here, as without tenants
+    if sent is not None:  # it is, once checked
+        current.own_key(sent)  # not hashed again
     return current.default
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import logging
 import math
 import os
@@ -207,6 +208,9 @@ class Tenants:
         # keys already hashed and found (sha256 per request cost ~1 us); emptied by a reload,
         # so a removed key stops at once. Only keys of the file get in: bounded by it
         self._by_key: dict[str, Tenant] = {}
+        # the server's own inference key (the default tenant's), hashed once and found in no
+        # tenant of the file: compared in constant time, not hashed again (see own_key)
+        self._own: str | None = None
         self.default = Tenant(TenantSpec(DEFAULT))
         self.reloads = {"ok": 0, "failed": 0}
         self._stamp: tuple[float, int] | None = None
@@ -250,6 +254,7 @@ class Tenants:
             for digest in spec.key_hashes:
                 by_hash[digest] = tenant
         self.by_name, self.by_hash, self._by_key = by_name, by_hash, {}
+        self._own = None  # the new file may name it
 
     def of_key(self, key: str | None) -> Tenant | None:
         """The tenant whose key ``key`` is (None: no tenant's; the server's own inference key
@@ -258,10 +263,21 @@ class Tenants:
             return None
         tenant = self._by_key.get(key)
         if tenant is None and self.by_hash:
+            own = self._own  # ASCII (the server's keys are); compare_digest takes no other str
+            if own is not None and key.isascii() and hmac.compare_digest(key, own):
+                return None
             tenant = self.by_hash.get(key_hash(key))
             if tenant is not None:
                 self._by_key[key] = tenant
         return tenant
+
+    def own_key(self, key: str) -> None:
+        """``key`` is the server's own inference key, just checked, and :meth:`of_key` found
+        it in no tenant: it is not hashed again until the file is reloaded. Only what its
+        caller checked gets in (one key: an unknown key is refused, never kept), and a rotated
+        key needs no forgetting: it is still compared with the live key after this lookup."""
+        if key.isascii():
+            self._own = key
 
     def _file_stamp(self) -> tuple[float, int] | None:
         try:

@@ -285,6 +285,46 @@ def test_a_file_that_does_not_read_is_not_overwritten(server: Server) -> None:
         wait_until(lambda: _reloads(server) > fixed, 10, "the mended file's reload")
 
 
+def test_the_servers_own_key_is_hashed_once_and_follows_reloads_and_rotation(
+    server: Server,
+) -> None:
+    """The server's own inference key (the default tenant's) is hashed once and then compared,
+    not hashed per request: still served as the file says once the file comes to name it, and
+    refused once rotated."""
+    own = server.key("inference")
+
+    def served(tenant: str) -> int:
+        usage = manage(server, "GET", f"/tenants/{tenant}").json()["usage"]
+        return int(usage["served"].get("echo", 0))
+
+    before = served("default")
+    assert [predict(server, own).status for _ in range(2)] == [200, 200]  # hashed, then kept
+    assert served("default") == before + 2
+    path = file_of(server)
+    good = path.read_text()
+    reloads = _reloads(server)
+    path.write_text(good.rstrip("\n") + f"\n  owner:\n    keys: [sha256:{key_hash(own)}]\n")
+    wait_until(lambda: _reloads(server) > reloads, 10, "the file's reload")
+    try:
+        assert predict(server, own).status == 200
+        assert served("owner") == 1  # the reload forgot the key was no tenant's
+    finally:
+        reloads = _reloads(server)
+        path.write_text(good)
+        wait_until(lambda: _reloads(server) > reloads, 10, "the restored file's reload")
+    before = served("default")
+    assert predict(server, own).status == 200
+    rotated = http("GET", server.url("management", "/token?type=inference"), None,
+                   {"Authorization": f"Bearer {server.key('API')}"})  # fmt: skip
+    assert rotated.status == 200, rotated.body
+    new = rotated.json()["inference"]["key"]
+    refused = predict(server, own)  # the kept key was the old one: refused all the same
+    assert refused.status == 401
+    assert refused.json()["message"] == "the key sent is not the inference key"
+    assert [predict(server, new).status for _ in range(2)] == [200, 200]
+    assert served("default") == before + 3
+
+
 def test_each_logged_request_names_its_tenant(server: Server) -> None:
     rid = predict(server, KEY, body="logged").headers["X-Request-Id"]
     plain = http("POST", server.url("inference", "/predictions/echo"), b"mine",
