@@ -128,7 +128,9 @@ class Metrics:
         # the warm tier (server/models/warm.py): loads on demand by where the weights came
         # from (tier: warm, cold), and models dropped from warm to cold (reason)
         self.model_wakes = Counter(
-            "mserve_model_wakes", "Loads on demand by the tier the model came from",
+            "mserve_model_wakes",
+            "Models back from no worker (a load on demand, a scale from 0) by the tier of their"
+            " weights",
             ["model", "version", "tier"], registry=self.prom,
         )  # fmt: skip
         self.warm_drops = Counter(
@@ -313,7 +315,8 @@ class Metrics:
         self.model_evictions.labels(name, version, reason).inc()
 
     def model_woken(self, name: str, version: str, tier: str) -> None:
-        """A load on demand ended well; ``tier``: ``warm`` (weights in the warm tier) or
+        """A model that had no worker has one ready (a load on demand, or a scale request from 0
+        workers); ``tier``: ``warm`` (its worker mapped the weights the warm tier kept) or
         ``cold``."""
         self.model_wakes.labels(name, version, tier).inc()
 

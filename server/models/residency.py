@@ -45,6 +45,7 @@ from server.models.eviction import DEFAULT_RELOAD_S, Rates
 from server.models.footprints import Footprints
 from server.models.warm import WarmTier
 from server.models.warm_keeper import WarmKeeper
+from server.workers.process import Worker
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +100,10 @@ class Residency:
         warm_mb = config.warm_tier_budget_mb
         self.warm = WarmTier(warm_mb * MIB if warm_mb else None, config.run_path / "unpacked")
         self.eviction = config.eviction  # "cost" or "lru" (see _victim)
-        self._waking: dict[str, bool] = {}  # label: whether its load in progress is a wake
         self._rates = Rates()
         # what goes into the warm tier and when (warm_keeper.py)
         self.keeper = WarmKeeper(self.warm, self.footprints, self._rates, metrics)
+        self.keeper.on_woken = self._measure_soon
         self._keeping: set[asyncio.Task[int]] = set()  # measures under way
         self._measured_at = 0.0
         self._sizes: dict[int, tuple[float, int]] = {}  # pid: (when read, bytes)
@@ -122,24 +123,27 @@ class Residency:
 
     # --- events -----------------------------------------------------------------------------
 
-    def loaded(self, model: Resident, seconds: float, ok: bool) -> str:
-        """An on-demand load ended (server/models/version.py); where its weights came from, for
-        the log: ``warm`` (the warm tier), ``cold``, or "" with the warm tier off."""
+    def loaded(
+        self, model: Resident, seconds: float, ok: bool, taken: list[str], worker: Worker | None
+    ) -> str:
+        """An on-demand load ended (server/models/version.py; ``taken``: what its admission
+        took from the warm tier, ``worker``: the one it started); where its weights came from,
+        for the log (warm_keeper.py's ``SOURCES``)."""
         self.loads += 1
         self.failed_loads += not ok
-        warm = self._waking.pop(model.label, False)
-        if ok:
-            self.footprints.loaded(model.label, seconds, warm=warm)
-            # its worker's PSS into the footprint now, whatever the budget (a model unloaded
-            # before the chore's next reading would have none)
-            task = asyncio.get_running_loop().create_task(self._measure_quietly())
-            self._keeping.add(task)
-            task.add_done_callback(self._keeping.discard)
         if self.metrics is not None:
             self.metrics.model_loaded(model.name, model.version, seconds, ok)
-            if ok:
-                self.metrics.model_woken(model.name, model.version, "warm" if warm else "cold")
-        return ("warm" if warm else "cold") if self.warm.enabled else ""
+        return (
+            self.keeper.woke(model, seconds, taken, worker.mapped if worker else []) if ok else ""
+        )
+
+    def _measure_soon(self) -> None:
+        """A worker of a model that had none is ready: its PSS into the footprint now,
+        whatever the budget (a model unloaded before the chore's next reading would have
+        none)."""
+        task = asyncio.get_running_loop().create_task(self._measure_quietly())
+        self._keeping.add(task)
+        task.add_done_callback(self._keeping.discard)
 
     def _unload(self, model: Resident, why: str, reason: str) -> bool:
         """Evict ``model`` if it is idle (``reason``: ``idle`` or ``budget``); its mapped
@@ -175,12 +179,12 @@ class Residency:
 
     # --- admission --------------------------------------------------------------------------
 
-    async def admit(self, model: Resident, count: int = 1) -> None:
-        """:meth:`_admit`, then the model's weights leave the warm tier for its workers
-        (whether this load is a wake is counted when it ends)."""
+    async def admit(self, model: Resident, count: int = 1) -> list[str]:
+        """:meth:`_admit`, then the model's weights leave the warm tier for its workers: the
+        files taken (none when it was not warm), which the wake's count holds against what
+        its worker mapped (warm_keeper.py)."""
         await self._admit(model, count)
-        if self.warm.enabled:
-            self._waking[model.label] = self.warm.take(model.label)
+        return self.warm.take(model.label) if self.warm.enabled else []
 
     async def _admit(self, model: Resident, count: int = 1) -> None:
         """Return when ``count`` new workers of ``model`` may start: evict idle models until

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.models.batching import JobQueue
@@ -31,6 +32,11 @@ class Slot:
     first_start: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
     on_demand: bool = False  # started by a request to a model that had no worker
+    # a model that had no worker coming back (residency.py, warm_keeper.py): the warm tier's
+    # files its admission took (a load on demand), and what its first worker ready is told
+    # (a scale from 0)
+    taken: list[str] = field(default_factory=list)
+    on_ready: Callable[[Worker], None] | None = None
     # a failed first start is told to whoever waits on it, and the slot retries all the same,
     # as after a lost worker (a startup model in TorchServe's layout); else the slot ends
     keep_trying: bool = False

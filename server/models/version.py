@@ -479,6 +479,9 @@ class ModelVersion:
             return exc.message
         if slot.first_start is not None and not slot.first_start.done():
             slot.first_start.set_result(None)
+        if slot.on_ready is not None:  # a scale from 0: the first one ready counts the wake
+            slot.on_ready, ready = None, slot.on_ready
+            ready(worker)
         slot.backoff_step = 0
         if slot.recovering_since is not None:
             slot.recovering_since, slot.losses = None, 0
@@ -623,7 +626,8 @@ class ModelVersion:
     async def _run_on_demand(self, slot: Slot) -> None:
         if self.residency is not None:
             try:
-                await self.residency.admit(self)  # room in the budget, evicting if need be
+                # room in the budget, evicting if need be; what it takes from the warm tier
+                slot.taken = await self.residency.admit(self)
             except MserveError as exc:
                 if slot.first_start is not None and not slot.first_start.done():
                     slot.first_start.set_exception(exc)
@@ -634,11 +638,10 @@ class ModelVersion:
         """An on-demand load ended: count it; a failed one fails the requests that waited."""
         error = None if future.cancelled() else future.exception()
         seconds = time.monotonic() - started
-        tier = ""
+        source = ""  # where its weights came from, with the warm tier on
         if self.residency is not None:
-            tier = self.residency.loaded(self, seconds, error is None)
+            source = self.residency.loaded(self, seconds, error is None, slot.taken, slot.worker)
         if error is None:
-            source = {"warm": " (woken from the warm tier)", "cold": " (cold)"}.get(tier, "")
             log.info("model %s loaded on demand in %.2f s%s", self.label, seconds, source)
             return
         if slot in self.slots:
@@ -709,7 +712,7 @@ class ModelVersion:
         idle models are evicted for them, or the call waits up to ``load_wait_s`` and raises
         :class:`BudgetExhausted` with the settings left as they were. The new ``min_workers``
         is set before that wait, so evictions meanwhile leave this model's workers alone."""
-        before = self.settings
+        before, started = self.settings, time.monotonic()
         self.settings = with_changes(
             self.settings,
             source,
@@ -718,9 +721,10 @@ class ModelVersion:
         )
         wanted = self.settings
         adding = min_workers - len(self.slots)
+        taken: list[str] = []  # what the admission took from the warm tier
         if adding > 0 and self.residency is not None:
             try:
-                await self.residency.admit(self, adding)
+                taken = await self.residency.admit(self, adding)
             except MserveError:
                 if self.settings is wanted:  # no other scale request changed them meanwhile
                     self.settings = before
@@ -728,10 +732,15 @@ class ModelVersion:
         self.failed = None
         self.recent_failures = []
         # no await since the admission: the slots exist before the next one is counted
+        from_0 = not self.slots and source is not None  # a scale request (not a registration)
         new = [
             self._add_slot(synchronous, keep_trying=keep_trying)
             for _ in range(min_workers - len(self.slots))
         ]
+        if new and from_0 and self.residency is not None:  # a wake, as a load on demand's
+            ready = self.residency.keeper.wake(self, started, taken)
+            for slot in new:
+                slot.on_ready = ready
         retire = len(self.slots) - min_workers
         retired: list[Slot] = []
         if retire > 0:

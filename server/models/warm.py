@@ -93,22 +93,23 @@ class WarmTier:
         entry = self.entries.get(label)
         return entry is not None and all(_identity(f.path) == f.identity for f in entry.files)
 
-    def take(self, label: str) -> bool:
-        """A worker of ``label`` is about to start: True when it wakes from the tier. The
-        entry leaves the tier either way (the worker maps the pages now; the server's mapping
-        is closed, the pages stay in the page cache). A stale one drops its pages."""
+    def take(self, label: str) -> list[str]:
+        """A worker of ``label`` is about to start: the files it wakes from (none when it was
+        not warm). The entry leaves the tier either way (the worker maps the pages now; the
+        server's mapping is closed, the pages stay in the page cache). A stale one drops its
+        pages."""
         entry = self.entries.get(label)
         if entry is None:
-            return False
+            return []
         if not self.holds(label):
             self.drop(label, "stale")
-            return False
+            return []
         del self.entries[label]
         # unmapping a GiB takes ~10 ms of CPU: in a thread, off the waking request's path
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(_close, entry, False))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
-        return True
+        return [f.path for f in entry.files]
 
     def drop(self, label: str, reason: str) -> None:
         """``label`` goes cold: its mapping closed, its pages handed back to the kernel."""

@@ -6,7 +6,9 @@ model's mapped files go into the tier (measured, in a task of its own), an unreg
 model's leave it with its mappable copies, a model's tier is told for describe, what keeping a
 model warm is worth (its request rate x its cold load time) ranks the tier's drops, drops are
 counted in the metrics, and the residency chore's pass measures the tier and, once a minute
-after the start, sweeps the copies of models no longer registered.
+after the start, sweeps the copies of models no longer registered. A model that had no worker
+and has one ready again (a load on demand, or a scale from 0) is counted as a wake, warm or
+cold.
 """
 
 from __future__ import annotations
@@ -14,19 +16,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from server.metrics.server_metrics import Metrics
 from server.models.eviction import DEFAULT_RELOAD_S, Rates
 from server.models.footprints import Footprints
 from server.models.warm import WarmTier
+from server.workers.process import Worker
 
 log = logging.getLogger(__name__)
 
 MEASURE_EVERY_S = 5.0  # the tier's pages, read from /proc/self/smaps
 SWEEP_COPIES_AFTER_S = 60.0  # after the start: the startup models are registered by then
 MIB = 2**20
+# what a wake's log line says of where its weights came from, by tier (scripts/bench_warm.py
+# reads it); nothing with the warm tier off
+SOURCES = {"warm": " (woken from the warm tier)", "cold": " (cold)"}
 
 
 class Kept(Protocol):
@@ -53,6 +59,7 @@ class WarmKeeper:
         self._keeping: set[asyncio.Task[int]] = set()  # keeps under way
         self._measured_at = 0.0
         self._sweep_at: float | None = None  # set at the chore's first pass
+        self.on_woken: Callable[[], None] | None = None  # a worker to measure (residency)
 
     def keep(self, model: Kept, files: list[tuple[str, int]]) -> None:
         """``model``'s last workers are stopping (evicted, or scaled to 0 by hand): keep the
@@ -85,6 +92,39 @@ class WarmKeeper:
         if self.metrics is not None:
             name, _, version = label.rpartition(":")
             self.metrics.warm_dropped(name, version, reason)
+
+    def woke(
+        self, model: Kept, seconds: float, taken: list[str], mapped: list[tuple[str, int]]
+    ) -> str:
+        """``model`` had no worker and has one ready after ``seconds``: its wake or cold load
+        time into its footprint, the wake counted by tier; the log's words for where its
+        weights came from (:data:`SOURCES`). ``warm`` when its admission took files from the
+        tier (``taken``), else ``cold``."""
+        tier = "warm" if taken else "cold"
+        self.footprints.loaded(model.label, seconds, warm=tier == "warm")
+        if self.metrics is not None:
+            self.metrics.model_woken(model.name, model.version, tier)
+        if self.on_woken is not None:
+            self.on_woken()
+        return SOURCES[tier] if self.tier.enabled else ""
+
+    def wake(self, model: Kept, started: float, taken: list[str]) -> Callable[[Worker], None]:
+        """A scale request brought ``model`` up from 0 workers (``PUT /models/{m}?min_worker=n``,
+        an in-place swap's start; not a registration's first workers): it comes back as on a
+        load on demand. What to call with each of its new workers ready: the first counts the
+        wake from ``started`` (monotonic), with ``taken``, what its admission took."""
+        counted = False
+
+        def ready(worker: Worker) -> None:
+            nonlocal counted
+            if not counted:
+                counted = True
+                seconds = time.monotonic() - started
+                source = self.woke(model, seconds, taken, worker.mapped)
+                log.info("model %s scaled up from 0 workers: ready in %.2f s%s",
+                         model.label, seconds, source)  # fmt: skip
+
+        return ready
 
     def tier_of(self, model: Kept) -> str:
         """``loaded`` (workers starting or serving), ``warm`` (its weights in the warm tier)

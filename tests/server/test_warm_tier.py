@@ -314,20 +314,42 @@ def test_top_shows_each_model_tier_footprint_and_wake_time(server: Server) -> No
     assert rows["b"].split()[-3] in ("warm", "cold") and rows["b"].endswith(" s")
 
 
-def test_a_model_scaled_to_0_by_hand_goes_warm_and_unregistering_drops_it(
+def _wakes(server: Server, name: str, tier: str) -> float:
+    return _metric(
+        server, re.escape(f'mserve_model_wakes_total{{model="{name}",tier="{tier}",version="1.0"}}')
+    )
+
+
+def test_a_model_scaled_to_0_by_hand_goes_warm_and_a_scale_from_0_is_a_wake(
     server: Server,
 ) -> None:
     _register(server, "e")  # no idle unload: only the scale requests below unload it
     to_0 = "/models/e?min_worker=0&max_worker=1&synchronous=true"
+    up = "/models/e?min_worker=1&max_worker=1&synchronous=true"
+    # never loaded: brought up by a scale request, a cold wake, counted as a load on demand's
+    assert server.manage("PUT", up).status == 200
+    assert (_wakes(server, "e", "cold"), _wakes(server, "e", "warm")) == (1, 0)
+    assert _described(server, "e")["footprint"]["coldLoadSeconds"] > 0
     loaded = _ask(server, "e")
     assert server.manage("PUT", to_0).status == 200
     wait_until(lambda: _tier(server, "e") == "warm", 15, "e warm after a scale to 0")
     weights = str(Path(loaded["model_dir"]) / "weights.pt")
     wait_until(lambda: _server_maps(server, weights) > 0, 15, "e's pages mapped")
+    assert _described(server, "e")["footprint"]["warmWakeSeconds"] is None
+    # woken from warm by a scale request: counted and timed as a wake on demand would be
+    assert server.manage("PUT", up).status == 200
+    assert (_wakes(server, "e", "cold"), _wakes(server, "e", "warm")) == (1, 1)
+    assert _described(server, "e")["footprint"]["warmWakeSeconds"] > 0
+    scaled = _ask(server, "e")
+    assert scaled["pid"] != loaded["pid"] and scaled["digest"] == loaded["digest"]
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    assert re.search(r"model e:1\.0 scaled up from 0 workers: ready in \S+ s \(cold\)", log)
+    assert re.search(r"e:1\.0 scaled up from 0 workers: ready in \S+ s \(woken from the warm", log)
+    assert server.manage("PUT", to_0).status == 200
+    wait_until(lambda: _server_maps(server, weights) > 0, 15, "e warm again")
     woken = _ask(server, "e")  # a load on demand, from the warm tier
-    assert woken["pid"] != loaded["pid"] and woken["digest"] == loaded["digest"]
-    wakes = 'mserve_model_wakes_total{model="e",tier="warm",version="1.0"}'
-    assert _metric(server, re.escape(wakes)) == 1
+    assert woken["pid"] != scaled["pid"] and woken["digest"] == loaded["digest"]
+    assert (_wakes(server, "e", "cold"), _wakes(server, "e", "warm")) == (1, 2)
     assert server.manage("PUT", to_0).status == 200
     wait_until(lambda: _server_maps(server, weights) > 0, 15, "e warm again")
     assert server.manage("DELETE", "/models/e").status == 200
