@@ -40,6 +40,7 @@ _LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
 
 _folder: str | None = None
 _max_bytes = 0
+_converted_s = 0.0  # this worker's time converting: READY's ``phases`` (weights.timings)
 
 
 def configure(folder: Any, max_bytes: Any) -> None:
@@ -47,6 +48,13 @@ def configure(folder: Any, max_bytes: Any) -> None:
     global _folder, _max_bytes
     ok = isinstance(folder, str) and os.path.isabs(folder) and type(max_bytes) is int
     _folder, _max_bytes = (folder, max_bytes) if ok else (None, 0)
+
+
+def converted_s() -> float:
+    """Seconds this worker spent converting legacy checkpoints (0: it mapped copies already
+    made, or none). A worker that converted read and converted its weights again: its load is
+    a cold one, whatever the warm tier held (the server counts it so)."""
+    return _converted_s
 
 
 def is_legacy(path: str) -> bool:
@@ -62,6 +70,7 @@ def mappable(path: str, weights_only: bool) -> str | None:
     """The zip-format copy of the legacy checkpoint ``path`` (converted now if there is none
     for this file as it is), or None when it is not to be converted (no folder, too big, no
     room). A failure to load the file raises as ``torch.load`` would have."""
+    global _converted_s
     if _folder is None:
         return None
     st = os.stat(path)
@@ -82,7 +91,11 @@ def mappable(path: str, weights_only: bool) -> str | None:
         log.warning("%s is in torch's legacy format; not converted to a mappable copy: %.0f MiB"
                     " free in %s", path, free / MIB, _folder)  # fmt: skip
         return None
-    _convert(path, target, st.st_size, weights_only)
+    started = time.monotonic()
+    try:
+        _convert(path, target, st.st_size, weights_only)
+    finally:
+        _converted_s += time.monotonic() - started
     return target
 
 

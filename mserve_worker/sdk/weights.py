@@ -52,8 +52,13 @@ def enabled() -> bool:
 
 def timings() -> dict[str, float]:
     """Seconds this worker spent in :func:`load_weights` (``weights_s``) and, of those,
-    mapping the pages (``populate_s``): READY's ``phases``, which the server logs."""
-    return {k: round(v, 4) for k, v in _timings.items()}
+    mapping the pages (``populate_s``) and converting legacy checkpoints (``convert_s``, only
+    when it did: the server then counts its load cold): READY's ``phases``, which the server
+    logs."""
+    out = {k: round(v, 4) for k, v in _timings.items()}
+    if convert.converted_s():
+        out["convert_s"] = max(round(convert.converted_s(), 4), 0.0001)  # never 0 when it did
+    return out
 
 
 def mapped_files() -> list[list[Any]]:

@@ -8,7 +8,7 @@ model warm is worth (its request rate x its cold load time) ranks the tier's dro
 counted in the metrics, and the residency chore's pass measures the tier and, once a minute
 after the start, sweeps the copies of models no longer registered. A model that had no worker
 and has one ready again (a load on demand, or a scale from 0) is counted as a wake, warm or
-cold.
+cold as its worker's weights really came.
 """
 
 from __future__ import annotations
@@ -99,8 +99,12 @@ class WarmKeeper:
         """``model`` had no worker and has one ready after ``seconds``: its wake or cold load
         time into its footprint, the wake counted by tier; the log's words for where its
         weights came from (:data:`SOURCES`). ``warm`` when its admission took files from the
-        tier (``taken``), else ``cold``."""
-        tier = "warm" if taken else "cold"
+        tier (``taken``) and its worker mapped every one of them (READY's ``mapped``): it
+        used the kept pages. Otherwise ``cold``: a worker that converted a legacy checkpoint
+        replaced in place (mserve_worker/sdk/convert.py) read and converted its weights
+        again, and maps a new copy, not the one the tier held."""
+        used = {path for path, _size in mapped}
+        tier = "warm" if taken and used.issuperset(taken) else "cold"
         self.footprints.loaded(model.label, seconds, warm=tier == "warm")
         if self.metrics is not None:
             self.metrics.model_woken(model.name, model.version, tier)

@@ -682,7 +682,8 @@ def default_python() -> str:
 def _phases(launched: float, reported: Any, load_s: Any) -> str:
     """READY's ``phases`` (the worker's clock times, same machine) as the steps of its start:
     the process up, INIT received, the handler loaded and, of that, the weights (and touching
-    their pages); empty when the worker said nothing usable."""
+    their pages, and converting a legacy checkpoint when it did); empty when the worker said
+    nothing usable."""
     if not isinstance(reported, dict):
         return ""
     times = {k: v for k, v in reported.items() if isinstance(v, (int, float))}
@@ -697,6 +698,8 @@ def _phases(launched: float, reported: Any, load_s: Any) -> str:
         if times.get("weights_s"):
             text += f", weights {times['weights_s']:.3f} s"
             text += f" (pages touched {times.get('populate_s', 0.0):.3f} s)"
+        if times.get("convert_s"):
+            text += f", a legacy checkpoint converted {times['convert_s']:.3f} s"
     return text
 
 

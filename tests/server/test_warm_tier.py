@@ -378,14 +378,22 @@ def test_a_legacy_checkpoint_is_converted_once_and_mapped_thereafter(server: Ser
     woken = _ask(server, "legacy")
     assert (woken["digest"], woken["mapped"]) == (loaded["digest"], True)
     assert _conversions(server) == 1  # mapped, not converted again
+    assert (_wakes(server, "legacy", "cold"), _wakes(server, "legacy", "warm")) == (1, 1)
     # the source replaced (another file, same bytes): converted again, the old copy gone
     fresh = source.with_name("weights.new")
     fresh.write_bytes(source.read_bytes())
     fresh.replace(source)
     _unload(server, "legacy")
+    wait_until(lambda: _server_maps(server, str(copies[0])) > 0, 15, "the old copy kept warm")
     again = _ask(server, "legacy")
     assert (again["digest"], again["mapped"]) == (loaded["digest"], True)
     assert _conversions(server) == 2
+    # its weights were read and converted again, not mapped from the tier: a cold load
+    assert (_wakes(server, "legacy", "cold"), _wakes(server, "legacy", "warm")) == (2, 1)
+    log = (server.run_dir / "logs" / "mserve.log").read_text()
+    assert "model legacy:1.0 loaded on demand in" in log
+    assert len(re.findall(r"model legacy:1\.0 loaded on demand in \S+ s \(cold\)", log)) == 2
+    assert ", a legacy checkpoint converted " in log  # the worker's ready line
     assert len(list(folder.iterdir())) == 1 and not copies[0].exists()
     assert server.manage("DELETE", "/models/legacy").status == 200
     assert not folder.exists()
