@@ -10,7 +10,9 @@ job. A batch is filled by taking jobs one at a time, so batches are shared fairl
 Used only while the server has tenants (server/tenants/); without, the plain JobQueue runs.
 Under sequence batching each worker's lane is one too: it holds one request per sequence bound
 to that worker, so a tenant with many sequences open is served in turn with one that has few
-(the order within a sequence is kept: only one of its requests is ever in a lane).
+(the order within a sequence is kept: only one of its requests is ever in a lane), and the
+sequences past ``maxNumSequence`` wait for a seat in a FairLine, the same order for them (in
+use with or without tenants: without, it is arrival order).
 The lanes stand in for JobQueue's deque behind ``len()``, so its waiting and waking run as
 they are. Every request passes put and pop: they are written for a lone tenant's queue that
 empties after each request (no lane made or looked up twice, no tuple or method call that
@@ -22,8 +24,14 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from server.models.batching import Job, JobQueue, QueueFull
+
+if TYPE_CHECKING:
+    from server.tenants import Tenant
+
+T = TypeVar("T")
 
 # Tenants contend while a second tenant's lane is waiting, and for this many requests taken
 # after the tenant taken changed: then workers are sent fewer batches ahead (server/models/pump.py)
@@ -196,3 +204,52 @@ class FairJobQueue(JobQueue):
 
 def _head_tag(entry: tuple[str, collections.deque[Job]]) -> float:
     return entry[1][0].tag
+
+
+class FairLine(Generic[T]):
+    """What waits for a seat, let in by the fair queue's order: sequences past
+    ``maxNumSequence`` (server/models/sequences.py). Each gets a start tag when it comes, as a
+    job does in FairJobQueue (``max(now, its tenant's last finish)``, the finish moving on by
+    ``1/weight``), whether it waits or is seated at once; a seat freed goes to the smallest tag
+    waiting, ties to the one that came first. Without tenants (tenant None) tags rise by one
+    each: arrival order. Taking the smallest of all is a pass over what waits, once per seat
+    freed: the line is bounded by the model's queue (each waiting sequence holds a request)."""
+
+    __slots__ = ("_finish", "_tags", "_virtual")
+
+    def __init__(self) -> None:
+        self._tags: dict[T, float] = {}  # what waits, in arrival order: its tag
+        self._finish: dict[str, float] = {}  # each tenant's last finish tag
+        self._virtual = 0.0  # the tag of the last one seated
+
+    def __len__(self) -> int:
+        return len(self._tags)
+
+    def __contains__(self, item: T) -> bool:
+        return item in self._tags
+
+    def tag(self, tenant: Tenant | None) -> float:
+        """The start tag of ``tenant``'s next newcomer."""
+        name, step = ("", 1.0) if tenant is None else (tenant.name, 1.0 / tenant.weight)
+        start = max(self._finish.get(name, 0.0), self._virtual)
+        self._finish[name] = start + step
+        return start
+
+    def put(self, item: T, tag: float) -> None:
+        self._tags[item] = tag
+
+    def remove(self, item: T) -> None:
+        self._tags.pop(item, None)
+
+    def pop(self) -> T:
+        """The next to be seated (its seat's :meth:`seated` moves "now" on); the line must
+        not be empty (ValueError)."""
+        tags = self._tags
+        item = min(tags, key=tags.__getitem__)
+        del tags[item]
+        return item
+
+    def seated(self, tag: float) -> None:
+        """One with ``tag`` took a seat: "now" is its tag (it never moves back)."""
+        if tag > self._virtual:
+            self._virtual = tag

@@ -19,8 +19,10 @@ as TorchServe "does not process" it), so that a client cannot go on with state t
 dropped; the last :data:`EXPIRED_KEPT` expired ids are remembered.
 
 At most ``maxNumSequence`` (at least batchSize x maxWorkers) sequences are open at once; a new
-one beyond that waits, in order, for one to close. At most ``maxSequenceJobQueueSize`` requests
-of one sequence wait behind the one being run; another is refused (429).
+one beyond that waits for one to close: in order, or while the server has tenants in the fair
+queue's order (server/models/fair.py FairLine: by weight, a quiet tenant's first). At most
+``maxSequenceJobQueueSize`` requests of one sequence wait behind the one being run; another is
+refused (429).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 from server.config.model_settings import ModelSettings
 from server.errors import RequestExpired, SequenceExpired, TooManyRequests
 from server.models.batching import Job, JobQueue
+from server.models.fair import FairLine
 
 # Expired sequence ids remembered, to refuse their late requests: a bound on the memory (an id
 # forgotten opens a new sequence again, as a closed one does)
@@ -45,10 +48,13 @@ EXPIRED_KEPT = 10_000
 class Sequence:
     """One open (or waiting) sequence: its lane, the requests waiting, the one being run."""
 
-    __slots__ = ("ending", "id", "lane", "opened_at", "pending", "running", "timer", "used_at")
+    __slots__ = (
+        "ending", "id", "lane", "opened_at", "pending", "running", "tag", "timer", "used_at"
+    )  # fmt: skip
 
-    def __init__(self, sequence_id: str) -> None:
+    def __init__(self, sequence_id: str, tag: float = 0.0) -> None:
         self.id = sequence_id
+        self.tag = tag  # its place in the line for a seat (FairLine), given when it opened
         self.lane: JobQueue | None = None  # its worker slot's queue; None while it waits
         self.pending: collections.deque[Job] = collections.deque()
         self.running: Job | None = None
@@ -75,7 +81,7 @@ class Sequences:
         self._lanes = lanes
         self._cancelled = cancelled  # counts a request stopped by expiry (ModelStats.cancelled)
         self.open: dict[str, Sequence] = {}
-        self.waiting: collections.deque[Sequence] = collections.deque()  # past maxNumSequence
+        self.waiting: FairLine[Sequence] = FairLine()  # past maxNumSequence
         self.expired: collections.OrderedDict[str, str] = collections.OrderedDict()  # id: why
 
     @property
@@ -106,7 +112,8 @@ class Sequences:
                     f"sequence {sequence_id} of model {self.label} expired ({why}); send the"
                     f" request without {self.id_header} to start a new sequence"
                 )
-            sequence = self.open[sequence_id] = Sequence(sequence_id)
+            tag = self.waiting.tag(job.tenant)  # its opener's tenant's turn
+            sequence = self.open[sequence_id] = Sequence(sequence_id, tag)
             self._bind(sequence)
         waiting = sum(1 for j in sequence.pending if not j.future.done())
         if waiting >= self.settings.max_sequence_job_queue_size:
@@ -153,7 +160,7 @@ class Sequences:
         if not self._lanes():
             return
         while self.waiting and len(self.bound()) < self.limit:
-            nxt = self.waiting.popleft()
+            nxt = self.waiting.pop()
             self._bind(nxt)
             if nxt.lane is None:
                 return
@@ -171,10 +178,10 @@ class Sequences:
         lanes = self._lanes()
         if not lanes or len(bound) >= self.limit:
             if sequence not in self.waiting:
-                self.waiting.append(sequence)
+                self.waiting.put(sequence, sequence.tag)
             return
-        if sequence in self.waiting:
-            self.waiting.remove(sequence)
+        self.waiting.remove(sequence)
+        self.waiting.seated(sequence.tag)
         load = {id(lane): 0 for lane in lanes}
         for s in bound:
             if id(s.lane) in load:
@@ -256,8 +263,7 @@ class Sequences:
         if sequence.timer is not None:
             sequence.timer.cancel()
             sequence.timer = None
-        if sequence in self.waiting:
-            self.waiting.remove(sequence)
+        self.waiting.remove(sequence)
         sequence.lane = None
         self.slot_added()  # the next waiting one opens, if there is room now
 

@@ -11,7 +11,7 @@ import pytest
 
 from mserve_worker.protocol import RequestItem
 from server.models.batching import Job, QueueFull
-from server.models.fair import CONTENDED_FOR, FairJobQueue
+from server.models.fair import CONTENDED_FOR, FairJobQueue, FairLine
 from server.tenants import Tenant, TenantSpec
 
 
@@ -118,3 +118,36 @@ def test_contention_and_a_lone_tenant_whose_queue_empties() -> None:
         assert len(alone) == 0 and alone.served == {"heavy": CONTENDED_FOR + 1}
 
     run(body)
+
+
+def test_the_line_for_a_seat_goes_by_weight_and_without_tenants_by_arrival() -> None:
+    """FairLine: sequences past maxNumSequence (server/models/sequences.py) waiting for a seat."""
+    heavy, light = Tenant(TenantSpec("heavy", weight=3)), Tenant(TenantSpec("light"))
+
+    def seats(line: FairLine[str], n: int) -> list[str]:
+        out = []
+        for _ in range(n):
+            name = line.pop()
+            line.seated(tags[name])
+            out.append(name)
+        return out
+
+    line: FairLine[str] = FairLine()
+    tags = {f"s{i}": line.tag(None) for i in range(4)}  # no tenants: arrival order
+    for name in ("s0", "s1", "s2", "s3"):
+        line.put(name, tags[name])
+    line.remove("s1")  # its client left
+    assert seats(line, 3) == ["s0", "s2", "s3"] and not line
+    line = FairLine()
+    tags = {f"h{i}": line.tag(heavy) for i in range(8)}
+    tags.update({f"l{i}": line.tag(light) for i in range(2)})  # they come last
+    for name in tags:
+        line.put(name, tags[name])
+    assert seats(line, 6) == ["h0", "l0", "h1", "h2", "h3", "l1"]  # 3 of heavy's per light's
+    # a sequence back in line (its worker gone) keeps the tag it had: it goes first
+    line.put("h1", tags["h1"])
+    assert seats(line, 1) == ["h1"]
+    # a tenant quiet so far starts at "now": next, not behind heavy's backlog
+    tags["quiet"] = line.tag(Tenant(TenantSpec("quiet")))
+    line.put("quiet", tags["quiet"])
+    assert seats(line, 2) == ["quiet", "h4"]

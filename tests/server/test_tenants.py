@@ -68,6 +68,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             "-f"]  # fmt: skip
     out = CliRunner().invoke(archiver_main, args, catch_exceptions=False)
     assert out.exit_code == 0, out.output
+    # one seat: every other sequence waits for it (maxNumSequence)
+    (root / "seat.yaml").write_text("minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\n"
+                                    "sequenceBatching: true\nmaxNumSequence: 1\n")  # fmt: skip
+    args = [*args[:1], "seat", *args[2:9], str(root / "seat.yaml"), "-f"]
+    out = CliRunner().invoke(archiver_main, args, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
     (root / "tenants.yaml").write_text(tenants_yaml())
     settings: dict[str, Any] = {f"{api}_address": "127.0.0.1:0" for api in
                 ("inference", "management", "metrics", "grpc_inference", "grpc_management")}  # fmt: skip
@@ -77,7 +83,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     run_dir = root / "run"
     cli = ["--config", str(config), "--run-dir", str(run_dir)]
     started = subprocess.run(
-        [MSERVE, "--start", *cli, "--models", "paced=paced.mar", "gen=gen.mar", "seq=seq.mar"],
+        [MSERVE, "--start", *cli, "--models", "paced=paced.mar", "gen=gen.mar", "seq=seq.mar",
+         "seat=seat.mar"],
         capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
@@ -145,6 +152,55 @@ def test_a_sequence_batched_models_lanes_are_fair_queues_counted_per_tenant(
     after = counts(server, model="seq")
     assert after["heavy"] - before.get("heavy", 0) == 2
     assert after["light"] - before.get("light", 0) == 1
+
+
+def test_sequences_waiting_for_a_seat_get_it_in_the_fair_order(server: Server) -> None:
+    """Past maxNumSequence a new sequence waits for a seat; the seats go by the fair queue's
+    order, not by arrival: six of heavy's (weight 3) come before two of light's (weight 1),
+    and light's first is seated first, its second after three of heavy's."""
+
+    def send(key: str, sequence: str, end: bool = False) -> Any:
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json",
+                   "ts_request_sequence_id": sequence}  # fmt: skip
+        if end:
+            headers["ts_request_sequence_end"] = "true"
+        reply = http("POST", server.url("inference", "/predictions/seat"), b'{"add": 1}', headers)
+        assert reply.status == 200, reply.body
+        return reply
+
+    def depth() -> int:
+        reply = http("GET", server.url("management", "/models/seat"), None,
+                     {"Authorization": f"Bearer {server.key('management')}"})  # fmt: skip
+        return int(reply.json()[0]["queueDepth"])
+
+    send(KEYS["heavy"], "holder")  # takes the one seat and keeps it
+    seated: list[str] = []  # in the order their first requests were answered
+    lock = threading.Lock()
+
+    def first(key: str, sequence: str) -> None:
+        send(key, sequence)
+        with lock:
+            seated.append(sequence)
+
+    threads = []
+    for names, key in ((["h1", "h2", "h3", "h4", "h5", "h6"], KEYS["heavy"]),
+                       (["l1", "l2"], KEYS["light"])):  # fmt: skip
+        for name in names:
+            threads.append(threading.Thread(target=first, args=(key, name), daemon=True))
+            threads[-1].start()
+        # all of heavy's wait before light's come: in arrival order light's would be last
+        wait_until(lambda: depth() == len(threads), 30, f"{len(threads)} waiting")
+    send(KEYS["heavy"], "holder", end=True)  # frees the seat
+    for n in range(1, 9):  # one seat: each is answered, then ended, freeing it for the next
+        wait_until(lambda n=n: len(seated) >= n, 30, f"sequence {n} seated")
+        assert len(seated) == n  # never two at once
+        name = seated[-1]
+        send(KEYS["heavy" if name[0] == "h" else "light"], name, end=True)
+    for thread in threads:
+        thread.join(30)
+    # tags: heavy's 1/3 apart after the holder's 0, light's 1 apart from 0; a tie (1.0) goes
+    # to the one that came first
+    assert [name[0] for name in seated] == list("lhhhlhhh"), seated
 
 
 def test_the_access_log_names_the_tenant(server: Server) -> None:
