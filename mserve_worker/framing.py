@@ -49,6 +49,7 @@ class Kind(enum.IntEnum):
     STEP = 10
     RELOAD = 11
     RELOADED = 12
+    STARTED = 13
 
 
 _KINDS = {kind.value: kind for kind in Kind}

@@ -136,6 +136,7 @@ __all__ = [
     "reload_frame",
     "reloaded_frame",
     "result_frame",
+    "started_frame",
     "step_frame",
 ]
 
@@ -224,19 +225,25 @@ class RequestItem:
         return f"RequestItem({inner})"
 
 
-def batch_frame(batch_id: int, items: Sequence[RequestItem], *, check: bool = True) -> Frame:
+def batch_frame(
+    batch_id: int, items: Sequence[RequestItem], *, check: bool = True, ahead: bool = False
+) -> Frame:
     """Build a BATCH frame; fields are checked here so a bad item fails in the server, not later
     in a worker far from its cause. ``check=False`` is for the server's hot path, whose items
-    come straight from the HTTP layer (all strings by construction)."""
+    come straight from the HTTP layer (all strings by construction). ``ahead``: the worker runs
+    it before the batches it holds that have not started (see :mod:`.channel`)."""
     if not check:
         entries = [_entry(item, len(item.body)) for item in items]
         texts = [_packed_text(e) if type(e) is list else None for e in entries]
+        meta: dict[str, Any] = {"batch_id": batch_id, "requests": entries}
+        if ahead:
+            meta["ahead"] = True
         return Frame(
             _BATCH,
-            {"batch_id": batch_id, "requests": entries},
+            meta,
             items[0].body if len(items) == 1 else b"".join(item.body for item in items),
-            None  # an object entry: the encoder writes the meta
-            if None in texts
+            None  # an object entry (or a batch sent ahead): the encoder writes the meta
+            if ahead or None in texts
             else f'{{"batch_id":{batch_id},"requests":[{",".join(texts)}]}}',  # type: ignore[arg-type]
         )
     _check_uint(batch_id, "BATCH batch_id")
@@ -257,7 +264,10 @@ def batch_frame(batch_id: int, items: Sequence[RequestItem], *, check: bool = Tr
         )
         entries.append(_entry(checked, len(body)))
         bodies.append(body)
-    return Frame(Kind.BATCH, {"batch_id": batch_id, "requests": entries}, b"".join(bodies))
+    meta = {"batch_id": batch_id, "requests": entries}
+    if ahead:
+        meta["ahead"] = True
+    return Frame(Kind.BATCH, meta, b"".join(bodies))
 
 
 _flat = itertools.chain.from_iterable
@@ -400,6 +410,13 @@ def cancel_frame(batch_id: int, request_ids: Sequence[str]) -> Frame:
         Kind.CANCEL,
         {"batch_id": batch_id, "ids": [_check_str(r, "CANCEL ids[]") for r in request_ids]},
     )
+
+
+def started_frame(batch_id: int) -> Frame:
+    """The worker runs batch ``batch_id`` now, before batches sent earlier that it had not
+    started (it was sent ``ahead``): the server keeps its batches in the order they run."""
+    _check_uint(batch_id, "STARTED batch_id")
+    return Frame(Kind.STARTED, {"batch_id": batch_id})
 
 
 def parse_cancel(frame: Frame) -> tuple[int, list[str]]:

@@ -40,10 +40,6 @@ from .service import BatchFailed, HandlerService, LoadFailed
 # (the server's own stop waits 5 s before SIGTERM); none if the server process is gone.
 _GRACE_AFTER_CLOSE_S = 5.0
 _PF_EXITING = 0x4  # /proc/<pid>/stat flags: the process is being torn down (linux/sched.h)
-# A batch that waited behind others for longer than this gets a look at the socket for CANCELs
-# first; one that waited less is run at once. With eight requests in flight, polling before every
-# batch was one failing recv() per request for a window of a few hundred microseconds.
-_CANCEL_POLL_AFTER_S = 0.001
 # The exit status of a worker that got a frame it cannot trust (1: its handler failed to load).
 EXIT_PROTOCOL_ERROR = 3
 
@@ -275,8 +271,6 @@ def _serve(channel: Channel, fd: int, started: float | None = None) -> int:
             if frame.kind != Kind.BATCH:
                 raise ProtocolError(f"unexpected {frame.kind.name} frame after INIT")
             batch_id, items = parse_batch(frame)
-            if channel.buffered and time.monotonic() - channel.read_at > _CANCEL_POLL_AFTER_S:
-                channel.poll()  # it waited here behind another batch: its callers may have left
             send(_answer(serve, service, batch_id, items, channel.cancelled(batch_id)))
     finally:
         service.shutdown()

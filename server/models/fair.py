@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from server.models.batching import Job, JobQueue, QueueFull
@@ -69,6 +69,9 @@ class FairJobQueue(JobQueue):
         self._taken = 0  # requests taken so far
         self._last: str | None = None  # the tenant of the last one
         self._contended_until = 0  # contended() until that many are taken
+        # the pumps of the model's workers (server/models/pump.py): each may send a tenant's
+        # job that starts to wait beside others' ahead of the batches its worker holds (True)
+        self.ahead_takers: list[Callable[[], bool]] = []
 
     def __len__(self) -> int:
         return self._jobs.count
@@ -93,15 +96,23 @@ class FairJobQueue(JobQueue):
         lane = self._made.get(name)
         if lane is None:
             lane = self._made[name] = collections.deque()
+        newcomer = False
         if not lane:  # its lane starts waiting
             lanes = jobs.lanes
             lanes[name] = lane
             if len(lanes) > 1:  # beside another tenant's waiting jobs
                 self._contended_until = self._taken + CONTENDED_FOR
+                newcomer = True
+            else:
+                newcomer = self._taken < self._contended_until
         lane.append(job)
         jobs.count += 1
         if self._waiters:
             self._wake(1)
+        elif newcomer:
+            for take in self.ahead_takers:
+                if take():
+                    break
 
     def requeue(self, jobs: list[Job]) -> None:
         """Accepted jobs go back at the head of their lanes with the tags they had (taken
@@ -176,6 +187,35 @@ class FairJobQueue(JobQueue):
         if job.trace is not None:
             job.trace.popped = time.monotonic()
         return job
+
+    def pop_ahead(self, busy: Container[str], most: int) -> list[Job]:
+        """Up to ``most`` jobs of the tenants not in ``busy`` (those with requests in flight to
+        the worker asking), smallest tag first: the batch a pump sends ahead of those its
+        worker holds. Taking them moves "now" on as :meth:`pop` does."""
+        jobs = self._jobs
+        lanes = jobs.lanes
+        out: list[Job] = []
+        while len(out) < most:
+            best: tuple[str, collections.deque[Job]] | None = None
+            for name, lane in lanes.items():
+                if name not in busy and (best is None or lane[0].tag < best[1][0].tag):
+                    best = (name, lane)
+            if best is None:
+                break
+            name, lane = best
+            job = lane.popleft()
+            if not lane:
+                del lanes[name]
+            jobs.count -= 1
+            if job.future.done():  # the client went away
+                continue
+            if job.tag > self._virtual:
+                self._virtual = job.tag
+            self._took(name)
+            if job.trace is not None:
+                job.trace.popped = time.monotonic()
+            out.append(job)
+        return out
 
     def fail_all(self, error: BaseException) -> int:
         failed = 0

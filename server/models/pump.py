@@ -162,12 +162,12 @@ class BatchPump:
         size = self.settings.batch_size
         one = size == 1
 
-        def send(live: list[Job]) -> bool:
+        def send(live: list[Job], ahead: bool = False) -> bool:
             """Send one batch; False if that failed (its callers got a 500; the caller then
             kills the worker)."""
             try:
                 sent_at = time.monotonic()
-                batch = worker.send_batch([j.item for j in live], timeout_s)
+                batch = worker.send_batch([j.item for j in live], timeout_s, ahead)
             except Exception as exc:  # the supervisor's task guard: never strand a caller
                 log.exception("model %s: unexpected error sending a batch", self.label)
                 fail_jobs(live, InternalError(f"internal error sending the batch: {exc!r}"))
@@ -181,7 +181,16 @@ class BatchPump:
             batch.future.add_done_callback(
                 functools.partial(self._settle, pipe, worker, live, batch)
             )
+            if fair:
+                pipe.sent(batch, ahead)  # type: ignore[attr-defined]
             return True
+
+        def lose_worker() -> None:
+            """A send from a callback failed: kill the worker (from a task) and stop."""
+            kill = asyncio.ensure_future(worker.kill())
+            pipe.tasks.add(kill)
+            kill.add_done_callback(pipe.tasks.discard)
+            pipe.lose(send_failed)
 
         def take() -> bool:
             """Send what is queued from here, a callback, rather than wake this task to do it (a
@@ -205,10 +214,27 @@ class BatchPump:
             while len(live) < size and (job := queue.pop()) is not None:
                 live.append(job)
             if not send(live):
-                kill = asyncio.ensure_future(worker.kill())
-                pipe.tasks.add(kill)
-                kill.add_done_callback(pipe.tasks.discard)
-                pipe.lose(send_failed)
+                lose_worker()
+            return True
+
+        def ahead() -> bool:
+            """A tenant's job started to wait beside others' (FairJobQueue.put): if this worker
+            holds a batch it has not started, and the job's tenant has nothing in flight here,
+            send that tenant's jobs (and those of any other such tenant, up to ``batch_size``)
+            now, to run before it; one such batch at a time. True if it sent one."""
+            if (
+                pipe.in_flight < 2
+                or pipe.ahead_batch is not None  # type: ignore[attr-defined]
+                or pipe.lost.is_set()
+                or retired.is_set()
+                or not worker.can_take()
+            ):
+                return False
+            live = queue.pop_ahead(pipe.busy(), size)  # type: ignore[attr-defined]
+            if not live:
+                return False
+            if not send(live, ahead=True):
+                lose_worker()
             return True
 
         def refill() -> bool:
@@ -218,6 +244,31 @@ class BatchPump:
 
         if one:
             pipe.refill = refill
+        sends_ahead = fair and worker.reorders
+        if sends_ahead:
+            queue.ahead_takers.append(ahead)  # type: ignore[attr-defined]
+        try:
+            await self._gather(worker, pipe, retired, send, take, fill, delay_s, send_failed)
+        finally:
+            if sends_ahead:
+                queue.ahead_takers.remove(ahead)  # type: ignore[attr-defined]
+        pipe.refill = None
+        while pipe.in_flight:  # a retiring worker finishes what it was given
+            await pipe.wait()
+        worker.on_lost(None)
+        if not pipe.reasons:
+            return None
+        # "" is a batch that was only queued behind the lost one, or a death while idle: say
+        # the real why
+        return next((r for r in pipe.reasons if r), None) or await worker.ended()
+
+    async def _gather(
+        self, worker: Worker, pipe: _Pipeline, retired: Retired,
+        send: Callable[[list[Job]], bool], take: Callable[[], bool], fill: bool,
+        delay_s: float, send_failed: str,
+    ) -> None:  # fmt: skip
+        """Form batches and send them while the worker lives and is not retired."""
+        queue, one = self.queue, self.settings.batch_size == 1
         while not pipe.lost.is_set():
             if pipe.in_flight >= pipe.depth:
                 await pipe.wait()
@@ -239,15 +290,6 @@ class BatchPump:
                 await worker.kill()
                 pipe.lose(send_failed)
                 break
-        pipe.refill = None
-        while pipe.in_flight:  # a retiring worker finishes what it was given
-            await pipe.wait()
-        worker.on_lost(None)
-        if not pipe.reasons:
-            return None
-        # "" is a batch that was only queued behind the lost one, or a death while idle: say
-        # the real why
-        return next((r for r in pipe.reasons if r), None) or await worker.ended()
 
     def _settle(
         self, pipe: _Pipeline, worker: Worker, live: list[Job], batch: Batch, _done: Any
@@ -402,12 +444,42 @@ class _FairPipeline(_Pipeline):
     batches ahead: what waits in its socket is served in order, not fairly. Otherwise (one
     tenant) as many as without tenants: fewer cost the frontend more writes per request.
 
+    A tenant whose job starts to wait while the worker holds a batch it has not started, and
+    who has nothing in flight to it, is sent a batch of its own that runs next, before the
+    held one (``BatchPump.serve``'s ``ahead``; the worker says STARTED): it waits for the batch
+    running, not for the one behind it too. One such batch at a time.
+
     One batch at a time while a quiet tenant waits beside a noisy one was measured and left
     out (MLP, batch 8, same-run A/B, docs/tenants.md): the quiet tenant's p99 0.64-0.69x at
     load 9-15, but at load 4-7 no better and the noisy tenant's requests/s 0.71-0.74x: the
     worker idles for the round trip between batches."""
 
     queue: Any = None  # set by the pump: the FairJobQueue
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sent: list[Batch] = []  # in flight, oldest first
+        self.ahead_batch: Batch | None = None  # the batch sent ahead, until it settles
+
+    def sent(self, batch: Batch, ahead: bool) -> None:
+        self._sent.append(batch)
+        if ahead:
+            self.ahead_batch = batch
+
+    def busy(self) -> set[str]:
+        """The tenants with requests in flight to the worker ("" for none)."""
+        return {
+            "" if job.tenant is None else job.tenant.name
+            for batch in self._sent
+            if batch.jobs is not None
+            for job in batch.jobs
+        }
+
+    def done(self, refill: bool = True) -> None:
+        self._sent = [b for b in self._sent if not b.future.done()]
+        if self.ahead_batch is not None and self.ahead_batch.future.done():
+            self.ahead_batch = None
+        super().done(refill)
 
     @property  # type: ignore[override]
     def depth(self) -> int:

@@ -5,6 +5,11 @@ its socket while it runs the first means it never waits for the server's round t
 batches; the price is that a batch's clock (``response_timeout_s``) must start when the worker
 *starts* it, which is when the batch ahead of it is answered, not when it was sent.
 
+A batch sent "ahead" (server/models/pump.py: a tenant with nothing in flight while others'
+batches wait in the worker) may be started before batches sent earlier that the worker had not
+started; the worker then sends STARTED, and the batch moves to the head here, its clock started
+and the one it passed waiting again, so the batches stay in the order the worker runs them.
+
 It is an ``asyncio.Protocol`` rather than asyncio streams: a result resolves its batch's future
 straight from ``data_received`` (no reader task to wake), and frames queued by several
 dispatchers in one loop iteration leave in one write.
@@ -23,7 +28,7 @@ from mserve_worker.protocol import Frame, Kind
 
 # Enum members read per frame, bound once: on Python 3.11 ``Kind.RESULT`` goes through
 # EnumType.__getattr__, ~65 ns a lookup against ~5 ns for a global (docs/explanations/costs.md).
-_CHUNK, _STEP = Kind.CHUNK, Kind.STEP
+_CHUNK, _STEP, _STARTED = Kind.CHUNK, Kind.STEP, Kind.STARTED
 # what answers a sent frame, in order: a batch's RESULT or BATCH_FAILED, a reload step's RELOADED
 _ANSWERS = (Kind.RESULT, Kind.BATCH_FAILED, Kind.RELOADED)
 
@@ -116,6 +121,10 @@ class Channel(asyncio.Protocol):
                     return
             elif frame.kind is _STEP and self.on_step is not None:
                 self.on_step(frame)
+                if self.broken is not None:
+                    return
+            elif frame.kind is _STARTED and not self.concurrent:
+                self._started(frame.meta.get("batch_id"))
                 if self.broken is not None:
                     return
             elif frame.kind in _ANSWERS and self._batches:
@@ -272,6 +281,25 @@ class Channel(asyncio.Protocol):
     def _wake_control(self) -> None:
         if self._control_waiter is not None and not self._control_waiter.done():
             self._control_waiter.set_result(None)
+
+    def _started(self, batch_id: Any) -> None:
+        """STARTED: the worker runs batch ``batch_id`` now, ahead of the head batch (which it
+        had not started): that batch becomes the head, its clock starts and the one it passed
+        waits again. A STARTED for the head is a no-op; for no batch sent, a broken protocol."""
+        batches = self._batches
+        if batches and batches[0].batch_id == batch_id:
+            return
+        batch = next((b for b in batches if b.batch_id == batch_id), None)
+        if batch is None:
+            self.broken = f"STARTED for batch {batch_id!r}, which is not waiting in the worker"
+            self.close()
+            return
+        passed = batches[0]
+        batches.remove(batch)
+        batches.appendleft(batch)
+        self.waiting += passed.size - passed.cancelled - (batch.size - batch.cancelled)
+        passed.deadline = None
+        self._start_clock()
 
     def _start_clock(self) -> None:
         """The head batch is the one the worker runs now: its timeout starts here."""

@@ -157,6 +157,12 @@ class Worker:
         leave the others waiting in their collectives, so none is skipped."""
         return bool(self.peers) and self.spec.parallel.broadcast
 
+    @property
+    def reorders(self) -> bool:
+        """Whether a batch may be sent ``ahead`` (send_batch): it runs one batch at a time, and
+        alone (no ranks that would have to run the batches in the same order)."""
+        return not self.concurrent and not self.peers
+
     def on_lost(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` when the worker's channel is gone, busy or idle (None: stop)."""
         if self._channel is not None:
@@ -426,13 +432,14 @@ class Worker:
         """Requests sent to this worker that it has not started (they wait in its socket)."""
         return 0 if self._channel is None else self._channel.waiting
 
-    def send_batch(self, items: list[RequestItem], timeout_s: float) -> Batch:
+    def send_batch(self, items: list[RequestItem], timeout_s: float, ahead: bool = False) -> Batch:
         """Queue one batch for the worker. Several may be in flight: they run in order, and each
-        one's timeout starts when the worker starts it."""
+        one's timeout starts when the worker starts it. ``ahead`` (only where :attr:`reorders`):
+        it runs before those sent earlier that the worker has not started."""
         channel = self._channel
         assert channel is not None
         self._batch_ids += 1
-        frame = protocol.batch_frame(self._batch_ids, items, check=False)
+        frame = protocol.batch_frame(self._batch_ids, items, check=False, ahead=ahead)
         batch = channel.submit(self._batch_ids, frame, len(items), timeout_s)
         if self._lockstep:  # every rank runs it; rank 0 answers (TorchServe's broadcast)
             for peer in self.peers:

@@ -136,6 +136,7 @@ EXAMPLES = {
     Kind.RESULT: result_frame(3, [ResponseItem(200, b"ok")]),
     Kind.BATCH_FAILED: Frame(Kind.BATCH_FAILED, {"batch_id": 3, "error": "e", "traceback": "t"}),
     Kind.CANCEL: cancel_frame(4, ["r2", "r3"]),
+    Kind.STARTED: protocol.started_frame(4),
     Kind.CHUNK: chunk_frame(3, [ChunkItem(0, b"tok", 200, "text/plain", [["X-A", "1"]])]),
     Kind.RELOAD: protocol.reload_frame(3, "prepare"),
     Kind.RELOADED: protocol.reloaded_frame(
@@ -297,7 +298,7 @@ DECODE_ERRORS = [
         "unknown frame kind 0, expected one of 1 (HELLO), 2 (INIT), 3 (READY), 4 (LOAD_FAILED), "
         "5 (BATCH), 6 (RESULT), 7 (BATCH_FAILED), 8 (CANCEL), 9 (CHUNK), 10 (STEP)",
     ),
-    ("kind 13", raw_frame(kind=13), "unknown frame kind 13, expected one of 1 (HELLO), "),
+    ("kind 14", raw_frame(kind=14), "unknown frame kind 14, expected one of 1 (HELLO), "),
     ("flags", raw_frame(flags=0x8001), "frame flags must be 0 (reserved), got 0x8001"),
     (
         "reserved",
@@ -420,7 +421,7 @@ def test_decoder_limit_must_fit_u32(limit: object) -> None:
 # -- encode errors -------------------------------------------------------------------------------
 
 ENCODE_ERRORS = [
-    ("kind", Frame(13, {}), "unknown frame kind 13, expected one of 1 (HELLO)"),  # type: ignore[arg-type]
+    ("kind", Frame(14, {}), "unknown frame kind 14, expected one of 1 (HELLO)"),  # type: ignore[arg-type]
     (
         "meta list",
         Frame(Kind.INIT, [1]),

@@ -50,7 +50,7 @@ SERVER_MAX_PAYLOAD = 256
 TO_WORKER = (Kind.INIT, Kind.BATCH, Kind.CANCEL, Kind.RELOAD)
 TO_SERVER = (
     Kind.HELLO, Kind.READY, Kind.LOAD_FAILED, Kind.RESULT, Kind.BATCH_FAILED, Kind.CHUNK,
-    Kind.STEP, Kind.RELOADED,
+    Kind.STEP, Kind.RELOADED, Kind.STARTED,
 )  # fmt: skip
 assert set(TO_WORKER) | set(TO_SERVER) == set(Kind), "a new kind needs a strategy here"
 
@@ -167,6 +167,7 @@ FRAMES: dict[Kind, st.SearchStrategy[Frame]] = {
         text,
     ),
     Kind.CANCEL: st.builds(protocol.cancel_frame, uint, st.lists(text, max_size=4)),
+    Kind.STARTED: st.builds(protocol.started_frame, uint),
     Kind.CHUNK: st.builds(protocol.chunk_frame, uint, st.lists(chunk_item, max_size=4)),
     Kind.STEP: step_frames(),
     Kind.RELOAD: st.builds(protocol.reload_frame, uint, st.sampled_from(protocol.RELOAD_STEPS)),
