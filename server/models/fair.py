@@ -190,17 +190,21 @@ class FairJobQueue(JobQueue):
 
     def pop_ahead(self, busy: Container[str], most: int) -> list[Job]:
         """Up to ``most`` jobs of the tenants not in ``busy`` (those with requests in flight to
-        the worker asking), smallest tag first: the batch a pump sends ahead of those its
-        worker holds. Taking them moves "now" on as :meth:`pop` does."""
+        the worker asking), smallest tag first, and none with a later tag than a ``busy``
+        tenant's next: the batch a pump sends ahead of those its worker holds, which serves
+        no one before their turn. Taking them moves "now" on as :meth:`pop` does."""
         jobs = self._jobs
         lanes = jobs.lanes
         out: list[Job] = []
         while len(out) < most:
             best: tuple[str, collections.deque[Job]] | None = None
+            limit = float("inf")
             for name, lane in lanes.items():
-                if name not in busy and (best is None or lane[0].tag < best[1][0].tag):
+                if name in busy:
+                    limit = min(limit, lane[0].tag)
+                elif best is None or lane[0].tag < best[1][0].tag:
                     best = (name, lane)
-            if best is None:
+            if best is None or best[1][0].tag > limit:
                 break
             name, lane = best
             job = lane.popleft()

@@ -10,6 +10,7 @@ supervisor's job (server/models/version.py); the pump runs while one worker live
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import time
@@ -218,19 +219,23 @@ class BatchPump:
             return True
 
         def ahead() -> bool:
-            """A tenant's job started to wait beside others' (FairJobQueue.put): if this worker
-            holds a batch it has not started, and the job's tenant has nothing in flight here,
-            send that tenant's jobs (and those of any other such tenant, up to ``batch_size``)
-            now, to run before it; one such batch at a time. True if it sent one."""
+            """A tenant's job started to wait beside others' (FairJobQueue.put), or a batch
+            settled while tenants contend: if this worker holds a batch it has not started, and
+            a waiting job's tenant has nothing in flight here but batches sent ahead, send that
+            tenant's jobs (and those of any other such tenant, up to ``batch_size``; only those
+            the fair order serves no later than the others' waiting ones) now, to run before
+            it; the next such batch once this one started. True if it sent one."""
             if (
-                pipe.in_flight < 2
-                or pipe.ahead_batch is not None  # type: ignore[attr-defined]
+                pipe.ahead_waits()  # type: ignore[attr-defined]
                 or pipe.lost.is_set()
                 or retired.is_set()
                 or not worker.can_take()
             ):
                 return False
-            live = queue.pop_ahead(pipe.busy(), size)  # type: ignore[attr-defined]
+            busy = pipe.busy()  # type: ignore[attr-defined]
+            if not busy:  # the worker runs no other tenant's batch: the gatherer sends
+                return False
+            live = queue.pop_ahead(busy, size)  # type: ignore[attr-defined]
             if not live:
                 return False
             if not send(live, ahead=True):
@@ -247,11 +252,13 @@ class BatchPump:
         sends_ahead = fair and worker.reorders
         if sends_ahead:
             queue.ahead_takers.append(ahead)  # type: ignore[attr-defined]
+            pipe.send_ahead = ahead  # type: ignore[attr-defined]
         try:
             await self._gather(worker, pipe, retired, send, take, fill, delay_s, send_failed)
         finally:
             if sends_ahead:
                 queue.ahead_takers.remove(ahead)  # type: ignore[attr-defined]
+                pipe.send_ahead = None  # type: ignore[attr-defined]
         pipe.refill = None
         while pipe.in_flight:  # a retiring worker finishes what it was given
             await pipe.wait()
@@ -445,9 +452,11 @@ class _FairPipeline(_Pipeline):
     tenant) as many as without tenants: fewer cost the frontend more writes per request.
 
     A tenant whose job starts to wait while the worker holds a batch it has not started, and
-    who has nothing in flight to it, is sent a batch of its own that runs next, before the
-    held one (``BatchPump.serve``'s ``ahead``; the worker says STARTED): it waits for the batch
-    running, not for the one behind it too. One such batch at a time.
+    who has nothing in flight to it (but batches sent ahead), is sent a batch of its own that
+    runs next, before the held one (``BatchPump.serve``'s ``ahead``; the worker says STARTED):
+    it waits for the batch running, not for the one behind it too. Only jobs the fair order
+    would serve before the other tenants' waiting ones go ahead, so a light tenant cannot take
+    more than its share this way; a batch sent ahead waits for the previous one to start.
 
     One batch at a time while a quiet tenant waits beside a noisy one was measured and left
     out (MLP, batch 8, same-run A/B, docs/tenants.md): the quiet tenant's p99 0.64-0.69x at
@@ -458,28 +467,42 @@ class _FairPipeline(_Pipeline):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._sent: list[Batch] = []  # in flight, oldest first
-        self.ahead_batch: Batch | None = None  # the batch sent ahead, until it settles
+        # in flight, oldest first (and some settled, until they reach the front); sent ahead?
+        self._sent: collections.deque[tuple[Batch, bool]] = collections.deque()
+        self.ahead_batch: Batch | None = None  # the last batch sent ahead, until it settles
+        # the pump's ``ahead``: also tried when a batch settles, for a tenant whose request
+        # came while its previous one was in flight (then it was busy)
+        self.send_ahead: Callable[[], bool] | None = None
 
     def sent(self, batch: Batch, ahead: bool) -> None:
-        self._sent.append(batch)
+        self._sent.append((batch, ahead))
         if ahead:
             self.ahead_batch = batch
 
+    def ahead_waits(self) -> bool:
+        """Whether a batch sent ahead has not started yet (the channel starts its clock when
+        the worker starts it): the next one waits for that."""
+        return self.ahead_batch is not None and self.ahead_batch.deadline is None
+
     def busy(self) -> set[str]:
-        """The tenants with requests in flight to the worker ("" for none)."""
+        """The tenants with requests in flight to the worker in batches not sent ahead ("" for
+        none): a tenant whose requests all went ahead may be sent ahead again."""
         return {
             "" if job.tenant is None else job.tenant.name
-            for batch in self._sent
-            if batch.jobs is not None
+            for batch, ahead in self._sent
+            if not ahead and batch.jobs is not None and not batch.future.done()
             for job in batch.jobs
         }
 
     def done(self, refill: bool = True) -> None:
-        self._sent = [b for b in self._sent if not b.future.done()]
+        sent = self._sent
+        while sent and sent[0][0].future.done():
+            sent.popleft()
         if self.ahead_batch is not None and self.ahead_batch.future.done():
             self.ahead_batch = None
         super().done(refill)
+        if refill and self.send_ahead is not None and self.queue.contended():
+            self.send_ahead()  # before the gatherer wakes to take the queue's next
 
     @property  # type: ignore[override]
     def depth(self) -> int:

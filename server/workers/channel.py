@@ -198,6 +198,14 @@ class Channel(asyncio.Protocol):
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
 
+    def flush_now(self) -> None:
+        """Write what is queued now, not at the end of the loop iteration (a batch sent ahead:
+        a loop iteration of a busy frontend is long enough for the worker to start the batch
+        it should have passed)."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._flush()
+
     def submit(self, batch_id: int, frame: Frame, size: int, timeout_s: float) -> Batch:
         """Send a batch frame; its future gets the RESULT or BATCH_FAILED frame, or
         :class:`ChannelClosed` / :class:`BatchExpired`."""

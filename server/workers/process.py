@@ -441,6 +441,8 @@ class Worker:
         self._batch_ids += 1
         frame = protocol.batch_frame(self._batch_ids, items, check=False, ahead=ahead)
         batch = channel.submit(self._batch_ids, frame, len(items), timeout_s)
+        if ahead:
+            channel.flush_now()
         if self._lockstep:  # every rank runs it; rank 0 answers (TorchServe's broadcast)
             for peer in self.peers:
                 if peer._channel is not None:

@@ -151,3 +151,33 @@ def test_the_line_for_a_seat_goes_by_weight_and_without_tenants_by_arrival() -> 
     tags["quiet"] = line.tag(Tenant(TenantSpec("quiet")))
     line.put("quiet", tags["quiet"])
     assert seats(line, 2) == ["quiet", "h4"]
+
+
+def test_jobs_sent_ahead_are_the_idle_tenants_and_never_before_their_turn() -> None:
+    """pop_ahead (the batch a pump sends ahead of those its worker holds): only tenants with
+    nothing in flight there, at most the batch size, and none whose fair turn comes after the
+    busy tenants' next job; a newcomer beside others' jobs offers the pumps the chance."""
+
+    def body() -> None:
+        noisy, quiet, other = (Tenant(TenantSpec(n)) for n in ("noisy", "quiet", "other"))
+        queue = FairJobQueue(100)
+        offered: list[int] = []
+        queue.ahead_takers.append(lambda: offered.append(len(queue)) is not None and False)
+        for i in range(6):
+            queue.put(job(queue, noisy, f"n{i}"))
+        order(queue, 4)  # four of noisy's went to the worker; n4, n5 wait
+        assert offered == []  # one tenant: nobody to send ahead
+        for name in ("q0", "q1", "q2"):
+            queue.put(job(queue, quiet, name))
+        queue.put(job(queue, other, "o0"))
+        assert offered == [3, 6]  # quiet's lane and other's started to wait beside noisy's
+        # noisy is busy (in flight): never sent ahead; quiet's and other's, by tag, up to 2
+        taken = [j.item.request_id for j in queue.pop_ahead({"noisy"}, 2)]
+        assert taken == ["q0", "o0"]
+        # q1's turn ties with noisy's next (n4); q2's comes after it: it waits its turn
+        assert [j.item.request_id for j in queue.pop_ahead({"noisy"}, 8)] == ["q1"]
+        assert queue.pop_ahead({"noisy"}, 8) == []
+        assert order(queue, 3) == ["n4", "n5", "q2"]
+        assert queue.served == {"noisy": 6, "quiet": 3, "other": 1}
+
+    run(body)
