@@ -1,7 +1,9 @@
 """A model that takes PACE_S per batch and answers each request with the number of the batch
-it ran in (counted by this worker) and its own body: the order the worker ran them in."""
+it ran in (counted by this worker) and its own body: the order the worker ran them in. A
+request whose body is "crash" ends the worker's process instead."""
 
 import json
+import os
 import time
 
 PACE_S = 0.5
@@ -13,6 +15,8 @@ def handle(data, context):
     if data is None:
         return None
     _batches += 1
+    if any(row.get("body") in (b"crash", bytearray(b"crash"), "crash") for row in data):
+        os._exit(3)
     time.sleep(PACE_S)
     answers = []
     for row in data:
