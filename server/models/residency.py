@@ -44,7 +44,7 @@ from server.metrics.server_metrics import Metrics
 from server.models.eviction import DEFAULT_RELOAD_S, Rates
 from server.models.footprints import Footprints
 from server.models.warm import WarmTier
-from server.models.warm_keeper import WarmKeeper
+from server.models.warm_keeper import Kept, WarmKeeper
 from server.workers.process import Worker
 
 log = logging.getLogger(__name__)
@@ -57,19 +57,13 @@ REREAD_AFTER_S = MEASURE_EVERY_S
 MIB = 2**20
 
 
-class Resident(Protocol):
+class Resident(Kept, Protocol):
     """A model version as residency sees it (server/models/version.py's ModelVersion, which
-    imports this module: the dependency runs one way)."""
+    imports this module: the dependency runs one way): what the warm tier's keeper sees, and
+    more."""
 
     @property
-    def name(self) -> str: ...
-    @property
-    def version(self) -> str: ...
-    @property
-    def label(self) -> str: ...
-    @property
     def settings(self) -> ModelSettings: ...
-    def live_workers(self, retiring: bool = True) -> list[tuple[int | None, bool]]: ...
     def idle_since(self) -> float | None: ...
     def unload(self, why: str) -> list[asyncio.Task[None]]: ...
     def mapped_files(self) -> list[tuple[str, int]]: ...
