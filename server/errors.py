@@ -84,6 +84,14 @@ class ModelAlreadyExists(MserveError):
     type = "ConflictStatusException"
 
 
+class SequenceOfAnotherTenant(MserveError):
+    """A request names an open sequence that another tenant opened: a sequence's state (the
+    handler keeps it by the sequence id) is its opener's alone."""
+
+    status = 409
+    type = "ConflictStatusException"
+
+
 class InvalidModel(MserveError):
     """The archive cannot be registered: bad archive, bad manifest, handler failed to load."""
 

@@ -36,7 +36,12 @@ from collections.abc import Callable
 from typing import Any
 
 from server.config.model_settings import ModelSettings
-from server.errors import RequestExpired, SequenceExpired, TooManyRequests
+from server.errors import (
+    RequestExpired,
+    SequenceExpired,
+    SequenceOfAnotherTenant,
+    TooManyRequests,
+)
 from server.models.batching import Job, JobQueue
 from server.models.fair import FairLine
 
@@ -49,12 +54,14 @@ class Sequence:
     """One open (or waiting) sequence: its lane, the requests waiting, the one being run."""
 
     __slots__ = (
-        "ending", "id", "lane", "opened_at", "pending", "running", "tag", "timer", "used_at"
+        "ending", "id", "lane", "opened_at", "owner", "pending", "running", "tag", "timer",
+        "used_at",
     )  # fmt: skip
 
-    def __init__(self, sequence_id: str, tag: float = 0.0) -> None:
+    def __init__(self, sequence_id: str, tag: float = 0.0, owner: str | None = None) -> None:
         self.id = sequence_id
         self.tag = tag  # its place in the line for a seat (FairLine), given when it opened
+        self.owner = owner  # the tenant that opened it (None: no tenants); only it may go on
         self.lane: JobQueue | None = None  # its worker slot's queue; None while it waits
         self.pending: collections.deque[Job] = collections.deque()
         self.running: Job | None = None
@@ -113,8 +120,15 @@ class Sequences:
                     f" request without {self.id_header} to start a new sequence"
                 )
             tag = self.waiting.tag(job.tenant)  # its opener's tenant's turn
-            sequence = self.open[sequence_id] = Sequence(sequence_id, tag)
+            owner = None if job.tenant is None else job.tenant.name
+            sequence = self.open[sequence_id] = Sequence(sequence_id, tag, owner)
             self._bind(sequence)
+        elif sequence.owner != (None if job.tenant is None else job.tenant.name):
+            raise SequenceOfAnotherTenant(
+                f"sequence {sequence_id} of model {self.label} was opened with another tenant's"
+                f" key; send the request without {self.id_header} to start a sequence of your"
+                " own, or with an id of your own"
+            )
         waiting = sum(1 for j in sequence.pending if not j.future.done())
         if waiting >= self.settings.max_sequence_job_queue_size:
             raise TooManyRequests(

@@ -154,6 +154,29 @@ def test_a_sequence_batched_models_lanes_are_fair_queues_counted_per_tenant(
     assert after["light"] - before.get("light", 0) == 1
 
 
+def test_a_sequence_goes_on_only_with_its_openers_tenant(server: Server) -> None:
+    """A sequence's state is its opener's: another tenant naming its id is refused (409, the
+    sequence untouched), and the opener goes on as if nothing happened."""
+
+    def add(key: str, n: int, end: bool = False) -> Any:
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json",
+                   "ts_request_sequence_id": "shared-7"}  # fmt: skip
+        if end:
+            headers["ts_request_sequence_end"] = "true"
+        return http("POST", server.url("inference", "/predictions/seq"),
+                    json.dumps({"add": n}).encode(), headers)  # fmt: skip
+
+    assert add(KEYS["heavy"], 2).json()["sum"] == 2
+    refused = add(KEYS["light"], 100)
+    assert refused.status == 409, refused.body
+    assert refused.json()["message"] == (
+        "sequence shared-7 of model seq:1.0 was opened with another tenant's key; send the"
+        " request without ts_request_sequence_id to start a sequence of your own, or with an"
+        " id of your own"
+    )
+    assert add(KEYS["heavy"], 3, end=True).json()["sum"] == 5  # light's 100 never added
+
+
 def test_sequences_waiting_for_a_seat_get_it_in_the_fair_order(server: Server) -> None:
     """Past maxNumSequence a new sequence waits for a seat; the seats go by the fair queue's
     order, not by arrival: six of heavy's (weight 3) come before two of light's (weight 1),
