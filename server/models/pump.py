@@ -29,6 +29,7 @@ from server.errors import (
 )
 from server.metrics.model_stats import ModelStats
 from server.models.batching import Job, JobQueue, gather_batch
+from server.models.fair import FairJobQueue
 from server.streaming import ChunkStream
 from server.workers.channel import Batch, ChannelClosed
 from server.workers.process import Worker
@@ -141,13 +142,15 @@ class BatchPump:
         depth = pipeline_depth(self.settings.batch_size)
         if worker.concurrent:  # TorchServe's async worker is sent every batch the queue holds
             depth = max(depth, -(-self.settings.job_queue_size // self.settings.batch_size))
-        fair = self.queue.fair and not worker.concurrent
-        pipe = (_FairPipeline if fair else _Pipeline)(
-            depth, self.queue.new_future,
-            None if fill or self.settings.batch_size == 1 else self.queue.wake_filling,
-        )  # fmt: skip
-        if fair:
-            pipe.queue = self.queue  # type: ignore[attr-defined]
+        on_idle = None if fill or self.settings.batch_size == 1 else self.queue.wake_filling
+        # tenants: a fair queue, and the pipeline that sends batches ahead
+        fair_queue = self.queue if isinstance(self.queue, FairJobQueue) else None
+        fair_pipe = None
+        if fair_queue is not None and not worker.concurrent:
+            pipe: _Pipeline = _FairPipeline(depth, self.queue.new_future, on_idle, fair_queue)
+            fair_pipe = pipe
+        else:
+            pipe = _Pipeline(depth, self.queue.new_future, on_idle)
         delay_s = self.settings.max_batch_delay_ms / 1000
         retired = Retired(retire, self._others_serve, self.queue)
 
@@ -182,8 +185,8 @@ class BatchPump:
             batch.future.add_done_callback(
                 functools.partial(self._settle, pipe, worker, live, batch)
             )
-            if fair:
-                pipe.sent(batch, ahead)  # type: ignore[attr-defined]
+            if fair_pipe is not None:
+                fair_pipe.sent(batch, ahead)
             return True
 
         def lose_worker() -> None:
@@ -225,17 +228,18 @@ class BatchPump:
             tenant's jobs (and those of any other such tenant, up to ``batch_size``; only those
             the fair order serves no later than the others' waiting ones) now, to run before
             it; the next such batch once this one started. True if it sent one."""
+            assert fair_pipe is not None and fair_queue is not None
             if (
-                pipe.ahead_waits()  # type: ignore[attr-defined]
+                fair_pipe.ahead_waits()
                 or pipe.lost.is_set()
                 or retired.is_set()
                 or not worker.can_take()
             ):
                 return False
-            busy = pipe.busy()  # type: ignore[attr-defined]
+            busy = fair_pipe.busy()
             if not busy:  # the worker runs no other tenant's batch: the gatherer sends
                 return False
-            live = queue.pop_ahead(busy, size)  # type: ignore[attr-defined]
+            live = fair_queue.pop_ahead(busy, size)
             if not live:
                 return False
             if not send(live, ahead=True):
@@ -249,16 +253,16 @@ class BatchPump:
 
         if one:
             pipe.refill = refill
-        sends_ahead = fair and worker.reorders
+        sends_ahead = fair_pipe is not None and fair_queue is not None and worker.reorders
         if sends_ahead:
-            queue.ahead_takers.append(ahead)  # type: ignore[attr-defined]
-            pipe.send_ahead = ahead  # type: ignore[attr-defined]
+            fair_queue.ahead_takers.append(ahead)
+            fair_pipe.send_ahead = ahead
         try:
             await self._gather(worker, pipe, retired, send, take, fill, delay_s, send_failed)
         finally:
             if sends_ahead:
-                queue.ahead_takers.remove(ahead)  # type: ignore[attr-defined]
-                pipe.send_ahead = None  # type: ignore[attr-defined]
+                fair_queue.ahead_takers.remove(ahead)
+                fair_pipe.send_ahead = None
         pipe.refill = None
         while pipe.in_flight:  # a retiring worker finishes what it was given
             await pipe.wait()
@@ -463,10 +467,15 @@ class _FairPipeline(_Pipeline):
     load 9-15, but at load 4-7 no better and the noisy tenant's requests/s 0.71-0.74x: the
     worker idles for the round trip between batches."""
 
-    queue: Any = None  # set by the pump: the FairJobQueue
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        depth: int,
+        new_future: Callable[[], asyncio.Future[None]],
+        on_idle: Callable[[Callable[[], int]], None] | None,
+        queue: FairJobQueue,
+    ) -> None:
+        super().__init__(depth, new_future, on_idle)
+        self.queue = queue
         # in flight, oldest first (and some settled, until they reach the front); sent ahead?
         self._sent: collections.deque[tuple[Batch, bool]] = collections.deque()
         self.ahead_batch: Batch | None = None  # the last batch sent ahead, until it settles
@@ -506,7 +515,7 @@ class _FairPipeline(_Pipeline):
 
     @property  # type: ignore[override]
     def depth(self) -> int:
-        return 2 if self.queue is not None and self.queue.contended() else self._most
+        return 2 if self.queue.contended() else self._most
 
     @depth.setter
     def depth(self, value: int) -> None:
