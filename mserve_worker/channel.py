@@ -142,7 +142,7 @@ class Channel:
             if i and frame.meta.get("ahead") is True:
                 del pending[i]
                 pending.insert(0, frame)
-                self.send(started_frame(frame.meta["batch_id"]))
+                self.send(started_frame(frame.meta.get("batch_id")))  # ProtocolError if bad
                 return
 
     def _take(self, frames: list[Frame]) -> None:
