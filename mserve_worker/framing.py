@@ -50,6 +50,8 @@ class Kind(enum.IntEnum):
     RELOAD = 11
     RELOADED = 12
     STARTED = 13
+    PARK = 14
+    PARKED = 15
 
 
 _KINDS = {kind.value: kind for kind in Kind}

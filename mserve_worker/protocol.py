@@ -7,9 +7,9 @@ it imports the standard library only and keeps to Python 3.8. The wire format is
 ``docs/protocol.md``; keep the two in step.
 
 The requests (BATCH and CANCEL frames) are here; the frame layer is :mod:`.framing`, the answers
-:mod:`.answers`, what their frames share :mod:`.entries`, and the hot reload's two frames
-:mod:`.reload_frames`. Everyone imports the protocol from here: this module re-exports the
-others' public names.
+:mod:`.answers`, what their frames share :mod:`.entries`, the hot reload's two frames
+:mod:`.reload_frames` and the parked workers' two :mod:`.park_frames`. Everyone imports the
+protocol from here: this module re-exports the others' public names.
 """
 
 from __future__ import annotations
@@ -70,6 +70,16 @@ from .framing import (
     encode_for_send,
     json_encoder,
 )
+from .park_frames import (
+    PARK,
+    PARK_STEPS,
+    WAKE,
+    Parked,
+    park_frame,
+    parked_frame,
+    parse_park,
+    parse_parked,
+)
 from .reload_frames import (
     ABORT,
     COMMIT,
@@ -101,17 +111,21 @@ __all__ = [
     "METRIC_TYPES",
     "MIN_STATUS",
     "PACK_SEP",
+    "PARK",
+    "PARK_STEPS",
     "PREPARE",
     "PROTOCOL_VERSION",
     "RELOAD_STEPS",
     "RESERVED",
     "STREAM_FAILED_HEADER",
     "TOO_LARGE_HEADER",
+    "WAKE",
     "ChunkItem",
     "Decoder",
     "Frame",
     "Kind",
     "MetricEntry",
+    "Parked",
     "ProtocolError",
     "Reloaded",
     "RequestItem",
@@ -124,9 +138,13 @@ __all__ = [
     "encode_bytes",
     "encode_for_send",
     "json_encoder",
+    "park_frame",
+    "parked_frame",
     "parse_batch",
     "parse_cancel",
     "parse_chunk",
+    "parse_park",
+    "parse_parked",
     "parse_reload",
     "parse_reloaded",
     "parse_result",

@@ -21,14 +21,16 @@ import threading
 import time
 from typing import Any
 
-from . import continuous, inflight, proctitle, streaming
+from . import continuous, inflight, park, proctitle, streaming
 from .channel import Channel
 from .protocol import (
     PROTOCOL_VERSION,
     Frame,
     Kind,
     ProtocolError,
+    parked_frame,
     parse_batch,
+    parse_park,
     parse_reload,
     reloaded_frame,
     result_frame,
@@ -95,6 +97,8 @@ def _load(
         ready["code"] = service.code
     if weights.enabled():  # the checkpoints it mapped: the server keeps them warm
         ready["mapped"] = weights.mapped_files()
+        if _parks(init, service):
+            ready["parks"] = True
     if phases is not None:  # what its start took, step by step: the server logs it
         ready["phases"] = {**phases, **weights.timings(), "ready": time.time()}
     if sandbox is not None:
@@ -268,6 +272,10 @@ def _serve(channel: Channel, fd: int, started: float | None = None) -> int:
             if frame.kind == Kind.RELOAD:  # hot reload: runs in turn with the batches
                 send(reloaded_frame(service.reloader.step(*parse_reload(frame))))
                 continue
+            if frame.kind == Kind.PARK:  # evicted and kept, or woken (park.py)
+                files = [path for path, _size in weights.mapped_files()]
+                send(parked_frame(park.step(*parse_park(frame), files)))
+                continue
             if frame.kind != Kind.BATCH:
                 raise ProtocolError(f"unexpected {frame.kind.name} frame after INIT")
             batch_id, items = parse_batch(frame)
@@ -313,6 +321,20 @@ def _concurrent(init: dict, service: HandlerService) -> bool:
         and service.handler.is_async
         and init.get("continuous_batching") is not True
         and "rank" not in init
+    )
+
+
+def _parks(init: dict, service: HandlerService) -> bool:
+    """Whether this worker can be parked when its model is evicted (park.py): its weights are
+    mapped files, and it runs the plain loop (one batch at a time, no ranks, no continuous
+    batching), on the CPU (a GPU's memory would stay held)."""
+    return (
+        bool(weights.mapped_files())
+        and park.supported()
+        and not _concurrent(init, service)
+        and init.get("continuous_batching") is not True
+        and "rank" not in init
+        and init.get("gpu_id") is None
     )
 
 

@@ -17,9 +17,11 @@ and when its worker loaded the model (a request sent before that waited for a lo
    does them now, alternately.
 2. ``zipf``: ``--models`` models of ``--size-mb`` each, room for ``--loaded`` of them
    (``max_loaded_models``), ``--clients`` threads asking for models drawn from a Zipf-like law
-   for ``--duration`` seconds; once with a warm tier of ``--warm-mb`` and once without.
-   Printed: requests, errors, how many waited for a load and their p50/p99, loads by tier,
-   seconds spent loading (the server's ``mserve_model_load_seconds`` sum).
+   for ``--duration`` seconds; with a warm tier of ``--warm-mb`` (evicted models' workers
+   parked), with the tier but no parked workers, and without the tier (``--runs``). Printed:
+   requests, errors, how many waited for a load and their p50/p99 (and by where the load came
+   from: a parked worker woken, the warm tier's pages, cold), loads by tier, seconds spent
+   loading (the server's ``mserve_model_load_seconds`` sum).
 3. ``cost``: the same Zipf run with the warm tier on, the models alternately ``--size-mb`` and
    ``--size-mb / --ratio`` (expensive and cheap to bring back), ``eviction: cost`` against
    ``eviction: lru``: seconds spent loading and the loads of each kind.
@@ -478,13 +480,16 @@ def _waits_by_tier(server: Mserve, results: list[Any]) -> dict[str, list[float]]
         for line in log.read_text(errors="replace").splitlines():
             if " loaded on demand in " in line and " model " in line:
                 model = line.split(" model ", 1)[1].split(":", 1)[0]
-                tier = "warm" if "(woken from the warm tier)" in line else "cold"
+                tier = (
+                    "parked" if "its parked worker)" in line
+                    else "warm" if "(woken from the warm tier" in line else "cold"
+                )  # fmt: skip
                 tiers.setdefault(model, []).append(tier)
     workers: dict[str, list[tuple[float, int]]] = {}
     for _waited, _took, ok, model, worker in results:
         if ok and worker not in workers.setdefault(model, []):
             workers[model].append(worker)
-    out: dict[str, list[float]] = {"warm": [], "cold": []}
+    out: dict[str, list[float]] = {"parked": [], "warm": [], "cold": []}
     for model, seen in workers.items():
         seen.sort()
         if len(seen) != len(tiers.get(model, [])):
@@ -511,7 +516,10 @@ def _print_run(r: dict[str, Any]) -> None:
     by_tier = r.get("by_tier")
     if by_tier is None:
         print("    (waits by tier: the log's loads and the answering workers do not match)")
-    elif by_tier["warm"]:
+    elif by_tier["warm"] or by_tier["parked"]:
+        woken = sorted(by_tier["warm"] + by_tier["parked"])
+        print(f"    waited for a wake from the warm tier (parked or not): {len(woken)}, p50"
+              f" {_pct(woken, 0.5):.2f} s, p99 {_pct(woken, 0.99):.2f} s", flush=True)  # fmt: skip
         for tier, waits in by_tier.items():
             print(f"    waited for a {tier} load: {len(waits)}, p50 {_pct(waits, 0.5):.2f} s,"
                   f" p99 {_pct(waits, 0.99):.2f} s", flush=True)  # fmt: skip
@@ -526,8 +534,14 @@ def zipf(args: argparse.Namespace, work: Path) -> None:
         f"\n{args.models} x {args.size_mb:g} MiB, room for {args.loaded} loaded,"
         f" {args.clients} clients, Zipf {args.zipf}, {args.duration:g} s each:"
     )
-    zipf_run(args, work, "warm tier on", {"warm_tier_budget_mb": int(args.warm_mb)}, names)
-    zipf_run(args, work, "warm tier off", {}, names)
+    runs = {
+        "on": ("warm tier on", {"warm_tier_budget_mb": int(args.warm_mb)}),
+        "unparked": ("warm tier on, no parked workers",
+                     {"warm_tier_budget_mb": int(args.warm_mb), "warm_tier_parked_workers": 0}),
+        "off": ("warm tier off", {}),
+    }  # fmt: skip
+    for run in args.runs.split(","):
+        zipf_run(args, work, *runs[run], names)
 
 
 def cost(args: argparse.Namespace, work: Path) -> None:
@@ -565,6 +579,8 @@ def main() -> None:
     parser.add_argument("--zipf", type=float, default=1.1)
     parser.add_argument("--duration", type=float, default=120)
     parser.add_argument("--ratio", type=float, default=8, help="cost: expensive / cheap size")
+    parser.add_argument("--runs", default="on,unparked,off",
+                        help="zipf: which runs, in order (on, unparked, off)")  # fmt: skip
     parser.add_argument("--work", help="a folder to build in (default: a temporary one)")
     args = parser.parse_args()
     run = {"single": single, "wake": wake, "steps": steps, "zipf": zipf, "cost": cost}[args.mode]

@@ -494,6 +494,7 @@ class Server:
         self.router.close()
         await self.registry.close()
         await asyncio.gather(*(mv.stop(drain_s) for mv in self.registry.all()))
+        await self.registry.residency.warm.stop_parked()
         await self.launcher.close()
         for listener in self.listeners:
             listener.close()

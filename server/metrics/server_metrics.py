@@ -528,7 +528,8 @@ class Metrics:
         warm = residency.warm
         if warm.budget_bytes is not None:
             held = GaugeMetricFamily(
-                "mserve_warm_tier_bytes", "Evicted models' weights kept in the page cache"
+                "mserve_warm_tier_bytes",
+                "Evicted models' weights kept in the page cache, and their parked workers' PSS",
             )
             held.add_metric([], warm.bytes)
             yield held
@@ -540,6 +541,12 @@ class Metrics:
             models = GaugeMetricFamily("mserve_models_warm", "Model versions in the warm tier")
             models.add_metric([], len(warm.entries))
             yield models
+            parked = GaugeMetricFamily(
+                "mserve_warm_tier_parked_workers",
+                "Evicted models' idle workers kept alive without their weights' pages",
+            )
+            parked.add_metric([], warm.parked)
+            yield parked
 
     def _token_families(self) -> list[CounterMetricFamily]:
         labels = ["model", "version"]

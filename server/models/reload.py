@@ -98,6 +98,8 @@ async def reload_version(model: ModelVersion, source: str = "api") -> Outcome:
     record = _record(model)
     async with record.lock:
         started = time.monotonic()
+        if model.residency is not None:  # a parked worker would wake with the old code
+            model.residency.warm.unpark(model.label)
         try:
             outcome = await _reload(model, started)
         except MserveError as exc:

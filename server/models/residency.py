@@ -43,9 +43,9 @@ from server.errors import BudgetExhausted
 from server.metrics.server_metrics import Metrics
 from server.models.eviction import DEFAULT_RELOAD_S, Rates
 from server.models.footprints import Footprints
-from server.models.warm import WarmTier
+from server.models.warm import Taken, WarmTier
 from server.models.warm_keeper import Kept, WarmKeeper
-from server.workers.process import Worker
+from server.workers.process import Worker, memory_of
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Resident(Kept, Protocol):
     @property
     def settings(self) -> ModelSettings: ...
     def idle_since(self) -> float | None: ...
-    def unload(self, why: str) -> list[asyncio.Task[None]]: ...
+    def unload(self, why: str, park: bool = False) -> list[asyncio.Task[None]]: ...
     def mapped_files(self) -> list[tuple[str, int]]: ...
     @property
     def asked(self) -> int: ...
@@ -92,7 +92,10 @@ class Residency:
         self.footprints = Footprints(config.run_path)
         # evicted models' weights kept in the page cache (warm.py); off without a budget
         warm_mb = config.warm_tier_budget_mb
-        self.warm = WarmTier(warm_mb * MIB if warm_mb else None, config.run_path / "unpacked")
+        self.warm = WarmTier(
+            warm_mb * MIB if warm_mb else None, config.run_path / "unpacked",
+            config.warm_tier_parked_workers,
+        )  # fmt: skip
         self.eviction = config.eviction  # "cost" or "lru" (see _victim)
         self._rates = Rates()
         # what goes into the warm tier and when (warm_keeper.py)
@@ -127,9 +130,9 @@ class Residency:
         self.failed_loads += not ok
         if self.metrics is not None:
             self.metrics.model_loaded(model.name, model.version, seconds, ok)
-        return (
-            self.keeper.woke(model, seconds, taken, worker.mapped if worker else []) if ok else ""
-        )
+        if not ok or worker is None:
+            return ""
+        return self.keeper.woke(model, seconds, taken, worker.mapped, worker.wakes > 0)
 
     def _measure_soon(self) -> None:
         """A worker of a model that had none is ready: its PSS into the footprint now,
@@ -143,7 +146,7 @@ class Residency:
         """Evict ``model`` if it is idle (``reason``: ``idle`` or ``budget``); its mapped
         weights go to the warm tier. False when it could not be unloaded now."""
         files = model.mapped_files() if self.warm.enabled else []
-        if not model.unload(why):
+        if not model.unload(why, park=bool(files)):
             return False
         self.evictions += 1
         if self.metrics is not None:
@@ -169,16 +172,23 @@ class Residency:
     def shown(self, model: Resident) -> dict[str, float | int | None]:
         """describe's ``footprint``: its tier and what it was measured to take
         (footprints.py)."""
-        return {"tier": self.keeper.tier_of(model), **self.footprints.get(model.label).shown()}
+        entry = self.warm.entries.get(model.label)
+        return {
+            "tier": self.keeper.tier_of(model),
+            # its last worker, parked in the warm tier: a wake needs no new worker
+            "parked": entry is not None and entry.parked is not None,
+            **self.footprints.get(model.label).shown(),
+        }
 
     # --- admission --------------------------------------------------------------------------
 
-    async def admit(self, model: Resident, count: int = 1) -> list[str]:
+    async def admit(self, model: Resident, count: int = 1) -> Taken:
         """:meth:`_admit`, then the model's weights leave the warm tier for its workers: the
         files taken (none when it was not warm), which the wake's count holds against what
-        its worker mapped (warm_keeper.py)."""
+        its worker mapped (warm_keeper.py), and its parked worker, woken instead of a new
+        one started."""
         await self._admit(model, count)
-        return self.warm.take(model.label) if self.warm.enabled else []
+        return self.warm.take(model.label) if self.warm.enabled else Taken()
 
     async def _admit(self, model: Resident, count: int = 1) -> None:
         """Return when ``count`` new workers of ``model`` may start: evict idle models until
@@ -307,7 +317,7 @@ class Residency:
             if pid in starting or pid not in self._sizes
             or now - self._sizes[pid][0] >= REREAD_AFTER_S
         ]  # fmt: skip
-        read = await asyncio.to_thread(_memory_of, stale) if stale else {}
+        read = await asyncio.to_thread(memory_of, stale) if stale else {}
         self._sizes = {pid: v for pid, v in self._sizes.items() if pid in live}
         self._sizes.update((pid, (now, size)) for pid, size in read.items())
         sizes = {pid: size for pid, (_t, size) in self._sizes.items()}
@@ -360,18 +370,3 @@ class Residency:
             await self.keeper.tend(self._models(), now)
             idle = [m.settings.idle_unload_s for m in self._models() if m.settings.idle_unload_s]
             await asyncio.sleep(min(1.0, max(0.05, min(idle) / 4)) if idle else 1.0)
-
-
-def _memory_of(pids: list[int]) -> dict[int, int]:
-    """Each process's PSS where the platform has it (Linux), else RSS; gone ones left out."""
-    out = {}
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            try:
-                out[pid] = int(proc.memory_full_info().pss)
-            except (AttributeError, psutil.AccessDenied):
-                out[pid] = int(proc.memory_info().rss)
-        except psutil.Error:
-            continue
-    return out

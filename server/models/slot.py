@@ -37,6 +37,12 @@ class Slot:
     # (a scale from 0)
     taken: list[str] = field(default_factory=list)
     on_ready: Callable[[Worker], None] | None = None
+    # its model's parked worker, taken from the warm tier by its admission: woken instead of
+    # a new one started (mserve_worker/park.py)
+    parked: Worker | None = None
+    # retired by an eviction with the warm tier keeping workers: its idle worker is parked
+    # rather than stopped when it leaves
+    park: bool = False
     # a failed first start is told to whoever waits on it, and the slot retries all the same,
     # as after a lost worker (a startup model in TorchServe's layout); else the slot ends
     keep_trying: bool = False

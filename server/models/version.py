@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mserve_worker.protocol import RequestItem
+from mserve_worker.protocol import WAKE, RequestItem
 from server import tenants
 from server.config.model_settings import SEQUENCE_HEADERS, ModelSettings, whole, with_changes
 from server.devices import GpuPlan, worker_env_for
@@ -36,6 +36,7 @@ from server.errors import (
     RequestExpired,
     ServiceUnavailable,
     TooManyRequests,
+    WorkerDied,
 )
 from server.inference_log import InferenceLogger
 from server.logs import OURS_ONLY, worker_facts
@@ -48,6 +49,7 @@ from server.models.pump import BatchPump
 from server.models.residency import Residency
 from server.models.sequences import Sequences
 from server.models.slot import SERVING, Ended, Slot
+from server.models.warm import Taken
 from server.streaming import ChunkStream
 from server.weights.scan import WeightsScan
 from server.workers.launch import Launcher
@@ -443,17 +445,62 @@ class ModelVersion:
                 return
             if outcome is Ended.RETIRED or not await self._recover(slot, outcome):
                 break
-        if slot.worker is not None and slot.worker.state is not WorkerState.STOPPED:
-            await slot.worker.stop(5.0)
+        if slot.parked is not None:  # retired before its parked worker was woken
+            slot.parked, parked = None, slot.parked
+            await parked.stop(5.0)
+        worker = slot.worker
+        if (
+            worker is not None and worker.state is not WorkerState.STOPPED
+            and not await self._parked(slot, worker)
+        ):  # fmt: skip
+            await worker.stop(5.0)
         if slot.lane is not None and self.sequences is not None and slot not in self.slots:
             self.sequences.unbind(slot.lane)  # its sequences go on elsewhere, state lost
         others = [s for s in self._retiring if s is not slot and s.task and not s.task.done()]
         if not self.slots and not others:  # the last worker is gone: nobody will run these
             self._fail_queued(ServiceUnavailable(f"model {self.label} has no workers left"))
 
-    async def _run_worker(self, slot: Slot, gpu: str | None) -> str | Ended:
-        """One worker's life in ``slot``: started, served until it retires or is lost. Returns
-        why it was lost, or how it ended otherwise."""
+    async def _parked(self, slot: Slot, worker: Worker) -> bool:
+        """``slot`` retired by an eviction that keeps its model warm: park its idle worker in
+        the warm tier rather than stop it (server/models/warm_keeper.py); whether it was."""
+        if not slot.park or self.residency is None or self.sequences is not None:
+            return False  # a sequence's state lives in its handler: never woken stale
+        return await self.residency.keeper.park(self, worker)
+
+    def _stop_later(self, worker: Worker) -> None:
+        task = asyncio.get_running_loop().create_task(worker.stop(5.0))
+        _stopping.add(task)
+        task.add_done_callback(_stopping.discard)
+
+    async def _woken(self, slot: Slot, parked: Worker) -> Worker | None:
+        """The parked worker its admission took, woken (its pages mapped again) and put in
+        ``slot``; None when it cannot serve as it is (its settings changed since it was
+        parked, or it failed to wake: it is stopped and a new one starts)."""
+        if parked.spec != self._spec(parked.id, parked.gpu):
+            log.info("model %s: its parked worker %s was started with other settings; a new"
+                     " one starts", self.label, parked.id)  # fmt: skip
+            await parked.stop(5.0)
+            return None
+        slot.worker_id, slot.worker = parked.id, parked
+        try:
+            answer = await parked.park(WAKE, self.settings.startup_timeout_s)
+        except WorkerDied as exc:
+            log.warning("model %s: its parked worker %s was lost waking (%s); a new one starts",
+                        self.label, parked.id, exc.message)  # fmt: skip
+            return None
+        if not answer.ok:
+            log.warning("model %s: its parked worker %s could not wake (%s); a new one starts",
+                        self.label, parked.id, answer.error)  # fmt: skip
+            await parked.stop(5.0)
+            return None
+        log.info("model %s: parked worker %s woken in %.3f s (%.0f MiB of weights mapped)",
+                 self.label, parked.id, answer.seconds, answer.bytes / 2**20,
+                 extra=self._about(parked.id))  # fmt: skip
+        return parked
+
+    async def _started(self, slot: Slot, gpu: str | None) -> Worker | str | Ended:
+        """A new worker started in ``slot`` and ready; else why its start failed, or
+        FIRST_START_FAILED (its caller was told)."""
         worker = Worker(slot.worker_id, self.label, gpu, self._spec(slot.worker_id, gpu))
         slot.worker = worker
         try:
@@ -477,6 +524,17 @@ class ModelVersion:
                 if not slot.keep_trying:
                     return Ended.FIRST_START_FAILED
             return exc.message
+        return worker
+
+    async def _run_worker(self, slot: Slot, gpu: str | None) -> str | Ended:
+        """One worker's life in ``slot``: started (or its parked worker woken), served until
+        it retires or is lost. Returns why it was lost, or how it ended otherwise."""
+        parked, slot.parked = slot.parked, None
+        worker = await self._woken(slot, parked) if parked is not None else None
+        if worker is None:
+            worker = await self._started(slot, gpu)
+            if not isinstance(worker, Worker):
+                return worker
         if slot.first_start is not None and not slot.first_start.done():
             slot.first_start.set_result(None)
         if slot.on_ready is not None:  # a scale from 0: the first one ready counts the wake
@@ -627,7 +685,10 @@ class ModelVersion:
         if self.residency is not None:
             try:
                 # room in the budget, evicting if need be; what it takes from the warm tier
-                slot.taken = await self.residency.admit(self)
+                taken = await self.residency.admit(self)
+                slot.taken = taken.files
+                if isinstance(taken.worker, Worker):
+                    slot.parked = taken.worker
             except MserveError as exc:
                 if slot.first_start is not None and not slot.first_start.done():
                     slot.first_start.set_exception(exc)
@@ -665,18 +726,20 @@ class ModelVersion:
                 return None
         return self.last_used
 
-    def unload(self, why: str) -> list[asyncio.Task[None]]:
+    def unload(self, why: str, park: bool = False) -> list[asyncio.Task[None]]:
         """Retire the workers beyond ``min_workers`` if :meth:`idle_since` allows it; the tasks
-        that end when they have stopped. A request arriving meanwhile starts a worker again."""
+        that end when they have stopped (or, ``park``, been parked in the warm tier when it
+        keeps them). A request arriving meanwhile starts a worker again."""
         if self.idle_since() is None:
             return []
         retired = self.slots[self.settings.min_workers :]
-        self._retire(retired)
+        self._retire(retired, park)
         log.info("model %s: stopping %d idle worker(s) (%s)", self.label, len(retired), why)
         return [s.task for s in retired if s.task is not None]
 
-    def _retire(self, retired: list[Slot]) -> None:
+    def _retire(self, retired: list[Slot], park: bool = False) -> None:
         for slot in retired:
+            slot.park = park
             slot.retire.set()
             self.slots.remove(slot)
             self._retiring.add(slot)  # owned until its worker has stopped
@@ -721,7 +784,7 @@ class ModelVersion:
         )
         wanted = self.settings
         adding = min_workers - len(self.slots)
-        taken: list[str] = []  # what the admission took from the warm tier
+        taken = Taken()  # what the admission took from the warm tier
         if adding > 0 and self.residency is not None:
             try:
                 taken = await self.residency.admit(self, adding)
@@ -738,16 +801,21 @@ class ModelVersion:
             for _ in range(min_workers - len(self.slots))
         ]
         if new and from_0 and self.residency is not None:  # a wake, as a load on demand's
-            ready = self.residency.keeper.wake(self, started, taken)
+            ready = self.residency.keeper.wake(self, started, taken.files)
             for slot in new:
                 slot.on_ready = ready
+        if isinstance(taken.worker, Worker):  # its parked worker: woken in a new slot
+            if new:
+                new[0].parked = taken.worker
+            else:  # another start took the room meanwhile
+                self._stop_later(taken.worker)
         retire = len(self.slots) - min_workers
         retired: list[Slot] = []
         if retire > 0:
             order = sorted(self.slots, key=lambda s: not s.idle)  # idle ones first
             retired = order[:retire]
             files = self.mapped_files()  # scaled to 0 by hand: its weights go warm, as idle
-            self._retire(retired)
+            self._retire(retired, park=min_workers == 0)
             if not self.slots and self.residency is not None:
                 self.residency.keep_warm(self, files)
         if synchronous:
@@ -788,6 +856,9 @@ class ModelVersion:
             await self.inference_log.close(deadline_s)
         if self.sandbox is not None:
             await asyncio.to_thread(self.sandbox.remove_scratch)
+
+
+_stopping: set[asyncio.Task[None]] = set()  # parked workers not woken, stopping
 
 
 def _answered_in_time(timer: asyncio.TimerHandle, future: asyncio.Future[Any]) -> None:

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
@@ -43,6 +43,15 @@ log = logging.getLogger(__name__)
 
 MIB = 2**20
 Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+class ParkedWorker(Protocol):
+    """An evicted model's idle worker kept alive without its weights' pages (server/workers/
+    process.py's Worker, parked: mserve_worker/park.py)."""
+
+    @property
+    def pid(self) -> int | None: ...
+    async def stop(self, deadline_s: float) -> None: ...
 
 
 @dataclass
@@ -59,6 +68,17 @@ class WarmEntry:
     bytes: int = 0  # its pages the server's mappings hold: the files' sizes until measured
     since: float = field(default_factory=time.monotonic)
     dropped: bool = False  # dropped to cold while its files were being mapped
+    parked: ParkedWorker | None = None  # its last worker, parked (park)
+    parked_bytes: int = 0  # that worker's PSS once parked
+
+
+@dataclass
+class Taken:
+    """What a waking model takes from the tier: the files its worker maps (none when it was
+    not warm), and its parked worker, if one was kept."""
+
+    files: list[str] = field(default_factory=list)
+    worker: ParkedWorker | None = None
 
 
 class WarmTier:
@@ -69,10 +89,15 @@ class WarmTier:
     pages are in the page cache then (its worker just used them), so a request arriving while
     they are being mapped wakes it warm, and the mapping is closed when it completes."""
 
-    def __init__(self, budget_bytes: int | None, copies_root: Path | None = None) -> None:
+    def __init__(
+        self, budget_bytes: int | None, copies_root: Path | None = None, max_parked: int = 0
+    ) -> None:
         """``copies_root``: where each model version's folder of mappable copies of legacy
-        checkpoints goes (``<run_dir>/unpacked``, beside the unpacked archives)."""
+        checkpoints goes (``<run_dir>/unpacked``, beside the unpacked archives);
+        ``max_parked``: how many evicted models' workers may be kept parked (0: none)."""
         self.budget_bytes = budget_bytes or None  # 0 or None: no warm tier
+        self.max_parked = max_parked if self.budget_bytes else 0
+        self._stopping: set[asyncio.Task[None]] = set()  # parked workers being stopped
         self.copies_root = copies_root
         self._since = time.time()  # copies' folders given to workers since are in use
         self.entries: dict[str, WarmEntry] = {}
@@ -86,30 +111,91 @@ class WarmTier:
 
     @property
     def bytes(self) -> int:
-        return sum(e.bytes for e in self.entries.values())
+        """The pages the tier's mappings hold and its parked workers' PSS."""
+        return sum(e.bytes + e.parked_bytes for e in self.entries.values())
+
+    @property
+    def parked(self) -> int:
+        return sum(1 for e in self.entries.values() if e.parked is not None)
 
     def holds(self, label: str) -> bool:
         """Whether ``label`` is warm (its files unchanged since it was kept)."""
         entry = self.entries.get(label)
         return entry is not None and all(_identity(f.path) == f.identity for f in entry.files)
 
-    def take(self, label: str) -> list[str]:
-        """A worker of ``label`` is about to start: the files it wakes from (none when it was
-        not warm). The entry leaves the tier either way (the worker maps the pages now; the
-        server's mapping is closed, the pages stay in the page cache). A stale one drops its
-        pages."""
+    def take(self, label: str) -> Taken:
+        """A worker of ``label`` is about to start (or be woken): the files it wakes from
+        (none when it was not warm) and its parked worker. The entry leaves the tier either
+        way (the worker maps the pages now; the server's mapping is closed, the pages stay in
+        the page cache). A stale one drops its pages and stops its parked worker."""
         entry = self.entries.get(label)
         if entry is None:
-            return []
+            return Taken()
         if not self.holds(label):
             self.drop(label, "stale")
-            return []
+            return Taken()
         del self.entries[label]
         # unmapping a GiB takes ~10 ms of CPU: in a thread, off the waking request's path
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(_close, entry, False))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
-        return [f.path for f in entry.files]
+        return Taken([f.path for f in entry.files], entry.parked)
+
+    def park(
+        self, label: str, worker: ParkedWorker, pss: int, worth: Callable[[str], float]
+    ) -> str | None:
+        """Keep ``label``'s last worker, parked (its PSS ``pss``), with its warm weights: the
+        warm models worth less lose their parked worker, then their place, until it fits the
+        budget and the count of ``max_parked``. None when kept; else why not (``label`` is
+        not warm, or was woken or dropped meanwhile, or there is no room for it): the caller
+        stops it."""
+        entry = self.entries.get(label)
+        if entry is None or entry.parked is not None:
+            return "its weights are not in the warm tier"
+        budget = self.budget_bytes or 0
+        mine = worth(label)
+        while (full := self.parked >= self.max_parked) or self.bytes + pss > budget:
+            others = [lb for lb in self.entries if lb != label]
+            # others' parked workers of less worth go first (their weights stay warm), then,
+            # over the budget, whole warm models of less worth
+            pool = [lb for lb in others if self.entries[lb].parked is not None] or others
+            victim = min(pool, key=lambda lb: (worth(lb), self.entries[lb].since), default=None)
+            if victim is None or worth(victim) > mine:
+                if full:
+                    return f"warm_tier_parked_workers={self.max_parked} are parked"
+                return (
+                    f"its PSS ({pss / MIB:.0f} MiB) does not fit warm_tier_budget_mb="
+                    f"{budget // MIB} beside what the tier holds ({self.bytes / MIB:.0f} MiB)"
+                )
+            if self.entries[victim].parked is not None:
+                self.unpark(victim)
+            else:
+                self.drop(victim, "budget")
+        entry.parked, entry.parked_bytes = worker, pss
+        return None
+
+    def unpark(self, label: str) -> None:
+        """``label``'s parked worker stops (its weights stay warm): its code is about to
+        change (a hot reload), or it makes room for another."""
+        entry = self.entries.get(label)
+        if entry is not None and entry.parked is not None:
+            self._stop(entry)
+
+    def _stop(self, entry: WarmEntry) -> None:
+        worker, entry.parked, entry.parked_bytes = entry.parked, None, 0
+        if worker is None:
+            return
+        log.info("model %s: its parked worker (pid %s) stops", entry.label, worker.pid)
+        task = asyncio.get_running_loop().create_task(worker.stop(5.0))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def stop_parked(self) -> None:
+        """The server stops: every parked worker stops, awaited."""
+        for entry in self.entries.values():
+            self._stop(entry)
+        if self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
 
     def drop(self, label: str, reason: str) -> None:
         """``label`` goes cold: its mapping closed, its pages handed back to the kernel."""
@@ -117,6 +203,7 @@ class WarmTier:
         if entry is None:
             return
         entry.dropped = True
+        self._stop(entry)
         _close(entry, evict=True)
         self.drops[reason] += 1
         log.info("model %s dropped from the warm tier to cold (%s; %.0f MiB)",
@@ -191,6 +278,7 @@ class WarmTier:
         declared = sum(size for _path, size in files)
         old = self.entries.pop(label, None)  # kept before and not woken since
         if old is not None:
+            self._stop(old)
             _close(old, evict=False)
         if declared > budget:
             self.drops["too_big"] += 1

@@ -19,11 +19,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from mserve_worker.protocol import PARK
+from server.errors import WorkerDied
 from server.metrics.server_metrics import Metrics
 from server.models.eviction import DEFAULT_RELOAD_S, Rates
 from server.models.footprints import Footprints
 from server.models.warm import WarmTier
-from server.workers.process import Worker
+from server.workers.process import Worker, WorkerState, memory_of
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,8 @@ MIB = 2**20
 # what a wake's log line says of where its weights came from, by tier (scripts/bench_warm.py
 # reads it); nothing with the warm tier off
 SOURCES = {"warm": " (woken from the warm tier)", "cold": " (cold)"}
+PARKED_SOURCE = " (woken from the warm tier: its parked worker)"
+PARK_TIMEOUT_S = 30.0  # dropping a mapping's pages: milliseconds; past this the worker is killed
 
 
 class Kept(Protocol):
@@ -93,9 +97,42 @@ class WarmKeeper:
             name, _, version = label.rpartition(":")
             self.metrics.warm_dropped(name, version, reason)
 
+    async def park(self, model: Kept, worker: Worker) -> bool:
+        """``model`` was evicted and its weights kept warm: park its idle ``worker`` there
+        (it drops its pages of the weights and keeps its handler: mserve_worker/park.py), its
+        PSS counted in the tier's budget. Whether it was kept; if not, the caller stops it."""
+        tier = self.tier
+        if (
+            tier.max_parked <= 0 or not worker.parks or worker.gpu is not None
+            or worker.state is not WorkerState.READY
+        ):  # fmt: skip
+            return False  # (whether its weights were kept is known after: see WarmTier.park)
+        try:
+            answer = await worker.park(PARK, PARK_TIMEOUT_S)
+        except WorkerDied as exc:
+            log.warning("model %s: worker %s was lost while parking: %s",
+                        model.label, worker.id, exc.message)  # fmt: skip
+            return False
+        if not answer.ok:
+            log.info("model %s: worker %s is not parked: %s", model.label, worker.id,
+                     answer.error)  # fmt: skip
+            return False
+        pid = worker.pid
+        pss = (await asyncio.to_thread(memory_of, [pid])).get(pid, 0) if pid else 0
+        refused = tier.park(model.label, worker, pss, self._worth)
+        if refused is not None:
+            log.info("model %s: worker %s is not kept parked: %s", model.label, worker.id,
+                     refused)  # fmt: skip
+            return False
+        log.info("model %s: worker %s parked in %.3f s: %.0f MiB of weights' pages let go,"
+                 " %.0f MiB kept (its PSS)", model.label, worker.id, answer.seconds,
+                 answer.bytes / MIB, pss / MIB)  # fmt: skip
+        return True
+
     def woke(
-        self, model: Kept, seconds: float, taken: list[str], mapped: list[tuple[str, int]]
-    ) -> str:
+        self, model: Kept, seconds: float, taken: list[str], mapped: list[tuple[str, int]],
+        parked: bool = False,
+    ) -> str:  # fmt: skip
         """``model`` had no worker and has one ready after ``seconds``: its wake or cold load
         time into its footprint, the wake counted by tier; the log's words for where its
         weights came from (:data:`SOURCES`). ``warm`` when its admission took files from the
@@ -110,7 +147,9 @@ class WarmKeeper:
             self.metrics.model_woken(model.name, model.version, tier)
         if self.on_woken is not None:
             self.on_woken()
-        return SOURCES[tier] if self.tier.enabled else ""
+        if not self.tier.enabled:
+            return ""
+        return PARKED_SOURCE if parked and tier == "warm" else SOURCES[tier]
 
     def wake(self, model: Kept, started: float, taken: list[str]) -> Callable[[Worker], None]:
         """A scale request brought ``model`` up from 0 workers (``PUT /models/{m}?min_worker=n``,
@@ -124,7 +163,7 @@ class WarmKeeper:
             if not counted:
                 counted = True
                 seconds = time.monotonic() - started
-                source = self.woke(model, seconds, taken, worker.mapped)
+                source = self.woke(model, seconds, taken, worker.mapped, worker.wakes > 0)
                 log.info("model %s scaled up from 0 workers: ready in %.2f s%s",
                          model.label, seconds, source)  # fmt: skip
 

@@ -29,8 +29,9 @@ from mserve_worker.protocol import Frame, Kind
 # Enum members read per frame, bound once: on Python 3.11 ``Kind.RESULT`` goes through
 # EnumType.__getattr__, ~65 ns a lookup against ~5 ns for a global (docs/explanations/costs.md).
 _CHUNK, _STEP, _STARTED = Kind.CHUNK, Kind.STEP, Kind.STARTED
-# what answers a sent frame, in order: a batch's RESULT or BATCH_FAILED, a reload step's RELOADED
-_ANSWERS = (Kind.RESULT, Kind.BATCH_FAILED, Kind.RELOADED)
+# what answers a sent frame, in order: a batch's RESULT or BATCH_FAILED, a reload step's
+# RELOADED, a park step's PARKED
+_ANSWERS = (Kind.RESULT, Kind.BATCH_FAILED, Kind.RELOADED, Kind.PARKED)
 
 
 class ChannelClosed(Exception):

@@ -45,6 +45,9 @@ class WorkerState(str, Enum):
     BUSY = "BUSY"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
+    # an evicted model's idle worker kept alive without its weights' pages (the warm tier's
+    # parked workers, mserve_worker/park.py): no slot holds it; a wake makes it READY again
+    PARKED = "PARKED"
 
 
 # Read per batch, bound once: on Python 3.11 an Enum member lookup goes through
@@ -108,6 +111,9 @@ class Worker:
         # (path, bytes) of the checkpoints it mapped from the page cache: what the warm tier
         # keeps when its model is evicted (server/models/warm.py)
         self.mapped: list[tuple[str, int]] = []
+        self.parks = False  # it can be parked when its model is evicted (READY's parks)
+        self._park_ids = 0
+        self.wakes = 0  # times it was woken from parked
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._proc: Process | None = None
         self._channel: Channel | None = None
@@ -404,6 +410,7 @@ class Worker:
         confined = reply.meta.get("sandbox")
         self.sandbox = confined if isinstance(confined, dict) else None
         self.mapped = _mapped_files(reply.meta.get("mapped"))
+        self.parks = bool(self.mapped) and reply.meta.get("parks") is True
         self.state = WorkerState.READY
         log.info(
             "worker %s of %s ready in %.2f s (handler style %s%s)",
@@ -494,6 +501,43 @@ class Worker:
             )
         if answer.ok and step != protocol.PREPARE:  # the code it serves from now on
             self.code = answer.code
+        return answer
+
+    async def park(self, step: str, timeout_s: float) -> protocol.Parked:
+        """Park the idle worker (``protocol.PARK``: it drops its mapped weights' pages and keeps
+        its handler; state PARKED) or wake it (``protocol.WAKE``: pages mapped again; READY).
+        Only for a worker that :attr:`parks`, with no batch in flight. One lost, too slow or
+        answering wrongly raises :class:`WorkerDied` (killed); a step the worker refused comes
+        back with ``ok`` false, the worker as it was."""
+        channel = self._channel
+        if channel is None or channel.closed:
+            raise WorkerDied(f"worker {self.id} of {self.model_label} is gone")
+        self._park_ids += 1
+        park_id = self._park_ids
+        pending = channel.submit(park_id, protocol.park_frame(park_id, step), 0, timeout_s)
+        channel.flush_now()
+        try:
+            reply = await pending.future
+        except BatchExpired:
+            await self.kill()
+            raise WorkerDied(
+                f"worker {self.id} of {self.model_label} did not {step} within {timeout_s:g} s;"
+                " killed"
+            ) from None
+        except ChannelClosed:
+            raise await self._lost() from None
+        try:
+            answer = protocol.parse_parked(reply)
+            if answer.park_id != park_id or answer.step != step:
+                raise protocol.ProtocolError(f"answered {answer.step} {answer.park_id}")
+        except protocol.ProtocolError as exc:
+            await self.kill()
+            raise WorkerDied(f"worker {self.id} answered a {step} wrongly ({exc}); killed") from exc
+        if answer.ok:
+            self.state = WorkerState.PARKED if step == protocol.PARK else WorkerState.READY
+            self.wakes += step == protocol.WAKE
+        elif self.state is WorkerState.BUSY:
+            self.state = WorkerState.READY
         return answer
 
     @property
@@ -724,4 +768,19 @@ def _mapped_files(reported: Any) -> list[tuple[str, int]]:
             and type(entry[1]) is int and entry[1] >= 0 and os.path.isabs(entry[0])
         ):  # fmt: skip
             out.append((entry[0], entry[1]))
+    return out
+
+
+def memory_of(pids: list[int]) -> dict[int, int]:
+    """Each process's PSS where the platform has it (Linux), else RSS; gone ones left out."""
+    out = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            try:
+                out[pid] = int(proc.memory_full_info().pss)
+            except (AttributeError, psutil.AccessDenied):
+                out[pid] = int(proc.memory_info().rss)
+        except psutil.Error:
+            continue
     return out

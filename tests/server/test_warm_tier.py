@@ -1,5 +1,6 @@
 """The warm tier, measured footprints and eviction by cost (docs/warm-tier.md): one real server,
-real torch workers, real weights files (8 MiB, made from fixed seeds) and real archives."""
+real torch workers, real weights files (8 MiB, made from fixed seeds) and real archives. Its
+workers are not parked, so each wake starts a new one; parked workers: test_parked_workers.py."""
 
 from __future__ import annotations
 
@@ -88,6 +89,7 @@ def _start(root: Path) -> Server:
     settings = server_settings(
         root / "store", warm_tier_budget_mb=WARM_BUDGET_MB,
         worker_memory_budget_mb=WORKER_BUDGET_MB, max_loaded_models=2,
+        warm_tier_parked_workers=0,  # a wake starts a worker here (test_parked_workers.py)
     )  # fmt: skip
     return start_daemon(root / "mserve.yaml", root / "run", settings, timeout_s=300)
 

@@ -142,6 +142,8 @@ EXAMPLES = {
     Kind.RELOADED: protocol.reloaded_frame(
         protocol.Reloaded(3, "prepare", False, "SyntaxError: x", "t", "handler.py", 7)
     ),
+    Kind.PARK: protocol.park_frame(5, "park"),
+    Kind.PARKED: protocol.parked_frame(protocol.Parked(5, "wake", True, bytes=2**29, seconds=0.02)),
     Kind.STEP: protocol.step_frame(
         7, [(3, 0), (5, 1)], result_frame(7, [ResponseItem(200, b"a"), ResponseItem(200, b"b")])
     ),
@@ -298,7 +300,7 @@ DECODE_ERRORS = [
         "unknown frame kind 0, expected one of 1 (HELLO), 2 (INIT), 3 (READY), 4 (LOAD_FAILED), "
         "5 (BATCH), 6 (RESULT), 7 (BATCH_FAILED), 8 (CANCEL), 9 (CHUNK), 10 (STEP)",
     ),
-    ("kind 14", raw_frame(kind=14), "unknown frame kind 14, expected one of 1 (HELLO), "),
+    ("kind 16", raw_frame(kind=16), "unknown frame kind 16, expected one of 1 (HELLO), "),
     ("flags", raw_frame(flags=0x8001), "frame flags must be 0 (reserved), got 0x8001"),
     (
         "reserved",
@@ -421,7 +423,7 @@ def test_decoder_limit_must_fit_u32(limit: object) -> None:
 # -- encode errors -------------------------------------------------------------------------------
 
 ENCODE_ERRORS = [
-    ("kind", Frame(14, {}), "unknown frame kind 14, expected one of 1 (HELLO)"),  # type: ignore[arg-type]
+    ("kind", Frame(16, {}), "unknown frame kind 16, expected one of 1 (HELLO)"),  # type: ignore[arg-type]
     (
         "meta list",
         Frame(Kind.INIT, [1]),

@@ -47,10 +47,10 @@ FUZZ = settings(
 # The server's decoder is built with the model's max_payload_bytes; a small one here lets the
 # payload limit be crossed by generated frames.
 SERVER_MAX_PAYLOAD = 256
-TO_WORKER = (Kind.INIT, Kind.BATCH, Kind.CANCEL, Kind.RELOAD)
+TO_WORKER = (Kind.INIT, Kind.BATCH, Kind.CANCEL, Kind.RELOAD, Kind.PARK)
 TO_SERVER = (
     Kind.HELLO, Kind.READY, Kind.LOAD_FAILED, Kind.RESULT, Kind.BATCH_FAILED, Kind.CHUNK,
-    Kind.STEP, Kind.RELOADED, Kind.STARTED,
+    Kind.STEP, Kind.RELOADED, Kind.STARTED, Kind.PARKED,
 )  # fmt: skip
 assert set(TO_WORKER) | set(TO_SERVER) == set(Kind), "a new kind needs a strategy here"
 
@@ -180,6 +180,17 @@ FRAMES: dict[Kind, st.SearchStrategy[Frame]] = {
         st.none() | text,
         st.none() | uint,
     ),
+    Kind.PARK: st.builds(protocol.park_frame, uint, st.sampled_from(protocol.PARK_STEPS)),
+    Kind.PARKED: st.builds(
+        lambda park_id, step, error, size, seconds: protocol.parked_frame(
+            protocol.Parked(park_id, step, error is None, error or "", size, seconds)
+        ),
+        uint,
+        st.sampled_from(protocol.PARK_STEPS),
+        st.none() | text,
+        uint,
+        st.floats(0, 1e6),
+    ),
 }
 any_frame = st.sampled_from(list(Kind)).flatmap(lambda kind: FRAMES[kind])
 
@@ -233,6 +244,10 @@ def parse_as_worker(frame: Frame) -> Any:
         reload_id, step = protocol.parse_reload(frame)
         assert _is_uint(reload_id) and step in protocol.RELOAD_STEPS
         return reload_id, step
+    if frame.kind is Kind.PARK:
+        park_id, step = protocol.parse_park(frame)
+        assert _is_uint(park_id) and step in protocol.PARK_STEPS
+        return park_id, step
     assert type(frame.meta) is dict
     return frame.meta
 
@@ -281,6 +296,12 @@ def parse_as_server(frame: Frame) -> Any:
         assert type(answer.ok) is bool and type(answer.error) is str
         assert answer.line is None or _is_uint(answer.line)
         return answer
+    if frame.kind is Kind.PARKED:
+        parked = protocol.parse_parked(frame)
+        assert _is_uint(parked.park_id) and parked.step in protocol.PARK_STEPS
+        assert type(parked.ok) is bool and type(parked.error) is str
+        assert _is_uint(parked.bytes) and type(parked.seconds) is float and parked.seconds >= 0
+        return parked
     assert type(frame.meta) is dict
     return frame.meta
 
@@ -497,7 +518,10 @@ def test_mutated_frames_raise_only_protocol_errors(side: str, data: st.DataObjec
     feed_untrusted(side, [stream])
 
 
-PARSED = (Kind.BATCH, Kind.CANCEL, Kind.RESULT, Kind.CHUNK, Kind.RELOAD, Kind.RELOADED)
+PARSED = (
+    Kind.BATCH, Kind.CANCEL, Kind.RESULT, Kind.CHUNK, Kind.RELOAD, Kind.RELOADED, Kind.PARK,
+    Kind.PARKED,
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", PARSED, ids=lambda k: k.name)

@@ -1,7 +1,9 @@
 """BaseHandler's own loading (modelFile + serializedFile), unchanged: the warm tier maps its
 state dict. Answers a digest of the output for a seeded input, the worker's pid and whether its
 weights were mapped. ``handler: {load_sleep_s: ...}`` in the model config makes each load that
-much slower (a model that is dear to reload)."""
+much slower (a model that is dear to reload); ``handler: {write_in_place: true}`` scales its
+first layer's weights by 1 in place once loaded (the same values, written: private copies of
+those mapped pages)."""
 
 import hashlib
 import os
@@ -15,12 +17,16 @@ from mserve_worker.sdk.base_handler import BaseHandler
 
 
 class Handler(BaseHandler):
-    handler_options = ("load_sleep_s",)
+    handler_options = ("load_sleep_s", "write_in_place")
     load_sleep_s = 0.0
+    write_in_place = False
 
     def initialize(self, context):
         super().initialize(context)
         time.sleep(self.load_sleep_s)
+        if self.write_in_place:
+            with torch.no_grad():
+                next(self.model.parameters()).mul_(1.0)
 
     def preprocess(self, data):
         seeds = [int((row.get("body") or row.get("data") or {}).get("seed", 0)) for row in data]

@@ -1,0 +1,147 @@
+"""Parked workers (docs/warm-tier.md): an evicted model's idle worker kept alive without its
+weights' pages, woken instead of a new worker started. One real server, real torch workers,
+real weights files (8 MiB, from fixed seeds, test_warm_tier.py's archives) and /proc."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.server.conftest import Server, http, pid_alive, server_settings, start_daemon, wait_until
+from tests.server.test_warm_tier import _archive, _ask, _described, _register, _tier
+
+pytestmark = pytest.mark.timeout(240)
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("parked")
+    store = root / "store"
+    store.mkdir()
+    for name, seed in (("a", 1), ("b", 2), ("c", 3), ("r", 4)):
+        _archive(store, name, seed)
+    _archive(store, "inplace", 5, config={"handler": {"write_in_place": True}})
+    settings = server_settings(
+        store, warm_tier_budget_mb=1024, max_loaded_models=1, warm_tier_parked_workers=1
+    )
+    served = start_daemon(root / "mserve.yaml", root / "run", settings, timeout_s=300)
+    for name in ("a", "b", "c", "r", "inplace"):
+        _register(served, name)  # no idle unload: loads evict each other (room for one)
+    yield served
+    if pid_alive(served.pid):
+        served.cli("--stop")
+
+
+def _parked(server: Server, name: str) -> bool:
+    return _described(server, name)["footprint"]["parked"]
+
+
+def _free_the_place(server: Server) -> None:
+    """No worker parked: which one holds the one place depends on the models' measured worth
+    (request rate x cold load time); a hot reload of its model stops it (tested below)."""
+    for name in ("a", "b", "c", "r"):
+        if _parked(server, name):
+            assert server.manage("PUT", f"/models/{name}/reload").status == 200
+    wait_until(lambda: _metric(server, "mserve_warm_tier_parked_workers") == 0, 15, "no parked")
+
+
+def _weights_rss(pid: int) -> int:
+    """The worker's resident bytes of its mapped weights file (/proc/<pid>/smaps)."""
+    maps = psutil.Process(pid).memory_maps(grouped=True)
+    return sum(m.rss for m in maps if m.path.endswith("/weights.pt"))
+
+
+def _metric(server: Server, name: str) -> float:
+    text = http("GET", server.url("metrics", "/metrics")).body.decode()
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _log(server: Server) -> str:
+    return (server.run_dir / "logs" / "mserve.log").read_text(errors="replace")
+
+
+def test_an_evicted_worker_is_parked_without_its_pages_and_woken_answers_the_same(
+    server: Server,
+) -> None:
+    loaded = _ask(server, "a")
+    pid = loaded["pid"]
+    assert _weights_rss(pid) > 7 * MIB  # the worker maps its 8 MiB of weights
+    _ask(server, "b")  # room for one model: a is evicted
+    wait_until(lambda: _parked(server, "a"), 15, "a's worker parked")
+    assert _tier(server, "a") == "warm" and pid_alive(pid)
+    # parked: the process lives on, its pages of the weights let go (they stay in the page
+    # cache, which the server's own mapping of the tier holds)
+    assert _weights_rss(pid) < 1 * MIB, _weights_rss(pid)
+    assert _metric(server, "mserve_warm_tier_parked_workers") == 1
+    wakes = 'mserve_model_wakes_total{model="a",tier="warm",version="1.0"}'
+    before = _metric(server, wakes)
+    woken = _ask(server, "a")
+    # the same worker, its handler as it was, the same answer, its pages mapped again
+    assert (woken["pid"], woken["digest"], woken["mapped"]) == (pid, loaded["digest"], True)
+    assert _weights_rss(pid) > 7 * MIB
+    assert _metric(server, wakes) == before + 1
+    assert "model a:1.0 loaded on demand in" in _log(server)
+    assert "(woken from the warm tier: its parked worker)" in _log(server)
+
+
+def test_at_most_the_configured_number_of_workers_is_parked(server: Server) -> None:
+    seen = {}
+    for name in ("a", "b", "c", "a", "c"):
+        seen[name] = _ask(server, name)["pid"]
+        parked = [n for n in ("a", "b", "c") if _parked(server, n)]
+        assert len(parked) <= 1, parked
+    # each model's worker, once the next one evicted it: one parked, the others stopped
+    time.sleep(0.5)
+    alive = [n for n, pid in seen.items() if pid_alive(pid)]
+    assert len(alive) <= 2, alive  # c serves; one of the others may be parked
+    assert _metric(server, "mserve_warm_tier_parked_workers") <= 1
+
+
+def test_a_handler_that_wrote_to_its_mapped_weights_is_not_parked(server: Server) -> None:
+    loaded = _ask(server, "inplace")
+    _ask(server, "b")  # evicts it
+    wait_until(lambda: not pid_alive(loaded["pid"]), 15, "inplace's worker stopped")
+    assert not _parked(server, "inplace")
+    assert "the handler wrote to its mapped weights" in _log(server)
+    woken = _ask(server, "inplace")  # a new worker, the same answer
+    assert woken["pid"] != loaded["pid"] and woken["digest"] == loaded["digest"]
+
+
+def test_a_parked_worker_is_never_woken_stale(server: Server) -> None:
+    other = _ask(server, "c")  # what seed 3's weights answer
+    loaded = _ask(server, "r")
+    _free_the_place(server)
+    _ask(server, "b")  # evicts r, whose worker takes the free place
+    wait_until(lambda: _parked(server, "r"), 15, "r's worker parked")
+    # its code reloaded (PUT .../reload): the parked worker holds the old code, so it goes
+    assert server.manage("PUT", "/models/r/reload").status == 200
+    wait_until(lambda: not pid_alive(loaded["pid"]), 15, "r's parked worker stopped")
+    assert _tier(server, "r") == "warm"  # its weights stay warm
+    reloaded = _ask(server, "r")  # a new worker (b's is parked now)
+    assert reloaded["pid"] != loaded["pid"] and reloaded["digest"] == loaded["digest"]
+    _ask(server, "b")  # b's parked worker woken, r's parked in its place
+    wait_until(lambda: _parked(server, "r"), 15, "r's new worker parked")
+    # its weights file replaced (a new inode): the parked worker maps the old file
+    target = Path(reloaded["model_dir"]) / "weights.pt"
+    fresh = target.with_name("weights.new")
+    fresh.write_bytes((Path(other["model_dir"]) / "weights.pt").read_bytes())
+    fresh.replace(target)
+    woken = _ask(server, "r")
+    assert woken["pid"] != reloaded["pid"] and woken["digest"] == other["digest"]
+    wait_until(lambda: not pid_alive(reloaded["pid"]), 15, "the stale parked worker stopped")
+
+
+def test_parked_workers_stop_with_the_server(server: Server) -> None:
+    loaded = _ask(server, "r")
+    _free_the_place(server)
+    _ask(server, "b")
+    wait_until(lambda: _parked(server, "r"), 15, "r's worker parked")
+    assert server.cli("--stop").returncode == 0
+    wait_until(lambda: not pid_alive(loaded["pid"]), 15, "the parked worker gone")
