@@ -272,9 +272,9 @@ def _serve(channel: Channel, fd: int, started: float | None = None) -> int:
             if frame.kind == Kind.RELOAD:  # hot reload: runs in turn with the batches
                 send(reloaded_frame(service.reloader.step(*parse_reload(frame))))
                 continue
-            if frame.kind == Kind.PARK:  # evicted and kept, or woken (park.py)
-                files = [path for path, _size in weights.mapped_files()]
-                send(parked_frame(park.step(*parse_park(frame), files)))
+            if frame.kind == Kind.PARK:  # evicted and kept (park.py); woken by a BATCH
+                mapped = sum(size for _path, size in weights.mapped_files())
+                send(parked_frame(park.park(parse_park(frame), mapped)))
                 continue
             if frame.kind != Kind.BATCH:
                 raise ProtocolError(f"unexpected {frame.kind.name} frame after INIT")
@@ -330,7 +330,6 @@ def _parks(init: dict, service: HandlerService) -> bool:
     batching), on the CPU (a GPU's memory would stay held)."""
     return (
         bool(weights.mapped_files())
-        and park.supported()
         and not _concurrent(init, service)
         and init.get("continuous_batching") is not True
         and "rank" not in init

@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -43,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -420,8 +422,8 @@ def zipf_run(args: argparse.Namespace, work: Path, label: str, settings: dict[st
     order = names[:]
     random.Random(7).shuffle(order)
     weights = [1 / (i + 1) ** args.zipf for i in range(len(order))]
-    # (waited for a load, seconds, ok, model, the answering worker's (loaded_at, pid))
-    results: list[tuple[bool, float, bool, str, tuple[float, int] | None]] = []
+    # (sent at, seconds, ok, model)
+    results: list[tuple[float, float, bool, str]] = []
     lock = threading.Lock()
     try:
         for name in names:
@@ -433,10 +435,8 @@ def zipf_run(args: argparse.Namespace, work: Path, label: str, settings: dict[st
             while time.time() < deadline:
                 name = rng.choices(order, weights)[0]
                 sent, took, answer = server.ask(name)
-                waited = answer is not None and answer["loaded_at"] > sent
-                worker = (answer["loaded_at"], answer["pid"]) if answer is not None else None
                 with lock:
-                    results.append((waited, took, answer is not None, name, worker))
+                    results.append((sent, took, answer is not None, name))
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
         for t in threads:
@@ -449,19 +449,20 @@ def zipf_run(args: argparse.Namespace, work: Path, label: str, settings: dict[st
             if 'outcome="ok"' in key:
                 model = key.split('model="', 1)[1].split('"', 1)[0]
                 by_model[model] = by_model.get(model, 0.0) + value
+        waits, hits = _waits(server, results)  # {tier: [seconds]} of those that waited
         out = {
             "label": label,
             "requests": len(results),
             "errors": sum(1 for r in results if not r[2]),
-            "waited": sorted(r[1] for r in results if r[0] and r[2]),
-            "hits": sorted(r[1] for r in results if not r[0] and r[2]),
+            "waited": sorted(w for tier in waits.values() for w in tier),
+            "hits": hits,
+            "by_tier": waits,
             "warm": server.total("mserve_model_wakes_total", 'tier="warm"'),
             "cold": server.total("mserve_model_wakes_total", 'tier="cold"'),
             "drops": server.total("mserve_warm_tier_drops_total"),
             "load_s": sum(loads.values()),
             "loads_by_model": by_model,
             "machine": machine.since(),
-            "by_tier": _waits_by_tier(server, results),
         }
     finally:
         server.stop()
@@ -469,36 +470,38 @@ def zipf_run(args: argparse.Namespace, work: Path, label: str, settings: dict[st
     return out
 
 
-def _waits_by_tier(server: Mserve, results: list[Any]) -> dict[str, list[float]] | None:
-    """The waits of requests that waited for a load, by where the load's weights came from:
-    the server logs each on-demand load in order ("... loaded on demand in N s (woken from the
-    warm tier)" or "(cold)"), and the n-th worker that answered for a model (ordered by when it
-    loaded) is that model's n-th load (every worker here is loaded on demand). None when the
-    counts do not match (a load with no answer), rather than a guess."""
-    tiers: dict[str, list[str]] = {}
+def _waits(
+    server: Mserve, results: list[tuple[float, float, bool, str]]
+) -> tuple[dict[str, list[float]], list[float]]:
+    """The time to the answer of each request that waited for a load on demand, by where the
+    load came from, and of the others (served by a loaded model). The server logs each load
+    when it ends ("model m:1.0 loaded on demand in N s", then "(woken from the warm tier: its
+    parked worker)", "(woken from the warm tier)" or "(cold)"); a request waited when a load of
+    its model ran while it was out (its model had no worker: every model here has at most
+    one). Read from the log, not from the answer: a parked worker's handler was loaded long
+    before its wake."""
+    loads: dict[str, list[tuple[float, float, str]]] = {}  # model: (start, end, tier)
+    found = re.compile(r"^(\S+ \S+) INFO \S+: model (\S+):\S+ loaded on demand in (\S+) s(.*)$")
     for log in server.run_dir.glob("logs/mserve.log"):
         for line in log.read_text(errors="replace").splitlines():
-            if " loaded on demand in " in line and " model " in line:
-                model = line.split(" model ", 1)[1].split(":", 1)[0]
-                tier = (
-                    "parked" if "its parked worker)" in line
-                    else "warm" if "(woken from the warm tier" in line else "cold"
-                )  # fmt: skip
-                tiers.setdefault(model, []).append(tier)
-    workers: dict[str, list[tuple[float, int]]] = {}
-    for _waited, _took, ok, model, worker in results:
-        if ok and worker not in workers.setdefault(model, []):
-            workers[model].append(worker)
+            m = found.match(line)
+            if m is None:
+                continue
+            end = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            tier = ("parked" if "its parked worker" in m.group(4)
+                    else "warm" if "warm tier" in m.group(4) else "cold")  # fmt: skip
+            loads.setdefault(m.group(2), []).append((end - float(m.group(3)) - 0.005, end, tier))
     out: dict[str, list[float]] = {"parked": [], "warm": [], "cold": []}
-    for model, seen in workers.items():
-        seen.sort()
-        if len(seen) != len(tiers.get(model, [])):
-            return None
-        order = {worker: tiers[model][i] for i, worker in enumerate(seen)}
-        for waited, took, ok, name, worker in results:
-            if name == model and ok and waited:
-                out[order[worker]].append(took)
-    return {tier: sorted(waits) for tier, waits in out.items()}
+    hits = []
+    for sent, took, ok, name in results:
+        if not ok:
+            continue
+        tier = next((t for s, e, t in loads.get(name, []) if s <= sent + took and e >= sent), None)
+        if tier is None:
+            hits.append(took)
+        else:
+            out[tier].append(took)
+    return {tier: sorted(waits) for tier, waits in out.items()}, sorted(hits)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -513,10 +516,8 @@ def _print_run(r: dict[str, Any]) -> None:
           f" p99 {_pct(r['waited'], 0.99):.2f} s; hits p50 {_pct(r['hits'], 0.5) * 1000:.0f} ms;"
           f" loads warm {r['warm']:g} cold {r['cold']:g}; warm drops {r['drops']:g};"
           f" {r['load_s']:.1f} s loading in all; {r['machine']}", flush=True)  # fmt: skip
-    by_tier = r.get("by_tier")
-    if by_tier is None:
-        print("    (waits by tier: the log's loads and the answering workers do not match)")
-    elif by_tier["warm"] or by_tier["parked"]:
+    by_tier = r["by_tier"]
+    if by_tier["warm"] or by_tier["parked"]:
         woken = sorted(by_tier["warm"] + by_tier["parked"])
         print(f"    waited for a wake from the warm tier (parked or not): {len(woken)}, p50"
               f" {_pct(woken, 0.5):.2f} s, p99 {_pct(woken, 0.99):.2f} s", flush=True)  # fmt: skip

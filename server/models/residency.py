@@ -55,6 +55,10 @@ MEASURE_EVERY_S = 5.0  # the memory gauge, when nothing else measured it meanwhi
 # admission would slow each load on demand down. A new worker is read at once.
 REREAD_AFTER_S = MEASURE_EVERY_S
 MIB = 2**20
+# With no idle model to evict, a start looks again this often: a model goes idle when its last
+# batch is answered, and every poll past that moment is the waiting request's time (the check
+# is a few comparisons; with a memory budget, cached PSS readings)
+ROOM_POLL_S = 0.02
 
 
 class Resident(Kept, Protocol):
@@ -151,12 +155,15 @@ class Residency:
         self.evictions += 1
         if self.metrics is not None:
             self.metrics.model_evicted(model.name, model.version, reason)
-        self.keep_warm(model, files)
+        self.keep_warm(model, files, parking=True)
         return True
 
-    def keep_warm(self, model: Resident, files: list[tuple[str, int]]) -> None:
-        """``model``'s last workers are stopping: keep the ``files`` they mapped warm."""
-        self.keeper.keep(model, files)
+    def keep_warm(
+        self, model: Resident, files: list[tuple[str, int]], parking: bool = False
+    ) -> None:
+        """``model``'s last workers are stopping: keep the ``files`` they mapped warm;
+        ``parking``: its worker is about to be parked (warm_keeper.py)."""
+        self.keeper.keep(model, files, parking)
 
     async def forget(self, model: Resident) -> None:
         """``model`` was unregistered: it leaves the warm tier, its mappable copies go."""
@@ -219,7 +226,7 @@ class Residency:
                     continue
                 if loop.time() >= deadline:
                     raise BudgetExhausted(self._refusal(model, count, why))
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(ROOM_POLL_S)
         finally:
             self._lock.release()
 

@@ -7,6 +7,7 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from server.models.batching import JobQueue
 from server.workers.process import Worker, WorkerState
@@ -40,6 +41,9 @@ class Slot:
     # its model's parked worker, taken from the warm tier by its admission: woken instead of
     # a new one started (mserve_worker/park.py)
     parked: Worker | None = None
+    # or what the park of its model's last worker hands over, when the model was asked for
+    # while that worker was being parked (server/models/warm.py)
+    parking: asyncio.Future[Any] | None = None
     # retired by an eviction with the warm tier keeping workers: its idle worker is parked
     # rather than stopped when it leaves
     park: bool = False

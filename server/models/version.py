@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mserve_worker.protocol import WAKE, RequestItem
+from mserve_worker.protocol import RequestItem
 from server import tenants
 from server.config.model_settings import SEQUENCE_HEADERS, ModelSettings, whole, with_changes
 from server.devices import GpuPlan, worker_env_for
@@ -36,7 +36,6 @@ from server.errors import (
     RequestExpired,
     ServiceUnavailable,
     TooManyRequests,
-    WorkerDied,
 )
 from server.inference_log import InferenceLogger
 from server.logs import OURS_ONLY, worker_facts
@@ -84,6 +83,8 @@ BACKOFF_UNIT_S = 1.0
 # failed ones within FAILURE_WINDOW_S mark the model failed.
 FAILURES_TO_GIVE_UP = 5
 FAILURE_WINDOW_S = 120.0
+# how long a wake waits for its model's worker being parked (parking takes milliseconds)
+HANDOVER_WAIT_S = 2.0
 
 
 class ModelVersion:
@@ -445,14 +446,14 @@ class ModelVersion:
                 return
             if outcome is Ended.RETIRED or not await self._recover(slot, outcome):
                 break
+        if slot.parking is not None:  # retired before its parked worker was handed over
+            slot.parking.cancel()  # the park then stops it
         if slot.parked is not None:  # retired before its parked worker was woken
             slot.parked, parked = None, slot.parked
             await parked.stop(5.0)
         worker = slot.worker
-        if (
-            worker is not None and worker.state is not WorkerState.STOPPED
-            and not await self._parked(slot, worker)
-        ):  # fmt: skip
+        kept = slot.park and await self._parked(worker)  # (settles a wake waiting for it)
+        if worker is not None and worker.state is not WorkerState.STOPPED and not kept:
             await worker.stop(5.0)
         if slot.lane is not None and self.sequences is not None and slot not in self.slots:
             self.sequences.unbind(slot.lane)  # its sequences go on elsewhere, state lost
@@ -460,12 +461,13 @@ class ModelVersion:
         if not self.slots and not others:  # the last worker is gone: nobody will run these
             self._fail_queued(ServiceUnavailable(f"model {self.label} has no workers left"))
 
-    async def _parked(self, slot: Slot, worker: Worker) -> bool:
-        """``slot`` retired by an eviction that keeps its model warm: park its idle worker in
-        the warm tier rather than stop it (server/models/warm_keeper.py); whether it was."""
-        if not slot.park or self.residency is None or self.sequences is not None:
-            return False  # a sequence's state lives in its handler: never woken stale
-        return await self.residency.keeper.park(self, worker)
+    async def _parked(self, worker: Worker | None) -> bool:
+        """Its slot retired by an eviction that keeps the model warm: park its idle worker in
+        the warm tier rather than stop it (server/models/warm_keeper.py); whether it was.
+        Never under sequence batching: a sequence's state lives in its handler."""
+        if self.residency is None:
+            return False
+        return await self.residency.keeper.park(self, worker, allowed=self.sequences is None)
 
     def _stop_later(self, worker: Worker) -> None:
         task = asyncio.get_running_loop().create_task(worker.stop(5.0))
@@ -473,30 +475,35 @@ class ModelVersion:
         task.add_done_callback(_stopping.discard)
 
     async def _woken(self, slot: Slot, parked: Worker) -> Worker | None:
-        """The parked worker its admission took, woken (its pages mapped again) and put in
-        ``slot``; None when it cannot serve as it is (its settings changed since it was
-        parked, or it failed to wake: it is stopped and a new one starts)."""
+        """The parked worker its admission took, woken and put in ``slot``; None when it
+        cannot serve as it is (its settings changed since it was parked, or it failed to wake:
+        it is stopped and a new one starts)."""
         if parked.spec != self._spec(parked.id, parked.gpu):
             log.info("model %s: its parked worker %s was started with other settings; a new"
                      " one starts", self.label, parked.id)  # fmt: skip
             await parked.stop(5.0)
             return None
+        if not parked.unpark():
+            log.warning("model %s: its parked worker %s was lost while parked (%s); a new one"
+                        " starts", self.label, parked.id, parked.exit_text())  # fmt: skip
+            await parked.kill()
+            return None
         slot.worker_id, slot.worker = parked.id, parked
-        try:
-            answer = await parked.park(WAKE, self.settings.startup_timeout_s)
-        except WorkerDied as exc:
-            log.warning("model %s: its parked worker %s was lost waking (%s); a new one starts",
-                        self.label, parked.id, exc.message)  # fmt: skip
-            return None
-        if not answer.ok:
-            log.warning("model %s: its parked worker %s could not wake (%s); a new one starts",
-                        self.label, parked.id, answer.error)  # fmt: skip
-            await parked.stop(5.0)
-            return None
-        log.info("model %s: parked worker %s woken in %.3f s (%.0f MiB of weights mapped)",
-                 self.label, parked.id, answer.seconds, answer.bytes / 2**20,
+        log.info("model %s: parked worker %s serves again", self.label, parked.id,
                  extra=self._about(parked.id))  # fmt: skip
         return parked
+
+    async def _handed_over(self, parking: asyncio.Future[Any]) -> Worker | None:
+        """The worker the park under way hands over (None when it was not parked), waited
+        for at most ``HANDOVER_WAIT_S``; past it the park stops its worker and a new one
+        starts here."""
+        try:
+            worker = await asyncio.wait_for(parking, HANDOVER_WAIT_S)
+        except asyncio.TimeoutError:
+            log.warning("model %s: its worker being parked did not come within %g s; a new one"
+                        " starts", self.label, HANDOVER_WAIT_S)  # fmt: skip
+            return None
+        return worker if isinstance(worker, Worker) else None
 
     async def _started(self, slot: Slot, gpu: str | None) -> Worker | str | Ended:
         """A new worker started in ``slot`` and ready; else why its start failed, or
@@ -530,6 +537,9 @@ class ModelVersion:
         """One worker's life in ``slot``: started (or its parked worker woken), served until
         it retires or is lost. Returns why it was lost, or how it ended otherwise."""
         parked, slot.parked = slot.parked, None
+        if slot.parking is not None:  # asked for while its last worker was being parked
+            parking, slot.parking = slot.parking, None
+            parked = await self._handed_over(parking)
         worker = await self._woken(slot, parked) if parked is not None else None
         if worker is None:
             worker = await self._started(slot, gpu)
@@ -686,7 +696,7 @@ class ModelVersion:
             try:
                 # room in the budget, evicting if need be; what it takes from the warm tier
                 taken = await self.residency.admit(self)
-                slot.taken = taken.files
+                slot.taken, slot.parking = taken.files, taken.parking
                 if isinstance(taken.worker, Worker):
                     slot.parked = taken.worker
             except MserveError as exc:
@@ -809,6 +819,11 @@ class ModelVersion:
                 new[0].parked = taken.worker
             else:  # another start took the room meanwhile
                 self._stop_later(taken.worker)
+        if taken.parking is not None:  # its worker being parked: handed to a new slot
+            if new:
+                new[0].parking = taken.parking
+            else:
+                taken.parking.cancel()
         retire = len(self.slots) - min_workers
         retired: list[Slot] = []
         if retire > 0:
@@ -817,7 +832,7 @@ class ModelVersion:
             files = self.mapped_files()  # scaled to 0 by hand: its weights go warm, as idle
             self._retire(retired, park=min_workers == 0)
             if not self.slots and self.residency is not None:
-                self.residency.keep_warm(self, files)
+                self.residency.keep_warm(self, files, parking=True)
         if synchronous:
             await self._await_started(new, keep_trying)
             await asyncio.gather(*(s.task for s in retired if s.task is not None))

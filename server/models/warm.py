@@ -5,10 +5,13 @@ disk) a model can be warm: its workers were stopped, but the checkpoints they ma
 (mserve_worker/sdk/weights.py reports them with READY) stay in the page cache, mapped by the
 server itself. A new worker maps the same pages (``torch.load(mmap=True)``): no read, no unpickled
 copy, no random initialisation, and it is forked from the environment's template with the
-imports done. docs/warm-tier.md has the walk-through and figures.
+imports done. Better still, its last worker may be kept, parked (``park``): alive and idle,
+its handler built and its weights mapped, woken by a message (mserve_worker/park.py).
+docs/warm-tier.md has the walk-through and figures.
 
 Page cache is not free, so the tier is bounded: ``warm_tier_budget_mb`` counts the pages the
-server's mappings hold, as /proc/self/smaps tells them (what the kernel has not reclaimed).
+server's mappings hold, as /proc/self/smaps tells them (what the kernel has not reclaimed),
+and what each parked worker holds beside them (at most ``warm_tier_parked_workers``).
 When a newly evicted model does not fit, the warm models worth least (their request rate times
 what a cold load costs more than a wake) drop to cold: the mapping is closed and the file's
 pages handed back to the kernel (``posix_fadvise(DONTNEED)``), counted in
@@ -18,7 +21,7 @@ Never stale: a wake maps the file at its path, whatever is there now, and the pa
 the file's own, so a worker cannot read old weights from it. The tier only remembers each
 file's identity (device, inode, size, modification time) to tell whether a wake is one: a
 model whose files changed (a new archive registered under the same name, a file replaced)
-is dropped as ``stale`` and loads cold.
+is dropped as ``stale`` and loads cold, its parked worker (which maps the old file) stopped.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class ParkedWorker(Protocol):
 
     @property
     def pid(self) -> int | None: ...
+    @property
+    def mapped(self) -> list[tuple[str, int]]: ...
     async def stop(self, deadline_s: float) -> None: ...
 
 
@@ -69,7 +74,7 @@ class WarmEntry:
     since: float = field(default_factory=time.monotonic)
     dropped: bool = False  # dropped to cold while its files were being mapped
     parked: ParkedWorker | None = None  # its last worker, parked (park)
-    parked_bytes: int = 0  # that worker's PSS once parked
+    parked_bytes: int = 0  # what that worker holds beside the weights (its PSS less theirs)
 
 
 @dataclass
@@ -79,6 +84,9 @@ class Taken:
 
     files: list[str] = field(default_factory=list)
     worker: ParkedWorker | None = None
+    # its last worker was still being parked when the model was asked for again: what that
+    # park hands over (the worker, or None when it could not be parked)
+    parking: asyncio.Future[ParkedWorker | None] | None = None
 
 
 class WarmTier:
@@ -98,6 +106,10 @@ class WarmTier:
         self.budget_bytes = budget_bytes or None  # 0 or None: no warm tier
         self.max_parked = max_parked if self.budget_bytes else 0
         self._stopping: set[asyncio.Task[None]] = set()  # parked workers being stopped
+        # label: the end of its last worker's park, while it is under way (hold), and, once a
+        # wake took the model meanwhile (take), what that wake waits for (park hands it over)
+        self._parking: dict[str, asyncio.Future[ParkedWorker | None]] = {}
+        self._handover: dict[str, asyncio.Future[ParkedWorker | None]] = {}
         self.copies_root = copies_root
         self._since = time.time()  # copies' folders given to workers since are in use
         self.entries: dict[str, WarmEntry] = {}
@@ -139,7 +151,10 @@ class WarmTier:
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(_close, entry, False))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
-        return Taken([f.path for f in entry.files], entry.parked)
+        parking = self._parking.pop(label, None)
+        if parking is not None:  # its worker is being parked: the park hands it over
+            self._handover[label] = parking
+        return Taken([f.path for f in entry.files], entry.parked, parking)
 
     def park(
         self, label: str, worker: ParkedWorker, pss: int, worth: Callable[[str], float]
@@ -149,6 +164,9 @@ class WarmTier:
         budget and the count of ``max_parked``. None when kept; else why not (``label`` is
         not warm, or was woken or dropped meanwhile, or there is no room for it): the caller
         stops it."""
+        if self.hand_over(label, worker):
+            return None
+        self._parking.pop(label, None)
         entry = self.entries.get(label)
         if entry is None or entry.parked is not None:
             return "its weights are not in the warm tier"
@@ -173,6 +191,23 @@ class WarmTier:
                 self.drop(victim, "budget")
         entry.parked, entry.parked_bytes = worker, pss
         return None
+
+    def hand_over(self, label: str, worker: ParkedWorker) -> bool:
+        """``label``'s worker, just parked, goes to the wake that took the model while it was
+        being parked (:meth:`take`), if one still waits for it."""
+        waiting = self._handover.pop(label, None)
+        if waiting is None or waiting.done():
+            return False
+        self._parking.pop(label, None)
+        waiting.set_result(worker)
+        return True
+
+    def settle(self, label: str) -> None:
+        """``label``'s last worker was not parked after all (not parkable, lost, refused): a
+        wake waiting for it starts a new worker at once."""
+        for pending in (self._parking.pop(label, None), self._handover.pop(label, None)):
+            if pending is not None and not pending.done():
+                pending.set_result(None)
 
     def unpark(self, label: str) -> None:
         """``label``'s parked worker stops (its weights stay warm): its code is about to
@@ -204,6 +239,7 @@ class WarmTier:
             return
         entry.dropped = True
         self._stop(entry)
+        self.settle(label)  # a worker still being parked is not kept
         _close(entry, evict=True)
         self.drops[reason] += 1
         log.info("model %s dropped from the warm tier to cold (%s; %.0f MiB)",
@@ -266,14 +302,16 @@ class WarmTier:
         for label in [lb for lb in self.entries if lb not in keep]:
             self.drop(label, "unregistered")
 
-    async def keep(
-        self, label: str, files: list[tuple[str, int]], worth: Callable[[str], float]
-    ) -> int:
-        """Keep ``label``'s evicted ``files`` warm: drop the warm models worth least
-        (``worth``) until their sizes fit the budget with these, then map them (which reads in
-        any page the kernel reclaimed meanwhile). Returns the bytes kept (0: not kept)."""
+    def hold(
+        self, label: str, files: list[tuple[str, int]], worth: Callable[[str], float],
+        parking: bool = False,
+    ) -> WarmEntry | None:  # fmt: skip
+        """Take ``label``'s evicted ``files`` into the tier now (the warm models worth least
+        (``worth``) dropped until they fit the budget with these), to be mapped by
+        :meth:`map`; ``parking``: its last worker is about to be parked (:meth:`park`). None
+        when not kept."""
         if not self.enabled or not files:
-            return 0
+            return None
         budget = self.budget_bytes or 0
         declared = sum(size for _path, size in files)
         old = self.entries.pop(label, None)  # kept before and not woken since
@@ -288,16 +326,28 @@ class WarmTier:
                 "model %s is not kept warm: its weights (%.0f MiB) exceed"
                 " warm_tier_budget_mb=%d", label, declared / MIB, budget // MIB,
             )  # fmt: skip
-            return 0
+            return None
         self._fit(declared, worth)  # the tier never maps past its budget
         entry = WarmEntry(label, [WarmFile(p, _identity(p)) for p, _s in files], declared)
         self.entries[label] = entry
+        if parking and self.max_parked > 0:
+            self.settle(label)
+            self._parking[label] = asyncio.get_running_loop().create_future()
+        return entry
+
+    async def map(self, entry: WarmEntry) -> int:
+        """Map ``entry``'s files (which reads in any page the kernel reclaimed meanwhile).
+        Returns the bytes kept (0: not kept: it could not be mapped, or was woken or dropped
+        meanwhile)."""
+        label = entry.label
         try:
             views = await asyncio.to_thread(_map, [f.path for f in entry.files])
         except OSError as exc:
             log.warning("model %s is not kept warm: %s", label, exc)
             if self.entries.get(label) is entry:
                 del self.entries[label]
+                self._stop(entry)
+                self.settle(label)
             return 0
         for f, view in zip(entry.files, views, strict=True):
             f.view = view
@@ -321,14 +371,23 @@ class WarmTier:
         # those mapped before the reading starts: one mapped meanwhile would read as 0 bytes
         # and let the tier pass its budget by it
         mapped = [e for e in self.entries.values() if all(f.view is not None for f in e.files)]
+        # parked workers too: what each holds beside its weights moves as the processes that
+        # share its template's pages come and go
+        parked = [(e, e.parked) for e in self.entries.values() if e.parked is not None]
         try:
             resident = await asyncio.to_thread(_resident_by_path)
+            costs = await asyncio.to_thread(
+                lambda: [parked_cost(w.pid, {p for p, _s in w.mapped}) for _e, w in parked]
+            )
         except (OSError, psutil.Error) as exc:
             log.warning("could not measure the warm tier: %s", exc)
             return self.bytes
         for entry in mapped:
             if self.entries.get(entry.label) is entry:
                 entry.bytes = sum(resident.get(f.path, 0) for f in entry.files)
+        for (entry, worker), cost in zip(parked, costs, strict=True):
+            if entry.parked is worker and cost:
+                entry.parked_bytes = cost
         return self.bytes
 
 
@@ -386,3 +445,24 @@ def _resident_by_path() -> dict[str, int]:
     for m in psutil.Process().memory_maps(grouped=True):
         out[m.path] = out.get(m.path, 0) + int(m.rss)
     return out
+
+
+def parked_cost(pid: int | None, files: set[str]) -> int:
+    """What a parked worker adds to the warm tier: its PSS less its share of the weights'
+    file pages (the tier counts those once, as the server's own mapping holds them; pages the
+    handler wrote to are its own and stay counted). 0 when it is gone."""
+    if pid is None:
+        return 0
+    try:
+        proc = psutil.Process(pid)
+        try:
+            total = int(proc.memory_full_info().pss)
+            shared = sum(
+                int(m.pss) - int(m.anonymous)
+                for m in proc.memory_maps(grouped=True) if m.path in files
+            )  # fmt: skip
+        except (psutil.AccessDenied, AttributeError):  # no PSS to read: all it holds
+            return int(proc.memory_info().rss)
+    except psutil.Error:
+        return 0
+    return max(total - shared, 0)

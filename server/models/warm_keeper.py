@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from mserve_worker.protocol import PARK
 from server.errors import WorkerDied
 from server.metrics.server_metrics import Metrics
 from server.models.eviction import DEFAULT_RELOAD_S, Rates
 from server.models.footprints import Footprints
-from server.models.warm import WarmTier
-from server.workers.process import Worker, WorkerState, memory_of
+from server.models.warm import WarmEntry, WarmTier, parked_cost
+from server.workers.process import Worker, WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +64,16 @@ class WarmKeeper:
         self._sweep_at: float | None = None  # set at the chore's first pass
         self.on_woken: Callable[[], None] | None = None  # a worker to measure (residency)
 
-    def keep(self, model: Kept, files: list[tuple[str, int]]) -> None:
+    def keep(self, model: Kept, files: list[tuple[str, int]], parking: bool = False) -> None:
         """``model``'s last workers are stopping (evicted, or scaled to 0 by hand): keep the
         ``files`` they mapped in the warm tier (what :meth:`Resident.mapped_files` said before
-        they were retired)."""
-        if files and self.tier.enabled:
-            task = asyncio.get_running_loop().create_task(self._keep(model, files))
+        they were retired), held now and mapped in a task; ``parking``: its last worker is
+        about to be parked (:meth:`park`), which a wake meanwhile waits for."""
+        if not files or not self.tier.enabled:
+            return
+        entry = self.tier.hold(model.label, files, self._worth, parking)
+        if entry is not None:
+            task = asyncio.get_running_loop().create_task(self._map(entry))
             self._keeping.add(task)
             task.add_done_callback(self._keeping.discard)
 
@@ -80,16 +83,16 @@ class WarmKeeper:
         self.tier.drop(model.label, "unregistered")
         await self.tier.remove_copies(model.name, model.version)
 
-    async def _keep(self, model: Kept, files: list[tuple[str, int]]) -> int:
+    async def _map(self, entry: WarmEntry) -> int:
         try:
-            kept = await self.tier.keep(model.label, files, self._worth)
+            kept = await self.tier.map(entry)
         except Exception:  # a task of its own: nothing else would see it
-            log.exception("could not keep model %s warm", model.label)
+            log.exception("could not keep model %s warm", entry.label)
             return 0
         if kept:
-            self.footprints.warm(model.label, kept)
+            self.footprints.warm(entry.label, kept)
             log.info("model %s is warm: %.0f MiB of weights kept in the page cache",
-                     model.label, kept / MIB)  # fmt: skip
+                     entry.label, kept / MIB)  # fmt: skip
         return kept
 
     def _dropped(self, label: str, reason: str) -> None:
@@ -97,37 +100,48 @@ class WarmKeeper:
             name, _, version = label.rpartition(":")
             self.metrics.warm_dropped(name, version, reason)
 
-    async def park(self, model: Kept, worker: Worker) -> bool:
-        """``model`` was evicted and its weights kept warm: park its idle ``worker`` there
-        (it drops its pages of the weights and keeps its handler: mserve_worker/park.py), its
-        PSS counted in the tier's budget. Whether it was kept; if not, the caller stops it."""
-        tier = self.tier
-        if (
-            tier.max_parked <= 0 or not worker.parks or worker.gpu is not None
-            or worker.state is not WorkerState.READY
-        ):  # fmt: skip
-            return False  # (whether its weights were kept is known after: see WarmTier.park)
+    async def park(self, model: Kept, worker: Worker | None, allowed: bool = True) -> bool:
+        """``model`` was evicted and its weights kept warm: park its idle ``worker`` there (it
+        keeps its handler and its mapped weights: mserve_worker/park.py), what it holds beside
+        the weights counted in the tier's budget, or hand it to a wake that asked for the
+        model meanwhile. Whether it was kept; if not, the caller stops it (and a wake waiting
+        for it starts a new one). ``allowed``: the model's workers may be parked at all (not
+        under sequence batching, whose handler keeps each sequence's state)."""
+        tier, label = self.tier, model.label
+        kept = False
         try:
-            answer = await worker.park(PARK, PARK_TIMEOUT_S)
-        except WorkerDied as exc:
-            log.warning("model %s: worker %s was lost while parking: %s",
-                        model.label, worker.id, exc.message)  # fmt: skip
-            return False
-        if not answer.ok:
-            log.info("model %s: worker %s is not parked: %s", model.label, worker.id,
-                     answer.error)  # fmt: skip
-            return False
-        pid = worker.pid
-        pss = (await asyncio.to_thread(memory_of, [pid])).get(pid, 0) if pid else 0
-        refused = tier.park(model.label, worker, pss, self._worth)
-        if refused is not None:
-            log.info("model %s: worker %s is not kept parked: %s", model.label, worker.id,
-                     refused)  # fmt: skip
-            return False
-        log.info("model %s: worker %s parked in %.3f s: %.0f MiB of weights' pages let go,"
-                 " %.0f MiB kept (its PSS)", model.label, worker.id, answer.seconds,
-                 answer.bytes / MIB, pss / MIB)  # fmt: skip
-        return True
+            if (
+                not allowed or worker is None or tier.max_parked <= 0 or not worker.parks
+                or worker.gpu is not None or worker.state is not WorkerState.READY
+            ):  # fmt: skip
+                return False
+            try:
+                answer = await worker.park(PARK_TIMEOUT_S)
+            except WorkerDied as exc:
+                log.warning("model %s: worker %s was lost while parking: %s",
+                            label, worker.id, exc.message)  # fmt: skip
+                return False
+            if not answer.ok:
+                log.info("model %s: worker %s is not parked: %s", label, worker.id, answer.error)
+                return False
+            if tier.hand_over(label, worker):  # asked for again while it was being parked
+                log.info("model %s: worker %s, just parked, serves the request that asked for"
+                         " it meanwhile", label, worker.id)  # fmt: skip
+                kept = True
+                return True
+            files = {path for path, _size in worker.mapped}
+            cost = await asyncio.to_thread(parked_cost, worker.pid, files)
+            refused = tier.park(label, worker, cost, self._worth)
+            if refused is not None:
+                log.info("model %s: worker %s is not kept parked: %s", label, worker.id, refused)
+                return False
+            kept = True
+            log.info("model %s: worker %s parked in %.3f s: %.0f MiB beside its weights (PSS)",
+                     label, worker.id, answer.seconds, cost / MIB)  # fmt: skip
+            return True
+        finally:
+            if not kept:
+                tier.settle(label)
 
     def woke(
         self, model: Kept, seconds: float, taken: list[str], mapped: list[tuple[str, int]],

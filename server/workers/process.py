@@ -503,42 +503,53 @@ class Worker:
             self.code = answer.code
         return answer
 
-    async def park(self, step: str, timeout_s: float) -> protocol.Parked:
-        """Park the idle worker (``protocol.PARK``: it drops its mapped weights' pages and keeps
-        its handler; state PARKED) or wake it (``protocol.WAKE``: pages mapped again; READY).
-        Only for a worker that :attr:`parks`, with no batch in flight. One lost, too slow or
-        answering wrongly raises :class:`WorkerDied` (killed); a step the worker refused comes
-        back with ``ok`` false, the worker as it was."""
+    async def park(self, timeout_s: float) -> protocol.Parked:
+        """Park the idle worker (it trims its heap and keeps its handler and mapped weights;
+        state PARKED until :meth:`unpark`). Only for a worker that :attr:`parks`, with no batch
+        in flight. One lost, too slow or answering wrongly raises :class:`WorkerDied` (killed);
+        a park the worker refused comes back with ``ok`` false, the worker as it was."""
         channel = self._channel
         if channel is None or channel.closed:
             raise WorkerDied(f"worker {self.id} of {self.model_label} is gone")
         self._park_ids += 1
         park_id = self._park_ids
-        pending = channel.submit(park_id, protocol.park_frame(park_id, step), 0, timeout_s)
+        pending = channel.submit(park_id, protocol.park_frame(park_id), 0, timeout_s)
         channel.flush_now()
         try:
             reply = await pending.future
         except BatchExpired:
             await self.kill()
             raise WorkerDied(
-                f"worker {self.id} of {self.model_label} did not {step} within {timeout_s:g} s;"
+                f"worker {self.id} of {self.model_label} did not park within {timeout_s:g} s;"
                 " killed"
             ) from None
         except ChannelClosed:
             raise await self._lost() from None
         try:
             answer = protocol.parse_parked(reply)
-            if answer.park_id != park_id or answer.step != step:
-                raise protocol.ProtocolError(f"answered {answer.step} {answer.park_id}")
+            if answer.park_id != park_id:
+                raise protocol.ProtocolError(f"answered park {answer.park_id} to park {park_id}")
         except protocol.ProtocolError as exc:
             await self.kill()
-            raise WorkerDied(f"worker {self.id} answered a {step} wrongly ({exc}); killed") from exc
+            raise WorkerDied(f"worker {self.id} answered a park wrongly ({exc}); killed") from exc
         if answer.ok:
-            self.state = WorkerState.PARKED if step == protocol.PARK else WorkerState.READY
-            self.wakes += step == protocol.WAKE
+            self.state = WorkerState.PARKED
         elif self.state is WorkerState.BUSY:
             self.state = WorkerState.READY
         return answer
+
+    def unpark(self) -> bool:
+        """The parked worker serves again (READY): no frame, its next batch wakes it. False
+        when it was lost while parked (its process ended, its channel closed)."""
+        channel = self._channel
+        if (
+            self.state is not WorkerState.PARKED or channel is None or channel.closed
+            or self.returncode is not None
+        ):  # fmt: skip
+            return False
+        self.state = WorkerState.READY
+        self.wakes += 1
+        return True
 
     @property
     def held(self) -> bool:

@@ -142,8 +142,8 @@ EXAMPLES = {
     Kind.RELOADED: protocol.reloaded_frame(
         protocol.Reloaded(3, "prepare", False, "SyntaxError: x", "t", "handler.py", 7)
     ),
-    Kind.PARK: protocol.park_frame(5, "park"),
-    Kind.PARKED: protocol.parked_frame(protocol.Parked(5, "wake", True, bytes=2**29, seconds=0.02)),
+    Kind.PARK: protocol.park_frame(5),
+    Kind.PARKED: protocol.parked_frame(protocol.Parked(5, True, bytes=2**29, seconds=0.02)),
     Kind.STEP: protocol.step_frame(
         7, [(3, 0), (5, 1)], result_frame(7, [ResponseItem(200, b"a"), ResponseItem(200, b"b")])
     ),

@@ -180,13 +180,12 @@ FRAMES: dict[Kind, st.SearchStrategy[Frame]] = {
         st.none() | text,
         st.none() | uint,
     ),
-    Kind.PARK: st.builds(protocol.park_frame, uint, st.sampled_from(protocol.PARK_STEPS)),
+    Kind.PARK: st.builds(protocol.park_frame, uint),
     Kind.PARKED: st.builds(
-        lambda park_id, step, error, size, seconds: protocol.parked_frame(
-            protocol.Parked(park_id, step, error is None, error or "", size, seconds)
+        lambda park_id, error, size, seconds: protocol.parked_frame(
+            protocol.Parked(park_id, error is None, error or "", size, seconds)
         ),
         uint,
-        st.sampled_from(protocol.PARK_STEPS),
         st.none() | text,
         uint,
         st.floats(0, 1e6),
@@ -245,9 +244,9 @@ def parse_as_worker(frame: Frame) -> Any:
         assert _is_uint(reload_id) and step in protocol.RELOAD_STEPS
         return reload_id, step
     if frame.kind is Kind.PARK:
-        park_id, step = protocol.parse_park(frame)
-        assert _is_uint(park_id) and step in protocol.PARK_STEPS
-        return park_id, step
+        park_id = protocol.parse_park(frame)
+        assert _is_uint(park_id)
+        return park_id
     assert type(frame.meta) is dict
     return frame.meta
 
@@ -298,7 +297,7 @@ def parse_as_server(frame: Frame) -> Any:
         return answer
     if frame.kind is Kind.PARKED:
         parked = protocol.parse_parked(frame)
-        assert _is_uint(parked.park_id) and parked.step in protocol.PARK_STEPS
+        assert _is_uint(parked.park_id)
         assert type(parked.ok) is bool and type(parked.error) is str
         assert _is_uint(parked.bytes) and type(parked.seconds) is float and parked.seconds >= 0
         return parked

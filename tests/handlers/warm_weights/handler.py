@@ -3,8 +3,10 @@ state dict. Answers a digest of the output for a seeded input, the worker's pid 
 weights were mapped. ``handler: {load_sleep_s: ...}`` in the model config makes each load that
 much slower (a model that is dear to reload); ``handler: {write_in_place: true}`` scales its
 first layer's weights by 1 in place once loaded (the same values, written: private copies of
-those mapped pages)."""
+those mapped pages); ``handler: {park_sleep_s: ...}`` makes each full garbage collection (what a
+worker being parked runs) that much slower, so that a request can arrive while it is parked."""
 
+import gc
 import hashlib
 import os
 import time
@@ -17,9 +19,10 @@ from mserve_worker.sdk.base_handler import BaseHandler
 
 
 class Handler(BaseHandler):
-    handler_options = ("load_sleep_s", "write_in_place")
+    handler_options = ("load_sleep_s", "write_in_place", "park_sleep_s")
     load_sleep_s = 0.0
     write_in_place = False
+    park_sleep_s = 0.0
 
     def initialize(self, context):
         super().initialize(context)
@@ -27,6 +30,12 @@ class Handler(BaseHandler):
         if self.write_in_place:
             with torch.no_grad():
                 next(self.model.parameters()).mul_(1.0)
+        if self.park_sleep_s:
+            gc.callbacks.append(self._slow_full_collection)
+
+    def _slow_full_collection(self, phase, info):
+        if phase == "start" and info.get("generation") == 2:
+            time.sleep(self.park_sleep_s)
 
     def preprocess(self, data):
         seeds = [int((row.get("body") or row.get("data") or {}).get("seed", 0)) for row in data]
