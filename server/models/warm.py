@@ -157,9 +157,10 @@ class WarmTier:
         return Taken([f.path for f in entry.files], entry.parked, parking)
 
     def park(
-        self, label: str, worker: ParkedWorker, pss: int, worth: Callable[[str], float]
+        self, label: str, worker: ParkedWorker, cost: int, worth: Callable[[str], float]
     ) -> str | None:
-        """Keep ``label``'s last worker, parked (its PSS ``pss``), with its warm weights: the
+        """Keep ``label``'s last worker, parked (``cost``: what it holds beside its weights,
+        as :func:`parked_cost` reads it, or an estimate until then), with its warm weights: the
         warm models worth less lose their parked worker, then their place, until it fits the
         budget and the count of ``max_parked``. None when kept; else why not (``label`` is
         not warm, or was woken or dropped meanwhile, or there is no room for it): the caller
@@ -172,7 +173,7 @@ class WarmTier:
             return "its weights are not in the warm tier"
         budget = self.budget_bytes or 0
         mine = worth(label)
-        while (full := self.parked >= self.max_parked) or self.bytes + pss > budget:
+        while (full := self.parked >= self.max_parked) or self.bytes + cost > budget:
             others = [lb for lb in self.entries if lb != label]
             # others' parked workers of less worth go first (their weights stay warm), then,
             # over the budget, whole warm models of less worth
@@ -182,15 +183,24 @@ class WarmTier:
                 if full:
                     return f"warm_tier_parked_workers={self.max_parked} are parked"
                 return (
-                    f"its PSS ({pss / MIB:.0f} MiB) does not fit warm_tier_budget_mb="
+                    f"what it holds ({cost / MIB:.0f} MiB) does not fit warm_tier_budget_mb="
                     f"{budget // MIB} beside what the tier holds ({self.bytes / MIB:.0f} MiB)"
                 )
             if self.entries[victim].parked is not None:
                 self.unpark(victim)
             else:
                 self.drop(victim, "budget")
-        entry.parked, entry.parked_bytes = worker, pss
+        entry.parked, entry.parked_bytes = worker, cost
         return None
+
+    def remeasured(self, label: str, worker: ParkedWorker, cost: int) -> bool:
+        """What ``label``'s parked ``worker`` holds beside its weights, read; False when it is
+        no longer parked here (woken, stopped) meanwhile."""
+        entry = self.entries.get(label)
+        if entry is None or entry.parked is not worker:
+            return False
+        entry.parked_bytes = cost
+        return True
 
     def hand_over(self, label: str, worker: ParkedWorker) -> bool:
         """``label``'s worker, just parked, goes to the wake that took the model while it was

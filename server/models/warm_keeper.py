@@ -35,6 +35,7 @@ MIB = 2**20
 # reads it); nothing with the warm tier off
 SOURCES = {"warm": " (woken from the warm tier)", "cold": " (cold)"}
 PARKED_SOURCE = " (woken from the warm tier: its parked worker)"
+PARKED_COST_GUESS = 64 * MIB  # a parked torch worker's PSS beside its weights, until read
 PARK_TIMEOUT_S = 30.0  # dropping a mapping's pages: milliseconds; past this the worker is killed
 
 
@@ -63,6 +64,8 @@ class WarmKeeper:
         self._measured_at = 0.0
         self._sweep_at: float | None = None  # set at the chore's first pass
         self.on_woken: Callable[[], None] | None = None  # a worker to measure (residency)
+        # what the last parked worker held beside its weights: a new one's first estimate
+        self._parked_cost = PARKED_COST_GUESS
 
     def keep(self, model: Kept, files: list[tuple[str, int]], parking: bool = False) -> None:
         """``model``'s last workers are stopping (evicted, or scaled to 0 by hand): keep the
@@ -129,19 +132,24 @@ class WarmKeeper:
                          " it meanwhile", label, worker.id)  # fmt: skip
                 kept = True
                 return True
-            files = {path for path, _size in worker.mapped}
-            cost = await asyncio.to_thread(parked_cost, worker.pid, files)
-            refused = tier.park(label, worker, cost, self._worth)
+            # kept at once on what the last parked worker held (a request asked for it in the
+            # meantime would wait for the reading: seconds, under load, behind other threads);
+            # read now, and again with the tier every 5 s
+            refused = tier.park(label, worker, self._parked_cost, self._worth)
             if refused is not None:
                 log.info("model %s: worker %s is not kept parked: %s", label, worker.id, refused)
                 return False
             kept = True
-            log.info("model %s: worker %s parked in %.3f s: %.0f MiB beside its weights (PSS)",
-                     label, worker.id, answer.seconds, cost / MIB)  # fmt: skip
-            return True
         finally:
             if not kept:
                 tier.settle(label)
+        files = {path for path, _size in worker.mapped}
+        cost = await asyncio.to_thread(parked_cost, worker.pid, files)
+        if cost and tier.remeasured(label, worker, cost):
+            self._parked_cost = cost
+        log.info("model %s: worker %s parked in %.3f s: %.0f MiB beside its weights (PSS)",
+                 label, worker.id, answer.seconds, cost / MIB)  # fmt: skip
+        return True
 
     def woke(
         self, model: Kept, seconds: float, taken: list[str], mapped: list[tuple[str, int]],
