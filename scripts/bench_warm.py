@@ -513,7 +513,8 @@ def _pct(values: list[float], q: float) -> float:
 def _print_run(r: dict[str, Any]) -> None:
     print(f"  {r['label']}: {r['requests']} requests, {r['errors']} errors;"
           f" {len(r['waited'])} waited for a load: p50 {_pct(r['waited'], 0.5):.2f} s,"
-          f" p99 {_pct(r['waited'], 0.99):.2f} s; hits p50 {_pct(r['hits'], 0.5) * 1000:.0f} ms;"
+          f" p99 {_pct(r['waited'], 0.99):.2f} s; hits p50 {_pct(r['hits'], 0.5) * 1000:.0f} ms"
+          f" p99 {_pct(r['hits'], 0.99) * 1000:.0f} ms;"
           f" loads warm {r['warm']:g} cold {r['cold']:g}; warm drops {r['drops']:g};"
           f" {r['load_s']:.1f} s loading in all; {r['machine']}", flush=True)  # fmt: skip
     by_tier = r["by_tier"]
