@@ -469,11 +469,6 @@ class ModelVersion:
             return False
         return await self.residency.keeper.park(self, worker, allowed=self.sequences is None)
 
-    def _stop_later(self, worker: Worker) -> None:
-        task = asyncio.get_running_loop().create_task(worker.stop(5.0))
-        _stopping.add(task)
-        task.add_done_callback(_stopping.discard)
-
     async def _woken(self, slot: Slot, parked: Worker) -> Worker | None:
         """The parked worker its admission took, woken and put in ``slot``; None when it
         cannot serve as it is (its settings changed since it was parked, or it failed to wake:
@@ -556,7 +551,8 @@ class ModelVersion:
             _said_as_torchserve.info(
                 "Auto recovery succeeded, reset recoveryStartTS", extra=self._about(worker.id)
             )
-        if self.stats.metrics is not None and worker.load_ms is not None:
+        woken = worker is parked  # a parked worker's load was counted when it loaded
+        if self.stats.metrics is not None and worker.load_ms is not None and not woken:
             self.stats.metrics.worker_loaded(self.name, self.version, worker.id, worker.load_ms)
         queue, others_serve = self.queue, lambda: bool(self.slots)
         if slot.lane is not None:  # a lane's requests wait for this slot alone
@@ -744,7 +740,8 @@ class ModelVersion:
             return []
         retired = self.slots[self.settings.min_workers :]
         self._retire(retired, park)
-        log.info("model %s: stopping %d idle worker(s) (%s)", self.label, len(retired), why)
+        log.info("model %s: %s %d idle worker(s) (%s)", self.label,
+                 "parking or stopping" if park else "stopping", len(retired), why)  # fmt: skip
         return [s.task for s in retired if s.task is not None]
 
     def _retire(self, retired: list[Slot], park: bool = False) -> None:
@@ -817,8 +814,8 @@ class ModelVersion:
         if isinstance(taken.worker, Worker):  # its parked worker: woken in a new slot
             if new:
                 new[0].parked = taken.worker
-            else:  # another start took the room meanwhile
-                self._stop_later(taken.worker)
+            elif self.residency is not None:  # another start took the room meanwhile
+                self.residency.warm.stop_later(taken.worker)
         if taken.parking is not None:  # its worker being parked: handed to a new slot
             if new:
                 new[0].parking = taken.parking
@@ -871,9 +868,6 @@ class ModelVersion:
             await self.inference_log.close(deadline_s)
         if self.sandbox is not None:
             await asyncio.to_thread(self.sandbox.remove_scratch)
-
-
-_stopping: set[asyncio.Task[None]] = set()  # parked workers not woken, stopping
 
 
 def _answered_in_time(timer: asyncio.TimerHandle, future: asyncio.Future[Any]) -> None:

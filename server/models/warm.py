@@ -49,8 +49,8 @@ Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 
 
 class ParkedWorker(Protocol):
-    """An evicted model's idle worker kept alive without its weights' pages (server/workers/
-    process.py's Worker, parked: mserve_worker/park.py)."""
+    """An evicted model's idle worker kept alive, its handler built and its weights mapped
+    (server/workers/process.py's Worker, parked: mserve_worker/park.py)."""
 
     @property
     def pid(self) -> int | None: ...
@@ -231,6 +231,10 @@ class WarmTier:
         if worker is None:
             return
         log.info("model %s: its parked worker (pid %s) stops", entry.label, worker.pid)
+        self.stop_later(worker)
+
+    def stop_later(self, worker: ParkedWorker) -> None:
+        """Stop ``worker`` in a task of its own (awaited when the server stops)."""
         task = asyncio.get_running_loop().create_task(worker.stop(5.0))
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
