@@ -23,13 +23,6 @@ log = logging.getLogger(__name__)
 
 # mserve's own settings and secrets: never in a worker, whatever the config or the model says.
 ALWAYS_DENIED = ("MSERVE_*",)
-# What workers get unless the server's environment sets it. OMP_WAIT_POLICY: an idle OpenMP
-# thread (torch's intra-op threads, MKL's) sleeps at once rather than spinning after each
-# parallel region, where it takes the CPU the server's frontend and the other workers need: on
-# 2 cores, one MLP worker at batch 8 beside the frontend served 1,742-2,128 requests/s against
-# 1,334-1,556 spinning, its quiet tenant's p99 beside a flood 10.8 ms against 14.1 ms
-# (scripts/bench_tenants.py). Set it in the server's environment to choose otherwise.
-WORKER_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 _PR_SET_DUMPABLE = 4
 
 
@@ -52,7 +45,7 @@ class WorkerEnvironment:
     ) -> WorkerEnvironment:
         patterns = (*ALWAYS_DENIED, *deny)
         regex = re.compile(deny_regex) if deny_regex else None
-        base, withheld = {k: v for k, v in WORKER_DEFAULTS.items() if k not in environ}, {}
+        base, withheld = {}, {}
         for name, value in environ.items():
             if _matches(name, patterns) or (regex is not None and regex.fullmatch(name)):
                 withheld[name] = value

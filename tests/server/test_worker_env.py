@@ -36,8 +36,7 @@ def test_the_deny_list_matches_names_as_globs_without_regard_to_case() -> None:
          "TOKENIZERS_PARALLELISM": "false", "SSH_AUTH_SOCK": "s", "AWS_REGION": "r"},
         DEFAULT_DENY, deny_regex="AWS_.*",
     )  # fmt: skip
-    # OMP_WAIT_POLICY: a default of the workers' (env_vars.WORKER_DEFAULTS)
-    assert sorted(env.base) == ["OMP_WAIT_POLICY", "PATH", "TOKENIZERS_PARALLELISM"]
+    assert sorted(env.base) == ["PATH", "TOKENIZERS_PARALLELISM"]
     assert sorted(env.withheld) == [
         "AWS_REGION", "MSERVE_KEY_FILE", "SSH_AUTH_SOCK", "X_Secret_Y", "hf_token"
     ]  # fmt: skip
@@ -47,14 +46,6 @@ def test_the_deny_list_matches_names_as_globs_without_regard_to_case() -> None:
     }
     # the regex must match the whole name, as TorchServe's does
     assert "XAWS_REGION" in WorkerEnvironment.split({"XAWS_REGION": "r"}, (), "AWS_.*").base
-
-
-def test_workers_openmp_threads_sleep_when_idle_unless_the_server_says_otherwise() -> None:
-    assert WorkerEnvironment.split({"PATH": "/bin"}, ()).base["OMP_WAIT_POLICY"] == "PASSIVE"
-    chosen = WorkerEnvironment.split({"OMP_WAIT_POLICY": "ACTIVE"}, ())
-    assert chosen.base["OMP_WAIT_POLICY"] == "ACTIVE"
-    unset = WorkerEnvironment.split({"OMP_WAIT_POLICY": ""}, ())  # set empty: the library's own
-    assert unset.base["OMP_WAIT_POLICY"] == ""
 
 
 def _environ_of(pid: int) -> str:
@@ -69,7 +60,7 @@ def _check(server: Server, model: str, allowed: bool) -> dict:
     expect_absent = {"MY_API_TOKEN", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY", "TS_SOMETHING",
                      "MSERVE_ACCESS_LOG"}  # fmt: skip
     assert not names & expect_absent, names & expect_absent
-    assert {"PLAIN", "TOKENIZERS_PARALLELISM", "PATH", "OMP_WAIT_POLICY"} <= names
+    assert {"PLAIN", "TOKENIZERS_PARALLELISM", "PATH"} <= names
     assert report["values"]["PLAIN"] == "1"
     assert report["values"]["HF_TOKEN"] == ("hf-s3cret" if allowed else None)
     return report
