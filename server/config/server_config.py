@@ -82,9 +82,9 @@ class ServerConfig:
     # mapped weights may keep, so its next worker maps them instead of reading and unpickling
     # them; workers then load torch checkpoints with mmap (unset or 0: off)
     warm_tier_budget_mb: int | None = None
-    # with the warm tier on: evicted models' idle workers kept alive without their weights'
-    # pages (parked, their PSS counted in the tier's budget), so that a wake skips the
-    # worker's start and the handler's load (mserve_worker/park.py; 0: none)
+    # with the warm tier on: evicted models' idle workers kept alive (parked: what each holds
+    # beside its weights counted in the tier's budget), so that a wake skips the worker's
+    # start and the handler's load (mserve_worker/park.py; 0: none)
     warm_tier_parked_workers: int = 16
     # which idle model makes room: "cost", the one whose request rate x reload time is least
     # (server/models/eviction.py); "lru", the least recently used

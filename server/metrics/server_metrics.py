@@ -543,7 +543,7 @@ class Metrics:
             yield models
             parked = GaugeMetricFamily(
                 "mserve_warm_tier_parked_workers",
-                "Evicted models' idle workers kept alive without their weights' pages",
+                "Evicted models' idle workers kept alive, parked in the warm tier",
             )
             parked.add_metric([], warm.parked)
             yield parked

@@ -36,7 +36,7 @@ MIB = 2**20
 SOURCES = {"warm": " (woken from the warm tier)", "cold": " (cold)"}
 PARKED_SOURCE = " (woken from the warm tier: its parked worker)"
 PARKED_COST_GUESS = 64 * MIB  # a parked torch worker's PSS beside its weights, until read
-PARK_TIMEOUT_S = 30.0  # dropping a mapping's pages: milliseconds; past this the worker is killed
+PARK_TIMEOUT_S = 30.0  # a garbage collection and a heap trim: milliseconds; past this it is killed
 
 
 class Kept(Protocol):

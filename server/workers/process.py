@@ -45,8 +45,8 @@ class WorkerState(str, Enum):
     BUSY = "BUSY"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
-    # an evicted model's idle worker kept alive without its weights' pages (the warm tier's
-    # parked workers, mserve_worker/park.py): no slot holds it; a wake makes it READY again
+    # an evicted model's idle worker kept alive, its handler built (the warm tier's parked
+    # workers, mserve_worker/park.py): no slot holds it; a wake makes it READY again
     PARKED = "PARKED"
 
 
