@@ -45,7 +45,7 @@ from server.models.eviction import DEFAULT_RELOAD_S, Rates
 from server.models.footprints import Footprints
 from server.models.warm import Taken, WarmTier
 from server.models.warm_keeper import Kept, WarmKeeper
-from server.workers.process import Worker, memory_of
+from server.workers.process import Worker
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +324,7 @@ class Residency:
             if pid in starting or pid not in self._sizes
             or now - self._sizes[pid][0] >= REREAD_AFTER_S
         ]  # fmt: skip
-        read = await asyncio.to_thread(memory_of, stale) if stale else {}
+        read = await asyncio.to_thread(_memory_of, stale) if stale else {}
         self._sizes = {pid: v for pid, v in self._sizes.items() if pid in live}
         self._sizes.update((pid, (now, size)) for pid, size in read.items())
         sizes = {pid: size for pid, (_t, size) in self._sizes.items()}
@@ -377,3 +377,18 @@ class Residency:
             await self.keeper.tend(self._models(), now)
             idle = [m.settings.idle_unload_s for m in self._models() if m.settings.idle_unload_s]
             await asyncio.sleep(min(1.0, max(0.05, min(idle) / 4)) if idle else 1.0)
+
+
+def _memory_of(pids: list[int]) -> dict[int, int]:
+    """Each process's PSS where the platform has it (Linux), else RSS; gone ones left out."""
+    out = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            try:
+                out[pid] = int(proc.memory_full_info().pss)
+            except (AttributeError, psutil.AccessDenied):
+                out[pid] = int(proc.memory_info().rss)
+        except psutil.Error:
+            continue
+    return out

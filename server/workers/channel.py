@@ -30,7 +30,7 @@ from mserve_worker.protocol import Frame, Kind
 # EnumType.__getattr__, ~65 ns a lookup against ~5 ns for a global (docs/explanations/costs.md).
 _CHUNK, _STEP, _STARTED = Kind.CHUNK, Kind.STEP, Kind.STARTED
 # what answers a sent frame, in order: a batch's RESULT or BATCH_FAILED, a reload step's
-# RELOADED, a park step's PARKED
+# RELOADED, a PARK's PARKED
 _ANSWERS = (Kind.RESULT, Kind.BATCH_FAILED, Kind.RELOADED, Kind.PARKED)
 
 

@@ -534,8 +534,6 @@ class Worker:
             raise WorkerDied(f"worker {self.id} answered a park wrongly ({exc}); killed") from exc
         if answer.ok:
             self.state = WorkerState.PARKED
-        elif self.state is WorkerState.BUSY:
-            self.state = WorkerState.READY
         return answer
 
     def unpark(self) -> bool:
@@ -779,19 +777,4 @@ def _mapped_files(reported: Any) -> list[tuple[str, int]]:
             and type(entry[1]) is int and entry[1] >= 0 and os.path.isabs(entry[0])
         ):  # fmt: skip
             out.append((entry[0], entry[1]))
-    return out
-
-
-def memory_of(pids: list[int]) -> dict[int, int]:
-    """Each process's PSS where the platform has it (Linux), else RSS; gone ones left out."""
-    out = {}
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            try:
-                out[pid] = int(proc.memory_full_info().pss)
-            except (AttributeError, psutil.AccessDenied):
-                out[pid] = int(proc.memory_info().rss)
-        except psutil.Error:
-            continue
     return out
