@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import mmap
 import os
 import shutil
 import time
@@ -40,6 +39,7 @@ from typing import Any, Protocol
 
 import psutil
 
+from server.models.file_map import Mapping, map_file
 from server.workers.sandbox_users import WorkerUser, own_scratch
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class ParkedWorker(Protocol):
 class WarmFile:
     path: str
     identity: Identity | None  # when it was kept
-    view: mmap.mmap | None = None  # None while being mapped
+    view: Mapping | None = None  # None while being mapped
 
 
 @dataclass
@@ -115,7 +115,7 @@ class WarmTier:
         self.entries: dict[str, WarmEntry] = {}
         self.drops: Counter[str] = Counter()  # reason: models dropped to cold
         self.on_drop: Callable[[str, str], None] | None = None  # (label, reason): metrics
-        self._closing: set[asyncio.Task[None]] = set()  # mappings of woken models closing
+        self._closing: set[asyncio.Task[None]] = set()  # mappings closing (_close_soon)
 
     @property
     def enabled(self) -> bool:
@@ -147,14 +147,30 @@ class WarmTier:
             self.drop(label, "stale")
             return Taken()
         del self.entries[label]
-        # unmapping a GiB takes ~10 ms of CPU: in a thread, off the waking request's path
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(_close, entry, False))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._close_soon(entry, evict=False)
         parking = self._parking.pop(label, None)
         if parking is not None:  # its worker is being parked: the park hands it over
             self._handover[label] = parking
         return Taken([f.path for f in entry.files], entry.parked, parking)
+
+    def _close_soon(self, entry: WarmEntry, evict: bool) -> None:
+        """Close ``entry``'s mappings (and, ``evict``, hand their pages back) in a thread:
+        unmapping 512 MiB and dropping its pages from the page cache take tens of ms, more
+        under memory pressure, which on the event loop every request would wait for (a
+        Zipf run of 512 MiB models stalled the loop 6 s a minute). The views leave the
+        entry now, so nothing uses them meanwhile."""
+        closing = WarmEntry(entry.label, [], entry.bytes)
+        for f in entry.files:
+            closing.files.append(WarmFile(f.path, f.identity, f.view))
+            f.view = None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (the server's last steps): here and now
+            _close(closing, evict)
+            return
+        task = loop.create_task(asyncio.to_thread(_close, closing, evict))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def park(
         self, label: str, worker: ParkedWorker, cost: int, worth: Callable[[str], float]
@@ -254,7 +270,7 @@ class WarmTier:
         entry.dropped = True
         self._stop(entry)
         self.settle(label)  # a worker still being parked is not kept
-        _close(entry, evict=True)
+        self._close_soon(entry, evict=True)
         self.drops[reason] += 1
         log.info("model %s dropped from the warm tier to cold (%s; %.0f MiB)",
                  label, reason, entry.bytes / MIB)  # fmt: skip
@@ -331,7 +347,7 @@ class WarmTier:
         old = self.entries.pop(label, None)  # kept before and not woken since
         if old is not None:
             self._stop(old)
-            _close(old, evict=False)
+            self._close_soon(old, evict=False)
         if declared > budget:
             self.drops["too_big"] += 1
             if self.on_drop is not None:
@@ -366,7 +382,7 @@ class WarmTier:
         for f, view in zip(entry.files, views, strict=True):
             f.view = view
         if self.entries.get(label) is not entry:  # woken or dropped while being mapped
-            _close(entry, evict=entry.dropped)
+            self._close_soon(entry, evict=entry.dropped)
             return 0
         return entry.bytes
 
@@ -413,21 +429,13 @@ def _identity(path: str) -> Identity | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _map(paths: list[str]) -> list[mmap.mmap | None]:
-    """Map each file read-only with its page tables filled (MAP_POPULATE): pages still in the
-    page cache are mapped at once, reclaimed ones read back in (None: an empty file)."""
-    views: list[mmap.mmap | None] = []
+def _map(paths: list[str]) -> list[Mapping | None]:
+    """Map each file read-only with its page tables filled (file_map.py: pages still in the
+    page cache are mapped at once, reclaimed ones read back in; None: an empty file)."""
+    views: list[Mapping | None] = []
     try:
         for path in paths:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if os.fstat(fd).st_size == 0:
-                    views.append(None)
-                    continue
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                views.append(mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ))
-            finally:
-                os.close(fd)
+            views.append(map_file(path))
     except OSError:
         for view in views:
             if view is not None:

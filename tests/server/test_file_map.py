@@ -1,0 +1,56 @@
+"""server/models/file_map.py: the warm tier's mappings, made with the GIL released."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from server.models.file_map import map_file
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux")
+
+MIB = 2**20
+
+
+def _mapping_rss(path: Path) -> int | None:
+    """The resident bytes of this process's mapping of ``path`` (/proc/self/smaps), None when
+    it is not mapped."""
+    rss, found = 0, False
+    current = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5:  # a mapping's header
+            current = fields[5] if len(fields) > 5 else None
+        elif current == str(path) and fields[0] == "Rss:":
+            rss += int(fields[1]) * 1024
+            found = True
+    return rss if found else None
+
+
+def test_a_file_is_mapped_whole_with_its_pages_mapped_and_unmapped_on_close(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "weights.bin"
+    path.write_bytes(os.urandom(3 * MIB + 123))
+    mapping = map_file(str(path))
+    assert mapping is not None
+    try:
+        # MAP_POPULATE: every page of the file is in this process's page tables at once
+        # (the warm tier counts them in its budget and the kernel keeps them cached)
+        rss = _mapping_rss(path)
+        assert rss is not None and rss >= 3 * MIB
+    finally:
+        mapping.close()
+    assert _mapping_rss(path) is None
+    mapping.close()  # closing twice is harmless: a drop and a stop may both close
+
+
+def test_an_empty_file_has_nothing_to_map_and_a_missing_one_says_so(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    assert map_file(str(empty)) is None
+    with pytest.raises(FileNotFoundError):
+        map_file(str(tmp_path / "gone.bin"))
