@@ -161,6 +161,7 @@ class Server:
         self.load_failures: dict[str, str] = {}  # startup or snapshot models that failed
         self._written_models: dict[str, str] | None = None
         self._written_sandbox: dict[str, Any] | None = None
+        self._status_writing = asyncio.Lock()  # one write of the status file at a time
         self.state = "starting"
         self.stop_event = asyncio.Event()
         self.access_log: AccessLogFile | None = None
@@ -174,42 +175,44 @@ class Server:
         return models_status(self.registry, self.load_failures)
 
     def write_status(self) -> None:
+        write_json_atomic(self.status_path, self._status(), durable=False)
+
+    def _status(self) -> dict[str, Any]:
+        """The status file's content (``describes this process``: written without an fsync,
+        since a crash makes it stale anyway); what it says of the models is remembered, so
+        that :meth:`refresh_status` rewrites it when that changes."""
         for name in self.registry.models:  # registered since, through the API: that counts now
             self.load_failures.pop(name, None)
         models = self.models_status()
-        write_json_atomic(
-            self.status_path,
-            {
-                "pid": os.getpid(),
-                "state": self.state,
-                "version": __version__,
-                "started": self.started,
-                "inference": self.addresses.get("inference"),
-                "management": self.addresses.get("management"),
-                "metrics": self.addresses.get("metrics"),
-                "grpc_inference": self.addresses.get("grpc_inference"),
-                "grpc_management": self.addresses.get("grpc_management"),
-                "urls": self.urls,
-                "token_authorization": self.keys is not None,
-                "key_file": str(self.keys.path) if self.keys is not None else None,
-                "warnings": self.warnings,
-                "sandbox": sandbox_status(self.registry),
-                "gpus": self.gpus.count,
-                "models": models,
-                "log_dir": str(self.config.log_path),
-                "env_dir": str(self.config.env_path),
-                "tracing": self.tracing_status(),
-                "memory": {
-                    "worker_memory_budget_mb": self.config.worker_memory_budget_mb,
-                    "max_loaded_models": self.config.max_loaded_models,
-                    "warm_tier_budget_mb": self.config.warm_tier_budget_mb,
-                    "eviction": self.config.eviction,
-                },
-            },
-            durable=False,  # describes this process: a crash makes it stale anyway
-        )
         self._written_models = models
         self._written_sandbox = sandbox_status(self.registry)
+        return {
+            "pid": os.getpid(),
+            "state": self.state,
+            "version": __version__,
+            "started": self.started,
+            "inference": self.addresses.get("inference"),
+            "management": self.addresses.get("management"),
+            "metrics": self.addresses.get("metrics"),
+            "grpc_inference": self.addresses.get("grpc_inference"),
+            "grpc_management": self.addresses.get("grpc_management"),
+            "urls": self.urls,
+            "token_authorization": self.keys is not None,
+            "key_file": str(self.keys.path) if self.keys is not None else None,
+            "warnings": self.warnings,
+            "sandbox": sandbox_status(self.registry),
+            "gpus": self.gpus.count,
+            "models": models,
+            "log_dir": str(self.config.log_path),
+            "env_dir": str(self.config.env_path),
+            "tracing": self.tracing_status(),
+            "memory": {
+                "worker_memory_budget_mb": self.config.worker_memory_budget_mb,
+                "max_loaded_models": self.config.max_loaded_models,
+                "warm_tier_budget_mb": self.config.warm_tier_budget_mb,
+                "eviction": self.config.eviction,
+            },
+        }
 
     @staticmethod
     def tracing_status() -> dict[str, Any] | None:
@@ -224,17 +227,25 @@ class Server:
         }
 
     async def refresh_status(self) -> None:
-        """Rewrite the status file when a model's state changed on its own."""
+        """Rewrite the status file when a model's state changed on its own (loads, unloads,
+        crashes: every second under a load of many models). Written in a thread: a file
+        written and renamed waits for the filesystem, 0.1-0.4 s when it is busy with
+        weights being read or dropped, which on the event loop every request would wait
+        for."""
         while True:
             await asyncio.sleep(STATUS_REFRESH_S)
             if (
                 self.models_status() != self._written_models
                 or sandbox_status(self.registry) != self._written_sandbox
             ):
-                try:
-                    self.write_status()
-                except OSError as exc:
-                    log.error("could not save the status file: %s", exc)
+                async with self._status_writing:
+                    try:
+                        await asyncio.to_thread(
+                            write_json_atomic, self.status_path, self._status(), durable=False
+                        )
+                    except OSError as exc:
+                        self._written_models = None  # tried again at the next pass
+                        log.error("could not save the status file: %s", exc)
 
     async def listen(self) -> None:
         """The REST listeners (server/rest/frontend.py), with the key file written first."""
@@ -482,7 +493,8 @@ class Server:
 
     async def shutdown(self) -> None:
         self.state = "stopping"
-        self.write_status()
+        async with self._status_writing:  # never overwritten by a refresh still under way
+            self.write_status()
         if self.config.torchserve and self.config.snapshot and self.registry.started:
             ts_snapshot.save(self.config, self.registry, "shutdown", self.router.to_json())
         drain_s = self.config.shutdown_drain_s

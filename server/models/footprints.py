@@ -12,6 +12,7 @@ restart is admitted on what that model took last time, not on the mean of the ot
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -138,15 +139,28 @@ class Footprints:
     def save(self) -> None:
         """Write the file if a figure changed since the last write. A failed write is logged;
         the figures still hold for this run."""
-        if not self._dirty or self.path is None:
-            return
+        if self._dirty and self.path is not None:
+            self._write(self.path, self._content())
+
+    async def save_in_thread(self) -> None:
+        """:meth:`save`, the figures read here and the file written in a thread: the server's
+        chore saves them every second under a load of many models, and a file written and
+        renamed waits for a filesystem busy with weights being read and dropped."""
+        if self._dirty and self.path is not None:
+            await asyncio.to_thread(self._write, self.path, self._content())
+
+    def _content(self) -> dict[str, object]:
         self._dirty = False
         models = {label: asdict(f) for label, f in self._entries.items()}
+        return {"schema": SCHEMA, "models": models}
+
+    @staticmethod
+    def _write(path: Path, content: dict[str, object]) -> None:
         try:
             # a cache: lost in a power cut, the next loads measure again
-            write_json_atomic(self.path, {"schema": SCHEMA, "models": models}, durable=False)
+            write_json_atomic(path, content, durable=False)
         except OSError as exc:
-            log.warning("could not save model footprints to %s: %s", self.path, exc)
+            log.warning("could not save model footprints to %s: %s", path, exc)
 
 
 def _whole(value: object) -> int | None:

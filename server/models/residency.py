@@ -59,6 +59,7 @@ MIB = 2**20
 # batch is answered, and every poll past that moment is the waiting request's time (the check
 # is a few comparisons; with a memory budget, cached PSS readings)
 ROOM_POLL_S = 0.02
+WAIT_LOGGED_S = 0.05  # an admission that waited longer says so in the log
 
 
 class Resident(Kept, Protocol):
@@ -206,16 +207,24 @@ class Residency:
         if not self.limited:
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.wait_s
+        asked = loop.time()
+        deadline = asked + self.wait_s
         try:
             await asyncio.wait_for(self._lock.acquire(), self.wait_s)
         except asyncio.TimeoutError:
             why = "other loads held the budget"
             raise BudgetExhausted(self._refusal(model, count, why)) from None
+        behind = loop.time() - asked  # other starts' admissions
+        waited_since, waited_for = None, ""  # when it first found no room, nothing to evict
         try:
             while True:
                 why = await self._over(model, count)
                 if why is None:
+                    if waited_since is not None or behind >= WAIT_LOGGED_S:
+                        room = loop.time() - (waited_since or loop.time())
+                        log.info("model %s: admitted after %.2f s behind other starts and %.2f"
+                                 " s waiting for room%s", model.label, behind, room,
+                                 f" ({waited_for})" if waited_for else "")  # fmt: skip
                     return
                 victim = self._victim(model)
                 if victim is not None and self._unload(
@@ -226,6 +235,8 @@ class Residency:
                     continue
                 if loop.time() >= deadline:
                     raise BudgetExhausted(self._refusal(model, count, why))
+                if waited_since is None:
+                    waited_since, waited_for = loop.time(), why
                 await asyncio.sleep(ROOM_POLL_S)
         finally:
             self._lock.release()
@@ -372,7 +383,7 @@ class Residency:
                     await self.measure()
                 except (OSError, psutil.Error) as exc:
                     log.warning("could not measure the workers' memory: %s", exc)
-            self.footprints.save()  # when a figure changed
+            await self.footprints.save_in_thread()  # when a figure changed
             self._rates.sample(self._models(), now)
             await self.keeper.tend(self._models(), now)
             idle = [m.settings.idle_unload_s for m in self._models() if m.settings.idle_unload_s]
