@@ -20,7 +20,7 @@ import sys
 from typing import Protocol
 
 
-class Mapping(Protocol):
+class FileMapping(Protocol):
     def close(self) -> None: ...
 
 
@@ -40,6 +40,10 @@ class _Mapped:
             err = ctypes.get_errno()
             raise OSError(err, f"munmap: {os.strerror(err)}")
 
+    def __del__(self) -> None:  # as an mmap object does: a mapping forgotten is not leaked
+        if self.address is not None:
+            _libc().munmap(ctypes.c_void_p(self.address), ctypes.c_size_t(self.length))
+
 
 @functools.cache
 def _libc() -> ctypes.CDLL:
@@ -57,7 +61,7 @@ def _libc() -> ctypes.CDLL:
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def map_file(path: str) -> Mapping | None:
+def map_file(path: str) -> FileMapping | None:
     """``path`` mapped whole, read-only and shared, every page mapped (read back in if the
     kernel had reclaimed it); None for an empty file. OSError when it cannot be opened or
     mapped. Off Linux, a plain ``mmap`` (no ``MAP_POPULATE`` to ask for)."""

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from server.models.file_map import Mapping, map_file
+from server.models.file_map import FileMapping, map_file
 from server.workers.sandbox_users import WorkerUser, own_scratch
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class ParkedWorker(Protocol):
 class WarmFile:
     path: str
     identity: Identity | None  # when it was kept
-    view: Mapping | None = None  # None while being mapped
+    view: FileMapping | None = None  # None while being mapped
 
 
 @dataclass
@@ -429,10 +429,10 @@ def _identity(path: str) -> Identity | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _map(paths: list[str]) -> list[Mapping | None]:
+def _map(paths: list[str]) -> list[FileMapping | None]:
     """Map each file read-only with its page tables filled (file_map.py: pages still in the
     page cache are mapped at once, reclaimed ones read back in; None: an empty file)."""
-    views: list[Mapping | None] = []
+    views: list[FileMapping | None] = []
     try:
         for path in paths:
             views.append(map_file(path))

@@ -54,3 +54,12 @@ def test_an_empty_file_has_nothing_to_map_and_a_missing_one_says_so(tmp_path: Pa
     assert map_file(str(empty)) is None
     with pytest.raises(FileNotFoundError):
         map_file(str(tmp_path / "gone.bin"))
+
+
+def test_a_mapping_forgotten_is_unmapped_when_collected(tmp_path: Path) -> None:
+    path = tmp_path / "weights.bin"
+    path.write_bytes(os.urandom(MIB))
+    mapping = map_file(str(path))
+    assert _mapping_rss(path) is not None
+    del mapping  # never closed: a path that loses an entry must not leak its mapping
+    assert _mapping_rss(path) is None
