@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from server.models.file_map import FileMapping, map_file
+from server.models.file_map import FileMapping, held, map_file, total_pss
 from server.workers.sandbox_users import WorkerUser, own_scratch
 
 log = logging.getLogger(__name__)
@@ -405,7 +405,8 @@ class WarmTier:
         # share its template's pages come and go
         parked = [(e, e.parked) for e in self.entries.values() if e.parked is not None]
         try:
-            resident = await asyncio.to_thread(_resident_by_path)
+            paths = {f.path for e in mapped for f in e.files}
+            resident = await asyncio.to_thread(held, "self", paths)
             costs = await asyncio.to_thread(
                 lambda: [parked_cost(w.pid, {p for p, _s in w.mapped}) for _e, w in parked]
             )
@@ -414,7 +415,7 @@ class WarmTier:
             return self.bytes
         for entry in mapped:
             if self.entries.get(entry.label) is entry:
-                entry.bytes = sum(resident.get(f.path, 0) for f in entry.files)
+                entry.bytes = sum(resident[f.path].rss for f in entry.files if f.path in resident)
         for (entry, worker), cost in zip(parked, costs, strict=True):
             if entry.parked is worker and cost:
                 entry.parked_bytes = cost
@@ -461,14 +462,6 @@ def _close(entry: WarmEntry, evict: bool) -> None:
                 os.close(fd)
 
 
-def _resident_by_path() -> dict[str, int]:
-    """This process's resident bytes per mapped file (RSS of its mappings, /proc/self/smaps)."""
-    out: dict[str, int] = {}
-    for m in psutil.Process().memory_maps(grouped=True):
-        out[m.path] = out.get(m.path, 0) + int(m.rss)
-    return out
-
-
 def parked_cost(pid: int | None, files: set[str]) -> int:
     """What a parked worker adds to the warm tier: its PSS less its share of the weights'
     file pages (the tier counts those once, as the server's own mapping holds them; pages the
@@ -476,15 +469,13 @@ def parked_cost(pid: int | None, files: set[str]) -> int:
     if pid is None:
         return 0
     try:
-        proc = psutil.Process(pid)
-        try:
-            total = int(proc.memory_full_info().pss)
-            shared = sum(
-                int(m.pss) - int(m.anonymous)
-                for m in proc.memory_maps(grouped=True) if m.path in files
-            )  # fmt: skip
-        except (psutil.AccessDenied, AttributeError):  # no PSS to read: all it holds
-            return int(proc.memory_info().rss)
-    except psutil.Error:
+        total = total_pss(pid)
+        shared = sum(h.pss - h.anonymous for h in held(pid, files).values())
+    except FileNotFoundError:  # gone
         return 0
+    except OSError:  # no PSS to read (not Linux, or not allowed): all it holds
+        try:
+            return int(psutil.Process(pid).memory_info().rss)
+        except psutil.Error:
+            return 0
     return max(total - shared, 0)
