@@ -178,9 +178,9 @@ class Server:
         write_json_atomic(self.status_path, self._status(), durable=False)
 
     def _status(self) -> dict[str, Any]:
-        """The status file's content (``describes this process``: written without an fsync,
-        since a crash makes it stale anyway); what it says of the models is remembered, so
-        that :meth:`refresh_status` rewrites it when that changes."""
+        """The status file's content (written without an fsync: it describes this process,
+        which a crash makes stale anyway); what it says of the models is remembered, so that
+        :meth:`refresh_status` rewrites it when that changes."""
         for name in self.registry.models:  # registered since, through the API: that counts now
             self.load_failures.pop(name, None)
         models = self.models_status()

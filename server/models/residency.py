@@ -214,16 +214,16 @@ class Residency:
         except asyncio.TimeoutError:
             why = "other loads held the budget"
             raise BudgetExhausted(self._refusal(model, count, why)) from None
-        behind = loop.time() - asked  # other starts' admissions
+        in_line = loop.time() - asked  # behind other starts' admissions (and the loop's delays)
         waited_since, waited_for = None, ""  # when it first found no room, nothing to evict
         try:
             while True:
                 why = await self._over(model, count)
                 if why is None:
-                    if waited_since is not None or behind >= WAIT_LOGGED_S:
+                    if waited_since is not None or in_line >= WAIT_LOGGED_S:
                         room = loop.time() - (waited_since or loop.time())
-                        log.info("model %s: admitted after %.2f s behind other starts and %.2f"
-                                 " s waiting for room%s", model.label, behind, room,
+                        log.info("model %s: admitted after %.2f s in line and %.2f s waiting"
+                                 " for room%s", model.label, in_line, room,
                                  f" ({waited_for})" if waited_for else "")  # fmt: skip
                     return
                 victim = self._victim(model)
