@@ -39,6 +39,7 @@ from server.download import is_remote, recorded_url
 from server.errors import ConfigError, MserveError, answer_as_torchserve
 from server.http import HttpServer
 from server.logs import setup_logging, torchserve_banner
+from server.loop_watch import LoopWatch
 from server.metrics.handler import load_metrics_config
 from server.metrics.server_metrics import Metrics
 from server.models import watch
@@ -386,6 +387,8 @@ class Server:
             ]
             if self.access_log is not None:
                 chores.append(asyncio.create_task(self.access_log.flush_every(ACCESS_LOG_FLUSH_S)))
+            if self.config.loop_stall_warn_s:  # a diagnostic (docs/observability.md)
+                chores.append(asyncio.create_task(LoopWatch(self.config.loop_stall_warn_s).run()))
             if self.config.watch:  # development: handler code reloads as its files change
                 chores.append(asyncio.create_task(watch.run(self.registry, self.stop_event)))
             try:

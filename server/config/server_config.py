@@ -179,6 +179,9 @@ class ServerConfig:
     # "json": one JSON object per line in mserve.log and access.log, for log shippers (the
     # TorchServe layout's files keep TorchServe's line formats); "text": our lines.
     log_format: str = "text"
+    # a diagnostic: warn, with the event loop thread's stack, when the loop has not run for
+    # this long (server/loop_watch.py; unset: off)
+    loop_stall_warn_s: float | None = None
     # OpenTelemetry traces (server/tracing/): the OTLP endpoint they are exported to (unset:
     # the standard OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else tracing is off).
     otel_endpoint: str | None = None
