@@ -136,16 +136,12 @@ class Footprints:
                 del self._entries[oldest]
         return entry
 
-    def save(self) -> None:
-        """Write the file if a figure changed since the last write. A failed write is logged;
-        the figures still hold for this run."""
-        if self._dirty and self.path is not None:
-            self._write(self.path, self._content())
-
-    async def save_in_thread(self) -> None:
-        """:meth:`save`, the figures read here and the file written in a thread: the server's
-        chore saves them every second under a load of many models, and a file written and
-        renamed waits for a filesystem busy with weights being read and dropped."""
+    async def save(self) -> None:
+        """Write the file if a figure changed since the last write (a failed write is logged;
+        the figures still hold for this run): the figures read here, the file written in a
+        thread, since the server's chore saves them every second under a load of many models,
+        and a file written and renamed waits for a filesystem busy with weights being read
+        and dropped."""
         if self._dirty and self.path is not None:
             await asyncio.to_thread(self._write, self.path, self._content())
 

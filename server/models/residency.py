@@ -383,7 +383,7 @@ class Residency:
                     await self.measure()
                 except (OSError, psutil.Error) as exc:
                     log.warning("could not measure the workers' memory: %s", exc)
-            await self.footprints.save_in_thread()  # when a figure changed
+            await self.footprints.save()  # when a figure changed
             self._rates.sample(self._models(), now)
             await self.keeper.tend(self._models(), now)
             idle = [m.settings.idle_unload_s for m in self._models() if m.settings.idle_unload_s]

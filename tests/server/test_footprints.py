@@ -3,6 +3,7 @@ file it cannot use. The server side is in tests/server/test_warm_tier.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -18,7 +19,7 @@ def test_footprints_written_are_read_back_by_the_next_start(tmp_path: Path) -> N
     first.loaded("big:1.0", 7.3141, warm=False)
     first.loaded("big:1.0", 0.41, warm=True)
     first.warm("big:1.0", 1024 * 2**20)
-    first.save()
+    asyncio.run(first.save())
     again = Footprints(tmp_path).get("big:1.0")
     assert (again.worker_bytes, again.warm_bytes) == (1200 * 2**20, 1024 * 2**20)
     assert (again.load_s, again.wake_s) == (7.3141, 0.41)
