@@ -13,6 +13,7 @@ releases the GIL for the call, as ctypes does for every foreign call.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import mmap
@@ -44,8 +45,8 @@ class _Mapped:
             raise OSError(err, f"munmap: {os.strerror(err)}")
 
     def __del__(self) -> None:  # as an mmap object does: a mapping forgotten is not leaked
-        if self.address is not None:
-            _libc().munmap(ctypes.c_void_p(self.address), ctypes.c_size_t(self.length))
+        with contextlib.suppress(Exception):  # at exit too, where the process unmaps anyway
+            self.close()
 
 
 @functools.cache
