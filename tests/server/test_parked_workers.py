@@ -43,9 +43,25 @@ def _parked(server: Server, name: str) -> bool:
     return _described(server, name)["footprint"]["parked"]
 
 
+# what the server logs of a park's end: parked, refused, handed to a request, failed, lost
+_PARK_ENDS = ("parked in", "is not kept parked", "serves the request", "is not parked",
+              "was lost while parking")  # fmt: skip
+
+
+def _parks_settled(server: Server) -> bool:
+    """Every eviction that parks a worker has ended (slowpark's takes a second: one still
+    under way would take the one place after it was freed, and a park that follows would be
+    refused for it)."""
+    log = _log(server)
+    started = log.count("parking or stopping 1 idle worker")
+    ended = sum(1 for line in log.splitlines() if any(end in line for end in _PARK_ENDS))
+    return ended >= started
+
+
 def _free_the_place(server: Server) -> None:
     """No worker parked: which one holds the one place depends on the models' measured worth
     (request rate x cold load time); a hot reload of its model stops it (tested below)."""
+    wait_until(lambda: _parks_settled(server), 15, "the parks under way ended")
     for name in ("a", "b", "c", "r", "inplace", "slowpark"):
         if _parked(server, name):
             assert server.manage("PUT", f"/models/{name}/reload").status == 200
