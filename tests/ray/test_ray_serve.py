@@ -83,6 +83,21 @@ def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def _start_ray(temp_dir: Path) -> Any:
+    """A local Ray cluster. Ray gives its raylet a fixed 30 s to register with the GCS (its
+    node.py: no setting); on 2 cores under the suite's 3 test processes it once took longer
+    and every test here errored. Tried once more after a clean shutdown in that case only."""
+    for attempt in (1, 2):
+        try:
+            return ray.init(num_cpus=2, _temp_dir=str(temp_dir), include_dashboard=False,
+                            log_to_driver=False, configure_logging=False)  # fmt: skip
+        except Exception as exc:  # Ray raises a bare Exception for it: told by its words
+            if attempt == 2 or "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="module")
 def rs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServe]:
     tmp = tmp_path_factory.mktemp("ray")
@@ -108,8 +123,7 @@ def rs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServe]:
     saved = {k: os.environ.get(k) for k in added}
     os.environ.update(added)
     try:
-        info = ray.init(num_cpus=2, _temp_dir=str(short), include_dashboard=False,
-                        log_to_driver=False, configure_logging=False)  # fmt: skip
+        info = _start_ray(short)
         env = {**os.environ, **added, "RAY_AUTH_MODE": "token"}
         rs = RayServe(
             info.address_info["gcs_address"], env, f"http://127.0.0.1:{free_proxy_port()}", store
